@@ -1,0 +1,107 @@
+"""The two protocols rooms meet through without importing each other.
+
+- ``GpuBackend``: what the exporter reads GPUs from (NVML, the simulated fleet, a replay file).
+- ``Cluster``: what the actuator reads a snapshot from and applies actions to (Kubernetes through
+  the official client, or the simulated fleet).
+The CLI wires implementations to users; planning code never knows which one it has.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from .vocabulary import Action, Gpu, Node, Team, Workload
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU (or MIG instance) read once. ``values`` is keyed by fleet-samples column names
+    (``gpu_util_ratio``, ``power_watts``, ``xid_48_total``...); a key that is absent means the
+    GPU could not measure it, and becomes an absent series, never a zero."""
+
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    model: str
+    pci_bus_id: str = ""
+    mig_instance_id: int | None = None
+    mig_profile: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    lost: bool = False  # the GPU stopped answering (XID 79, NVML GpuIsLost)
+    values: Mapping[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    name: str
+
+    def read(self) -> Sequence[GpuReading]:
+        """Read every GPU once. Must not raise for one bad GPU: mark it ``lost`` instead."""
+        ...
+
+    def driver_version(self) -> str: ...
+
+
+class WorkloadPhase(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"  # checkpointed and paused; waits for a resume
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One pod of a workload bound to one GPU, or one MIG instance of it."""
+
+    node: str
+    gpu_uuid: str
+    mig_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    workload: Workload
+    phase: WorkloadPhase
+    submitted_at: datetime
+    started_at: datetime | None
+    placements: tuple[Placement, ...] = ()
+    progress_seconds: float = 0.0
+    duration_seconds: float | None = None  # known in simulation and replay only
+    preemptions: int = 0
+    priority_override: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """An immutable view of the cluster; decisions are made on it, actions applied separately."""
+
+    taken_at: datetime
+    nodes: tuple[Node, ...]
+    gpus: tuple[Gpu, ...]
+    workloads: tuple[WorkloadState, ...]
+    teams: tuple[Team, ...]
+    cordoned: frozenset[str] = frozenset()
+    taints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    unhealthy_gpus: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    action: Action
+    ok: bool
+    message: str
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    def snapshot(self) -> ClusterSnapshot: ...
+
+    def apply(self, action: Action) -> ActionResult:
+        """Apply one action; never raise for a refused action, return ``ok=False`` with why."""
+        ...

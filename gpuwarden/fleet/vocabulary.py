@@ -1,0 +1,296 @@
+"""The fleet vocabulary: small frozen dataclasses every room shares.
+
+Nothing here knows about Kubernetes, NVML, pandas or the simulator; it only names things.
+Validation happens in ``__post_init__`` so a bad value fails where it is made, with the field
+name and the allowed values in the message.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+
+class FleetValueError(ValueError):
+    """A value that the fleet vocabulary does not allow; the message names field and allowed values."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise FleetValueError(message)
+
+
+def _choice(enum_type: type[enum.Enum], value: Any, field_name: str) -> Any:
+    """Coerce ``value`` to ``enum_type`` or fail naming the field and the allowed values."""
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in enum_type)
+        raise FleetValueError(f"{field_name}: {value!r} is not one of: {allowed}") from None
+
+
+class PriceTier(str, enum.Enum):
+    ON_DEMAND = "on-demand"
+    RESERVED = "reserved"
+    SPOT = "spot"
+    OWNED = "owned"
+
+
+class Location(str, enum.Enum):
+    CLOUD = "cloud"
+    ON_PREM = "on-prem"
+
+
+class WorkloadKind(str, enum.Enum):
+    TRAINING = "training"
+    FINE_TUNING = "fine-tuning"
+    INFERENCE = "inference"
+    NOTEBOOK = "notebook"
+
+
+class PriorityClass(str, enum.Enum):
+    """Priority classes, lowest first; ``rank`` orders them."""
+
+    BEST_EFFORT = "best-effort"
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(PriorityClass).index(self)
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class ActionKind(str, enum.Enum):
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    TAINT = "taint"
+    UNTAINT = "untaint"
+    DRAIN = "drain"
+    EVICT = "evict"
+    SUSPEND = "suspend"  # checkpoint (signal + grace period), then pause
+    RESUME = "resume"
+    SET_PRIORITY = "set-priority"
+    PREEMPT = "preempt"
+    BIND = "bind"
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A MIG GPU-instance profile such as ``1g.18gb``: compute slices out of 7, memory in bytes."""
+
+    name: str
+    compute_slices: int
+    memory_bytes: int
+    max_instances: int
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.compute_slices <= 7, f"MigProfile.compute_slices: {self.compute_slices} not in 1..7")
+        _require(self.memory_bytes > 0, f"MigProfile.memory_bytes: {self.memory_bytes} must be > 0")
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU product: memory, MIG profiles it offers, power and price per GPU-hour by tier."""
+
+    name: str
+    memory_bytes: int
+    tdp_watts: float
+    max_sm_clock_mhz: int
+    gpm_supported: bool  # NVML GPU Performance Monitoring (Hopper and newer): real SM activity
+    mig_profiles: tuple[MigProfile, ...] = ()
+    price_per_hour: tuple[tuple[PriceTier, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.memory_bytes > 0, f"GpuModel.memory_bytes: {self.memory_bytes} must be > 0")
+        for tier, price in self.price_per_hour:
+            _choice(PriceTier, tier, "GpuModel.price_per_hour tier")
+            _require(price >= 0, f"GpuModel.price_per_hour[{tier}]: {price} must be >= 0")
+
+    def hourly_price(self, tier: PriceTier | str) -> float:
+        tier = _choice(PriceTier, tier, "price tier")
+        for known_tier, price in self.price_per_hour:
+            if known_tier == tier:
+                return price
+        raise FleetValueError(f"price tier {tier.value!r} has no price for GPU model {self.name!r}")
+
+    def mig_profile(self, name: str) -> MigProfile:
+        for profile in self.mig_profiles:
+            if profile.name == name:
+                return profile
+        allowed = ", ".join(p.name for p in self.mig_profiles) or "none (no MIG)"
+        raise FleetValueError(f"MIG profile {name!r} is not offered by {self.name}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a node sits: GPUs inside one NVLink domain talk fast; nodes under one leaf switch too."""
+
+    nvlink_domain: str
+    leaf_switch: str
+    rack: str
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    pool: str
+    location: Location
+    price_tier: PriceTier
+    topology: Topology
+    gpu_model: str
+    gpu_count: int
+    cpu_milli: int
+    memory_bytes: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "location", _choice(Location, self.location, "Node.location"))
+        object.__setattr__(self, "price_tier", _choice(PriceTier, self.price_tier, "Node.price_tier"))
+        _require(self.gpu_count >= 0, f"Node.gpu_count: {self.gpu_count} must be >= 0")
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    gpu_instance_id: int
+    profile: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    uuid: str
+    index: int
+    node: str
+    model: str
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.index >= 0, f"Gpu.index: {self.index} must be >= 0")
+        _require(self.mig_enabled or not self.mig_instances, f"Gpu {self.uuid}: MIG instances without MIG mode")
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What a pod asks for: exactly one of whole GPUs, a fraction (milli-GPU, as in the openb trace)
+    or one MIG profile. ``count`` GPUs of ``fraction_milli`` each is how openb writes shared GPUs."""
+
+    count: int = 1
+    fraction_milli: int = 1000
+    mig_profile: str | None = None
+    gpu_model: str | None = None  # constraint: only this GPU model
+
+    def __post_init__(self) -> None:
+        _require(self.count >= 0, f"GpuRequest.count: {self.count} must be >= 0 (a negative GPU count)")
+        _require(
+            1 <= self.fraction_milli <= 1000,
+            f"GpuRequest.fraction_milli: {self.fraction_milli} not in 1..1000",
+        )
+        _require(
+            self.fraction_milli == 1000 or self.count <= 1,
+            "GpuRequest: a fractional request asks for at most one GPU",
+        )
+        _require(
+            self.mig_profile is None or (self.count == 1 and self.fraction_milli == 1000),
+            "GpuRequest: a MIG profile request is one instance, not a count or a fraction",
+        )
+
+    @property
+    def gpu_equivalents(self) -> float:
+        """Whole-GPU equivalents, for quotas and cost (a MIG slice counts by its compute share)."""
+        if self.mig_profile is not None:
+            return int(self.mig_profile.split("g.")[0]) / 7.0
+        return self.count * self.fraction_milli / 1000.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    namespace: str
+    kind: WorkloadKind
+    team: str
+    project: str
+    priority_class: PriorityClass
+    gpus: GpuRequest
+    gang_size: int = 1
+    checkpointable: bool = False
+    checkpoint_interval_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _choice(WorkloadKind, self.kind, "Workload.kind"))
+        object.__setattr__(
+            self, "priority_class", _choice(PriorityClass, self.priority_class, "Workload.priority_class")
+        )
+        _require(self.gang_size >= 1, f"Workload.gang_size: {self.gang_size} must be >= 1")
+        _require(
+            not self.checkpointable or (self.checkpoint_interval_seconds or 0) > 0,
+            f"Workload {self.name}: checkpointable needs checkpoint_interval_seconds > 0",
+        )
+
+    @property
+    def total_gpu_equivalents(self) -> float:
+        return self.gpus.gpu_equivalents * self.gang_size
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    guaranteed_gpus: float
+    burst_limit_gpus: float
+    weight: float = 1.0
+    budget_per_month: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.guaranteed_gpus >= 0, f"Team {self.name}: guaranteed_gpus {self.guaranteed_gpus} must be >= 0")
+        _require(
+            self.burst_limit_gpus >= self.guaranteed_gpus,
+            f"Team {self.name}: burst_limit_gpus {self.burst_limit_gpus} must be >= guaranteed_gpus",
+        )
+        _require(self.weight > 0, f"Team {self.name}: weight {self.weight} must be > 0")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something analytics noticed. Findings never act; the actuator turns them into actions."""
+
+    kind: str
+    severity: Severity
+    node: str
+    gpu_uuid: str | None
+    evidence: Mapping[str, Any]
+    recommended_action: ActionKind | None
+    confidence: float
+    first_seen: datetime
+    last_seen: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "severity", _choice(Severity, self.severity, "Finding.severity"))
+        _require(0.0 <= self.confidence <= 1.0, f"Finding.confidence: {self.confidence} not in 0..1")
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        """Identity for de-duplication across scans."""
+        return (self.kind, self.node, self.gpu_uuid)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One change to the cluster. ``target`` is a node name or ``namespace/workload``."""
+
+    kind: ActionKind
+    target: str
+    reason: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _choice(ActionKind, self.kind, "Action.kind"))
