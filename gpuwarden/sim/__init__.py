@@ -1,1 +1,7 @@
-"""sim room."""
+"""The simulated fleet: trace-driven nodes, GPUs, jobs, utilisation and faults (with ground truth)."""
+
+from .config import ConfigError, SimConfig
+from .engine import Simulation
+from .traces import TraceError, default_data_dir
+
+__all__ = ["ConfigError", "SimConfig", "Simulation", "TraceError", "default_data_dir"]

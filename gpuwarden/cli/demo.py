@@ -1,0 +1,154 @@
+"""``gpuwarden demo``: the whole pipeline on the embedded simulated fleet, no GPU, no cluster.
+
+simulated fleet -> backfill a week into the embedded store (progress bar) -> serve exporter
+metrics for every simulated node on localhost -> keep stepping the fleet and feeding the store ->
+open the dashboard. ``--headless --duration S`` does the same without the dashboard and prints a
+summary. Ctrl-C stops everything and prints the same summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import webbrowser
+from pathlib import Path
+
+from tqdm import tqdm
+
+from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
+from gpuwarden.exporter import ExporterService
+from gpuwarden.sim import Simulation
+from gpuwarden.sim.backend import SimGpuBackend
+from gpuwarden.store import LocalStore
+
+from .args import host_port, non_negative_float, positive_float, positive_int
+from .simconfig import add_sim_options, sim_config_from
+
+DEMO_FAULT_SCALE = 25.0  # published rates give about one fault per simulated week on 512 GPUs
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the whole pipeline on the embedded simulated fleet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--headless", action="store_true", help="no dashboard; print a summary and exit")
+    parser.add_argument("--duration", type=non_negative_float,
+                        help="seconds to run live after the backfill (default: until Ctrl-C; 60 with --headless)")
+    parser.add_argument("--days", type=non_negative_float, default=7.0, help="days of history to backfill (default 7)")
+    parser.add_argument("--store", type=Path, default=Path(".gpuwarden/demo-store"),
+                        help="embedded store directory; the demo starts it afresh (default .gpuwarden/demo-store)")
+    parser.add_argument("--exporter-listen", type=host_port, default=("127.0.0.1", 9400),
+                        help="HOST:PORT for the simulated nodes' /metrics (port 0 picks a free one; default 127.0.0.1:9400)")
+    parser.add_argument("--dashboard-port", type=positive_int, default=8501, help="Streamlit port (default 8501)")
+    parser.add_argument("--step-interval", type=positive_float, default=1.0,
+                        help="wall seconds between live simulated steps (default 1)")
+    parser.add_argument("--no-browser", action="store_true", help="print the dashboard URL without opening a browser")
+    add_sim_options(parser, fault_scale_default=DEMO_FAULT_SCALE)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = sim_config_from(args)
+    duration = args.duration if args.duration is not None else (60.0 if args.headless else None)
+    print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
+          f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
+    simulation = Simulation(config)
+    store = LocalStore(args.store)
+    store.clear()
+    backfill(simulation, store, args.days)
+
+    host, port = args.exporter_listen
+    exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval), host=host, port=port)
+    dashboard: subprocess.Popen | None = None
+    started = time.monotonic()
+    try:
+        exporter.start()
+        exporter.collect_now()
+        print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
+        if not args.headless:
+            dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+            url = dashboard_url("127.0.0.1", args.dashboard_port)
+            print(f"dashboard: {url}")
+            if not args.no_browser:
+                webbrowser.open(url)
+        print("live: stepping the simulated fleet and feeding the store" +
+              (f" for {duration:g} s" if duration is not None else "; Ctrl-C stops"), flush=True)
+        live(simulation, store, args.step_interval, duration)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+    finally:
+        series = count_series(exporter.url) if exporter.port else 0
+        exporter.stop()
+        if dashboard is not None:
+            dashboard.terminate()
+            try:
+                dashboard.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                dashboard.kill()
+    print_summary(simulation, store, exporter.url, series, time.monotonic() - started)
+    return 0
+
+
+def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
+    steps = int(round(days * 86400 / simulation.config.step_seconds))
+    chunk = max(1, int(6 * 3600 / simulation.config.step_seconds))  # six simulated hours per write
+    with tqdm(total=steps, desc="backfill", unit="step", file=sys.stdout, mininterval=0.5,
+              bar_format="{desc}: {percentage:3.0f}%|{bar:30}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}]") as bar:
+        for frame in simulation.iter_chunks(steps, chunk_steps=chunk):
+            store.append(frame)
+            bar.update(len(frame) // simulation.device_count)
+    store.compact(min_files=2)
+
+
+def live(simulation: Simulation, store: LocalStore, interval: float, duration: float | None) -> None:
+    deadline = None if duration is None else time.monotonic() + duration
+    next_step = time.monotonic()
+    steps = 0
+    while deadline is None or time.monotonic() < deadline:
+        store.append(simulation.step())
+        steps += 1
+        if steps % 600 == 0:
+            store.compact()
+        next_step += interval
+        pause = next_step - time.monotonic()
+        if deadline is not None:
+            pause = min(pause, deadline - time.monotonic())
+        if pause > 0:
+            time.sleep(pause)
+
+
+def count_series(url: str) -> int:
+    """Scrape our own exporter once, as Prometheus would, to report what it serves."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read().decode()
+    except OSError:
+        return 0
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+
+
+def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float) -> None:
+    summary = simulation.summary()
+    truth = simulation.ground_truth()
+    span = store.time_range()
+    by_kind = truth["kind"].value_counts().to_dict() if len(truth) else {}
+    print("\n== gpuwarden demo summary ==")
+    print(f"fleet:            {summary['nodes']} nodes, {summary['gpus']} GPUs ({summary['devices']} devices incl. MIG instances)")
+    print(f"jobs:             {summary['submitted']} submitted, {summary['started']} started, {summary['succeeded']} finished, "
+          f"{summary['running']} running, {summary['pending']} pending")
+    print(f"interruptions:    {summary['failed_by_fault']} jobs killed by GPU faults, {summary['preempted']} preempted "
+          f"({summary['spot_reclaims']} spot reclaims), {summary['application_xids']} application XIDs")
+    print(f"samples stored:   {store.row_count():,} rows in {store.root}"
+          + (f" ({span[0]:%Y-%m-%d %H:%M} .. {span[1]:%Y-%m-%d %H:%M} UTC)" if span else ""))
+    print(f"injected faults:  {len(truth)}" + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())) + ")" if by_kind else ""))
+    print(f"exporter:         {exporter_url} ({series} series at the last scrape)")
+    print(f"live run:         {live_seconds:.0f} s")
+    print("not yet in the demo: idle and cost reports, health findings, planned actions (their issues are open)")

@@ -1,0 +1,59 @@
+"""``gpuwarden sim``: generate fleet samples (and the fault ground truth) from the simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpuwarden.sim import Simulation
+from gpuwarden.store import LocalStore, write_samples
+
+from .args import positive_float
+from .simconfig import add_sim_options, sim_config_from
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("sim", help="simulated fleet tools", description="Simulated fleet tools.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
+    generate = commands.add_parser(
+        "generate", help="generate fleet samples to a file or store",
+        description="Run the simulated fleet for --days and write its fleet samples to --out (.csv, .csv.gz, "
+                    ".parquet) or into --store; the injected faults go to --ground-truth, never into the samples.",
+    )
+    generate.add_argument("--days", type=positive_float, default=1.0, help="simulated days to record (default 1)")
+    target = generate.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", type=Path, help="samples file (.csv, .csv.gz or .parquet)")
+    target.add_argument("--store", type=Path, help="append into this embedded store directory")
+    generate.add_argument("--ground-truth", type=Path, help="write the injected faults here (.csv or .parquet)")
+    add_sim_options(generate)
+    generate.set_defaults(run=run_generate)
+    parser.set_defaults(run=lambda args: parser.print_help() or 2)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    config = sim_config_from(args)
+    started = time.perf_counter()
+    simulation = Simulation(config)
+    steps = int(round(args.days * 86400 / config.step_seconds))
+    rows = 0
+    if args.store:
+        store = LocalStore(args.store)
+        for frame in simulation.iter_chunks(steps):
+            rows += store.append(frame)
+    else:
+        import pandas as pd
+
+        frame = pd.concat(list(simulation.iter_chunks(steps)), ignore_index=True)
+        write_samples(frame, args.out)
+        rows = len(frame)
+    truth = simulation.ground_truth()
+    if args.ground_truth:
+        if args.ground_truth.suffix == ".parquet":
+            truth.to_parquet(args.ground_truth, index=False)
+        else:
+            truth.to_csv(args.ground_truth, index=False)
+    print(f"{rows:,} samples for {len(simulation.gpus)} GPUs over {args.days:g} days, {len(truth)} faults injected, "
+          f"in {time.perf_counter() - started:.1f} s -> {args.out or args.store}", file=sys.stdout)
+    return 0

@@ -1,0 +1,46 @@
+"""The gpuwarden dashboard: the entry file for ``streamlit run`` (``gpuwarden demo`` starts it
+through :func:`gpuwarden.dashboards.launch.launch_dashboard`).
+
+Environment:
+
+``GPUWARDEN_STORE``
+    Directory of the embedded store (:class:`gpuwarden.store.LocalStore`) to show. When it is
+    unset, or the store holds no samples, each page says how to fill it (``gpuwarden demo``)
+    instead of failing.
+
+This file is only a router: ``st.navigation`` over pages grouped in sections. A page is a script
+under ``pages/``; to add one (idle, cost, health, queue, actions, portal), write the script and add
+an entry to :data:`SECTIONS`. Pages keep their computations in pure modules next to this file
+(``fleet_view.py`` for the fleet page) and use ``data.py`` for the store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+
+# section title -> [(script under pages/, page title, material icon)]; the first page is the default.
+SECTIONS: dict[str, list[tuple[str, str, str]]] = {
+    "Fleet": [
+        ("fleet.py", "Fleet overview", ":material/dns:"),
+    ],
+}
+
+
+def build_pages() -> dict[str, list[st.Page]]:
+    pages: dict[str, list[st.Page]] = {}
+    first = True
+    for section, entries in SECTIONS.items():
+        pages[section] = []
+        for script, title, icon in entries:
+            pages[section].append(st.Page(str(PAGES_DIR / script), title=title, icon=icon, default=first))
+            first = False
+    return pages
+
+
+st.set_page_config(page_title="gpuwarden", page_icon=":material/memory:", layout="wide")
+navigation = st.navigation(build_pages())
+navigation.run()

@@ -1,0 +1,269 @@
+"""The fleet overview's numbers: small pure functions, fleet samples in, small frames out.
+
+Nothing here imports Streamlit, so every number the Fleet page shows can be unit tested on a frame
+built by hand. Inputs are fleet samples (``gpuwarden.fleet.samples``) holding at least the columns
+each function names; :data:`FLEET_COLUMNS` is all the page reads.
+
+Definitions used throughout:
+
+- **now** is the newest sample in the data, not the wall clock (the demo's simulated clock runs
+  apart from it). The *snapshot* is each GPU's (or MIG instance's) last row that is at most
+  ``stale_after`` older than the newest sample, so nodes scraped a few seconds apart still count.
+- **allocated** means the row's ``pod`` is set. A whole GPU counts 1; a MIG instance counts its
+  share of the GPU, compute slices out of 7 (``'1:3g.40gb'`` -> 3/7).
+- **XID events** in a window are the increase of each ``xid_*_total`` counter per GPU, as
+  Prometheus' ``increase()`` counts it: a drop is a counter reset (driver reload, GPU replaced), so
+  the drop is never counted and the value after it is taken as events since the reset.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpuwarden.fleet import XID_COLUMN_NAMES
+
+WINDOWS: dict[str, pd.Timedelta] = {
+    "1h": pd.Timedelta(hours=1),
+    "6h": pd.Timedelta(hours=6),
+    "24h": pd.Timedelta(hours=24),
+    "7d": pd.Timedelta(days=7),
+}
+WINDOW_LABELS: dict[str, str] = {"1h": "Last 1 hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days"}
+
+FLEET_COLUMNS: tuple[str, ...] = (
+    "timestamp",
+    "node",
+    "gpu_uuid",
+    "model",
+    "mig_instance",
+    "pod",
+    "team",
+    "gpu_util_ratio",
+    "sm_active_ratio",
+    "temperature_celsius",
+    *XID_COLUMN_NAMES,
+)
+
+MIG_COMPUTE_SLICES = 7
+STALE_AFTER = pd.Timedelta(minutes=5)
+NO_TEAM = "(no team)"
+
+_MIG_SLICES = re.compile(r"(?:^|:)(\d+)g\.")
+
+
+def window_start(newest: pd.Timestamp, window: str | pd.Timedelta) -> pd.Timestamp:
+    """Start of a window that ends at the newest sample (inclusive on both ends when read with
+    ``end=newest + 1s``)."""
+    span = WINDOWS[window] if isinstance(window, str) else pd.Timedelta(window)
+    return pd.Timestamp(newest) - span
+
+
+def bucket_for(span: pd.Timedelta | str) -> str:
+    """Resampling bucket for a chart over ``span``: about 60-150 points whatever the window."""
+    span = WINDOWS[span] if isinstance(span, str) else pd.Timedelta(span)
+    if span <= pd.Timedelta(hours=1):
+        return "1min"
+    if span <= pd.Timedelta(hours=6):
+        return "5min"
+    if span <= pd.Timedelta(hours=24):
+        return "10min"
+    return "1h"
+
+
+def gpu_share(frame: pd.DataFrame) -> pd.Series:
+    """How much of a GPU each row is: 1.0 for a whole GPU, compute slices / 7 for a MIG instance.
+
+    A MIG profile whose slices cannot be read splits its GPU evenly among the GPU's instances at
+    that timestamp.
+    """
+    if "mig_instance" not in frame.columns or frame.empty:
+        return pd.Series(1.0, index=frame.index, dtype="float64")
+    mig = frame["mig_instance"].astype(object)
+    is_mig = mig.notna().to_numpy()
+    share = pd.Series(1.0, index=frame.index, dtype="float64")
+    if not is_mig.any():
+        return share
+    slices = mig[is_mig].astype(str).str.extract(_MIG_SLICES, expand=False).astype("float64")
+    share[is_mig] = (slices / MIG_COMPUTE_SLICES).to_numpy()
+    unknown = share.isna()
+    if unknown.any():
+        siblings = frame.loc[is_mig].groupby(["gpu_uuid", "timestamp"], observed=True)["gpu_uuid"].transform("size")
+        share[unknown] = 1.0 / siblings.reindex(share.index[unknown]).to_numpy(dtype="float64")
+    return share.clip(upper=1.0)
+
+
+def _instance_key(frame: pd.DataFrame) -> pd.Series:
+    key = frame["gpu_uuid"].astype(str)
+    if "mig_instance" in frame.columns:
+        mig = frame["mig_instance"].astype(object)
+        key = key.where(mig.isna(), key + "/" + mig.astype(str))
+    return key
+
+
+def latest_snapshot(frame: pd.DataFrame, stale_after: pd.Timedelta = STALE_AFTER) -> pd.DataFrame:
+    """Each GPU's (or MIG instance's) last row, if it is at most ``stale_after`` older than the
+    newest sample. Empty in, empty out."""
+    if frame.empty:
+        return frame.iloc[0:0]
+    newest = frame["timestamp"].max()
+    recent = frame[frame["timestamp"] >= newest - stale_after]
+    keys = _instance_key(recent)
+    last = recent.assign(_key=keys.to_numpy()).sort_values("timestamp", kind="stable")
+    last = last.drop_duplicates("_key", keep="last").drop(columns="_key")
+    return last.sort_values(["node", "gpu_uuid"] if "node" in last.columns else ["gpu_uuid"], kind="stable")
+
+
+def allocated_share(snapshot: pd.DataFrame) -> pd.Series:
+    """Per row: the GPU share it holds if allocated (``pod`` set), else 0."""
+    holds = snapshot["pod"].notna().to_numpy()
+    return gpu_share(snapshot).where(holds, 0.0)
+
+
+@dataclass(frozen=True)
+class Headline:
+    gpus: int
+    nodes: int
+    allocated_gpus: float
+    mean_util: float | None
+    mean_sm_active: float | None
+    sm_measured_gpus: int
+    newest: pd.Timestamp | None
+    oldest: pd.Timestamp | None
+
+
+def _mean(series: pd.Series) -> float | None:
+    value = series.astype("float64").mean()
+    return None if pd.isna(value) else float(value)
+
+
+def headline(frame: pd.DataFrame, snapshot: pd.DataFrame | None = None) -> Headline:
+    """GPUs and nodes now, GPUs allocated now, and the window's mean NVML utilisation and mean SM
+    activity (over the samples that measure it; ``None`` when none do)."""
+    if snapshot is None:
+        snapshot = latest_snapshot(frame)
+    if frame.empty:
+        return Headline(0, 0, 0.0, None, None, 0, None, None)
+    measured = frame.loc[frame["sm_active_ratio"].notna(), "gpu_uuid"]
+    return Headline(
+        gpus=int(snapshot["gpu_uuid"].nunique()),
+        nodes=int(snapshot["node"].nunique()),
+        allocated_gpus=float(allocated_share(snapshot).sum()),
+        mean_util=_mean(frame["gpu_util_ratio"]),
+        mean_sm_active=_mean(frame["sm_active_ratio"]),
+        sm_measured_gpus=int(measured.nunique()),
+        newest=frame["timestamp"].max(),
+        oldest=frame["timestamp"].min(),
+    )
+
+
+def utilisation_over_time(frame: pd.DataFrame, bucket: str = "10min") -> pd.DataFrame:
+    """Fleet mean of ``gpu_util_ratio`` and ``sm_active_ratio`` per time bucket (index: bucket
+    start, UTC). NaN is skipped, so SM activity is the mean over the GPUs that measure it and is NaN
+    in a bucket where none do."""
+    columns = ["gpu_util_ratio", "sm_active_ratio"]
+    if frame.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns}, index=pd.DatetimeIndex([], tz="UTC", name="timestamp"))
+    buckets = frame["timestamp"].dt.floor(bucket).rename("timestamp")
+    return frame[columns].astype("float64").groupby(buckets, sort=True).mean()
+
+
+def allocation_by_team(snapshot: pd.DataFrame) -> pd.DataFrame:
+    """GPUs allocated now per team (MIG instances by share), largest first. Pods without a team
+    are counted under ``(no team)``. Columns: team, gpus."""
+    held = snapshot.assign(gpus=allocated_share(snapshot).to_numpy())
+    held = held[snapshot["pod"].notna().to_numpy()]
+    if held.empty:
+        return pd.DataFrame({"team": pd.Series(dtype=object), "gpus": pd.Series(dtype="float64")})
+    team = held["team"].astype(object).where(held["team"].notna(), NO_TEAM)
+    out = held.groupby(team.to_numpy())["gpus"].sum().rename_axis("team").reset_index()
+    return out.sort_values(["gpus", "team"], ascending=[False, True], ignore_index=True)
+
+
+def allocation_by_model(snapshot: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU model now: GPUs, GPUs allocated (MIG by share), GPUs free. Largest fleet first."""
+    if snapshot.empty:
+        return pd.DataFrame({"model": pd.Series(dtype=object), "gpus": pd.Series(dtype="int64"),
+                             "allocated": pd.Series(dtype="float64"), "free": pd.Series(dtype="float64")})
+    work = pd.DataFrame({
+        "model": snapshot["model"].astype(object).to_numpy(),
+        "gpu_uuid": snapshot["gpu_uuid"].astype(object).to_numpy(),
+        "allocated": allocated_share(snapshot).to_numpy(),
+    })
+    out = work.groupby("model").agg(gpus=("gpu_uuid", "nunique"), allocated=("allocated", "sum")).reset_index()
+    out["free"] = (out["gpus"] - out["allocated"]).clip(lower=0.0)
+    return out.sort_values(["gpus", "model"], ascending=[False, True], ignore_index=True)
+
+
+def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
+    """Increase of a cumulative counter per ``by`` over the frame, reset-aware (see module doc).
+
+    MIG rows repeat their GPU's counters, so each GPU contributes one value per timestamp. Nulls
+    (not measured) are skipped, not read as zero.
+    """
+    part = frame[[by, "timestamp", column]].dropna(subset=[column])
+    if part.empty:
+        return pd.Series(dtype="float64", name=column)
+    values = part.groupby([by, "timestamp"], observed=True, sort=True)[column].max().astype("float64")
+    previous = values.groupby(level=0, observed=True).shift()
+    delta = values - previous
+    step = delta.where(delta >= 0, values).where(previous.notna(), 0.0)
+    return step.groupby(level=0, observed=True).sum().rename(column)
+
+
+def xid_events(frame: pd.DataFrame, columns: tuple[str, ...] | list[str] = XID_COLUMN_NAMES) -> pd.DataFrame:
+    """XID events in the frame per GPU: one column per ``xid_*_total`` present plus ``total``
+    (index: gpu_uuid). GPUs without events are included with zeros."""
+    present = [c for c in columns if c in frame.columns]
+    gpus = pd.Index(frame["gpu_uuid"].astype(object).unique(), name="gpu_uuid")
+    out = pd.DataFrame(0, index=gpus, columns=present, dtype="int64")
+    if present and not frame.empty:
+        # Almost every counter of almost every GPU is flat: only walk the ones that moved.
+        grouped = frame.groupby("gpu_uuid", observed=True)[present]
+        moved = (grouped.max() > grouped.min()).fillna(False).astype(bool)
+        moved.index = moved.index.astype(object)
+        moving_columns = [c for c in present if moved[c].any()]
+        if moving_columns:
+            moving_gpus = moved.index[moved[moving_columns].any(axis=1)]
+            part = frame.loc[frame["gpu_uuid"].isin(moving_gpus), ["gpu_uuid", "timestamp", *moving_columns]]
+            for column in moving_columns:
+                increase = counter_increase(part, column)
+                increase.index = increase.index.astype(object)
+                out[column] = increase.reindex(gpus).fillna(0.0).round().astype("int64")
+    out["total"] = out[present].sum(axis=1).astype("int64")
+    return out
+
+
+def node_table(frame: pd.DataFrame, snapshot: pd.DataFrame | None = None, xids: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per node seen in the window: node, model(s), GPUs, allocated now (MIG by share),
+    mean NVML utilisation, max temperature, XID events in the window. ``snapshot`` and ``xids``
+    (:func:`latest_snapshot`, :func:`xid_events`) are computed when not given."""
+    columns = ["node", "model", "gpus", "allocated", "mean_util", "max_temperature_celsius", "xid_events"]
+    if frame.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    if snapshot is None:
+        snapshot = latest_snapshot(frame)
+    grouped = frame.groupby("node", observed=True, sort=True)
+    models = frame[["node", "model"]].drop_duplicates().astype(object)
+    out = pd.DataFrame({
+        "model": models.groupby("node")["model"].agg(lambda names: ", ".join(sorted(names))),
+        "gpus": grouped["gpu_uuid"].nunique(),
+        "mean_util": grouped["gpu_util_ratio"].mean().astype("float64"),
+        "max_temperature_celsius": grouped["temperature_celsius"].max().astype("float64"),
+    })
+    out.index = out.index.astype(object)
+    held = pd.Series(allocated_share(snapshot).to_numpy(), index=snapshot["node"].astype(object).to_numpy())
+    out["allocated"] = held.groupby(level=0).sum().reindex(out.index).fillna(0.0)
+    totals = (xid_events(frame) if xids is None else xids)["total"]
+    gpu_node = frame[["gpu_uuid", "node"]].drop_duplicates("gpu_uuid", keep="last").astype(object).set_index("gpu_uuid")["node"]
+    per_node = totals.groupby(gpu_node.reindex(totals.index).to_numpy()).sum()
+    out["xid_events"] = per_node.reindex(out.index).fillna(0).astype("int64")
+    return out.rename_axis("node").reset_index()[columns]
+
+
+def format_gpus(value: float) -> str:
+    """``3`` for a whole number of GPUs, ``2.4`` when MIG shares make it fractional."""
+    return f"{value:.0f}" if np.isclose(value, round(value)) else f"{value:.1f}"

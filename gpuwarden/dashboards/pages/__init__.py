@@ -1,0 +1,1 @@
+"""Streamlit page scripts, run by the router in ``gpuwarden/dashboards/app.py``."""

@@ -1,0 +1,130 @@
+"""The metric catalogue: a data file deciding what the exporter serves.
+
+``catalogue.csv`` (beside this module; its header comments document the columns) maps
+fleet-samples columns to exported metric families, as dcgm-exporter's ``default-counters.csv``
+does. :func:`load_catalogue` parses and validates it; nothing here reads a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from gpuwarden.fleet import METRIC_COLUMN_NAMES
+
+DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("catalogue.csv")
+
+# Sources the collector computes from a reading rather than reading from ``values``.
+DERIVED_SOURCES: frozenset[str] = frozenset({"mem_free_bytes", "gpu_lost"})
+
+# Labels every GPU series carries (dcgm-exporter's names); a catalogue label may not reuse one.
+GPU_LABELS: tuple[str, ...] = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
+    "pod",
+    "namespace",
+    "container",
+    "DCGM_FI_DRIVER_VERSION",
+)
+
+TYPES = ("gauge", "counter")
+TRANSFORMS = ("value", "pattern", "bits")
+_COLUMNS = ("metric", "type", "source_column", "transform", "label", "scale", "help")
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class CatalogueError(ValueError):
+    """The catalogue file is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One catalogue row."""
+
+    metric: str
+    type: str  # gauge | counter
+    source_column: str
+    transform: str = "value"  # value | pattern | bits
+    label: str = ""  # the extra label a pattern or bits row fills
+    scale: float = 1.0
+    help: str = ""
+
+    def source_regex(self) -> re.Pattern[str]:
+        """For a pattern row: a regex whose group 1 is the label value."""
+        head, _, tail = self.source_column.partition("*")
+        return re.compile(f"^{re.escape(head)}(.+?){re.escape(tail)}$")
+
+
+def _parse_scale(text: str) -> float:
+    text = text.strip() or "1"
+    try:
+        return float(Fraction(text))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"invalid scale {text!r}: a number or a fraction such as 1/1048576") from None
+
+
+def _check(spec: MetricSpec) -> None:
+    if not _NAME.match(spec.metric):
+        raise ValueError(f"invalid metric name {spec.metric!r}")
+    if spec.type not in TYPES:
+        raise ValueError(f"type must be one of {TYPES}, not {spec.type!r}")
+    if spec.transform not in TRANSFORMS:
+        raise ValueError(f"transform must be one of {TRANSFORMS}, not {spec.transform!r}")
+    if spec.transform == "value":
+        if spec.label:
+            raise ValueError("a value row takes no label")
+        if spec.source_column not in METRIC_COLUMN_NAMES and spec.source_column not in DERIVED_SOURCES:
+            raise ValueError(f"unknown source column {spec.source_column!r}")
+        return
+    if not _LABEL.match(spec.label) or spec.label in GPU_LABELS:
+        raise ValueError(f"a {spec.transform} row needs a new label name, not {spec.label!r}")
+    if spec.transform == "bits" and spec.source_column != "throttle_reasons_bitmask":
+        raise ValueError("bits rows read throttle_reasons_bitmask (the only bitmask column)")
+    if spec.transform == "pattern":
+        if spec.source_column.count("*") != 1:
+            raise ValueError("a pattern source needs exactly one '*'")
+        if not any(spec.source_regex().match(c) for c in METRIC_COLUMN_NAMES):
+            raise ValueError(f"pattern {spec.source_column!r} matches no fleet-samples column")
+
+
+def load_catalogue(path: str | Path = DEFAULT_CATALOGUE_PATH) -> tuple[MetricSpec, ...]:
+    """Read and validate a catalogue CSV. Lines starting with '#' are comments."""
+    path = Path(path)
+    specs: list[MetricSpec] = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
+    if not rows:
+        raise CatalogueError(f"{path}: empty catalogue")
+    reader = csv.DictReader(line for _, line in rows)
+    if tuple(reader.fieldnames or ()) != _COLUMNS:
+        raise CatalogueError(f"{path}:{rows[0][0]}: header must be {','.join(_COLUMNS)}")
+    seen: set[str] = set()
+    for (lineno, _), row in zip(rows[1:], reader):
+        try:
+            spec = MetricSpec(
+                metric=row["metric"].strip(),
+                type=row["type"].strip(),
+                source_column=row["source_column"].strip(),
+                transform=(row["transform"] or "value").strip(),
+                label=(row["label"] or "").strip(),
+                scale=_parse_scale(row["scale"] or ""),
+                help=(row["help"] or "").strip(),
+            )
+            _check(spec)
+            if spec.metric in seen:
+                raise ValueError(f"duplicate metric {spec.metric!r}")
+        except (ValueError, AttributeError) as exc:
+            raise CatalogueError(f"{path}:{lineno}: {exc}") from None
+        seen.add(spec.metric)
+        specs.append(spec)
+    return tuple(specs)

@@ -1,0 +1,197 @@
+"""``SimCluster``: the ``Cluster`` protocol over the simulated fleet, so the actuator can act on it.
+
+Actions take effect on the simulation's next step (the scheduler runs there). Each returns an
+``ActionResult``; a refused action (unknown node, a job that is not running) is ``ok=False`` with
+the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+
+from gpuwarden.fleet import (
+    Action,
+    ActionKind,
+    ActionResult,
+    ClusterSnapshot,
+    Placement,
+    PriorityClass,
+    WorkloadPhase,
+    WorkloadState,
+)
+
+from .engine import SimJob, Simulation
+
+_LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
+
+
+class SimCluster:
+    def __init__(self, simulation: Simulation) -> None:
+        self.sim = simulation
+
+    # -- reading -------------------------------------------------------------------------------
+    def snapshot(self) -> ClusterSnapshot:
+        sim = self.sim
+        with sim.lock:
+            now = sim.now
+            workloads = tuple(self._state(job) for job in sim.jobs if job.phase in _LIVE)
+            unhealthy = frozenset(
+                sim.gpus[g].uuid for g in np.flatnonzero((sim.gpu_down_until > sim.now_s) | sim.gpu_lost)
+            )
+            return ClusterSnapshot(
+                taken_at=now,
+                nodes=sim.nodes,
+                gpus=sim.gpus,
+                workloads=workloads,
+                teams=sim.teams,
+                cordoned=frozenset(sim.nodes[i].name for i in np.flatnonzero(sim.node_cordoned)),
+                taints={sim.nodes[i].name: taints for i, taints in sim.node_taints.items()},
+                unhealthy_gpus=unhealthy,
+            )
+
+    def _state(self, job: SimJob) -> WorkloadState:
+        sim = self.sim
+        placements = ()
+        if job.devices is not None:
+            placements = tuple(
+                Placement(sim.nodes[sim.dev_node[d]].name, sim.gpus[sim.dev_gpu[d]].uuid,
+                          int(sim.dev_mig_id[d]) or None)
+                for d in job.devices
+            )
+        at = lambda seconds: None if seconds is None else sim.origin + timedelta(seconds=float(seconds))  # noqa: E731
+        return WorkloadState(
+            workload=job.spec.workload, phase=job.phase, submitted_at=at(job.spec.submit_s), started_at=at(job.started_s),
+            placements=placements, progress_seconds=job.progress_s, duration_seconds=job.spec.duration_s,
+            preemptions=job.preemptions,
+            priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,
+        )
+
+    # -- acting --------------------------------------------------------------------------------
+    def apply(self, action: Action) -> ActionResult:
+        handler = getattr(self, f"_do_{action.kind.value.replace('-', '_')}", None)
+        if handler is None:
+            return ActionResult(action, False, f"{action.kind.value} is not supported by the simulated cluster")
+        with self.sim.lock:
+            try:
+                message = handler(action)
+            except LookupError as error:
+                return ActionResult(action, False, str(error.args[0]))
+            self.sim._capacity_changed = True
+        return ActionResult(action, True, message)
+
+    def _node(self, name: str) -> int:
+        for i, node in enumerate(self.sim.nodes):
+            if node.name == name:
+                return i
+        raise LookupError(f"node {name!r} not found")
+
+    def _job(self, target: str) -> SimJob:
+        name = target.split("/", 1)[-1]
+        for job in reversed(self.sim.jobs):
+            if job.name == name and job.phase in _LIVE:
+                return job
+        raise LookupError(f"workload {target!r} not found or already finished")
+
+    def _do_cordon(self, action: Action) -> str:
+        self.sim.node_cordoned[self._node(action.target)] = True
+        return f"cordoned {action.target}"
+
+    def _do_uncordon(self, action: Action) -> str:
+        self.sim.node_cordoned[self._node(action.target)] = False
+        return f"uncordoned {action.target}"
+
+    def _do_taint(self, action: Action) -> str:
+        node = self._node(action.target)
+        taint = str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule"))
+        current = self.sim.node_taints.get(node, ())
+        if taint not in current:
+            self.sim.node_taints[node] = current + (taint,)
+        return f"tainted {action.target} with {taint}"
+
+    def _do_untaint(self, action: Action) -> str:
+        node = self._node(action.target)
+        taint = action.params.get("taint")
+        remaining = tuple(t for t in self.sim.node_taints.get(node, ()) if taint is not None and t != taint)
+        if remaining:
+            self.sim.node_taints[node] = remaining
+        else:
+            self.sim.node_taints.pop(node, None)
+        return f"removed taint(s) from {action.target}"
+
+    def _do_drain(self, action: Action) -> str:
+        sim = self.sim
+        node = self._node(action.target)
+        sim.node_cordoned[node] = True
+        jobs = np.unique(sim.dev_job[(sim.dev_node == node) & (sim.dev_job >= 0)])
+        for job_index in jobs:
+            job = sim.jobs[int(job_index)]
+            sim._stop(job, keep_checkpoint=True, graceful=True)
+            job.preemptions += 1
+        return f"drained {action.target}: {len(jobs)} workload(s) evicted"
+
+    def _do_evict(self, action: Action) -> str:
+        job = self._job(action.target)
+        if job.phase != WorkloadPhase.RUNNING:
+            raise LookupError(f"workload {action.target!r} is {job.phase.value}, not running")
+        self.sim._stop(job, keep_checkpoint=True, graceful=True)
+        job.preemptions += 1
+        return f"evicted {action.target} (requeued)"
+
+    def _do_suspend(self, action: Action) -> str:
+        job = self._job(action.target)
+        if job.phase == WorkloadPhase.SUSPENDED:
+            return f"{action.target} already suspended"
+        if job.phase == WorkloadPhase.RUNNING:
+            job.preemptions += 1
+        self.sim._stop(job, keep_checkpoint=True, graceful=True, to_phase=WorkloadPhase.SUSPENDED)
+        if job in self.sim.queue:
+            self.sim.queue.remove(job)
+        return f"suspended {action.target} at {job.progress_s:.0f} s of progress"
+
+    def _do_preempt(self, action: Action) -> str:
+        job = self._job(action.target)
+        if job.spec.workload.checkpointable:
+            return self._do_suspend(action)
+        return self._do_evict(action)
+
+    def _do_resume(self, action: Action) -> str:
+        job = self._job(action.target)
+        if job.phase != WorkloadPhase.SUSPENDED:
+            raise LookupError(f"workload {action.target!r} is {job.phase.value}, not suspended")
+        job.phase = WorkloadPhase.PENDING
+        self.sim.queue.append(job)
+        return f"resumed {action.target} (queued)"
+
+    def _do_set_priority(self, action: Action) -> str:
+        job = self._job(action.target)
+        value = action.params.get("priority_class")
+        try:
+            job.priority = PriorityClass(value)
+        except ValueError:
+            allowed = ", ".join(p.value for p in PriorityClass)
+            raise LookupError(f"priority_class {value!r} is not one of: {allowed}") from None
+        return f"{action.target} priority set to {job.priority.value}"
+
+    def _do_bind(self, action: Action) -> str:
+        """Place a pending workload on the GPUs named in ``params['gpu_uuids']`` (whole GPUs)."""
+        sim = self.sim
+        job = self._job(action.target)
+        if job.phase != WorkloadPhase.PENDING:
+            raise LookupError(f"workload {action.target!r} is {job.phase.value}, not pending")
+        uuids = list(action.params.get("gpu_uuids", ()))
+        index_of = {g.uuid: i for i, g in enumerate(sim.gpus)}
+        unknown = [u for u in uuids if u not in index_of]
+        if unknown:
+            raise LookupError(f"GPU {unknown[0]!r} not found")
+        wanted = np.array([index_of[u] for u in uuids])
+        devices = np.flatnonzero(np.isin(sim.dev_gpu, wanted) & ~sim.dev_is_mig)
+        needed = job.spec.workload.gpus.count * job.spec.workload.gang_size
+        free = sim._available(sim.now_s)
+        if devices.size != needed or not free[devices].all():
+            raise LookupError(f"cannot bind {action.target}: needs {needed} free whole GPU(s), got {devices.size} named")
+        sim._bind(job, devices, sim.now_s)
+        if job in sim.queue:
+            sim.queue.remove(job)
+        return f"bound {action.target} to {len(devices)} GPU(s)"

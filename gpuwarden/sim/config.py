@@ -1,0 +1,113 @@
+"""Simulation settings: one frozen dataclass, loadable from YAML, with errors that name the key.
+
+Fault rates default to published ones: Llama 3 (Meta, 2024) reports 419 unexpected interruptions
+in 54 days on 16,384 H100s; the per-category counts of its table are ``LLAMA3_INTERRUPTIONS``. A
+rate per GPU-day for a category is ``count / (54 * 16384)``. ``fault_rate_scale`` multiplies all
+hardware fault rates (the demo raises it so that one simulated week shows some faults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+LLAMA3_GPU_DAYS = 54 * 16384
+# Llama 3 paper, Table 5 (GPU-related root causes), interruptions in 54 days.
+LLAMA3_INTERRUPTIONS = {
+    "faulty_gpu": 148,
+    "gpu_hbm3_memory": 72,
+    "gpu_sram_memory": 19,
+    "gpu_system_processor": 17,
+    "silent_data_corruption": 6,
+    "gpu_thermal_interface": 6,
+}
+
+
+class ConfigError(ValueError):
+    """A setting that does not exist or has a value out of range; the message names key and allowed values."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int = 7
+    nodes: int = 64
+    gpus_per_node: int = 8
+    step_seconds: int = 60
+    start: datetime = datetime(2026, 11, 23, tzinfo=timezone.utc)
+    warmup_days: float = 1.0  # simulated but not recorded, so the first recorded day starts busy
+    cluster: str = "sim"
+    training_load: float = 0.95  # Philly GPU-time demand relative to training capacity
+    inference_load: float = 0.70  # share of inference capacity that services ask for
+    notebooks_per_100_gpus: float = 6.0
+    fault_rate_scale: float = 1.0
+    spot_reclaims_per_node_day: float = 0.0067  # "over 20% a month", the highest band spot advisors list
+    max_training_gpus: int = 32
+    max_job_days: float = 3.0
+    openb_pod_list: str = "default"
+    data_dir: Path | None = None
+    counts_overrides: Mapping[str, float] = field(default_factory=dict)  # fault kind -> events per GPU-day
+
+    def __post_init__(self) -> None:
+        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}: {value!r} is not allowed; expected a positive integer")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"seed: {self.seed!r} is not allowed; expected an integer")
+        if self.gpus_per_node > 8:
+            raise ConfigError(f"gpus_per_node: {self.gpus_per_node} is not allowed; expected 1..8 (one HGX board)")
+        for name in ("training_load", "inference_load", "notebooks_per_100_gpus", "fault_rate_scale",
+                     "spot_reclaims_per_node_day", "warmup_days", "max_job_days"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")
+        if self.start.tzinfo is None:
+            object.__setattr__(self, "start", self.start.replace(tzinfo=timezone.utc))
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> "SimConfig":
+        unknown = [key for key in values if key not in cls.keys()]
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(cls.keys())}")
+        converted = dict(values)
+        if isinstance(converted.get("start"), str):
+            try:
+                converted["start"] = datetime.fromisoformat(converted["start"])
+            except ValueError:
+                raise ConfigError(f"{source}: start: {converted['start']!r} is not an ISO-8601 time") from None
+        if converted.get("data_dir") is not None:
+            converted["data_dir"] = Path(converted["data_dir"])
+        for f in fields(cls):
+            if f.name in converted and f.type in ("float",) and isinstance(converted[f.name], int):
+                converted[f.name] = float(converted[f.name])
+        try:
+            return cls(**converted)
+        except TypeError as error:
+            raise ConfigError(f"{source}: {error}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SimConfig":
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML ({error})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+        section = loaded.get("sim", loaded) if set(loaded) <= {"sim"} else loaded
+        return cls.from_mapping(section, source=str(path))
+
+    def replace(self, **changes: Any) -> "SimConfig":
+        return dataclasses.replace(self, **changes)
