@@ -63,34 +63,12 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     out: dict[str, pd.Series] = {}
     for name in SAMPLE_COLUMN_NAMES:
         raw = frame[name]
-        kind = _KIND[name]
-        if kind == "timestamp":
-            if isinstance(raw.dtype, pd.DatetimeTZDtype):
-                values = raw.dt.tz_convert("UTC")
-            else:
-                values = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
-            expected = "an ISO-8601 timestamp"
-        elif kind == "string":
-            values = raw.astype("category") if not isinstance(raw.dtype, pd.CategoricalDtype) else raw
-            expected = "text"
-        else:
-            values = pd.to_numeric(raw, errors="coerce")
-            expected = "a number"
-        bad = values.isna().to_numpy() & raw.notna().to_numpy()
-        if kind == "int" and not bad.any():
-            finite = values.notna().to_numpy()
-            fractional = finite & (np.asarray(values.fillna(0), dtype="float64") % 1 != 0)
-            bad |= fractional
-            expected = "an integer"
-        if bad.any():
-            position = int(np.flatnonzero(bad)[0])
-            raise SamplesError(
-                f"{_where(source, position, line_offset)}: column {name!r}: {raw.iloc[position]!r} is not {expected}"
-            )
+        # Already typed (the simulator, the store): skip parsing; the checks below still apply.
+        values = raw if str(raw.dtype) == PANDAS_DTYPES[name] else _parse(raw, name, source, line_offset)
         if not _NULLABLE[name] and values.isna().any():
             position = int(np.flatnonzero(values.isna().to_numpy())[0])
             raise SamplesError(f"{_where(source, position, line_offset)}: column {name!r} is empty; it is required")
-        out[name] = values.astype(PANDAS_DTYPES[name])
+        out[name] = values
     result = pd.DataFrame(out)
     for name in _NON_NEGATIVE:
         negative = (result[name] < 0).fillna(False).to_numpy(dtype=bool)
@@ -109,6 +87,34 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
                 "is not a ratio; expected a value in 0..1"
             )
     return result
+
+
+def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> pd.Series:
+    """Convert one column to its schema dtype; a value that does not parse names its line or row."""
+    kind = _KIND[name]
+    if kind == "timestamp":
+        if isinstance(raw.dtype, pd.DatetimeTZDtype):
+            values = raw.dt.tz_convert("UTC")
+        else:
+            values = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+        expected = "an ISO-8601 timestamp"
+    elif kind == "string":
+        values = raw if isinstance(raw.dtype, pd.CategoricalDtype) else raw.astype("category")
+        expected = "text"
+    else:
+        values = pd.to_numeric(raw, errors="coerce")
+        expected = "a number"
+    bad = values.isna().to_numpy() & raw.notna().to_numpy()
+    if kind == "int" and not bad.any():
+        fractional = values.notna().to_numpy() & (np.asarray(values.fillna(0), dtype="float64") % 1 != 0)
+        bad |= fractional
+        expected = "an integer"
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise SamplesError(
+            f"{_where(source, position, line_offset)}: column {name!r}: {raw.iloc[position]!r} is not {expected}"
+        )
+    return values.astype(PANDAS_DTYPES[name])
 
 
 def load_samples(path: str | Path) -> pd.DataFrame:

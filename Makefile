@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv with pip if absent.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpuwarden demo $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/lint-imports
+
+test: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_store.py
+
+clean:
+	rm -rf $(VENV) .gpuwarden .pytest_cache

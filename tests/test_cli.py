@@ -1,0 +1,141 @@
+"""The command line as a user meets it: --help everywhere, one-line errors with exit 2, and the
+headless demo end to end (simulated fleet -> store -> exporter over real HTTP)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.cli import build_parser, main
+from gpuwarden.store import LocalStore, load_samples
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def all_commands(parser, prefix=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + (name,)
+                yield from all_commands(sub, prefix + (name,))
+
+
+def test_every_subcommand_has_help(capsys):
+    commands = list(all_commands(build_parser()))
+    assert ("demo",) in commands and ("sim", "generate") in commands and ("store", "read") in commands
+    for command in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        assert exit_info.value.code == 0
+        assert "usage: gpuwarden " + " ".join(command) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["demo", "--bogus"], r"unrecognized arguments: --bogus"),
+        (["demo", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
+        (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is not allowed; expected an integer >= 1"),
+        (["demo", "--gpus-per-node", "12"], r"gpus_per_node: 12 is not allowed; expected 1..8"),
+        (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is not allowed"),
+        (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from sim\)"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_no_traceback(args, expected):
+    result = run_cli(*args, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert re.search(expected, lines[0]), lines[0]
+
+
+def test_unknown_config_key_names_key_and_allowed(tmp_path):
+    config = tmp_path / "fleet.yaml"
+    config.write_text("nodes: 4\ngpu_count: 8\n")
+    result = run_cli("sim", "generate", "--config", str(config), "--out", str(tmp_path / "x.csv"), timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "unknown key 'gpu_count'" in result.stderr and "allowed keys: seed, nodes, gpus_per_node" in result.stderr
+
+
+def test_broken_trace_names_file_and_column(tmp_path, data_dir):
+    broken = tmp_path / "data"
+    for sub in ("genai", "openb", "philly", "h200"):
+        (broken / sub).mkdir(parents=True)
+        for item in (data_dir / sub).iterdir():
+            (broken / sub / item.name).symlink_to(item)
+    (broken / "h200" / "phase_trace.csv").unlink()
+    text = (data_dir / "h200" / "phase_trace.csv").read_text().replace("power_w", "watts", 1)
+    (broken / "h200" / "phase_trace.csv").write_text(text)
+    result = run_cli("sim", "generate", "--data-dir", str(broken), "--out", str(tmp_path / "x.csv"), timeout=60)
+    assert result.returncode == 2
+    assert "phase_trace.csv: missing column(s) power_w" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sim_generate_writes_samples_and_ground_truth(tmp_path, data_dir):
+    out, truth = tmp_path / "samples.parquet", tmp_path / "truth.csv"
+    result = run_cli("sim", "generate", "--nodes", "4", "--days", "0.05", "--warmup-days", "0",
+                     "--fault-scale", "0", "--data-dir", str(data_dir), "--out", str(out), "--ground-truth", str(truth))
+    assert result.returncode == 0, result.stderr
+    samples = load_samples(out)
+    steps = round(0.05 * 86400 / 60)
+    assert samples["timestamp"].nunique() == steps
+    assert len(samples) % steps == 0 and samples["node"].nunique() == 4
+    assert truth.read_text().startswith("fault_id,kind,node,gpu_uuid")
+
+
+def test_store_load_validates_before_writing(tmp_path, data_dir):
+    good = tmp_path / "good.csv"
+    run_cli("sim", "generate", "--nodes", "4", "--days", "0.02", "--warmup-days", "0", "--data-dir", str(data_dir),
+            "--out", str(good))
+    bad = tmp_path / "bad.csv"
+    bad.write_text(good.read_text().replace(",", ";", 1))  # breaks the header
+    store = tmp_path / "store"
+    result = run_cli("store", "load", str(good), str(bad), "--store", str(store))
+    assert result.returncode == 2 and "bad.csv: missing column(s)" in result.stderr
+    assert LocalStore(store).row_count() == 0  # the good file was not half-loaded either
+    result = run_cli("store", "load", str(good), "--store", str(store))
+    assert result.returncode == 0
+    assert LocalStore(store).row_count() == len(load_samples(good))
+    info = run_cli("store", "info", "--store", str(store))
+    assert "rows:" in info.stdout and "range:  2026-11-23" in info.stdout
+
+
+def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir):
+    store = tmp_path / "store"
+    result = run_cli(
+        "demo", "--headless", "--duration", "4", "--nodes", "8", "--days", "0.25", "--warmup-days", "0.1",
+        "--store", str(store), "--exporter-listen", "127.0.0.1:0", "--step-interval", "0.5",
+        "--data-dir", str(data_dir),
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "backfill: 100%" in out
+    assert re.search(r"fleet:\s+8 nodes, 64 GPUs", out)
+    match = re.search(r"samples stored:\s+([\d,]+) rows", out)
+    stored = int(match.group(1).replace(",", ""))
+    assert stored == LocalStore(store).row_count()
+    backfilled_steps = round(0.25 * 86400 / 60)
+    devices = int(re.search(r"\((\d+) devices", out).group(1))
+    assert stored >= (backfilled_steps + 2) * devices  # the live phase kept feeding the store
+    assert re.search(r"exporter:\s+http://127\.0\.0\.1:\d+/metrics \((\d+) series", out)
+    series = int(re.search(r"\((\d+) series at the last scrape", out).group(1))
+    assert series > devices * 10
+    assert re.search(r"injected faults:\s+\d+", out)
+    assert re.search(r"jobs:\s+\d+ submitted, \d+ started", out)

@@ -1,0 +1,195 @@
+"""Fleet samples schema: round trips through CSV and Parquet, clear errors for bad files, and the
+embedded store's appends, range reads, column reads and compaction."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
+from gpuwarden.store import LocalStore, SamplesError, coerce, load_samples, schema_markdown, write_samples
+
+
+def make_samples(start="2026-11-01T00:00:00Z", steps=30, gpus=4, step_seconds=60) -> pd.DataFrame:
+    """A small, schema-correct frame: ``gpus`` GPUs on two nodes, one with SM activity missing."""
+    rng = np.random.default_rng(0)
+    times = pd.date_range(start, periods=steps, freq=f"{step_seconds}s", tz="UTC")
+    rows = len(times) * gpus
+    frame = {}
+    for column in SAMPLE_COLUMNS:
+        if column.kind == "float":
+            frame[column.name] = rng.random(rows)
+        elif column.kind == "int":
+            frame[column.name] = np.tile(np.arange(gpus), len(times))
+    frame.update(
+        timestamp=np.repeat(times, gpus),
+        cluster="c1",
+        node=np.tile([f"node-{g // 2}" for g in range(gpus)], len(times)),
+        gpu_uuid=np.tile([f"GPU-{g:04d}" for g in range(gpus)], len(times)),
+        gpu_index=np.tile(np.arange(gpus) % 2, len(times)),
+        model="NVIDIA H100 80GB HBM3",
+        mig_instance=None,
+        namespace=np.tile(["team-a", None] * (gpus // 2), len(times)),
+        pod=np.tile(["pod-1", None] * (gpus // 2), len(times)),
+        team=np.tile(["team-a", None] * (gpus // 2), len(times)),
+        project=np.tile(["proj", None] * (gpus // 2), len(times)),
+        mem_total_bytes=80.0 * 2**30,
+    )
+    out = pd.DataFrame(frame)
+    out.loc[out["gpu_uuid"] == "GPU-0003", ["sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]] = np.nan
+    out.loc[out["gpu_uuid"] == "GPU-0002", "recovery_action"] = None
+    return coerce(out)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
+def test_round_trip_keeps_every_value(tmp_path, suffix):
+    samples = make_samples()
+    path = tmp_path / f"samples{suffix}"
+    write_samples(samples, path)
+    loaded = load_samples(path)
+    assert list(loaded.columns) == list(SAMPLE_COLUMN_NAMES)
+    pd.testing.assert_frame_equal(
+        loaded.astype({c: "object" for c in loaded.select_dtypes("category")}),
+        samples.astype({c: "object" for c in samples.select_dtypes("category")}),
+        check_exact=False, rtol=1e-12,
+    )
+    # Missing measurements stay missing (never a fake 0).
+    assert loaded.loc[loaded["gpu_uuid"] == "GPU-0003", "sm_active_ratio"].isna().all()
+    assert loaded.loc[loaded["gpu_uuid"] == "GPU-0002", "recovery_action"].isna().all()
+
+
+def test_csv_missing_column_names_file_and_expected_columns(tmp_path):
+    path = tmp_path / "bad.csv"
+    make_samples().drop(columns=["power_watts"]).to_csv(path, index=False)
+    with pytest.raises(SamplesError) as error:
+        load_samples(path)
+    message = str(error.value)
+    assert str(path) in message and "power_watts" in message and "expected" in message
+
+
+def test_csv_bad_value_names_line_and_column(tmp_path):
+    path = tmp_path / "bad.csv"
+    samples = make_samples()
+    write_samples(samples, path)
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    fields = lines[5].split(",")
+    fields[header.index("power_watts")] = "lots"
+    lines[5] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SamplesError, match=r"bad\.csv:6: column 'power_watts': 'lots' is not a number"):
+        load_samples(path)
+
+
+def test_gzip_csv_negative_counter_is_rejected_with_line(tmp_path):
+    frame = make_samples()
+    frame.loc[9, "ecc_sbe_volatile_total"] = -1
+    path = tmp_path / "neg.csv.gz"
+    with gzip.open(path, "wt") as handle:
+        frame.to_csv(handle, index=False)
+    with pytest.raises(SamplesError, match=r"neg\.csv\.gz:11: column 'ecc_sbe_volatile_total': -1 is negative"):
+        load_samples(path)
+
+
+def test_parquet_errors_name_the_row(tmp_path):
+    frame = make_samples()
+    frame["gpu_util_ratio"] = frame["gpu_util_ratio"].astype(float)
+    frame.loc[3, "gpu_util_ratio"] = 1.7
+    path = tmp_path / "ratio.parquet"
+    frame.to_parquet(path, index=False)
+    with pytest.raises(SamplesError, match=r"ratio\.parquet: row 3: column 'gpu_util_ratio': 1\.7 is not a ratio"):
+        load_samples(path)
+
+
+def test_required_column_empty_and_unknown_suffix(tmp_path):
+    frame = make_samples().astype({"node": "object"})
+    frame.loc[0, "node"] = None
+    with pytest.raises(SamplesError, match="row 0: column 'node' is empty"):
+        coerce(frame)
+    other = tmp_path / "x.json"
+    other.write_text("{}")
+    with pytest.raises(SamplesError, match="unknown file type"):
+        load_samples(other)
+
+
+def test_schema_markdown_documents_every_column():
+    text = schema_markdown()
+    for name in SAMPLE_COLUMN_NAMES:
+        assert f"`{name}`" in text
+
+
+def test_docs_schema_md_is_current():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
+    assert docs.read_text() == schema_markdown(), "regenerate: gpuwarden store schema > docs/schema.md"
+
+
+# -- the embedded store ----------------------------------------------------------------------------
+
+
+def test_store_appends_and_reads_ranges_across_days(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    first = make_samples("2026-11-01T23:00:00Z", steps=120)  # crosses midnight: two partitions
+    second = make_samples("2026-11-02T01:00:00Z", steps=60)
+    assert store.append(first) == len(first)
+    assert store.append(second) == len(second)
+    assert store.row_count() == len(first) + len(second)
+    assert sorted(p.name for p in store.samples_dir.iterdir()) == ["date=2026-11-01", "date=2026-11-02"]
+
+    window = store.read("2026-11-01T23:30:00Z", "2026-11-02T00:30:00Z")
+    assert window["timestamp"].min() == pd.Timestamp("2026-11-01T23:30:00Z")
+    assert window["timestamp"].max() == pd.Timestamp("2026-11-02T00:29:00Z")
+    assert len(window) == 60 * 4
+    assert window["timestamp"].is_monotonic_increasing
+    assert list(window.columns) == list(SAMPLE_COLUMN_NAMES)
+
+    start, end = store.time_range()
+    assert start == pd.Timestamp("2026-11-01T23:00:00Z") and end == pd.Timestamp("2026-11-02T01:59:00Z")
+
+
+def test_store_reads_selected_columns_and_nodes_with_schema_dtypes(tmp_path):
+    store = LocalStore(tmp_path)
+    samples = make_samples()
+    store.append(samples)
+    part = store.read(columns=["timestamp", "node", "gpu_util_ratio", "recovery_action"], nodes=["node-1"])
+    assert list(part.columns) == ["timestamp", "node", "gpu_util_ratio", "recovery_action"]
+    assert set(part["node"]) == {"node-1"}
+    assert len(part) == len(samples) / 2
+    assert str(part["recovery_action"].dtype) == "Int64"
+    assert isinstance(part["node"].dtype, pd.CategoricalDtype)
+    with pytest.raises(KeyError, match="unknown samples column"):
+        store.read(columns=["watts"])
+
+
+def test_store_round_trip_is_exact_and_compaction_keeps_rows(tmp_path):
+    store = LocalStore(tmp_path)
+    samples = make_samples(steps=40)
+    for chunk in np.array_split(np.arange(len(samples)), 10):
+        store.append(samples.iloc[chunk])
+    assert store.file_count() == 10
+    assert store.compact(min_files=2) == 1
+    assert store.file_count() == 1
+    back = store.read()
+    pd.testing.assert_frame_equal(
+        back.astype({c: "object" for c in back.select_dtypes("category")}),
+        samples.astype({c: "object" for c in samples.select_dtypes("category")}),
+    )
+
+
+def test_empty_store_reads_empty_frame_with_schema(tmp_path):
+    store = LocalStore(tmp_path / "nothing")
+    frame = store.read("2026-01-01", "2026-01-02")
+    assert frame.empty and list(frame.columns) == list(SAMPLE_COLUMN_NAMES)
+    assert store.time_range() is None and store.row_count() == 0
+
+
+def test_store_rejects_bad_samples_and_writes_nothing(tmp_path):
+    store = LocalStore(tmp_path)
+    bad = make_samples().drop(columns=["model"])
+    with pytest.raises(SamplesError, match="missing column"):
+        store.append(bad)
+    assert store.row_count() == 0
