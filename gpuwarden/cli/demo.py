@@ -17,6 +17,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
 from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
@@ -68,14 +69,16 @@ def run(args: argparse.Namespace) -> int:
     exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval), host=host, port=port)
     dashboard: subprocess.Popen | None = None
     started = time.monotonic()
+    return_code = 0
     try:
         exporter.start()
         exporter.collect_now()
         print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
         if not args.headless:
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
+                                         stderr=subprocess.PIPE)
             url = dashboard_url("127.0.0.1", args.dashboard_port)
+            wait_for_dashboard(dashboard, url, args.dashboard_port)
             print(f"dashboard: {url}")
             if not args.no_browser:
                 webbrowser.open(url)
@@ -84,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         live(simulation, store, args.step_interval, duration)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
+    except DashboardError as error:
+        print(f"gpuwarden demo: error: {error}", file=sys.stderr)
+        return_code = 2
     finally:
         series = count_series(exporter.url) if exporter.port else 0
         exporter.stop()
@@ -94,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 dashboard.kill()
     print_summary(simulation, store, exporter.url, series, time.monotonic() - started)
-    return 0
+    return return_code
 
 
 def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
@@ -108,21 +114,55 @@ def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
     store.compact(min_files=2)
 
 
-def live(simulation: Simulation, store: LocalStore, interval: float, duration: float | None) -> None:
+class DashboardError(RuntimeError):
+    pass
+
+
+def wait_for_dashboard(process: subprocess.Popen, url: str, port: int, timeout_s: float = 60.0) -> None:
+    """Poll Streamlit's health endpoint; fail clearly if it exits (port taken) or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            detail = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            raise DashboardError(f"the dashboard could not start on port {port} ({detail}); "
+                                 "choose another with --dashboard-port")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise DashboardError(f"the dashboard did not answer on {url} within {timeout_s:.0f} s")
+
+
+def live(simulation: Simulation, store: LocalStore, interval: float, duration: float | None,
+         flush_every_s: float = 10.0) -> None:
+    """Step the fleet every ``interval`` wall seconds. Steps are written to the store every
+    ``flush_every_s`` (one Parquet file per flush, not per step), and on the way out even when
+    interrupted; the day's files are compacted every 30 flushes."""
     deadline = None if duration is None else time.monotonic() + duration
-    next_step = time.monotonic()
-    steps = 0
-    while deadline is None or time.monotonic() < deadline:
-        store.append(simulation.step())
-        steps += 1
-        if steps % 600 == 0:
-            store.compact()
-        next_step += interval
-        pause = next_step - time.monotonic()
-        if deadline is not None:
-            pause = min(pause, deadline - time.monotonic())
-        if pause > 0:
-            time.sleep(pause)
+    next_step = last_flush = time.monotonic()
+    pending: list[pd.DataFrame] = []
+    flushes = 0
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            pending.append(simulation.step())
+            if time.monotonic() - last_flush >= flush_every_s:
+                store.append(pd.concat(pending, ignore_index=True))
+                pending.clear()
+                last_flush = time.monotonic()
+                flushes += 1
+                if flushes % 30 == 0:
+                    store.compact()
+            next_step += interval
+            pause = next_step - time.monotonic()
+            if deadline is not None:
+                pause = min(pause, deadline - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)
+    finally:
+        if pending:
+            store.append(pd.concat(pending, ignore_index=True))
 
 
 def count_series(url: str) -> int:

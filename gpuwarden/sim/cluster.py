@@ -76,8 +76,8 @@ class SimCluster:
         with self.sim.lock:
             try:
                 message = handler(action)
-            except LookupError as error:
-                return ActionResult(action, False, str(error.args[0]))
+            except (LookupError, TypeError, ValueError) as error:  # bad target or params: refused, not raised
+                return ActionResult(action, False, f"{action.kind.value} {action.target}: {error}")
             self.sim._capacity_changed = True
         return ActionResult(action, True, message)
 
@@ -129,6 +129,7 @@ class SimCluster:
             job = sim.jobs[int(job_index)]
             sim._stop(job, keep_checkpoint=True, graceful=True)
             job.preemptions += 1
+            sim.counts["preempted"] += 1
         return f"drained {action.target}: {len(jobs)} workload(s) evicted"
 
     def _do_evict(self, action: Action) -> str:
@@ -137,6 +138,7 @@ class SimCluster:
             raise LookupError(f"workload {action.target!r} is {job.phase.value}, not running")
         self.sim._stop(job, keep_checkpoint=True, graceful=True)
         job.preemptions += 1
+        self.sim.counts["preempted"] += 1
         return f"evicted {action.target} (requeued)"
 
     def _do_suspend(self, action: Action) -> str:
@@ -145,6 +147,7 @@ class SimCluster:
             return f"{action.target} already suspended"
         if job.phase == WorkloadPhase.RUNNING:
             job.preemptions += 1
+            self.sim.counts["preempted"] += 1
         self.sim._stop(job, keep_checkpoint=True, graceful=True, to_phase=WorkloadPhase.SUSPENDED)
         if job in self.sim.queue:
             self.sim.queue.remove(job)

@@ -203,6 +203,8 @@ class Simulation:
             size = min(chunk_steps, steps - done)
             with self.lock:
                 columns = [self._advance(render=True, as_frame=False) for _ in range(size)]
+                # The exporter backend serves the newest step, also right after a backfill.
+                self.latest = self._frame(dict(columns[-1]))
             done += size
             yield self._frame({key: np.concatenate([c[key] for c in columns]) for key in columns[0]})
 

@@ -96,6 +96,7 @@ class FaultInjector:
     def __init__(self, config: SimConfig, gpu_count: int, rng: np.random.Generator) -> None:
         self.rng = rng
         self.gpu_count = gpu_count
+        self.step_seconds = float(config.step_seconds)  # every fault lasts at least one step
         self.rates_per_second = {
             name: rate_per_gpu_day(kind, config) * gpu_count / 86400.0 for name, kind in KINDS.items()
         }
@@ -119,7 +120,8 @@ class FaultInjector:
                 if kind.name == "xid79_off_bus" and self.rng.random() < 0.5:
                     precursor = 0.0  # half fall off the bus with no PCIe warning
                 onset = max(now_s, event_s - precursor)
-                duration = float(self.rng.uniform(*kind.active_hours)) * HOUR if kind.active_hours[1] > 0 else 60.0
+                duration = float(self.rng.uniform(*kind.active_hours)) * HOUR if kind.active_hours[1] > 0 else 0.0
+                duration = max(duration, self.step_seconds)
                 free = np.flatnonzero(self.busy_until <= onset)
                 if free.size == 0:
                     continue

@@ -87,11 +87,17 @@ class ArrivalStream:
         jobs["duration_seconds"] = jobs["duration_seconds"].clip(upper=cap)
         times = (jobs["submitted_at"] - jobs["submitted_at"].min()).dt.total_seconds().to_numpy()
         span = max(times[-1], DAY)
-        # Skip the sparse first and last weeks of the trace.
-        lo, hi = min(7 * DAY, span / 4), max(span - 14 * DAY, span / 2)
-        offset = float(self.rng.uniform(lo, hi))
-        demand_per_s = float((jobs["gpus"] * jobs["duration_seconds"]).sum()) / span
-        keep_probability = min(1.0, self.config.training_load * training_gpus / max(demand_per_s, 1e-9))
+        # GPU-seconds submitted per day, and per following week. The trace's first weeks are
+        # nearly empty, so the replay starts on a day whose next week is at least half as busy as
+        # a typical week; the thinning then matches that week's demand to the training capacity.
+        demand = (jobs["gpus"] * jobs["duration_seconds"]).to_numpy()
+        daily = np.bincount((times // DAY).astype(int), weights=demand)
+        week = np.convolve(daily, np.ones(7), mode="valid")  # week[d] = days d..d+6
+        busy_days = np.flatnonzero(week >= 0.5 * np.median(week))
+        start_day = int(self.rng.choice(busy_days))
+        offset = start_day * DAY + float(self.rng.uniform(0, DAY))
+        capacity = self.config.training_load * training_gpus * 7 * DAY
+        keep_probability = min(1.0, capacity / max(float(week[start_day]), 1e-9))
         self.philly_times = times
         self.philly = jobs.reset_index(drop=True)
         self.philly_span = span
