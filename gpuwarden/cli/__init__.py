@@ -17,6 +17,9 @@ from gpuwarden.store import SamplesError
 from . import demo, exporter_cmd, sim_cmd, store_cmd
 from .args import Parser
 
+# Each command module has ``add_parser(subparsers)``; a new command adds its module here.
+COMMAND_MODULES = (demo, sim_cmd, store_cmd, exporter_cmd)
+
 USER_ERRORS = (ConfigError, TraceError, SamplesError, FleetValueError)
 
 
@@ -26,7 +29,7 @@ def build_parser() -> Parser:
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level (default WARNING)")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
-    for module in (demo, sim_cmd, store_cmd, exporter_cmd):
+    for module in COMMAND_MODULES:
         module.add_parser(subparsers)
     return parser
 

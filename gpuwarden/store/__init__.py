@@ -1,6 +1,7 @@
 """Where fleet samples live: the schema, file loaders, and the embedded (Parquet) store."""
 
 from .local import LocalStore
+from .sources import FileSource, SamplesSource
 from .schema import PANDAS_DTYPES, SamplesError, coerce, empty_samples, load_samples, schema_markdown, write_samples
 
-__all__ = ["LocalStore", "PANDAS_DTYPES", "SamplesError", "coerce", "empty_samples", "load_samples", "schema_markdown", "write_samples"]
+__all__ = ["FileSource", "LocalStore", "SamplesSource", "PANDAS_DTYPES", "SamplesError", "coerce", "empty_samples", "load_samples", "schema_markdown", "write_samples"]

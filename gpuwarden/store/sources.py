@@ -1,0 +1,52 @@
+"""Where fleet samples can be read from, behind one small protocol.
+
+Analytics reads a ``SamplesSource``; it never knows whether the rows came from the embedded
+store, a user's file, or Prometheus. Every source answers ``read(start, end, columns)`` with the
+fleet samples table (``start <= timestamp < end``) and ``time_range()``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+import pandas as pd
+
+from .local import LocalStore, _utc
+from .schema import load_samples
+
+
+@runtime_checkable
+class SamplesSource(Protocol):
+    def read(self, start: datetime | str | None = None, end: datetime | str | None = None,
+             columns: Sequence[str] | None = None) -> pd.DataFrame: ...
+
+    def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None: ...
+
+
+class FileSource:
+    """Fleet samples from one CSV / Parquet file, validated once when opened."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._frame = load_samples(self.path)
+
+    def read(self, start=None, end=None, columns=None) -> pd.DataFrame:
+        frame = self._frame
+        start_ts, end_ts = _utc(start), _utc(end)
+        mask = pd.Series(True, index=frame.index)
+        if start_ts is not None:
+            mask &= frame["timestamp"] >= start_ts
+        if end_ts is not None:
+            mask &= frame["timestamp"] < end_ts
+        out = frame.loc[mask, list(columns) if columns is not None else frame.columns]
+        return out.sort_values("timestamp", kind="stable", ignore_index=True) if "timestamp" in out else out.reset_index(drop=True)
+
+    def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+        if self._frame.empty:
+            return None
+        return self._frame["timestamp"].min(), self._frame["timestamp"].max()
+
+
+__all__ = ["FileSource", "LocalStore", "SamplesSource"]
