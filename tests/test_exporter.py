@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.exporter import ExporterService, ExporterSnapshot, GpuCollector, load_catalogue
-from gpuwarden.exporter.catalogue import GPU_LABELS, CatalogueError
+from gpuwarden.fleet.catalogue import GPU_LABELS, CatalogueError
 from gpuwarden.exporter.collector import gpu_labels
 from gpuwarden.fleet import THROTTLE_REASONS, GpuBackend, GpuReading
 

@@ -2,7 +2,7 @@
 ``gpuwarden.fleet.GpuBackend`` reads. Imports only ``gpuwarden.fleet``, the standard library and
 ``prometheus_client``."""
 
-from .catalogue import MetricSpec, load_catalogue
+from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
 from .collector import GpuCollector, build_families
 from .service import ExporterService
 from .snapshot import ExporterSnapshot

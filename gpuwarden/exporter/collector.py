@@ -14,7 +14,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpuwarden.fleet import THROTTLE_REASONS, GpuReading
 
-from .catalogue import MetricSpec, load_catalogue
+from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
 from .snapshot import ExporterSnapshot
 
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.fleet import GpuBackend
 
-from .catalogue import MetricSpec
+from gpuwarden.fleet.catalogue import MetricSpec
 from .collector import GpuCollector
 from .snapshot import ExporterSnapshot
 from .web import make_server

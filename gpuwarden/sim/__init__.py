@@ -2,6 +2,6 @@
 
 from .config import ConfigError, SimConfig
 from .engine import Simulation
-from .traces import TraceError, default_data_dir
+from gpuwarden.fleet.traces import TraceError, default_data_dir
 
 __all__ = ["ConfigError", "SimConfig", "Simulation", "TraceError", "default_data_dir"]

@@ -39,7 +39,7 @@ from .catalog import MODELS
 from .config import SimConfig
 from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
-from .traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
+from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
 from .workloads import PROFILES, ArrivalStream, JobSpec
 
 FREE_MEMORY_BYTES = 615 * 1024**2  # what NVML reports used with no process (H200 trace)

@@ -1,4 +1,4 @@
-"""Loaders for the real traces the simulated fleet draws from (``../shared/data``).
+"""Loaders for the real traces in ``../shared/data`` (simulator, scheduling replay, health evaluation).
 
 Each loader checks the columns it needs and names the file, the line and the expected value when
 a row is bad, so a broken trace never turns into a silent default.

@@ -1,6 +1,6 @@
 """The metric catalogue: a data file deciding what the exporter serves.
 
-``catalogue.csv`` (beside this module; its header comments document the columns) maps
+``metric_catalogue.csv`` (beside this module; its header comments document the columns) maps
 fleet-samples columns to exported metric families, as dcgm-exporter's ``default-counters.csv``
 does. :func:`load_catalogue` parses and validates it; nothing here reads a GPU.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from gpuwarden.fleet import METRIC_COLUMN_NAMES
+from .samples import METRIC_COLUMN_NAMES
 
-DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("catalogue.csv")
+DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("metric_catalogue.csv")
 
 # Sources the collector computes from a reading rather than reading from ``values``.
 DERIVED_SOURCES: frozenset[str] = frozenset({"mem_free_bytes", "gpu_lost"})
