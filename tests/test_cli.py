@@ -49,7 +49,7 @@ def test_every_subcommand_has_help(capsys):
     [
         (["demo", "--bogus"], r"unrecognized arguments: --bogus"),
         (["demo", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
-        (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is not allowed; expected an integer >= 1"),
+        (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is negative; expected an integer >= 1"),
         (["demo", "--gpus-per-node", "12"], r"gpus_per_node: 12 is not allowed; expected 1..8"),
         (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is not allowed"),
         (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from '?sim'?\)"),

@@ -15,45 +15,34 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative; expected an integer >= 0")
+def _number(text: str, kind: type, minimum: float, inclusive: bool):
+    """Parse ``text`` as ``kind`` (int or float) that is >= (or >) ``minimum``, or explain why not."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if value < minimum or (value == minimum and not inclusive):
+        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+        what = "an integer" if kind is int else "a number"
+        reason = "is negative" if value < 0 else "is not allowed"
+        raise argparse.ArgumentTypeError(f"{text!r} {reason}; expected {what} {bound}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, 0, inclusive=True)
 
 
 def positive_int(text: str) -> int:
-    value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer >= 1")
-    return value
+    return _number(text, int, 1, inclusive=True)
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a number > 0")
-    return value
+    return _number(text, float, 0, inclusive=False)
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative; expected a number >= 0")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    return _number(text, float, 0, inclusive=True)
 
 
 def host_port(text: str) -> tuple[str, int]:
