@@ -1,0 +1,73 @@
+"""The reconcile loop: every interval, findings + a cluster snapshot -> a plan -> the actuator.
+
+APScheduler (3.x) runs ``reconcile_once`` on a background thread with ``max_instances=1`` and
+``coalesce=True``, so a slow round is never run twice at once and missed rounds collapse into one.
+Where findings come from is a callable, so the loop knows nothing about analytics or Prometheus.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuwarden.fleet import ClusterSnapshot, Finding
+
+from .apply import Actuator, AuditEntry
+from .plan import Plan, PlanningPolicy, plan_from_findings
+
+log = logging.getLogger("gpuwarden.actuator")
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    findings: int
+    plan: Plan
+    entries: tuple[AuditEntry, ...]
+
+
+class Reconciler:
+    def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
+                 policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0) -> None:
+        if interval_seconds <= 0:
+            raise ValueError(f"interval_seconds: {interval_seconds} must be > 0")
+        self.actuator = actuator
+        self.find = find
+        self.policy = policy
+        self.interval_seconds = interval_seconds
+        self.rounds: list[RoundReport] = []
+        self._scheduler: BackgroundScheduler | None = None
+        self._lock = threading.Lock()
+
+    def reconcile_once(self) -> RoundReport:
+        with self._lock:
+            snapshot = self.actuator.cluster.snapshot()
+            findings = self.find(snapshot)
+            plan = plan_from_findings(findings, snapshot, self.policy)
+            entries = tuple(self.actuator.execute(plan))
+            report = RoundReport(len(findings), plan, entries)
+            self.rounds.append(report)
+            log.info("reconcile: %d findings -> %d planned actions (%s mode)", len(findings), len(plan.actions),
+                     self.actuator.mode.value)
+            return report
+
+    def _safe_round(self) -> None:
+        try:
+            self.reconcile_once()
+        except Exception:  # a failed round is logged and retried next interval, never kills the loop
+            log.exception("reconcile round failed; retrying next interval")
+
+    def start(self) -> "Reconciler":
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._scheduler.add_job(self._safe_round, "interval", seconds=self.interval_seconds, max_instances=1,
+                                coalesce=True, id="reconcile")
+        self._scheduler.start()
+        return self
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
