@@ -9,6 +9,7 @@ summary. Ctrl-C stops everything and prints the same summary.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             url = dashboard_url("127.0.0.1", args.dashboard_port)
             wait_for_dashboard(dashboard, url, args.dashboard_port)
             print(f"dashboard: {url}")
-            if not args.no_browser:
+            if not args.no_browser and has_display():
                 webbrowser.open(url)
         print("live: stepping the simulated fleet and feeding the store" +
               (f" for {duration:g} s" if duration is not None else "; Ctrl-C stops"), flush=True)
@@ -112,6 +113,11 @@ def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
             store.append(frame)
             bar.update(len(frame) // simulation.device_count)
     store.compact(min_files=2)
+
+
+def has_display() -> bool:
+    """Open a browser only where one can show up (a console browser would take over the terminal)."""
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 class DashboardError(RuntimeError):
