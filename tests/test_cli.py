@@ -52,7 +52,7 @@ def test_every_subcommand_has_help(capsys):
         (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is negative; expected an integer >= 1"),
         (["demo", "--gpus-per-node", "12"], r"gpus_per_node: 12 is not allowed; expected 1..8"),
         (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is not allowed"),
-        (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from '?sim'?\)"),
+        (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from '?nvml'?, '?replay'?, '?sim'?\)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_traceback(args, expected):

@@ -27,6 +27,8 @@ from gpuwarden.exporter.collector import gpu_labels
 from gpuwarden.fleet import THROTTLE_REASONS, GpuBackend, GpuReading
 
 DRIVER = "550.90.07"
+SELF = {"node": "node-a"}  # the exporter's own series carry the node label too
+SELF_KEY = frozenset(SELF.items())
 GIB = 1024**3
 MIB = 1024**2
 
@@ -198,6 +200,7 @@ def test_labels_follow_dcgm_exporter():
         "gpu": "3", "UUID": "GPU-abc", "pci_bus_id": "00000000:CA:00.0", "device": "nvidia3",
         "modelName": "NVIDIA A100-SXM4-80GB", "Hostname": "node-b", "GPU_I_PROFILE": "3g.40gb",
         "GPU_I_ID": "1", "pod": "", "namespace": "", "container": "", "DCGM_FI_DRIVER_VERSION": DRIVER,
+        "node": "node-b",
     }
     assert tuple(gpu_labels(mig, DRIVER)) == GPU_LABELS
     whole = gpu_labels(h100(), DRIVER)
@@ -225,7 +228,7 @@ def test_values_are_converted_to_dcgm_units():
     assert value("DCGM_FI_DEV_ROW_REMAP_FAILURE", labels) == 0
     assert value("gpuwarden_gpu_recovery_action", labels) == 0
     assert value("gpuwarden_gpu_lost", labels) == 0
-    assert value("gpuwarden_exporter_gpus") == 1
+    assert value("gpuwarden_exporter_gpus", SELF) == 1
 
 
 def test_absent_key_gives_absent_series_never_zero():
@@ -275,17 +278,17 @@ def test_lost_gpu_is_flagged_while_others_report():
     assert value("DCGM_FI_DEV_GPU_UTIL", labels_of(lost)) is None
     assert value("gpuwarden_gpu_lost", labels_of(healthy)) == 0
     assert value("DCGM_FI_DEV_GPU_UTIL", labels_of(healthy)) == pytest.approx(22.0)
-    assert value("gpuwarden_exporter_gpus") == 2
+    assert value("gpuwarden_exporter_gpus", SELF) == 2
 
 
 def test_self_metrics_and_snapshot_swap():
     registry, collector = fresh([h100(0), h100(1)], timestamp_seconds=1700000000.0, duration_seconds=0.012)
-    assert registry.get_sample_value("gpuwarden_exporter_last_collection_success") == 1
-    assert registry.get_sample_value("gpuwarden_exporter_last_collection_timestamp_seconds") == 1700000000.0
-    assert registry.get_sample_value("gpuwarden_exporter_collection_duration_seconds") == 0.012
+    assert registry.get_sample_value("gpuwarden_exporter_last_collection_success", SELF) == 1
+    assert registry.get_sample_value("gpuwarden_exporter_last_collection_timestamp_seconds", SELF) == 1700000000.0
+    assert registry.get_sample_value("gpuwarden_exporter_collection_duration_seconds", SELF) == 0.012
     collector.update(ExporterSnapshot((h100(0),), DRIVER, True))
     assert registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels_of(h100(1))) is None
-    assert registry.get_sample_value("gpuwarden_exporter_gpus") == 1
+    assert registry.get_sample_value("gpuwarden_exporter_gpus", SELF) == 1
 
 
 def test_collect_is_pure():
@@ -319,8 +322,8 @@ def test_metrics_over_http_with_all_labels(service_factory):
     assert samples[("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(gpu).items()))] == pytest.approx(22.0)
     assert samples[("DCGM_FI_DEV_FB_USED", frozenset(labels_of(gpu).items()))] == 10240
     assert samples[("gpuwarden_xid_errors_total", frozenset(labels_of(gpu, xid="48").items()))] == 2
-    assert samples[("gpuwarden_exporter_last_collection_success", frozenset())] == 1
-    assert ("gpuwarden_exporter_last_collection_timestamp_seconds", frozenset()) in samples
+    assert samples[("gpuwarden_exporter_last_collection_success", SELF_KEY)] == 1
+    assert ("gpuwarden_exporter_last_collection_timestamp_seconds", SELF_KEY) in samples
     status, body = get(service.url.replace("/metrics", "/healthz"))
     assert (status, body) == (200, "ok\n")
     assert get(service.url.replace("/metrics", "/nope"))[0] == 404
@@ -337,7 +340,7 @@ def test_removed_gpu_disappears_after_next_collection(service_factory):
     samples = scrape(service)
     assert key not in samples
     assert not any(dict(labels).get("UUID") == "GPU-0000-1" for _, labels in samples)
-    assert samples[("gpuwarden_exporter_gpus", frozenset())] == 1
+    assert samples[("gpuwarden_exporter_gpus", SELF_KEY)] == 1
     # a pod that moved away: its labelled series go too
     backend.readings = [replace(h100(0), pod=None, namespace=None, container=None)]
     service.collect_now()
@@ -353,12 +356,12 @@ def test_failing_backend_keeps_old_snapshot_and_reports_failure(service_factory,
         service.collect_now()
         service.collect_now()
     samples = scrape(service)
-    assert samples[("gpuwarden_exporter_last_collection_success", frozenset())] == 0
+    assert samples[("gpuwarden_exporter_last_collection_success", SELF_KEY)] == 0
     assert samples[("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(h100(0)).items()))] == pytest.approx(22.0)
     assert sum("NVML_ERROR_UNKNOWN" in r.getMessage() for r in caplog.records) == 1  # logged once
     backend.error = None
     service.collect_now()
-    assert scrape(service)[("gpuwarden_exporter_last_collection_success", frozenset())] == 1
+    assert scrape(service)[("gpuwarden_exporter_last_collection_success", SELF_KEY)] == 1
 
 
 def test_blocked_backend_never_blocks_scrapes_and_goes_unhealthy(service_factory):
@@ -390,3 +393,22 @@ def test_stop_returns_and_frees_the_port():
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     socket.create_server(("127.0.0.1", port)).close()  # the port can be bound again
     service.stop()  # idempotent
+
+
+def test_fast_text_render_is_byte_identical_to_prometheus_client():
+    """The served text is rendered by ``render_text``; it must equal generate_latest's output,
+    including escaping of awkward label values and the extra xid/reason labels."""
+    from prometheus_client import generate_latest
+
+    from gpuwarden.exporter.collector import render_text
+
+    odd = replace(h100(1), pod='we"ird\\pod\nname', node="node-a", mig_instance_id=3, mig_profile="1g.10gb",
+                  values={**h100(1).values, "xid_999_total": 1, "xid_999_last_seen_timestamp_seconds": 1.7e9})
+    snapshot = ExporterSnapshot((h100(0), odd), DRIVER, True, timestamp_seconds=1700000000.5, duration_seconds=0.01,
+                                node="node-a", pod_attribution=True)
+    registry = CollectorRegistry()
+    collector = GpuCollector(snapshot)
+    registry.register(collector)
+    text = render_text(snapshot, collector.catalogue)
+    assert text == generate_latest(registry)
+    assert b'xid="999"' in text and b'reason="hw_thermal_slowdown"' in text and b'\\"ird\\\\pod\\nname' in text

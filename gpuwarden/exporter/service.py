@@ -1,8 +1,15 @@
-"""The exporter process: a collection thread that swaps snapshots, and an HTTP server that
-renders the latest one.
+"""The exporter process: a collection thread that swaps snapshots, a watchdog, and an HTTP
+server that renders the latest one.
 
-collect (``backend.read()`` once per interval, off the scrape path) -> snapshot (immutable,
-swapped in whole) -> render (``/metrics`` through a per-service ``CollectorRegistry``).
+collect (``backend.read()`` once per interval, off the scrape path) -> transform (pod labels from
+the kubelet, when an attributor is given) -> snapshot (immutable, swapped in whole) -> render
+(``/metrics`` through a per-service ``CollectorRegistry``; the text of one snapshot is rendered
+once and reused by every scrape of it). Each step is named in the debug log.
+
+The watchdog never touches the backend: when a collection has run longer than
+``watchdog_seconds`` (a hung NVML call), or none has succeeded for ``STALE_AFTER_INTERVALS``
+intervals, it swaps in the same readings marked stale (``gpuwarden_exporter_collection_stale``)
+and ``/healthz`` answers 503; ``/metrics`` keeps answering from memory.
 """
 
 from __future__ import annotations
@@ -12,11 +19,11 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
-from gpuwarden.fleet import GpuBackend
+from gpuwarden.fleet import GpuBackend, GpuReading
 
 from gpuwarden.fleet.catalogue import MetricSpec
 from .collector import GpuCollector
@@ -26,14 +33,25 @@ from .web import make_server
 log = logging.getLogger("gpuwarden.exporter")
 
 STALE_AFTER_INTERVALS = 3
+DEFAULT_WATCHDOG_SECONDS = 10.0
 _MAX_REMEMBERED_ERRORS = 256
+
+
+class Attributor(Protocol):
+    """The transform step (``podresources.PodAttributor``): labels readings with pods."""
+
+    last_ok: bool | None
+
+    def attribute(self, readings: Sequence[GpuReading]) -> Sequence[GpuReading]: ...
 
 
 class ExporterService:
     """Serve Prometheus metrics for the GPUs a :class:`~gpuwarden.fleet.GpuBackend` reads.
 
     ``clock`` gives the wall-clock time written into the timestamp metrics (injectable for
-    tests); staleness for ``/healthz`` is measured on ``time.monotonic``.
+    tests); staleness for ``/healthz`` is measured on ``time.monotonic``. ``node_name`` labels the
+    exporter's own series; ``attributor`` adds pod labels; ``watchdog_seconds`` (default
+    ``min(10 s, 3 intervals)``) is how long a collection may run before it counts as hung.
     """
 
     def __init__(
@@ -45,15 +63,23 @@ class ExporterService:
         *,
         catalogue: Sequence[MetricSpec] | None = None,
         clock: Callable[[], float] = time.time,
+        node_name: str = "",
+        attributor: Attributor | None = None,
+        watchdog_seconds: float | None = None,
     ):
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
+        if watchdog_seconds is not None and watchdog_seconds <= 0:
+            raise ValueError("watchdog_seconds must be positive")
         self.backend = backend
         self.interval_seconds = float(interval_seconds)
         self.host = host
         self.port = port
         self._clock = clock
-        self.collector = GpuCollector(catalogue=catalogue)
+        self.node_name = node_name
+        self.attributor = attributor
+        self.watchdog_seconds = float(watchdog_seconds or min(DEFAULT_WATCHDOG_SECONDS, STALE_AFTER_INTERVALS * self.interval_seconds))
+        self.collector = GpuCollector(ExporterSnapshot(node=node_name), catalogue=catalogue)
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
         self._lock = threading.Lock()
@@ -65,6 +91,10 @@ class ExporterService:
         self._server = None
         self._server_thread: threading.Thread | None = None
         self._collect_thread: threading.Thread | None = None
+        self._watchdog_thread: threading.Thread | None = None
+        self._in_flight_since: float | None = None  # monotonic start of the running collection
+        self._hang_logged = False
+        self._rendered: tuple[ExporterSnapshot | None, bytes] = (None, b"")
 
     # -- collection ------------------------------------------------------------------------
     @property
@@ -79,13 +109,27 @@ class ExporterService:
         """
         attempt = next(self._attempts)
         started = time.perf_counter()
+        self._in_flight_since = time.monotonic()
+        pods_ok: bool | None = None
         try:
-            readings = tuple(self.backend.read())
-            driver = self.backend.driver_version()
-            error = None
-        except Exception as exc:  # noqa: BLE001 (any backend failure must keep the exporter up)
-            readings, driver, error = (), "", f"{type(exc).__name__}: {exc}"
-            self._log_error_once(error)
+            try:
+                readings = tuple(self.backend.read())
+                driver = self.backend.driver_version()
+                error = None
+            except Exception as exc:  # noqa: BLE001 (any backend failure must keep the exporter up)
+                readings, driver, error = (), "", f"{type(exc).__name__}: {exc}"
+                self._log_error_once(error)
+            log.debug("collect attempt=%d backend=%s readings=%d ok=%s", attempt, getattr(self.backend, "name", "?"),
+                      len(readings), error is None)
+            if error is None and self.attributor is not None:
+                try:
+                    readings = tuple(self.attributor.attribute(readings))
+                except Exception as exc:  # noqa: BLE001 (pod labels are optional; GPU series are not)
+                    self._log_error_once(f"pod attribution failed: {type(exc).__name__}: {exc}")
+                pods_ok = bool(self.attributor.last_ok)
+                log.debug("transform attempt=%d pod_labels=%s readings=%d", attempt, pods_ok, len(readings))
+        finally:
+            self._in_flight_since = None
         duration = time.perf_counter() - started
         now = self._clock()
         with self._lock:
@@ -102,13 +146,51 @@ class ExporterService:
                     timestamp_seconds=now,
                     duration_seconds=duration,
                     last_success_timestamp_seconds=now,
+                    node=self.node_name,
+                    pod_attribution=pods_ok,
                 )
                 self._last_success_monotonic = time.monotonic()
+                if self._hang_logged:
+                    log.warning("collection succeeded again after the snapshot went stale (took %.2fs)", duration)
+                self._hang_logged = False
             else:
-                new = replace(old, success=False, timestamp_seconds=now, duration_seconds=duration, error=error)
+                new = replace(old, success=False, timestamp_seconds=now, duration_seconds=duration, error=error,
+                              stale=self._too_old())
             self.collector.update(new)
-        log.debug("collect attempt=%d ok=%s gpus=%d duration=%.4fs", attempt, error is None, len(new.readings), duration)
+        log.debug("snapshot attempt=%d ok=%s gpus=%d duration=%.4fs", attempt, error is None, len(new.readings), duration)
         return new
+
+    def _too_old(self) -> bool:
+        last = self._last_success_monotonic
+        return last is None or time.monotonic() - last > STALE_AFTER_INTERVALS * self.interval_seconds
+
+    def hung_for(self) -> float | None:
+        """Seconds the running collection has exceeded the watchdog by; None when not hung."""
+        since = self._in_flight_since
+        if since is None:
+            return None
+        age = time.monotonic() - since
+        return age if age > self.watchdog_seconds else None
+
+    def check_watchdog(self) -> bool:
+        """Mark the served snapshot stale when a collection hangs or none succeeded lately."""
+        hung = self.hung_for()
+        stale = hung is not None or (self._last_success_monotonic is not None and self._too_old())
+        with self._lock:
+            snapshot = self.collector.snapshot
+            if stale and not snapshot.stale:
+                reason = (f"collection hung for {hung:.1f}s (watchdog {self.watchdog_seconds:g}s)" if hung is not None
+                          else "no successful collection lately")
+                self.collector.update(replace(snapshot, stale=True, error=snapshot.error or reason))
+                if not self._hang_logged:
+                    self._hang_logged = True
+                    log.warning("watchdog: %s; serving the last snapshot marked stale", reason)
+        return stale
+
+    def _watchdog_loop(self) -> None:
+        period = max(0.01, min(5.0, self.watchdog_seconds / 4, self.interval_seconds / 2))
+        while not self._stop.wait(period):
+            self.check_watchdog()
 
     def _log_error_once(self, message: str) -> None:
         if message in self._logged_errors:
@@ -125,13 +207,25 @@ class ExporterService:
 
     # -- serving ---------------------------------------------------------------------------
     def render_metrics(self) -> bytes:
-        """The text exposition of the current snapshot (what ``/metrics`` returns)."""
-        return generate_latest(self.registry)
+        """The text exposition of the current snapshot (what ``/metrics`` returns).
+
+        Rendered once per snapshot: scrapes of the same snapshot reuse the bytes."""
+        snapshot = self.collector.snapshot
+        cached, body = self._rendered
+        if cached is snapshot:
+            return body
+        body = self.collector.render()
+        self._rendered = (snapshot, body)
+        return body
 
     def health(self) -> tuple[bool, str]:
-        """``(True, "ok")`` while the last successful collection is younger than 3 intervals."""
+        """``(True, "ok")`` while the last successful collection is younger than 3 intervals and
+        no collection has hung past the watchdog."""
         last = self._last_success_monotonic
         limit = STALE_AFTER_INTERVALS * self.interval_seconds
+        hung = self.hung_for()
+        if hung is not None:
+            return False, f"stale: collection hung for {hung:.2f}s (watchdog {self.watchdog_seconds:g}s)"
         if last is None:
             return False, "no successful collection yet"
         age = time.monotonic() - last
@@ -154,11 +248,13 @@ class ExporterService:
         self._server = make_server(self.host, self.port, self.render_metrics, self.health)
         self.port = self._server.server_address[1]
         self._server_thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="gpuwarden-exporter-http", daemon=True
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.5}, name="gpuwarden-exporter-http", daemon=True
         )
         self._collect_thread = threading.Thread(target=self._collect_loop, name="gpuwarden-exporter-collect", daemon=True)
+        self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)
         self._server_thread.start()
         self._collect_thread.start()
+        self._watchdog_thread.start()
         log.info("exporter serving %s (backend=%s, interval=%.3gs)", self.url, getattr(self.backend, "name", "?"), self.interval_seconds)
         return self
 
@@ -169,12 +265,12 @@ class ExporterService:
         if server is not None:
             server.shutdown()
             server.server_close()
-        for thread in (self._server_thread, self._collect_thread):
+        for thread in (self._server_thread, self._watchdog_thread, self._collect_thread):
             if thread is not None:
-                thread.join(timeout)
+                thread.join(timeout if thread is not self._collect_thread else min(timeout, 1.0))
                 if thread.is_alive():
                     log.warning("%s still running after stop (a backend read that never returned?)", thread.name)
-        self._server_thread = self._collect_thread = None
+        self._server_thread = self._collect_thread = self._watchdog_thread = None
         log.info("exporter stopped")
 
     def __enter__(self) -> "ExporterService":

@@ -22,3 +22,6 @@ class ExporterSnapshot:
     duration_seconds: float | None = None
     last_success_timestamp_seconds: float | None = None
     error: str | None = None  # the latest attempt's error, when it failed
+    node: str = ""  # the node label of the exporter's own series
+    stale: bool = False  # the watchdog found a collection hung, or none succeeded lately
+    pod_attribution: bool | None = None  # did the kubelet answer; None: pod attribution is off

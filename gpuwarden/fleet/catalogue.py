@@ -20,6 +20,24 @@ DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("metric_catalogue.csv")
 # Sources the collector computes from a reading rather than reading from ``values``.
 DERIVED_SOURCES: frozenset[str] = frozenset({"mem_free_bytes", "gpu_lost"})
 
+# Keys an exporter backend may put in ``GpuReading.values`` beyond the fleet-samples columns:
+# what DCGM dashboards show but the samples table does not keep, and the exporter's own per-GPU
+# figures. Units in the names, as in the samples table.
+EXPORTER_SOURCES: dict[str, str] = {
+    "mem_copy_util_ratio": "NVML utilisation.memory / 100: share of time device memory was read or written",
+    "mem_clock_mhz": "memory clock",
+    "memory_temperature_celsius": "HBM temperature (NVML_FI_DEV_MEMORY_TEMP)",
+    "energy_joules_total": "energy since the driver loaded (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION / 1000)",
+    "sm_occupancy_ratio": "GPM SM occupancy 0..1 (absent where GPM is unsupported)",
+    "graphics_active_ratio": "GPM graphics/compute engine activity 0..1 (absent where GPM is unsupported)",
+    "xid_last_code": "the last XID code seen on the GPU, 0 for none (DCGM_FI_DEV_XID_ERRORS semantics)",
+    "nvml_errors_total": "NVML errors (not NotSupported) the exporter met on this GPU",
+    "collection_seconds": "time the exporter took to read this GPU in the latest collection",
+}
+
+# Pattern sources (one "*") over exporter-only keys; the match becomes the row's label value.
+EXPORTER_PATTERNS: frozenset[str] = frozenset({"xid_*_last_seen_timestamp_seconds"})
+
 # Labels every GPU series carries (dcgm-exporter's names); a catalogue label may not reuse one.
 GPU_LABELS: tuple[str, ...] = (
     "gpu",
@@ -34,6 +52,7 @@ GPU_LABELS: tuple[str, ...] = (
     "namespace",
     "container",
     "DCGM_FI_DRIVER_VERSION",
+    "node",  # the Kubernetes node name (dcgm-exporter's Hostname is often the exporter pod's name)
 )
 
 TYPES = ("gauge", "counter")
@@ -83,7 +102,8 @@ def _check(spec: MetricSpec) -> None:
     if spec.transform == "value":
         if spec.label:
             raise ValueError("a value row takes no label")
-        if spec.source_column not in METRIC_COLUMN_NAMES and spec.source_column not in DERIVED_SOURCES:
+        if (spec.source_column not in METRIC_COLUMN_NAMES and spec.source_column not in DERIVED_SOURCES
+                and spec.source_column not in EXPORTER_SOURCES):
             raise ValueError(f"unknown source column {spec.source_column!r}")
         return
     if not _LABEL.match(spec.label) or spec.label in GPU_LABELS:
@@ -93,7 +113,7 @@ def _check(spec: MetricSpec) -> None:
     if spec.transform == "pattern":
         if spec.source_column.count("*") != 1:
             raise ValueError("a pattern source needs exactly one '*'")
-        if not any(spec.source_regex().match(c) for c in METRIC_COLUMN_NAMES):
+        if spec.source_column not in EXPORTER_PATTERNS and not any(spec.source_regex().match(c) for c in METRIC_COLUMN_NAMES):
             raise ValueError(f"pattern {spec.source_column!r} matches no fleet-samples column")
 
 

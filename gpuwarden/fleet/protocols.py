@@ -34,6 +34,7 @@ class GpuReading:
     container: str | None = None
     lost: bool = False  # the GPU stopped answering (XID 79, NVML GpuIsLost)
     values: Mapping[str, float] = field(default_factory=dict)
+    mig_uuid: str | None = None  # MIG-... of a MIG instance: the device id the kubelet reports for it
 
 
 @runtime_checkable
