@@ -1,7 +1,8 @@
 """``--source local|file|prometheus`` and ``--since/--until`` for commands that read fleet samples.
 
-``--since 7d`` counts back from ``--until``; ``--until`` defaults to the newest sample for the
-local store and files (the demo's clock is simulated), and to now for Prometheus.
+``--since 7d`` counts back from ``--until``; ``--until`` defaults to just after the newest sample
+for every source (the demo's clock is simulated; a Prometheus may hold backfilled or old data), so
+the same data gives the same window whichever source holds it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpuwarden.store import LocalStore, SamplesError
+from gpuwarden.store.prometheus import PrometheusSource
 from gpuwarden.store.sources import FileSource, SamplesSource
 
 DEFAULT_STORE = Path(".gpuwarden/demo-store")
@@ -42,10 +44,36 @@ def add_source_options(parser: argparse.ArgumentParser, since_default: str = "7d
                        help="where samples come from (default local: the embedded store)")
     group.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"embedded store directory (default {DEFAULT_STORE})")
     group.add_argument("--file", type=Path, help="samples file for --source file (.csv, .csv.gz, .parquet)")
-    group.add_argument("--prometheus-url", help="Prometheus base URL for --source prometheus")
+    group.add_argument("--prometheus-url", help="Prometheus base URL for --source prometheus (e.g. http://prometheus:9090)")
+    group.add_argument("--prometheus-step", type=duration, default=duration("60s"),
+                       help="resolution of Prometheus reads (default 60s; use the scrape interval for every sample)")
+    group.add_argument("--prometheus-selector", default="",
+                       help='extra label matchers for every series, e.g. \'cluster="prod"\'')
+    group.add_argument("--prometheus-cluster", default="default",
+                       help="cluster name for series without a cluster label (default: default)")
+    group.add_argument("--prometheus-token-file", type=Path, help="file holding a bearer token for Prometheus")
+    group.add_argument("--prometheus-ca-file", type=Path, help="CA bundle to verify Prometheus' TLS certificate")
+    group.add_argument("--prometheus-insecure", action="store_true", help="do not verify Prometheus' TLS certificate")
+    group.add_argument("--prometheus-timeout", type=float, default=30.0, help="seconds per Prometheus request (default 30)")
     group.add_argument("--since", type=duration, default=duration(since_default),
                        help=f"how far back from --until (default {since_default})")
-    group.add_argument("--until", type=timestamp, help="end of the window, ISO-8601 UTC (default: newest sample; now for Prometheus)")
+    group.add_argument("--until", type=timestamp, help="end of the window, ISO-8601 UTC (default: just after the newest sample)")
+
+
+def open_prometheus(args: argparse.Namespace) -> PrometheusSource:
+    """The Prometheus source the ``--prometheus-*`` options describe (errors are SamplesError)."""
+    if not args.prometheus_url:
+        raise SamplesError("--source prometheus needs --prometheus-url URL (e.g. http://prometheus:9090)")
+    return PrometheusSource(
+        args.prometheus_url,
+        step=args.prometheus_step.total_seconds(),
+        selector=args.prometheus_selector,
+        cluster=args.prometheus_cluster,
+        bearer_token_file=args.prometheus_token_file,
+        ca_file=args.prometheus_ca_file,
+        insecure_skip_verify=args.prometheus_insecure,
+        timeout=args.prometheus_timeout,
+    )
 
 
 @dataclass(frozen=True)
@@ -66,8 +94,7 @@ def open_window(args: argparse.Namespace) -> Window:
             raise SamplesError("--source file needs --file PATH")
         source = FileSource(args.file)
     else:
-        raise SamplesError("--source prometheus is not available yet (the metrics-pipeline issue adds it); "
-                           "allowed now: local, file")
+        source = open_prometheus(args)
     if args.until is not None:
         end = args.until
     else:

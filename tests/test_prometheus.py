@@ -1,0 +1,387 @@
+"""PrometheusSource against a real Prometheus, and its errors against tiny local HTTP servers.
+
+The integration test starts Prometheus (Debian package ``prometheus``) on 127.0.0.1 with a temp
+config and TSDB, scraping a real exporter on the simulated fleet every second, and the embedded
+scraper on the same exporter writing a LocalStore; it polls (never sleeps a fixed time) until
+both have samples, then checks that both sources give the same fleet samples for the same window
+and that recording-rule series appear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from gpuwarden.cli.sources import add_source_options, open_window
+from gpuwarden.exporter import ExporterService
+from gpuwarden.fleet import IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES
+from gpuwarden.sim.backend import SimGpuBackend
+from gpuwarden.sim.config import SimConfig
+from gpuwarden.sim.engine import Simulation
+from gpuwarden.store import LocalStore, SamplesError
+from gpuwarden.store.prometheus import (
+    PrometheusError,
+    PrometheusQueryError,
+    PrometheusSource,
+    PrometheusUnavailable,
+)
+from gpuwarden.store.scraper import Scraper
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        reason = f"{name} not installed (Debian package 'prometheus'; .ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as error:  # noqa: BLE001 (keep polling; report the last error)
+            last_error = error
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+
+
+class PrometheusServer:
+    """A real Prometheus on 127.0.0.1 with a temp config and TSDB; ``stop()`` always kills it."""
+
+    def __init__(self, tmp: Path, targets: list[str], rule_files: list[Path], scrape_interval: str = "1s") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "prometheus.log"
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{
+                "job_name": "gpuwarden",
+                "scrape_interval": scrape_interval,
+                "static_configs": [{"targets": targets, "labels": {"cluster": "sim"}}],
+            }],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.process = subprocess.Popen(
+            [_binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            pytest.fail(f"prometheus exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def fast_rules(tmp: Path) -> list[Path]:
+    """The shipped rule files with 1 s group intervals, so rule series appear within seconds."""
+    out = []
+    for path in sorted((ROOT / "rules").glob("*.rules.yml")):
+        rules = yaml.safe_load(path.read_text())
+        for group in rules["groups"]:
+            group["interval"] = "1s"
+        target = tmp / path.name
+        target.write_text(yaml.safe_dump(rules))
+        out.append(target)
+    return out
+
+
+def by_device(frame: pd.DataFrame) -> pd.DataFrame:
+    """The newest row of each GPU / MIG instance, indexed by (gpu_uuid, mig_instance)."""
+    mig = frame["mig_instance"].astype(object)
+    frame = frame.assign(_uuid=frame["gpu_uuid"].astype(object), _mig=mig.where(mig.notna(), "-"))
+    return frame.sort_values("timestamp").groupby(["_uuid", "_mig"], sort=True).tail(1).set_index(["_uuid", "_mig"]).sort_index()
+
+
+def device_keys(frame: pd.DataFrame) -> list[str]:
+    mig = frame["mig_instance"].astype(object)
+    return [f"{uuid}/{m}" for uuid, m in zip(frame["gpu_uuid"].astype(object), mig.where(mig.notna(), "-"))]
+
+
+def assert_same_samples(left: pd.DataFrame, right: pd.DataFrame, columns=None) -> None:
+    assert list(left.index) == list(right.index)
+    for column in columns or [c for c in left.columns if not c.startswith("_") and c != "timestamp"]:
+        a, b = left[column], right[column]
+        if column in METRIC_COLUMN_NAMES:
+            a_values, b_values = a.astype("float64").to_numpy(), b.astype("float64").to_numpy()
+            assert np.allclose(a_values, b_values, rtol=1e-9, atol=1e-9, equal_nan=True), \
+                f"{column}: {a_values[:5]} != {b_values[:5]}"
+        else:
+            assert a.astype(object).where(a.notna(), None).tolist() == b.astype(object).where(b.notna(), None).tolist(), column
+
+
+@pytest.fixture(scope="module")
+def fleet(data_dir):
+    sim = Simulation(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
+    sim.step()
+    return sim
+
+
+@pytest.fixture(scope="module")
+def stack(fleet, tmp_path_factory):
+    """Exporter (sim backend) -> real Prometheus, and -> embedded scraper -> LocalStore."""
+    tmp = tmp_path_factory.mktemp("prometheus")
+    started = pd.Timestamp.now(tz="UTC").floor("s")
+    exporter = ExporterService(SimGpuBackend(fleet), interval_seconds=0.5, host="127.0.0.1", port=0).start()
+    server = scraper = None
+    try:
+        target = exporter.url.split("//", 1)[1].rsplit("/metrics", 1)[0]
+        server = PrometheusServer(tmp, [target], fast_rules(tmp))
+        store = LocalStore(tmp / "store")
+        scraper = Scraper([exporter.url], store, interval_seconds=1.0, cluster="sim").start()
+        wait_for(server.ready, 30, "prometheus /-/ready")
+        source = PrometheusSource(server.url, step=1, lookback="2s", timeout=5, retries=1, backoff=0.05)
+        devices = len(fleet.latest)
+        wait_for(lambda: source.query("count(DCGM_FI_DEV_FB_USED)") and
+                 int(float(source.query("count(DCGM_FI_DEV_FB_USED)")[0]["value"][1])) == devices,
+                 30, "the first scraped samples in prometheus")
+        # Three scrapes each, so the window holds several grid points of both.
+        wait_for(lambda: (source.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1m]))") or [{"value": [0, "0"]}])[0]["value"][1]
+                 not in ("0", "1", "2"), 30, "three prometheus scrapes")
+        wait_for(lambda: scraper.scrapes >= 3 and store.row_count() >= 3 * devices, 20, "three embedded scrapes")
+        yield {"exporter": exporter, "server": server, "source": source, "store": store, "scraper": scraper,
+               "started": started, "fleet": fleet}
+    finally:
+        if scraper is not None:
+            scraper.stop()
+        if server is not None:
+            server.stop()
+        exporter.stop()
+
+
+def test_prometheus_and_local_store_give_the_same_samples(stack):
+    source, store, fleet = stack["source"], stack["store"], stack["fleet"]
+    scraper = stack["scraper"]
+    scraper.stop()  # freeze the local store; Prometheus keeps scraping the same (static) fleet
+    end = pd.Timestamp.now(tz="UTC").ceil("s")
+    start = stack["started"]
+    local = store.read(start, end)
+    remote = source.read(start, end)
+    assert len(local) and len(remote)
+    assert list(remote.columns) == list(local.columns)
+    assert dict(remote.dtypes.astype(str)) == dict(local.dtypes.astype(str))
+    assert remote["timestamp"].between(start, end, inclusive="left").all()
+    assert remote["timestamp"].is_monotonic_increasing
+    # Same GPUs, same values, as each other and as the fleet the exporter served.
+    devices = len(fleet.latest)
+    assert remote.groupby("timestamp").size().max() == devices
+    assert remote["timestamp"].nunique() >= 2
+    left, right = by_device(remote), by_device(local)
+    assert len(left) == devices
+    assert_same_samples(left, right)
+    truth = by_device(fleet.latest)
+    assert_same_samples(left, truth, [c for c in IDENTITY_COLUMN_NAMES[1:] if c not in ("team", "project")]
+                        + list(METRIC_COLUMN_NAMES))
+    # A column subset reads only what it needs and agrees.
+    subset = source.read(start, end, columns=["timestamp", "gpu_uuid", "gpu_util_ratio", "mem_total_bytes"])
+    assert list(subset.columns) == ["timestamp", "gpu_uuid", "gpu_util_ratio", "mem_total_bytes"]
+    assert len(subset) == len(remote)
+
+
+def test_time_range_and_cli_window(stack):
+    source, started = stack["source"], stack["started"]
+    span = source.time_range()
+    assert span is not None
+    oldest, newest = span
+    assert started - pd.Timedelta(seconds=2) <= oldest <= newest <= pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=1)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_source_options(parser)
+    args = parser.parse_args(["--source", "prometheus", "--prometheus-url", stack["server"].url,
+                              "--prometheus-step", "1s", "--since", "1h"])
+    window = open_window(args)
+    assert isinstance(window.source, PrometheusSource)
+    assert window.end > newest and window.end - window.start == pd.Timedelta(hours=1)
+    assert len(window.source.read(window.start, window.end, columns=["gpu_uuid"])) > 0
+
+
+def test_recording_rules_and_rollup(stack):
+    source, fleet = stack["source"], stack["fleet"]
+    devices = len(fleet.latest)
+    # The recorded idle indicator appears for every device that reports activity.
+    series = wait_for(lambda: len(source.query("gpu:gpuwarden_idle:bool")) == devices and source.query("gpu:gpuwarden_idle:bool"),
+                      30, "gpu:gpuwarden_idle:bool for every device")
+    assert {float(s["value"][1]) for s in series} <= {0.0, 1.0}
+    wait_for(lambda: source.query("namespace:gpuwarden_idle_gpus:sum"), 30, "namespace:gpuwarden_idle_gpus:sum")
+    # The fleet is static, so each GPU is idle for all or none of a window; the rollup (pushed into
+    # PromQL, from the rules and from raw series) says so per GPU and per namespace.
+    latest = fleet.latest
+    sm = latest["sm_active_ratio"]
+    idle = np.where(sm.notna(), sm < 0.05, latest["gpu_util_ratio"] < 0.05)
+    expected_idle = dict(zip(device_keys(latest), idle))
+    end = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(seconds=1)
+    start = end - pd.Timedelta(seconds=4)
+    for use_rules in (False, True):
+        fast = PrometheusSource(source.url, rule_interval="1s")
+        rollup = fast.read_rollup(start, end, step="4s", by="gpu", use_rules=use_rules)
+        assert len(rollup) == devices, use_rules
+        keys = device_keys(rollup)
+        for key, row in zip(keys, rollup.itertuples()):
+            assert row.observed_gpu_seconds > 0
+            assert row.idle_gpu_seconds == (row.observed_gpu_seconds if expected_idle[key] else 0), (key, use_rules)
+            assert row.allocated_idle_gpu_seconds == (row.idle_gpu_seconds if isinstance(row.pod, str) else 0)
+        namespaces = fast.read_rollup(start, end, step="4s", by="namespace", use_rules=use_rules)
+        assert namespaces["idle_gpu_seconds"].sum() == pytest.approx(rollup["idle_gpu_seconds"].sum())
+
+
+def test_promql_error_is_passed_through(stack):
+    with pytest.raises(PrometheusQueryError) as caught:
+        stack["source"].query("sum(DCGM_FI_DEV_GPU_UTIL")
+    assert "parse error" in caught.value.prometheus_message
+    assert "sum(DCGM_FI_DEV_GPU_UTIL" in str(caught.value) and "\n" not in str(caught.value)
+
+
+# -- failures without a real Prometheus ---------------------------------------------------------
+class FakePrometheus:
+    """A tiny HTTP server: answers ``status`` with ``body`` and records each request."""
+
+    def __init__(self, status: int, body: dict | str) -> None:
+        self.requests: list[dict] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length", 0))
+                owner.requests.append({"path": self.path, "headers": dict(self.headers),
+                                       "form": self.rfile.read(length).decode()})
+                payload = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_5xx_is_retried_then_a_clear_error():
+    with FakePrometheus(503, "Service Unavailable") as fake:
+        source = PrometheusSource(fake.url, retries=2, backoff=0.01)
+        with pytest.raises(PrometheusUnavailable) as caught:
+            source.read("2026-11-01T00:00:00Z", "2026-11-01T01:00:00Z")
+    assert len(fake.requests) >= 3 and len(fake.requests) % 3 == 0  # every attempt of each request
+    message = str(caught.value)
+    assert "unavailable after 3 attempt(s)" in message and "HTTP 503" in message and fake.url in message
+    assert "\n" not in message and isinstance(caught.value, SamplesError)  # the CLI prints it as one line
+
+
+def test_prometheus_down_is_a_clear_error():
+    port = free_port()  # nothing listens there
+    source = PrometheusSource(f"http://127.0.0.1:{port}", retries=1, backoff=0.01, timeout=2)
+    started = time.monotonic()
+    with pytest.raises(PrometheusUnavailable, match=r"unavailable after 2 attempt\(s\)"):
+        source.query("up")
+    assert time.monotonic() - started < 10
+
+
+def test_query_errors_are_not_retried_and_keep_prometheus_words():
+    body = {"status": "error", "errorType": "bad_data", "error": "1:5: parse error: unclosed left parenthesis"}
+    with FakePrometheus(400, body) as fake:
+        with pytest.raises(PrometheusQueryError, match="unclosed left parenthesis") as caught:
+            PrometheusSource(fake.url, retries=3, backoff=0.01).query("sum(")
+    assert len(fake.requests) == 1 and caught.value.error_type == "bad_data"
+
+
+def test_bearer_token_and_form_are_sent(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    empty = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    with FakePrometheus(200, empty) as fake:
+        source = PrometheusSource(fake.url + "/", bearer_token_file=token, step="15s")
+        frame = source.read("2026-11-01T00:00:00Z", "2026-11-01T00:10:00Z", columns=["timestamp", "gpu_util_ratio"])
+    assert frame.empty and list(frame.columns) == ["timestamp", "gpu_util_ratio"]
+    assert all(r["path"] == "/api/v1/query_range" for r in fake.requests)
+    assert all(r["headers"]["Authorization"] == "Bearer s3cret" for r in fake.requests)
+    request = next(r for r in fake.requests if "DCGM_FI_DEV_GPU_UTIL" in r["form"])
+    assert request["headers"]["Authorization"] == "Bearer s3cret"
+    form = urllib.parse.parse_qs(request["form"])
+    assert form["query"] == ["last_over_time(DCGM_FI_DEV_GPU_UTIL[14999ms])"] and form["step"] == ["15s"]
+
+
+def test_unauthorised_says_so():
+    with FakePrometheus(401, "Unauthorized") as fake:
+        with pytest.raises(PrometheusError, match="HTTP 401"):
+            PrometheusSource(fake.url, retries=3, backoff=0.01).query("up")
+        assert len(fake.requests) == 1
+
+
+def test_long_ranges_are_split_into_grid_aligned_chunks():
+    empty = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    with FakePrometheus(200, empty) as fake:
+        source = PrometheusSource(fake.url, step=60, chunk="1d", concurrency=1)
+        source.read("2026-11-01T00:00:30Z", "2026-11-04T00:00:00Z", columns=["timestamp", "gpu_util_ratio"])
+    forms = [{k: v[0] for k, v in urllib.parse.parse_qs(r["form"]).items()} for r in fake.requests]
+    forms = [f for f in forms if "DCGM_FI_DEV_GPU_UTIL" in f["query"]]
+    spans = sorted((float(f["start"]), float(f["end"])) for f in forms)
+    assert len(spans) == 3
+    first = pd.Timestamp("2026-11-01T00:01:00Z").value / 1e9  # aligned up to the step
+    last = pd.Timestamp("2026-11-03T23:59:00Z").value / 1e9  # the end is exclusive
+    assert spans[0][0] == first and spans[-1][1] == last
+    for (a_start, a_end), (b_start, _) in zip(spans, spans[1:]):
+        assert b_start == a_end + 60  # no gap, no overlap
+    assert all((end - start) / 60 + 1 <= 1440 for start, end in spans)
+
+
+def test_bad_url_and_duration():
+    with pytest.raises(PrometheusError, match="not a URL"):
+        PrometheusSource("localhost:9090")
+    with pytest.raises(PrometheusError, match="not a duration"):
+        PrometheusSource("http://x", step="fast")

@@ -1,0 +1,142 @@
+"""The embedded scraper: exporter /metrics pages -> fleet samples rows -> LocalStore.
+
+The mapping is the metric catalogue inverted; a round trip through the real exporter must give
+back the readings it served (MIG instances, throttle bitmask, XIDs, memory total, absent values).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuwarden.exporter import ExporterService
+from gpuwarden.fleet import METRIC_COLUMN_NAMES, THROTTLE_REASONS, GpuReading
+from gpuwarden.store import LocalStore, PANDAS_DTYPES
+from gpuwarden.store.scraper import Scraper, SeriesMapper, parse_exposition
+
+GIB = 1024**3
+STAMP = pd.Timestamp("2026-11-23T00:00:00Z")
+
+
+class StaticBackend:
+    name = "static"
+
+    def __init__(self, readings):
+        self.readings = tuple(readings)
+
+    def read(self):
+        return self.readings
+
+    def driver_version(self):
+        return "550.90.07"
+
+
+def readings() -> list[GpuReading]:
+    whole = GpuReading(
+        node="n1", gpu_uuid="GPU-aaa", gpu_index=0, model="NVIDIA H100 80GB HBM3", namespace="ml", pod="train-0",
+        container="main", values={
+            "gpu_util_ratio": 0.22, "sm_active_ratio": 0.0, "mem_used_bytes": 10 * GIB + 12345, "mem_total_bytes": 80 * GIB,
+            "power_watts": 312.5, "temperature_celsius": 61.0, "sm_clock_mhz": 1980.0,
+            "throttle_reasons_bitmask": THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_power_cap"],
+            "ecc_dbe_volatile_total": 2, "xid_79_total": 1, "xid_other_total": 4, "recovery_action": 1,
+            "remapped_rows_pending": 1,
+        })
+    mig = GpuReading(
+        node="n1", gpu_uuid="GPU-bbb", gpu_index=1, model="NVIDIA A100-SXM4-80GB", mig_instance_id=2, mig_profile="3g.40gb",
+        values={"gpu_util_ratio": 0.5, "mem_used_bytes": GIB, "mem_total_bytes": 40 * GIB})  # no GPM: SM absent
+    return [whole, mig]
+
+
+def scraped(readings_, **mapper_options) -> pd.DataFrame:
+    service = ExporterService(StaticBackend(readings_), port=0)
+    service.collect_now()
+    return parse_exposition(service.render_metrics().decode(), SeriesMapper(**mapper_options), STAMP)
+
+
+def test_round_trip_through_the_exporter():
+    frame = scraped(readings(), cluster="lab")
+    assert list(frame.columns) == list(PANDAS_DTYPES)
+    assert dict(frame.dtypes.astype(str)) == PANDAS_DTYPES
+    assert len(frame) == 2 and (frame["timestamp"] == STAMP).all()
+    rows = {row.gpu_uuid: row for row in frame.itertuples()}
+    whole, mig = rows["GPU-aaa"], rows["GPU-bbb"]
+    source = readings()[0].values
+    for column, value in source.items():
+        assert getattr(whole, column) == pytest.approx(value, rel=1e-12), column
+    assert (whole.cluster, whole.node, whole.gpu_index, whole.model) == ("lab", "n1", 0, "NVIDIA H100 80GB HBM3")
+    assert (whole.namespace, whole.pod, whole.team) == ("ml", "train-0", "ml")  # namespace-per-team default
+    assert pd.isna(whole.mig_instance) and pd.isna(whole.project)
+    assert mig.mig_instance == "2:3g.40gb" and mig.gpu_index == 1
+    assert pd.isna(mig.pod) and pd.isna(mig.namespace) and pd.isna(mig.team)
+    # Absent stays absent: no GPM -> null SM activity, not 0; unmeasured counters stay null.
+    assert pd.isna(mig.sm_active_ratio) and pd.isna(mig.power_watts) and pd.isna(mig.throttle_reasons_bitmask)
+    assert pd.isna(mig.xid_79_total)
+    assert mig.mem_total_bytes == 40 * GIB
+
+
+def test_labels_and_attribution_override():
+    frame = scraped(readings(), attribution=lambda namespace, pod: (f"team-{namespace}", f"proj-{pod}"))
+    row = frame[frame["gpu_uuid"] == "GPU-aaa"].iloc[0]
+    assert (row["cluster"], row["team"], row["project"]) == ("default", "team-ml", "proj-train-0")
+    none = scraped(readings(), attribution=None)
+    assert none["team"].isna().all()
+
+
+def test_sim_fleet_round_trip(data_dir):
+    from gpuwarden.sim.backend import SimGpuBackend
+    from gpuwarden.sim.config import SimConfig
+    from gpuwarden.sim.engine import Simulation
+
+    sim = Simulation(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
+    truth = sim.step()
+    frame = scraped(SimGpuBackend(sim).read(), cluster="sim")
+    key = lambda f: f["gpu_uuid"].astype(object) + "/" + f["mig_instance"].astype(object).fillna("-")  # noqa: E731
+    frame, truth = frame.set_index(key(frame)).sort_index(), truth.set_index(key(truth)).sort_index()
+    assert list(frame.index) == list(truth.index)
+    for column in ["cluster", "node", "gpu_index", "model", "mig_instance", "namespace", "pod"]:
+        assert frame[column].astype(object).fillna("-").tolist() == truth[column].astype(object).fillna("-").tolist(), column
+    for column in METRIC_COLUMN_NAMES:
+        assert np.allclose(frame[column].astype("float64"), truth[column].astype("float64"), rtol=1e-9, equal_nan=True), column
+
+
+def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
+    service = ExporterService(StaticBackend(readings()), interval_seconds=0.2, port=0).start()
+    scraper = None
+    try:
+        store = LocalStore(tmp_path / "store")
+        clock = iter(pd.date_range("2026-11-23", periods=1000, freq="15s", tz="UTC"))
+        scraper = Scraper([service.url, dead], store, interval_seconds=0.05, timeout_seconds=1, cluster="lab",
+                          clock=lambda: next(clock))
+        results = scraper.scrape_once()
+        assert [r.ok for r in results] == [True, False]
+        assert results[0].rows == 2
+        assert results[1].url == dead and "refused" in (results[1].error or "").lower()
+        assert store.row_count() == 2
+        scraper.start()
+        deadline = time.monotonic() + 20
+        while store.row_count() < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        scraper.stop()
+        frame = store.read()
+        assert len(frame) >= 8 and frame["timestamp"].is_monotonic_increasing
+        assert frame["timestamp"].iloc[0] == pd.Timestamp("2026-11-23T00:00:00Z")  # the injected clock
+        assert set(frame["cluster"]) == {"lab"}
+        assert scraper.rows_written == len(frame)
+    finally:
+        if scraper is not None:
+            scraper.stop()
+        service.stop()
+
+
+def test_scraper_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError):
+        Scraper([], LocalStore(tmp_path))
+    with pytest.raises(ValueError):
+        Scraper(["http://x/metrics"], LocalStore(tmp_path), interval_seconds=0)
