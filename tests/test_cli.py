@@ -137,5 +137,8 @@ def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir
     assert re.search(r"exporter:\s+http://127\.0\.0\.1:\d+/metrics \((\d+) series", out)
     series = int(re.search(r"\((\d+) series at the last scrape", out).group(1))
     assert series > devices * 10
+    scrapes, scraped_rows = map(lambda v: int(v.replace(",", "")), re.search(
+        r"embedded scraper:\s+(\d+) scrapes of /metrics, ([\d,]+) rows", out).groups())
+    assert scrapes >= 2 and scraped_rows == scrapes * devices  # the live phase is fed through /metrics
     assert re.search(r"injected faults:\s+\d+", out)
     assert re.search(r"jobs:\s+\d+ submitted, \d+ started", out)

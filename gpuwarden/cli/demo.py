@@ -1,8 +1,8 @@
 """``gpuwarden demo``: the whole pipeline on the embedded simulated fleet, no GPU, no cluster.
 
 simulated fleet -> backfill a week into the embedded store (progress bar) -> serve exporter
-metrics for every simulated node on localhost -> keep stepping the fleet and feeding the store ->
-open the dashboard. ``--headless --duration S`` does the same without the dashboard and prints a
+metrics for every simulated node on localhost -> keep stepping the fleet while the embedded
+scraper reads /metrics into the store -> open the dashboard. ``--headless --duration S`` does the same without the dashboard and prints a
 summary. Ctrl-C stops everything and prints the same summary.
 """
 
@@ -25,7 +25,9 @@ from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
 from gpuwarden.exporter import ExporterService
 from gpuwarden.sim import Simulation
 from gpuwarden.sim.backend import SimGpuBackend
+from gpuwarden.sim.cluster import SimCluster
 from gpuwarden.store import LocalStore
+from gpuwarden.store.scraper import Scraper
 
 from .args import host_port, non_negative_float, positive_float, positive_int
 from .simconfig import add_sim_options, sim_config_from
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
           f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
     simulation = Simulation(config)
+    cluster = SimCluster(simulation)
     store = LocalStore(args.store)
     store.clear()
     backfill(simulation, store, args.days)
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     dashboard: subprocess.Popen | None = None
     started = time.monotonic()
     return_code = 0
+    scraper: Scraper | None = None
     try:
         exporter.start()
         exporter.collect_now()
@@ -85,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
                 webbrowser.open(url)
         print("live: stepping the simulated fleet and feeding the store" +
               (f" for {duration:g} s" if duration is not None else "; Ctrl-C stops"), flush=True)
-        live(simulation, store, args.step_interval, duration)
+        owners = PodOwners(cluster)
+        scraper = Scraper([exporter.url], store, interval_seconds=args.step_interval, cluster=config.cluster,
+                          attribution=owners, clock=lambda: simulation.now)
+        live(simulation, exporter, scraper, owners, store, args.step_interval, duration)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
     except DashboardError as error:
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 dashboard.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 dashboard.kill()
-    print_summary(simulation, store, exporter.url, series, time.monotonic() - started)
+    print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper)
     return return_code
 
 
@@ -141,34 +148,45 @@ def wait_for_dashboard(process: subprocess.Popen, url: str, port: int, timeout_s
     raise DashboardError(f"the dashboard did not answer on {url} within {timeout_s:.0f} s")
 
 
-def live(simulation: Simulation, store: LocalStore, interval: float, duration: float | None,
-         flush_every_s: float = 10.0) -> None:
-    """Step the fleet every ``interval`` wall seconds. Steps are written to the store every
-    ``flush_every_s`` (one Parquet file per flush, not per step), and on the way out even when
-    interrupted; the day's files are compacted every 30 flushes."""
+class PodOwners:
+    """Team and project of each simulated pod, as a real cluster's pod labels would give them; the
+    scraper asks it for the pods it sees in ``/metrics`` (the exporter only knows namespaces)."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        self.owners: dict[str, tuple[str, str]] = {}
+
+    def refresh(self) -> None:
+        self.owners = {w.workload.name: (w.workload.team, w.workload.project) for w in self.cluster.snapshot().workloads}
+
+    def __call__(self, namespace: str | None, pod: str | None) -> tuple[str | None, str | None]:
+        if pod is None:
+            return namespace, None
+        owner = self.owners.get(pod) or self.owners.get(pod.rsplit("-", 1)[0])  # gang pods are <job>-<k>
+        return owner or (namespace, None)
+
+
+def live(simulation: Simulation, exporter: ExporterService, scraper: Scraper, owners: PodOwners, store: LocalStore,
+         interval: float, duration: float | None) -> None:
+    """Every ``interval`` wall seconds: step the fleet, collect it through the exporter, and let the
+    embedded scraper read ``/metrics`` into the store (one simulated step, one scrape)."""
     deadline = None if duration is None else time.monotonic() + duration
-    next_step = last_flush = time.monotonic()
-    pending: list[pd.DataFrame] = []
-    flushes = 0
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            pending.append(simulation.step())
-            if time.monotonic() - last_flush >= flush_every_s:
-                store.append(pd.concat(pending, ignore_index=True))
-                pending.clear()
-                last_flush = time.monotonic()
-                flushes += 1
-                if flushes % 30 == 0:
-                    store.compact()
-            next_step += interval
-            pause = next_step - time.monotonic()
-            if deadline is not None:
-                pause = min(pause, deadline - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)
-    finally:
-        if pending:
-            store.append(pd.concat(pending, ignore_index=True))
+    next_step = time.monotonic()
+    steps = 0
+    while deadline is None or time.monotonic() < deadline:
+        simulation.step()
+        exporter.collect_now()
+        owners.refresh()
+        scraper.scrape_once()
+        steps += 1
+        if steps % 60 == 0:
+            store.compact()
+        next_step += interval
+        pause = next_step - time.monotonic()
+        if deadline is not None:
+            pause = min(pause, deadline - time.monotonic())
+        if pause > 0:
+            time.sleep(pause)
 
 
 def count_series(url: str) -> int:
@@ -181,7 +199,8 @@ def count_series(url: str) -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
 
 
-def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float) -> None:
+def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float,
+                  scraper: Scraper | None = None) -> None:
     summary = simulation.summary()
     truth = simulation.ground_truth()
     span = store.time_range()
@@ -196,5 +215,7 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
           + (f" ({span[0]:%Y-%m-%d %H:%M} .. {span[1]:%Y-%m-%d %H:%M} UTC)" if span else ""))
     print(f"injected faults:  {len(truth)}" + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())) + ")" if by_kind else ""))
     print(f"exporter:         {exporter_url} ({series} series at the last scrape)")
+    if scraper is not None:
+        print(f"embedded scraper: {scraper.scrapes} scrapes of /metrics, {scraper.rows_written:,} rows into the store")
     print(f"live run:         {live_seconds:.0f} s")
     print("not yet in the demo: idle and cost reports, health findings, planned actions (their issues are open)")
