@@ -1,0 +1,742 @@
+"""The engine under every report: classify each GPU-interval, price it, and add it to a ledger.
+
+Input is fleet samples, either a DataFrame or a :class:`~gpuwarden.store.SamplesSource` read one
+UTC day at a time (only the columns in :data:`COLUMNS`), so memory stays flat whatever the window.
+Each chunk is turned into numpy arrays sorted by GPU instance and time; the classifier's context
+(the last ``window_samples - 1`` samples of every GPU and the start of its current idle stretch) is
+carried into the next chunk, so a chunked run gives the same answer as reading everything at once.
+
+Time accounting: a sample stands for the interval since the previous sample of the same GPU (or MIG
+instance), ``timestamp - previous``. The first sample of a GPU, and the first after a gap longer
+than ``max_gap``, stand for one nominal ``step`` (the median interval unless given). GPU-hours are
+weighted by the instance's share of its GPU (a MIG ``3g`` instance is 3/7), so a GPU's hours add up
+to the time it was observed whatever its MIG layout.
+
+The ledger holds sums per (GPU instance, holder pod, state): GPU-hours, used hours (GPU-hours times
+activity: the useful SM time where GPM measures it), cost, energy and memory held; and per (time
+bucket, state). Every report in :mod:`gpuwarden.analytics.reports` is a groupby over it.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from gpuwarden.fleet import PriceTier
+
+from .inventory import Inventory
+from .params import STATE_CODES, STATES, AnalyticsError, IdleParams
+from .pricebook import PriceBook
+from .quality import QualityCounts, count_counter_resets, sanitize_gauges
+
+COLUMNS: tuple[str, ...] = (
+    "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
+    "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
+)
+REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
+IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
+HOLDER = ("namespace", "pod", "team", "project")
+MIG_SLICES = 7
+_MIG = re.compile(r"(?:^|:)(\d+)g\.")
+_S = 1_000_000_000  # ns per second
+
+UNALLOCATED = STATE_CODES["unallocated"]
+ALLOCATED_IDLE = STATE_CODES["allocated_idle"]
+HOARDED = STATE_CODES["hoarded"]
+FAKE_BUSY = STATE_CODES["fake_busy"]
+STARVED = STATE_CODES["starved"]
+UNDERUTILIZED = STATE_CODES["underutilized"]
+BUSY = STATE_CODES["busy"]
+UNMEASURED = STATE_CODES["unmeasured"]
+N_STATES = len(STATES)
+
+
+class _Registry:
+    """Strings (or tuples) to dense integer codes, stable across chunks."""
+
+    def __init__(self) -> None:
+        self.index: dict = {}
+        self.values: list = []
+
+    def code(self, value) -> int:
+        found = self.index.get(value)
+        if found is None:
+            found = self.index[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def local(self, frame: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A column's chunk-local codes (-1 for null) and the global code of each local code."""
+        if name not in frame.columns:
+            return np.full(len(frame), -1, np.int64), np.empty(0, np.int64)
+        series = frame[name]
+        if not isinstance(series.dtype, pd.CategoricalDtype):
+            series = series.astype("category")
+        mapping = np.array([self.code(str(c)) for c in series.cat.categories], dtype=np.int64)
+        return series.cat.codes.to_numpy().astype(np.int64), mapping
+
+
+def _mig_share(profile: str | None) -> float:
+    """A MIG instance's share of its GPU: compute slices / 7; a profile that cannot be read counts
+    as one slice."""
+    if profile is None:
+        return 1.0
+    match = _MIG.search(profile)
+    return min(1.0, int(match.group(1)) / MIG_SLICES) if match else 1.0 / MIG_SLICES
+
+
+def _inst_share(shares: list) -> np.ndarray:
+    return np.asarray(shares, dtype=np.float64)
+
+
+@dataclass
+class _Tail:
+    """The classifier context carried from one chunk to the next (a few rows per GPU instance)."""
+
+    inst: np.ndarray
+    ts: np.ndarray
+    holder: np.ndarray
+    idle: np.ndarray
+    fake: np.ndarray
+    act: np.ndarray
+    branch: np.ndarray
+    origin: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "_Tail":
+        i = np.empty(0, np.int64)
+        return cls(i, i, i, np.empty(0, bool), np.empty(0, bool), np.empty(0), np.empty(0, bool), i)
+
+
+@dataclass
+class Ledger:
+    """Classified, priced GPU time over a window; see the module doc. Hours are GPU-hours."""
+
+    start: pd.Timestamp
+    end: pd.Timestamp
+    rows: pd.DataFrame
+    instances: pd.DataFrame
+    timeseries: pd.DataFrame
+    quality: dict
+    params: IdleParams
+    price_book: PriceBook
+    bucket: pd.Timedelta
+
+    @property
+    def fleet_cost(self) -> float:
+        return float(self.rows["cost"].sum())
+
+    @property
+    def gpu_hours(self) -> float:
+        return float(self.rows["gpu_hours"].sum())
+
+
+class LedgerBuilder:
+    """Feed chunks of fleet samples with :meth:`add`; :meth:`finish` returns the :class:`Ledger`."""
+
+    def __init__(self, price_book: PriceBook | None = None, inventory: Inventory | None = None,
+                 params: IdleParams | None = None, bucket: str | pd.Timedelta = "1h", keep_rows: bool = False,
+                 price: bool = True) -> None:
+        self.price_book = price_book or PriceBook.default()
+        self.inventory = inventory or Inventory.default()
+        self.params = params or IdleParams()
+        self.bucket = pd.Timedelta(bucket)
+        self.keep_rows = keep_rows
+        self.price = price
+        self.step_ns: int | None = None if self.params.step is None else int(self.params.step.value)
+        self.counts = QualityCounts()
+        self._strings = {name: _Registry() for name in (*IDENTITY, *HOLDER)}
+        self._instances = _Registry()  # (gpu code, mig code) -> instance
+        self._holders = _Registry()  # (namespace, pod, team, project) codes -> holder
+        self._inst_meta: dict[str, list] = {k: [] for k in ("cluster", "node", "model", "share", "price", "owned", "watts")}
+        self._inst_first: list[int] = []
+        self._inst_last: list[int] = []
+        self._inst_samples: list[int] = []
+        self._inst_sm: list[int] = []
+        self._tail = _Tail.empty()
+        self._classes = _Registry()  # (share, price, owned) of instances, for the time series
+        self._parts: list[pd.DataFrame] = []
+        self._series: list[pd.DataFrame] = []
+        self._row_parts: list[pd.DataFrame] = []
+
+    # -- per chunk -------------------------------------------------------------------------------
+    def add(self, frame: pd.DataFrame) -> None:
+        missing = [c for c in REQUIRED if c not in frame.columns]
+        if missing:
+            raise AnalyticsError(f"fleet samples lack column(s) {', '.join(missing)}; analytics needs {', '.join(COLUMNS)}")
+        self.counts.rows_read += len(frame)
+        if frame.empty:
+            return
+        count_counter_resets(frame, self.counts)
+        ts = frame["timestamp"]
+        if not isinstance(ts.dtype, pd.DatetimeTZDtype):
+            ts = pd.to_datetime(ts, utc=True, errors="coerce")
+        ts_ns = pd.DatetimeIndex(ts).tz_convert("UTC").as_unit("ns").asi8
+        local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
+        gauges = sanitize_gauges(frame, self.counts)
+        bad = (ts_ns == np.iinfo(np.int64).min) | (local["gpu_uuid"][0] < 0)
+        if bad.any():
+            self.counts.rows_dropped_unidentified += int(bad.sum())
+        inst = self._instance_codes(local, bad)
+        holder = self._holder_codes(local, bad)
+        positions = frame.index.to_numpy() if self.keep_rows else None
+        if bad.any():
+            rows = np.flatnonzero(~bad)
+            inst, ts_ns, holder = inst[rows], ts_ns[rows], holder[rows]
+            gauges = {k: v[rows] for k, v in gauges.items()}
+            positions = positions[rows] if positions is not None else None
+        if len(inst):
+            self._classify(inst, ts_ns, holder, gauges, positions)
+
+    @staticmethod
+    def _global(local: tuple[np.ndarray, np.ndarray], row: int) -> int:
+        codes, mapping = local
+        return int(mapping[codes[row]]) if codes[row] >= 0 else -1
+
+    def _instance_codes(self, local: dict, bad: np.ndarray) -> np.ndarray:
+        gpu, mig = local["gpu_uuid"][0], local["mig_instance"][0]
+        n_mig = len(local["mig_instance"][1]) + 1
+        size = (len(local["gpu_uuid"][1]) + 1) * n_mig
+        packed = np.where(bad, size - 1, np.maximum(gpu, 0) * n_mig + (mig + 1))
+        inverse, uniques, first = _dense_factorize(packed, size)
+        mapping = np.full(len(uniques), -1, np.int64)
+        for position, (value, row) in enumerate(zip(uniques, first)):
+            if bad[row]:
+                continue
+            key = (self._global(local["gpu_uuid"], row), self._global(local["mig_instance"], row))
+            code = self._instances.code(key)
+            meta = tuple(self._global(local[name], row) for name in ("cluster", "node", "model"))
+            if code == len(self._inst_meta["cluster"]):
+                self._new_instance(key, meta)
+            elif meta != (self._inst_meta["cluster"][code], self._inst_meta["node"][code], self._inst_meta["model"][code]):
+                self._set_instance(code, meta)  # the GPU moved or was relabelled: the latest wins
+            mapping[position] = code
+        return mapping[inverse]
+
+    def _instance_pricing(self, meta: tuple[int, int, int]) -> tuple[float, bool, float]:
+        model = self._strings["model"].values[meta[2]] if meta[2] >= 0 else "(unknown model)"
+        node = self._strings["node"].values[meta[1]] if meta[1] >= 0 else "(unknown node)"
+        _pool, tier = self.inventory.lookup(node)
+        if not self.price:
+            return 0.0, False, 0.0
+        price = self.price_book.hourly(model, tier)  # raises naming the model
+        return price, tier is PriceTier.OWNED, self.price_book.model(model).typical_watts
+
+    def _new_instance(self, key: tuple[int, int], meta: tuple[int, int, int]) -> None:
+        mig = self._strings["mig_instance"].values[key[1]] if key[1] >= 0 else None
+        price, owned, watts = self._instance_pricing(meta)
+        for name, value in zip(("cluster", "node", "model", "share", "price", "owned", "watts"),
+                               (*meta, _mig_share(mig), price, owned, watts)):
+            self._inst_meta[name].append(value)
+        self._inst_first.append(np.iinfo(np.int64).max)
+        self._inst_last.append(np.iinfo(np.int64).min)
+        self._inst_samples.append(0)
+        self._inst_sm.append(0)
+
+    def _set_instance(self, code: int, meta: tuple[int, int, int]) -> None:
+        price, owned, watts = self._instance_pricing(meta)
+        for name, value in zip(("cluster", "node", "model", "price", "owned", "watts"), (*meta, price, owned, watts)):
+            self._inst_meta[name][code] = value
+
+    def _holder_codes(self, local: dict, bad: np.ndarray) -> np.ndarray:
+        pod = local["pod"][0]
+        packed = np.zeros(len(pod), np.int64)
+        size = 1
+        for name in HOLDER:
+            width = len(local[name][1]) + 1
+            packed = packed * width + (local[name][0] + 1)
+            size *= width
+        unheld = bad | (pod < 0)
+        packed = np.where(unheld, size, packed)
+        inverse, uniques, first = _dense_factorize(packed, size + 1)
+        mapping = np.array([-1 if unheld[row] else self._holders.code(tuple(self._global(local[n], row) for n in HOLDER))
+                            for row in first], dtype=np.int64)
+        return mapping[inverse]
+
+    # -- the classifier --------------------------------------------------------------------------
+    def _classify(self, inst, ts, holder, gauges, positions) -> None:
+        p = self.params
+        util, sm = gauges["gpu_util_ratio"], gauges["sm_active_ratio"]
+        measured = ~np.isnan(sm)
+        act = np.where(measured, sm, util)
+        with np.errstate(invalid="ignore"):
+            fake = measured & (sm < p.idle_activity) & (util >= p.fake_busy_util)
+            idle = (act < p.idle_activity) & ~fake
+
+        # One sort of [carried context; this chunk] by (instance, time): the context of an
+        # instance sorts before its new rows (a radix sort when instance codes fit 16 bits).
+        tail = self._tail
+        n_tail = len(tail.inst)
+        c_inst = np.concatenate([tail.inst, inst])
+        c_ts = np.concatenate([tail.ts, ts])
+        order = _sort_order(c_inst, c_ts, presorted_time=n_tail == 0 or _monotonic(ts))
+        c_inst, c_ts = c_inst[order], c_ts[order]
+        c_holder = np.concatenate([tail.holder, holder])[order]
+        c_idle = np.concatenate([tail.idle, idle])[order]
+        c_fake = np.concatenate([tail.fake, fake])[order]
+        c_act = np.concatenate([tail.act, act])[order]
+        carried = order < n_tail
+        src = order - n_tail  # row of this chunk (negative for carried rows)
+        # Duplicated timestamps of one instance: keep the last row read.
+        dup = np.zeros(len(c_inst), bool)
+        dup[:-1] = (c_inst[1:] == c_inst[:-1]) & (c_ts[1:] == c_ts[:-1])
+        if dup.any():
+            self.counts.duplicate_rows += int((dup & ~carried).sum())
+            keep = ~dup
+            c_inst, c_ts, c_holder, c_idle, c_fake, c_act, carried, src = (
+                a[keep] for a in (c_inst, c_ts, c_holder, c_idle, c_fake, c_act, carried, src))
+        n = len(c_inst)
+        index = np.arange(n)
+        new_inst = np.ones(n, bool)
+        new_inst[1:] = c_inst[1:] != c_inst[:-1]
+        dt = np.zeros(n, np.int64)
+        dt[1:] = np.diff(c_ts)
+        if self.step_ns is None:
+            steps = dt[~new_inst & (dt > 0)]
+            if len(steps) == 0:
+                raise AnalyticsError("cannot infer the sample interval from a single sample per GPU; "
+                                     "pass IdleParams(step=...)")
+            self.step_ns = int(np.median(steps))
+        step = self.step_ns
+        max_gap = int(p.resolved_max_gap(pd.Timedelta(step, unit="ns")).value)
+        gap = ~new_inst & (dt > max_gap)
+        seg_start = new_inst | gap
+        dur = np.where(seg_start, step, dt)
+        seg_start[1:] |= c_holder[1:] != c_holder[:-1]
+
+        # Trailing window of up to W samples within the segment.
+        seg_first = np.maximum.accumulate(np.where(seg_start, index, 0))
+        lo = np.maximum(index - (p.window_samples - 1), seg_first)
+        count = index + 1 - lo
+        has_act = ~np.isnan(c_act)
+        idle_n = _window_count(c_idle, lo)
+        fake_n = _window_count(c_fake, lo)
+        act_n = _window_count(has_act, lo)
+        act_sum = _window_sum(np.where(has_act, c_act, 0.0), lo)
+
+        allocated = c_holder >= 0
+        state = np.full(n, BUSY, np.int8)
+        state[act_sum < p.underutilized_below * act_n] = UNDERUTILIZED  # mean activity below the threshold
+        state[idle_n >= p.starved_idle_share * count] = STARVED
+        branch = c_idle & (idle_n >= p.idle_window_share * count - 1e-9) & allocated
+        state[branch] = ALLOCATED_IDLE
+        state[c_fake & (2 * fake_n >= count)] = FAKE_BUSY
+        state[allocated & ~has_act] = UNMEASURED
+        state[~allocated] = UNALLOCATED
+        branch &= state == ALLOCATED_IDLE
+        # Idle stretches: their origin is the start of their first interval; carried rows bring the
+        # origin of a stretch that began in an earlier chunk.
+        origin_at = c_ts - dur
+        if n_tail:
+            branch[carried] = tail.branch[src[carried] + n_tail]
+            origin_at[carried] = np.where(branch[carried], tail.origin[src[carried] + n_tail], origin_at[carried])
+        run_start = branch.copy()
+        run_start[1:] &= seg_start[1:] | ~branch[:-1]
+        origin = origin_at[np.maximum.accumulate(np.where(run_start, index, 0))]
+        candidates = np.flatnonzero(branch & ~carried & (c_ts - origin > int(p.hoard_grace.value)))
+        if len(candidates):
+            rows = src[candidates]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratio = gauges["mem_used_bytes"][rows] / gauges["mem_total_bytes"][rows]
+            state[candidates[ratio >= p.hoard_mem_ratio]] = HOARDED
+
+        # Carry the last rows of every instance into the next chunk.
+        last = np.empty(n, bool)
+        last[:-1] = new_inst[1:]
+        last[-1] = True
+        group_end = np.flatnonzero(last)
+        ends = group_end[np.cumsum(new_inst) - 1]
+        keep_tail = (ends - index) < max(p.window_samples - 1, 1)
+        self._tail = _Tail(c_inst[keep_tail], c_ts[keep_tail], c_holder[keep_tail], c_idle[keep_tail],
+                           c_fake[keep_tail], c_act[keep_tail], branch[keep_tail],
+                           np.where(branch, origin, c_ts)[keep_tail])
+
+        # This chunk's rows, in (instance, time) order. Carried rows stay in the arrays (masking
+        # ten arrays costs more than the sums) and are left out of every sum.
+        gap &= ~carried
+        self.counts.gaps += int(gap.sum())
+        gap_ns = np.where(gap, dt - step, 0)
+        rows = np.where(carried, 0, src) if n_tail else src
+        measured_rows = measured[rows]
+        if n_tail:
+            measured_rows &= ~carried
+        self._update_instances(c_inst, c_ts, measured_rows, carried if n_tail else None)
+        self._aggregate(c_inst, c_ts, c_holder, state, dur, gap_ns, c_act, measured_rows,
+                        gauges["mem_used_bytes"][rows], gauges["power_watts"][rows], carried if n_tail else None)
+        if self.keep_rows:
+            mine = ~carried
+            self._row_parts.append(pd.DataFrame({
+                "position": positions[src[mine]], "inst": c_inst[mine], "timestamp_ns": c_ts[mine], "state": state[mine],
+                "duration_seconds": dur[mine] / _S, "activity": c_act[mine], "sm_measured": measured_rows[mine],
+            }))
+
+    def _update_instances(self, inst, ts, measured, carried=None) -> None:
+        if not len(inst):
+            return
+        first_idx = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1]])  # inst is sorted
+        uniques = inst[first_idx]
+        last_idx = np.r_[first_idx[1:], len(inst)] - 1
+        mine = np.ones(len(inst), np.int64) if carried is None else (~carried).astype(np.int64)
+        counts = np.add.reduceat(mine, first_idx)
+        sm_counts = np.add.reduceat(measured.astype(np.int64), first_idx)
+        if carried is not None:  # the first row of an instance may be carried: its first new row
+            first_idx = first_idx + np.add.reduceat(carried.astype(np.int64), first_idx)
+        for code, a, b, c, s in zip(uniques, first_idx, last_idx, counts, sm_counts):
+            if c == 0:
+                continue
+            self._inst_first[code] = min(self._inst_first[code], int(ts[a]))
+            self._inst_last[code] = max(self._inst_last[code], int(ts[b]))
+            self._inst_samples[code] += int(c)
+            self._inst_sm[code] += int(s)
+
+    def _aggregate(self, inst, ts, holder, state, dur, gap_ns, act, measured, mem_used, power, carried=None) -> None:
+        """Sums per (instance, holder, state) and per (time bucket, state, price class).
+
+        Rows are in (instance, time) order, so equal keys come in runs: sums are taken per run first
+        (``np.add.reduceat``), then grouped. Per-row work is kept to durations; the instance's GPU
+        share and price are applied to the sums. Rows flagged ``carried`` get the key -1 and their
+        sums are dropped."""
+        n_holders = len(self._holders.values) + 1
+        key = (inst * n_holders + (holder + 1)) * N_STATES + state
+        if carried is not None:
+            key[carried] = -1
+        bucket_ns = int(self.bucket.value)
+        buckets = ts // bucket_ns
+        change = np.empty(len(key), bool)
+        change[0] = True
+        np.not_equal(key[1:], key[:-1], out=change[1:])
+        change[1:] |= buckets[1:] != buckets[:-1]
+        starts = np.flatnonzero(change)
+        act0 = np.where(np.isnan(act), 0.0, act)
+        np.clip(act0, 0.0, 1.0, out=act0)
+        typical = np.asarray(self._inst_meta["watts"], dtype=np.float64) * _inst_share(self._inst_meta["share"])
+        watts = np.where(np.isnan(power), typical[inst], power)
+        dur = dur.astype(np.float64)
+        runs = {
+            "dur": np.add.reduceat(dur, starts),
+            "dur_act": np.add.reduceat(dur * act0, starts),
+            "dur_watts": np.add.reduceat(dur * watts, starts),
+            "dur_fallback": np.add.reduceat(np.where(measured | np.isnan(act), 0.0, dur), starts),
+            "dur_mem": np.add.reduceat(dur * np.where(np.isnan(mem_used), 0.0, mem_used), starts),
+            "gap": np.add.reduceat(gap_ns.astype(np.float64), starts) if gap_ns.any() else np.zeros(len(starts)),
+            "samples": np.diff(np.r_[starts, len(key)]).astype(np.float64),
+        }
+        run_key = key[starts]
+        valid = run_key >= 0
+        run_key, run_inst, run_state, run_bucket = run_key[valid], inst[starts][valid], state[starts][valid], buckets[starts][valid]
+        runs = {name: values[valid] for name, values in runs.items()}
+
+        codes, uniques = pd.factorize(run_key)
+        size = len(uniques)
+        uniques = np.asarray(uniques, dtype=np.int64)
+        sums = {name: np.bincount(codes, weights=values, minlength=size) for name, values in runs.items()}
+        part = pd.DataFrame({"inst": uniques // N_STATES // n_holders, "holder": uniques // N_STATES % n_holders - 1,
+                             "state": uniques % N_STATES, **sums})
+        self._parts.append(part)
+        self.counts.unmeasured_samples += int(part.loc[part["state"] == UNMEASURED, "samples"].sum())
+
+        # Time series: per (bucket, state, instance price class); share and price applied later.
+        if not len(run_key):
+            return
+        klass = self._price_class(run_inst)
+        n_class = len(self._classes.values)
+        base = int(run_bucket.min())
+        key = ((run_bucket - base) * N_STATES + run_state) * n_class + klass
+        codes, uniques = pd.factorize(key)
+        size = len(uniques)
+        uniques = np.asarray(uniques, dtype=np.int64)
+        self._series.append(pd.DataFrame({
+            "bucket_ns": (uniques // n_class // N_STATES + base) * bucket_ns,
+            "state": uniques // n_class % N_STATES, "klass": uniques % n_class,
+            **{name: np.bincount(codes, weights=runs[name], minlength=size) for name in ("dur", "dur_act", "dur_watts")},
+        }))
+
+    def _price_class(self, inst: np.ndarray) -> np.ndarray:
+        """Instances with the same (share, price, owned) share a class: the time series keeps
+        classes instead of instances."""
+        meta = self._inst_meta
+        mapping = np.array([self._classes.code((meta["share"][i], meta["price"][i], meta["owned"][i]))
+                            for i in range(len(meta["share"]))], dtype=np.int64)
+        return mapping[inst]
+
+    # -- result ----------------------------------------------------------------------------------
+    def finish(self, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None) -> Ledger:
+        step = pd.Timedelta(self.step_ns or 60 * _S, unit="ns")
+        params = replace(self.params, step=step, max_gap=self.params.resolved_max_gap(step))
+        instances = self._instance_table()
+        if start is None:
+            start = instances["first_seen"].min() if len(instances) else pd.Timestamp(0, tz="UTC")
+        if end is None:
+            end = (instances["last_seen"].max() + step) if len(instances) else start
+        start, end = pd.Timestamp(start), pd.Timestamp(end)
+        rows = self._ledger_rows(instances)
+        series = self._series_table()
+        late = instances[instances["first_seen"] > start + params.max_gap]
+        early = instances[instances["last_seen"] < end - params.max_gap - step]
+        quality = {
+            "rows_read": self.counts.rows_read,
+            "rows_dropped_unidentified": self.counts.rows_dropped_unidentified,
+            "duplicate_rows": self.counts.duplicate_rows,
+            "negative_values": dict(self.counts.negative_values),
+            "out_of_range_values": dict(self.counts.out_of_range_values),
+            "gaps": self.counts.gaps,
+            "gap_gpu_hours": float(rows["gap_hours"].sum()),
+            "unmeasured_samples": self.counts.unmeasured_samples,
+            "unmeasured_gpu_hours": float(rows.loc[rows["state"] == "unmeasured", "gpu_hours"].sum()),
+            "counter_resets": dict(self.counts.counter_resets),
+            "gpus_appearing_late": sorted(set(late["gpu_uuid"].astype(str))),
+            "gpus_leaving_early": sorted(set(early["gpu_uuid"].astype(str))),
+            "step_seconds": step.total_seconds(),
+        }
+        ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket)
+        if self.keep_rows:
+            ledger.classified = self._classified(instances)  # type: ignore[attr-defined]
+        return ledger
+
+    def _instance_table(self) -> pd.DataFrame:
+        keys = self._instances.values
+        strings = self._strings
+
+        def name(registry: str, code: int):
+            return strings[registry].values[code] if code >= 0 else None
+
+        nodes = [name("node", c) for c in self._inst_meta["node"]]
+        lookups = [self.inventory.lookup(n or "") for n in nodes]
+        samples = np.asarray(self._inst_samples, dtype=np.int64)
+        sm = np.asarray(self._inst_sm, dtype=np.int64)
+        source = np.where(sm == samples, "sm_active", np.where(sm == 0, "gpu_util_fallback", "mixed"))
+        frame = pd.DataFrame({
+            "inst": np.arange(len(keys), dtype=np.int64),
+            "cluster": [name("cluster", c) for c in self._inst_meta["cluster"]],
+            "node": nodes,
+            "gpu_uuid": [name("gpu_uuid", k[0]) for k in keys],
+            "mig_instance": [name("mig_instance", k[1]) for k in keys],
+            "model": [name("model", c) for c in self._inst_meta["model"]],
+            "pool": [lookup[0] for lookup in lookups],
+            "tier": [lookup[1].value for lookup in lookups],
+            "share": np.asarray(self._inst_meta["share"], dtype=np.float64),
+            "price_per_hour": np.asarray(self._inst_meta["price"], dtype=np.float64),
+            "first_seen": pd.to_datetime(np.asarray(self._inst_first, dtype=np.int64), utc=True),
+            "last_seen": pd.to_datetime(np.asarray(self._inst_last, dtype=np.int64), utc=True),
+            "samples": samples,
+            "sm_samples": sm,
+            "activity_source": source,
+        })
+        return frame
+
+    def _ledger_rows(self, instances: pd.DataFrame) -> pd.DataFrame:
+        raw_columns = ["dur", "dur_act", "dur_watts", "dur_fallback", "dur_mem", "gap", "samples"]
+        if self._parts:
+            parts = pd.concat(self._parts, ignore_index=True)
+            parts = parts.groupby(["inst", "holder", "state"], sort=True, as_index=False)[raw_columns].sum()
+        else:
+            parts = pd.DataFrame({c: pd.Series(dtype="int64" if c in ("inst", "holder", "state") else "float64")
+                                  for c in ["inst", "holder", "state", *raw_columns]})
+        meta = instances.set_index("inst")
+        inst = parts["inst"].to_numpy()
+        out = pd.DataFrame({c: meta[c].reindex(inst).to_numpy() for c in
+                            ("cluster", "node", "gpu_uuid", "mig_instance", "model", "pool", "tier")})
+        holders = self._holders.values
+        for position, column in enumerate(HOLDER):
+            registry = self._strings[column]
+            out[column] = [None if h < 0 or holders[h][position] < 0 else registry.values[holders[h][position]]
+                           for h in parts["holder"]]
+        out["state"] = pd.Categorical.from_codes(parts["state"].astype(int), categories=list(STATES))
+        share = meta["share"].reindex(inst).to_numpy(dtype=np.float64)
+        price = meta["price_per_hour"].reindex(inst).to_numpy(dtype=np.float64)
+        owned = np.asarray(self._inst_meta["owned"], dtype=bool)[inst] if len(inst) else np.zeros(0, bool)
+        to_hours = 1.0 / (3600.0 * _S)
+        hours = parts["dur"].to_numpy() * to_hours
+        energy = parts["dur_watts"].to_numpy() * to_hours / 1000.0
+        out["gpu_hours"] = share * hours
+        out["hours"] = hours
+        out["used_hours"] = share * parts["dur_act"].to_numpy() * to_hours
+        out["cost"] = share * hours * price + np.where(owned, energy * self.price_book.energy_price_per_kwh(), 0.0)
+        out["energy_kwh"] = energy
+        out["fallback_hours"] = share * parts["dur_fallback"].to_numpy() * to_hours
+        out["mem_gib_hours"] = parts["dur_mem"].to_numpy() * to_hours / 2**30
+        out["gap_hours"] = share * parts["gap"].to_numpy() * to_hours
+        out["samples"] = parts["samples"].to_numpy().astype(np.int64)
+        # A deterministic order whatever the chunking (codes follow first appearance).
+        order = ["gpu_uuid", "mig_instance", "namespace", "pod", "team", "project"]
+        keys = out[order].astype(object).fillna("").astype(str)
+        keys["state"] = parts["state"].to_numpy()
+        if not len(out):
+            return out
+        priority = [*order, "state"]
+        ranks = np.lexsort(tuple(keys[c].to_numpy() for c in reversed(priority)))
+        return out.iloc[ranks].reset_index(drop=True)
+
+    def _series_table(self) -> pd.DataFrame:
+        if not self._series:
+            return pd.DataFrame({"bucket": pd.Series(dtype="datetime64[ns, UTC]"), "state": pd.Series(dtype="object"),
+                                 "gpu_hours": [], "used_hours": [], "cost": []})
+        series = pd.concat(self._series, ignore_index=True)
+        classes = self._classes.values
+        klass = series["klass"].to_numpy()
+        share = np.array([c[0] for c in classes], dtype=np.float64)[klass]
+        price = np.array([c[1] for c in classes], dtype=np.float64)[klass]
+        owned = np.array([c[2] for c in classes], dtype=bool)[klass]
+        to_hours = 1.0 / (3600.0 * _S)
+        gpu_hours = share * series["dur"].to_numpy() * to_hours
+        energy = series["dur_watts"].to_numpy() * to_hours / 1000.0
+        work = pd.DataFrame({
+            "bucket_ns": series["bucket_ns"], "state": series["state"], "gpu_hours": gpu_hours,
+            "used_hours": share * series["dur_act"].to_numpy() * to_hours,
+            "cost": gpu_hours * price + np.where(owned, energy * self.price_book.energy_price_per_kwh(), 0.0),
+        })
+        work = work.groupby(["bucket_ns", "state"], sort=True, as_index=False)[["gpu_hours", "used_hours", "cost"]].sum()
+        work.insert(0, "bucket", pd.to_datetime(work.pop("bucket_ns"), utc=True))
+        work["state"] = pd.Categorical.from_codes(work["state"].astype(int), categories=list(STATES))
+        return work
+
+    def _classified(self, instances: pd.DataFrame) -> pd.DataFrame:
+        rows = pd.concat(self._row_parts, ignore_index=True) if self._row_parts else pd.DataFrame(
+            {"position": [], "inst": [], "timestamp_ns": [], "state": [], "duration_seconds": [], "activity": [], "sm_measured": []})
+        meta = instances.set_index("inst")
+        out = pd.DataFrame({
+            "timestamp": pd.to_datetime(rows["timestamp_ns"].astype(np.int64), utc=True),
+            "gpu_uuid": meta["gpu_uuid"].reindex(rows["inst"]).to_numpy(),
+            "mig_instance": meta["mig_instance"].reindex(rows["inst"]).to_numpy(),
+            "node": meta["node"].reindex(rows["inst"]).to_numpy(),
+            "state": pd.Categorical.from_codes(rows["state"].astype(int), categories=list(STATES)),
+            "duration_seconds": rows["duration_seconds"].to_numpy(),
+            "activity": rows["activity"].to_numpy(),
+            "activity_source": np.where(rows["sm_measured"].astype(bool), "sm_active", "gpu_util_fallback"),
+        }, index=rows["position"].to_numpy())
+        return out
+
+
+def _dense_factorize(packed: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like :func:`_factorize` for values in ``[0, size)``, by a lookup table when ``size`` is small."""
+    if size > max(4 * len(packed), 1 << 22):
+        return _factorize(packed)
+    first = np.full(size, -1, np.int64)
+    first[packed[::-1]] = np.arange(len(packed) - 1, -1, -1)
+    uniques = np.flatnonzero(first >= 0)
+    remap = np.empty(size, np.int64)
+    remap[uniques] = np.arange(len(uniques))
+    return remap[packed], uniques, first[uniques]
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes, unique values (in order of appearance) and the first row of each, by hashing."""
+    codes, uniques = pd.factorize(values)
+    first = np.empty(len(uniques), np.int64)
+    first[codes[::-1]] = np.arange(len(values) - 1, -1, -1)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=np.int64), first
+
+
+def _window_sum(values: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Sum of ``values[lo[i]:i+1]`` for every i (float)."""
+    cumulative = np.zeros(len(values) + 1, dtype=np.float64)
+    np.cumsum(values, out=cumulative[1:])
+    return cumulative[1:] - cumulative[lo]
+
+
+def _window_count(flags: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Count of true ``flags[lo[i]:i+1]`` for every i (exact integers)."""
+    cumulative = np.zeros(len(flags) + 1, dtype=np.int64)
+    np.cumsum(flags, out=cumulative[1:])
+    return cumulative[1:] - cumulative[lo]
+
+
+def _monotonic(ts: np.ndarray) -> bool:
+    return len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all())
+
+
+def _sort_order(inst: np.ndarray, ts: np.ndarray, presorted_time: bool = True) -> np.ndarray:
+    """Order by (instance, time), stable for equal pairs. Rows usually arrive in time order, so a
+    stable sort by instance is enough (a radix sort when instance codes fit 16 bits)."""
+    if not presorted_time:
+        return np.lexsort((ts, inst))
+    if len(inst) and inst.max() < 2**15:
+        return np.argsort(inst.astype(np.int16), kind="stable")
+    return np.argsort(inst, kind="stable")
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) -> Iterator[tuple[pd.Timestamp, pd.Timestamp]]:
+    cursor = start
+    while cursor < end:
+        boundary = min(end, (cursor.floor(chunk) + chunk) if chunk >= pd.Timedelta(hours=1) else cursor + chunk)
+        yield cursor, boundary
+        cursor = boundary
+
+
+def _utc(value) -> pd.Timestamp | None:
+    if value is None:
+        return None
+    stamp = pd.Timestamp(value)
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+
+
+def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
+                 params: IdleParams | None = None, bucket: str | pd.Timedelta = "1h",
+                 chunk: str | pd.Timedelta = "1D", keep_rows: bool = False, price: bool = True) -> Ledger:
+    """Classify and price fleet samples over ``[start, end)``.
+
+    ``data`` is a DataFrame of fleet samples or a samples source (``read(start, end, columns)`` and
+    ``time_range()``, e.g. :class:`~gpuwarden.store.LocalStore`), which is read ``chunk`` at a time
+    with only the columns analytics needs. ``price=False`` skips pricing (for traces of GPU models no
+    price book knows); costs are then 0.
+    """
+    builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
+    start, end = _utc(start), _utc(end)
+    if isinstance(data, pd.DataFrame):
+        if "timestamp" not in data.columns:
+            raise AnalyticsError("fleet samples lack column timestamp")
+        frame = data
+        stamps = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce")
+        if start is not None or end is not None:
+            mask = np.ones(len(frame), bool)
+            if start is not None:
+                mask &= (stamps >= start).to_numpy()
+            if end is not None:
+                mask &= (stamps < end).to_numpy()
+            frame, stamps = frame[mask], stamps[mask]
+        if frame.empty or stamps.isna().all():
+            builder.add(frame)
+            return builder.finish(start, end)
+        # Same chunks as a source would give (so the carried context is exercised the same way).
+        if not stamps.is_monotonic_increasing:
+            order = np.argsort(stamps.to_numpy(), kind="stable")
+            frame, stamps = frame.iloc[order], stamps.iloc[order]
+        values = pd.DatetimeIndex(stamps).as_unit("ns")
+        lo_all = start if start is not None else values.min()
+        hi_all = end if end is not None else values.max() + pd.Timedelta(1, unit="ns")
+        if values.isna().any():
+            builder.add(frame[values.isna()])  # counted and dropped as unidentified
+        for lo, hi in _day_windows(lo_all, hi_all, pd.Timedelta(chunk)):
+            a, b = values.searchsorted(lo, "left"), values.searchsorted(hi, "left")
+            if b > a:
+                builder.add(frame.iloc[a:b])
+        return builder.finish(start, end)
+    if not hasattr(data, "read"):
+        raise AnalyticsError(f"cannot read fleet samples from {type(data).__name__}; pass a DataFrame or a samples source")
+    read_start, read_end = start, end
+    if start is None or end is None:
+        span = data.time_range()
+        if span is None:
+            return builder.finish(start, end)
+        read_start = start if start is not None else _utc(span[0])
+        read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
+    # Read the next chunk in a thread while this one is classified (Parquet decoding releases the GIL).
+    windows = list(_day_windows(read_start, read_end, pd.Timedelta(chunk)))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-read") as pool:
+        pending = pool.submit(data.read, *windows[0], columns=list(COLUMNS)) if windows else None
+        for position in range(len(windows)):
+            frame = pending.result()
+            pending = (pool.submit(data.read, *windows[position + 1], columns=list(COLUMNS))
+                       if position + 1 < len(windows) else None)
+            builder.add(frame)
+            del frame
+    # An open window ends one step after the newest sample, as for a DataFrame.
+    return builder.finish(start, end)

@@ -1,0 +1,112 @@
+"""Bad input, handled explicitly: what analytics does with each kind, and the counts it reports.
+
+=====================  ==========================================================================
+input                  handling
+=====================  ==========================================================================
+negative value         a negative ratio, memory or power is not a measurement: set to null
+                       (counted per column in ``negative_values``); the row is kept.
+ratio above 1          same (``out_of_range_values``): a percent written as a ratio is not guessed.
+no timestamp / GPU     the row is dropped (``rows_dropped_unidentified``).
+duplicated timestamp   two rows of one GPU (or MIG instance) at one timestamp: the last one read is
+                       kept (``duplicate_rows``).
+gap                    a silence longer than ``max_gap`` between two samples of a GPU is missing data:
+                       the sample after it stands for one nominal step, the rest is counted in
+                       ``gap_gpu_hours`` (never classified, never charged), and windows and idle
+                       stretches restart after it.
+GPU appearing late     a GPU's time starts at its first sample, so a GPU that joins mid-window adds
+                       no unallocated hours before it existed (``gpus_appearing_late`` lists them;
+                       ``gpus_leaving_early`` the ones whose samples stop before the end).
+counter reset          analytics reads gauges only (utilisation, SM activity, memory, power); the
+                       cumulative ``*_total`` counters are not used for idle or cost, so a reset
+                       cannot disturb them. Where a frame carries counters, drops are counted in
+                       ``counter_resets`` and :func:`counter_increase` gives reset-aware increases.
+no activity at all     an allocated sample with neither SM activity nor NVML utilisation is
+                       ``unmeasured`` (its hours and cost still count; ``unmeasured_gpu_hours``).
+=====================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+# Gauges analytics reads, and their allowed range.
+RATIO_COLUMNS = ("gpu_util_ratio", "sm_active_ratio")
+NON_NEGATIVE_COLUMNS = ("mem_used_bytes", "mem_total_bytes", "power_watts")
+
+
+@dataclass
+class QualityCounts:
+    rows_read: int = 0
+    rows_dropped_unidentified: int = 0
+    duplicate_rows: int = 0
+    negative_values: dict[str, int] = field(default_factory=dict)
+    out_of_range_values: dict[str, int] = field(default_factory=dict)
+    gaps: int = 0
+    gap_gpu_hours: float = 0.0
+    unmeasured_samples: int = 0
+    counter_resets: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, key: str, count: int) -> None:
+        if count:
+            bucket = getattr(self, name)
+            bucket[key] = bucket.get(key, 0) + int(count)
+
+
+def sanitize_gauges(frame: pd.DataFrame, counts: QualityCounts) -> dict[str, np.ndarray]:
+    """The gauges as float arrays, with negative and out-of-range values set to NaN (and counted)."""
+    out: dict[str, np.ndarray] = {}
+    for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS):
+        if name not in frame.columns:
+            out[name] = np.full(len(frame), np.nan)
+            continue
+        values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        with np.errstate(invalid="ignore"):
+            negative = values < 0
+            if name in RATIO_COLUMNS:
+                too_big = values > 1.0 + 1e-9
+            elif name == "mem_total_bytes":
+                too_big = values == 0  # a GPU with no memory is not a measurement
+            else:
+                too_big = np.zeros(len(values), dtype=bool)
+        if negative.any() or too_big.any():
+            values = values.copy()
+            values[negative | too_big] = np.nan
+            counts.add("negative_values", name, int(negative.sum()))
+            counts.add("out_of_range_values", name, int(too_big.sum()))
+        out[name] = values
+    return out
+
+
+def count_counter_resets(frame: pd.DataFrame, counts: QualityCounts, key: str = "gpu_uuid") -> None:
+    """Count drops of each ``*_total`` counter the frame carries, per GPU in time order."""
+    counters = [c for c in frame.columns if c.endswith("_total")]
+    if not counters or key not in frame.columns or "timestamp" not in frame.columns:
+        return
+    ordered = frame.sort_values([key, "timestamp"], kind="stable")
+    for column in counters:
+        values = pd.to_numeric(ordered[column], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        valid = ~np.isnan(values)
+        # Compare each value with the previous measured value of the same GPU.
+        part = ordered.loc[valid, [key]].assign(v=values[valid])
+        if len(part) < 2:
+            continue
+        previous = part.groupby(key, observed=True, sort=False)["v"].shift()
+        counts.add("counter_resets", column, int((part["v"] < previous).sum()))
+
+
+def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
+    """Reset-aware increase of a cumulative counter per ``by`` (Prometheus ``increase()`` semantics:
+    a drop is a reset, and the value after it counts as events since the reset). Nulls are skipped."""
+    part = frame[[by, "timestamp", column]].dropna(subset=[column])
+    if part.empty:
+        return pd.Series(dtype="float64", name=column)
+    part = part.sort_values([by, "timestamp"], kind="stable")
+    values = part[column].astype("float64")
+    previous = values.groupby(part[by].to_numpy(), sort=False).shift()
+    delta = values - previous
+    step = np.where(delta < 0, values, delta)  # a reset: count the value since the reset
+    step = pd.Series(step, index=part.index).where(previous.notna(), 0.0)
+    return step.groupby(part[by].astype(object).to_numpy(), sort=True).sum().rename(column)

@@ -1,0 +1,76 @@
+"""``gpuwarden report idle|efficiency|cost|chargeback``: analytics reports over a window of samples.
+
+    gpuwarden report idle --since 7d --format table
+    gpuwarden report chargeback --since 30d --format csv > chargeback.csv
+    gpuwarden report cost --price-book my-prices.yaml --inventory my-nodes.yaml --format json
+
+The JSON output's keys are stable (``schema_version`` 1) and documented in
+``gpuwarden/analytics/REPORTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger, build_report
+from gpuwarden.analytics.params import AnalyticsError
+from gpuwarden.analytics.render import FORMATS, render
+from gpuwarden.analytics.reports import REPORT_KINDS
+
+from .args import non_negative_int
+from .sources import add_source_options, duration, open_window
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fractions") from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: fractions must be in 0..1, e.g. 0.25,0.5,1")
+    return values
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "report", help="idle, efficiency, cost and chargeback reports",
+        description="Analytics reports over fleet samples: idle GPU time by reason, fleet efficiency, cost with "
+                    "a reclaim what-if and buy-vs-rent, and chargeback per team and project.")
+    parser.add_argument("kind", choices=REPORT_KINDS, help="which report")
+    add_source_options(parser, since_default="7d")
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    output.add_argument("--table", help="only this table (csv: which table to write; default the report's main table)")
+    output.add_argument("--limit", type=non_negative_int, default=20,
+                        help="rows per table for table/markdown (default 20; 0 = all)")
+    output.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
+    pricing = parser.add_argument_group("pricing and classification")
+    pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
+    pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
+    pricing.add_argument("--hoard-grace", type=duration, default=IdleParams().hoard_grace,
+                         help="idle longer than this while holding memory is hoarding (default 30m)")
+    pricing.add_argument("--reclaim", type=_fractions, default=(0.25, 0.5, 1.0),
+                         help="cost report: reclaim what-if fractions of idle GPU-hours (default 0.25,0.5,1)")
+    pricing.add_argument("--unallocated", choices=["separate", "proportional"], default="separate",
+                         help="chargeback: unallocated cost as its own row, or spread over teams (default separate)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    window = open_window(args)
+    price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
+    inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
+    ledger = build_ledger(window.source, window.start, window.end, price_book=price_book, inventory=inventory,
+                          params=IdleParams(hoard_grace=args.hoard_grace))
+    if ledger.rows.empty:
+        raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
+    options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
+    report = build_report(args.kind, ledger, **options.get(args.kind, {}))
+    text = render(report, args.format, args.table, None if args.limit == 0 else args.limit)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
