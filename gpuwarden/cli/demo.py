@@ -21,6 +21,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from gpuwarden.analytics.inventory import Inventory
+from gpuwarden.analytics.summary import headline, headline_lines
 from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
 from gpuwarden.exporter import ExporterService
 from gpuwarden.sim import Simulation
@@ -218,4 +220,5 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
     if scraper is not None:
         print(f"embedded scraper: {scraper.scrapes} scrapes of /metrics, {scraper.rows_written:,} rows into the store")
     print(f"live run:         {live_seconds:.0f} s")
-    print("not yet in the demo: idle and cost reports, health findings, planned actions (their issues are open)")
+    for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
+        print(line)
