@@ -1,0 +1,78 @@
+"""Scheduling benchmarks: the openb placement replay on all 17 lists (FGD protocol, seeds 42-51),
+the default list's 10-seed timing, the Philly queue replay and the mixed replay.
+
+    .venv/bin/python bench/bench_scheduling.py [--quick] [--workers 2]
+
+Regression limits sit beside the numbers they came from (kueue's rangespec idea): a run that
+falls below them exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuwarden.fleet.traces import default_data_dir  # noqa: E402
+from gpuwarden.scheduling.replay_mixed import run_mixed  # noqa: E402
+from gpuwarden.scheduling.replay_openb import OPENB_LISTS, load_published, replay_openb, summarise  # noqa: E402
+from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # noqa: E402
+
+# measured on 2 cores (see docs/scheduling.md); limits leave a little room for noise
+LIMITS = {
+    "default_10_seed_seconds": 60.0,
+    "default_gpuwarden_min_pct": 95.2,
+    "baseline_max_gap_pts": 1.0,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="default list only")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--skip-queue", action="store_true")
+    args = parser.parse_args()
+    data_dir = default_data_dir()
+    published = load_published(data_dir)
+    failures = []
+
+    started = time.perf_counter()
+    default = replay_openb(data_dir, ("default",), ("gpuwarden",), tuple(range(42, 52)), workers=args.workers)
+    seconds = time.perf_counter() - started
+    print(f"default list, gpuwarden, 10 seeds: {seconds:.1f} s wall on {args.workers} workers")
+    if seconds > LIMITS["default_10_seed_seconds"]:
+        failures.append(f"default 10-seed run took {seconds:.1f} s")
+
+    lists = ("default",) if args.quick else OPENB_LISTS
+    results = replay_openb(data_dir, lists, ("random", "bestfit", "fgd", "gpuwarden"), tuple(range(42, 52)),
+                           workers=args.workers)
+    table = summarise(results, published)
+    print(table.to_string(index=False))
+    for row in table.itertuples():
+        if row.policy in ("random", "bestfit") and abs(row.delta_pts) > LIMITS["baseline_max_gap_pts"]:
+            failures.append(f"{row.pod_list} {row.policy}: {row.delta_pts:+.2f} pts from published")
+    ours = table[table.policy == "gpuwarden"]
+    beat = (ours["delta_pts"] >= 0).sum()
+    print(f"gpuwarden >= published FGD on {beat} of {len(ours)} lists")
+    value = float(ours[ours.pod_list == "default"]["alloc_pct"].iloc[0])
+    if value < LIMITS["default_gpuwarden_min_pct"]:
+        failures.append(f"default gpuwarden {value:.2f}% < {LIMITS['default_gpuwarden_min_pct']}%")
+
+    if not args.skip_queue:
+        started = time.perf_counter()
+        queue = run_queue_replay(data_dir, QueueSlice())
+        print(json.dumps([r.as_dict() for r in queue], indent=1))
+        print(f"queue replay: {time.perf_counter() - started:.1f} s")
+    print(json.dumps(run_mixed(), indent=1, default=str))
+    for failure in failures:
+        print("REGRESSION:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

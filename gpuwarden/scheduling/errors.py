@@ -1,0 +1,25 @@
+"""Errors the scheduling room raises for input a user can get wrong.
+
+``SchedulingError`` is a ``FleetValueError`` so the CLI prints it as one line and exits 2.
+Placement *failures* (a pod that does not fit) are not errors: they are recorded with a reason.
+"""
+
+from __future__ import annotations
+
+from gpuwarden.fleet import FleetValueError
+
+
+class SchedulingError(FleetValueError):
+    """Bad scheduling input: an unknown MIG profile, a negative quota, an out-of-order trace..."""
+
+
+class UnknownMigProfile(SchedulingError):
+    pass
+
+
+class QuotaError(SchedulingError):
+    pass
+
+
+class TraceOrderError(SchedulingError):
+    pass
