@@ -222,6 +222,26 @@ def test_prometheus_and_local_store_give_the_same_samples(stack):
     assert len(subset) == len(remote)
 
 
+def test_idle_report_is_the_same_from_prometheus_and_the_local_store(stack):
+    """The issue's promise: the same report whichever source holds the data. The fleet is static
+    here (the simulation is not stepped), so every state's share of GPU time must agree exactly even
+    though the two sources sampled at different instants."""
+    from gpuwarden.analytics import build_ledger, idle_report
+
+    stack["scraper"].stop()
+    start, end = stack["started"], pd.Timestamp.now(tz="UTC").ceil("s")
+    reports = {name: idle_report(build_ledger(source, start, end)).summary
+               for name, source in (("prometheus", stack["source"]), ("local", stack["store"]))}
+    remote, local = reports["prometheus"], reports["local"]
+    assert remote["gpus"] == local["gpus"] == stack["fleet"].config.nodes * stack["fleet"].config.gpus_per_node
+    assert remote["gpu_hours"] > 0 and local["gpu_hours"] > 0
+    for key in ("idle_share", "efficiency_score"):
+        assert remote[key] == pytest.approx(local[key], abs=1e-9), key
+    for reason, hours in local["idle_gpu_hours_by_reason"].items():
+        assert remote["idle_gpu_hours_by_reason"][reason] / remote["gpu_hours"] == pytest.approx(
+            hours / local["gpu_hours"], abs=1e-9), reason
+
+
 def test_time_range_and_cli_window(stack):
     source, started = stack["source"], stack["started"]
     span = source.time_range()
