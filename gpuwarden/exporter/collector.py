@@ -50,6 +50,9 @@ def _source(reading: GpuReading, column: str) -> float | None:
     if column == "gpu_lost":
         return 1.0 if reading.lost else 0.0
     if column == "mem_free_bytes":
+        free = values.get("mem_free_bytes")  # set on a pod's series of a shared GPU: the GPU's free memory
+        if _present(free):
+            return float(free)  # type: ignore[arg-type]
         total, used = values.get("mem_total_bytes"), values.get("mem_used_bytes")
         if not (_present(total) and _present(used)):
             return None

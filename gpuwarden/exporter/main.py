@@ -18,6 +18,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from .nvml import NvmlBackend, NvmlUnavailable
 from .podresources import DEFAULT_SOCKET, PodAttributor
+from .podresources.processes import DEFAULT_KUBELET_ROOT, DEFAULT_PROC_ROOT, PodMemory
 from .replay import ReplayBackend, ReplayError
 from .service import ExporterService
 
@@ -78,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BAC
                              "with --backend sim: serve only this simulated node")
     parser.add_argument("--kubelet-socket", default=DEFAULT_SOCKET,
                         help=f"kubelet pod-resources socket for pod labels (default {DEFAULT_SOCKET}; 'none' turns pod labels off)")
+    parser.add_argument("--proc-root", default=DEFAULT_PROC_ROOT,
+                        help=f"the host's /proc (needs hostPID) for per-pod memory on time-sliced GPUs (default {DEFAULT_PROC_ROOT}; "
+                             "'none': every pod sharing a GPU carries the GPU's memory)")
+    parser.add_argument("--kubelet-root", default=DEFAULT_KUBELET_ROOT,
+                        help=f"the kubelet's folder, whose pods/<uid>/ name the pods of PIDs (default {DEFAULT_KUBELET_ROOT})")
     parser.add_argument("--watchdog", type=_positive(float), default=None,
                         help="seconds a collection may run before the snapshot is marked stale (default min(10, 3 intervals))")
     parser.add_argument("--catalogue", default=None, help="metric catalogue CSV deciding what is exported (default: the built-in one)")
@@ -130,7 +136,11 @@ def build_service(args: argparse.Namespace, backend: Any, *, node: str) -> Expor
             raise ExporterError(f"--catalogue: {error}") from None
     attributor = None
     if args.kubelet_socket and args.kubelet_socket.lower() != "none" and getattr(backend, "name", "") != "sim":
-        attributor = PodAttributor(args.kubelet_socket)
+        proc_root = getattr(args, "proc_root", DEFAULT_PROC_ROOT)
+        memory = None
+        if proc_root and proc_root.lower() != "none":
+            memory = PodMemory(proc_root, getattr(args, "kubelet_root", DEFAULT_KUBELET_ROOT))
+        attributor = PodAttributor(args.kubelet_socket, memory=memory)
     host, port = args.listen
     return ExporterService(backend, interval_seconds=args.interval, host=host, port=port, catalogue=catalogue,
                            node_name=node, attributor=attributor, watchdog_seconds=args.watchdog)

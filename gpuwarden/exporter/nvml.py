@@ -7,8 +7,11 @@
   carry on.
 - :class:`NvmlBackend` reads every GPU (and MIG instance) once per collection: cheap getters,
   ONE batched ``nvmlDeviceGetFieldValues`` call per GPU (ECC, remapped rows, PCIe replay, memory
-  temperature, energy, recovery action), GPM activity from two consecutive samples, and the XID
-  counters an event thread keeps. It never reads PCIe throughput (that call sleeps 20 ms).
+  temperature, energy, recovery action), GPM activity from two consecutive samples, the XID
+  counters an event thread keeps, and the GPU's running compute processes with their memory
+  (``nvmlDeviceGetComputeRunningProcesses``, 9.7 us idle / 37 us busy on the H200), which the pod
+  attribution step maps to pods on time-sliced GPUs. It never reads PCIe throughput (that call
+  sleeps 20 ms).
 - :class:`XidWatcher` waits on an NVML event set and feeds :class:`XidTracker`: monotonic
   per-code counters and last-seen timestamps (an identical XID seen twice counts twice).
 
@@ -390,8 +393,9 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node: str, *, nvml: Any = None, clock: Callable[[], float] = time.time,
-                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 1000):
+                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 1000, processes: bool = True):
         self.node = node
+        self.processes_enabled = processes
         self.query = NvmlQuery(nvml)
         self.clock = clock
         self.gpm_enabled = gpm
@@ -484,6 +488,7 @@ class NvmlBackend:
         try:
             gpu = self._identify(index)
             values, migs = self._read_values(gpu)
+            processes = self._read_processes(gpu)
         except GpuLost as error:
             log.warning("gpu %d (%s) is lost: %s", index, gpu.uuid if gpu else "?", error)
             uuid = gpu.uuid if gpu else f"gpu{index}"
@@ -493,7 +498,27 @@ class NvmlBackend:
                 gpu.window = _GpmWindow()  # a GPU back from a reset starts a fresh GPM window
             return [self._base(gpu, index, lost=True, values=values)]
         values["collection_seconds"] = time.perf_counter() - started
-        return [self._base(gpu, index, values=values), *migs]
+        return [self._base(gpu, index, values=values, processes=processes), *migs]
+
+    def _read_processes(self, gpu: _Gpu) -> tuple[tuple[int, float | None], ...] | None:
+        """The GPU's compute processes: (pid, used bytes or None where NVML cannot tell).
+
+        None when the call is unsupported or failed (pods on a shared GPU then keep the GPU-wide
+        memory). pynvml gives ``usedGpuMemory=None`` for NVML_VALUE_NOT_AVAILABLE."""
+        if not self.processes_enabled:
+            return None
+        procs = self.query("nvmlDeviceGetComputeRunningProcesses", gpu.handle, device=gpu.uuid)
+        if procs is NA:
+            return None
+        out = []
+        for proc in procs:
+            pid = getattr(proc, "pid", None)
+            if not isinstance(pid, int) or pid <= 0:
+                continue
+            used = _number(getattr(proc, "usedGpuMemory", None))
+            known = used is not None and 0 <= used < 2**63  # 2**64-1 is NVML_VALUE_NOT_AVAILABLE
+            out.append((pid, used if known else None))
+        return tuple(out)
 
     def _read_values(self, gpu: _Gpu) -> tuple[dict[str, float], list[GpuReading]]:
         q, h, key = self.query, gpu.handle, gpu.uuid

@@ -158,6 +158,9 @@ class RecordedNvml:
     ``lost``: GPU indices whose every call fails with NVML_ERROR_GPU_IS_LOST.
     ``inject_xid(index, code)``: deliver an XID event to the registered event sets.
     ``before_call(name, handle)``: a hook run before each call (tests use it to make one hang).
+    ``processes[index]``: the compute processes GPU ``index`` reports, as ``[(pid, used bytes or
+    None)]``, or an NVML error code that ``nvmlDeviceGetComputeRunningProcesses`` raises (e.g.
+    ``NVML_ERROR_NOT_SUPPORTED``); GPUs not in it answer from the trace (``n_procs``) or the probe.
     Functions it does not implement raise NVML_ERROR_FUNCTION_NOT_FOUND, as an older driver would.
     """
 
@@ -173,6 +176,7 @@ class RecordedNvml:
         self.mig_profiles = tuple(mig_profiles)
         self.cursor = 0
         self.lost: set[int] = set()
+        self.processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}
         self.latency_s: dict[str, float] = {}
         if latency:
             for key, function in LATENCY_FUNCTIONS.items():
@@ -360,6 +364,12 @@ class RecordedNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: RecordedHandle) -> list[SimpleNamespace]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
+        injected = self.processes.get(handle.index)
+        if isinstance(injected, int):
+            raise pynvml.NVMLError(injected)
+        if injected is not None:
+            return [SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                    for pid, used in injected]
         recorded = self._static("procs")
         if not self.rows[0].values:
             return [SimpleNamespace(**p) for p in recorded]
@@ -520,12 +530,14 @@ class ReplayBackend(NvmlBackend):
 
     def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
-                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 1000):
+                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 1000,
+                 processes: bool = True):
         rows = load_trace(trace)
         self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)
         self.loop = loop
         self.plays = 0
-        super().__init__(node, nvml=self.recorded, clock=clock, xid_events=xid_events, xid_wait_ms=xid_wait_ms)
+        super().__init__(node, nvml=self.recorded, clock=clock, xid_events=xid_events, xid_wait_ms=xid_wait_ms,
+                         processes=processes)
 
     def read(self) -> tuple[GpuReading, ...]:
         readings = super().read()

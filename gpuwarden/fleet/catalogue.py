@@ -17,7 +17,8 @@ from .samples import METRIC_COLUMN_NAMES
 
 DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("metric_catalogue.csv")
 
-# Sources the collector computes from a reading rather than reading from ``values``.
+# Sources the collector computes from a reading rather than reading from ``values``
+# (``mem_free_bytes`` is read from ``values`` when present: a pod's series of a shared GPU).
 DERIVED_SOURCES: frozenset[str] = frozenset({"mem_free_bytes", "gpu_lost"})
 
 # Keys an exporter backend may put in ``GpuReading.values`` beyond the fleet-samples columns:
@@ -33,6 +34,8 @@ EXPORTER_SOURCES: dict[str, str] = {
     "xid_last_code": "the last XID code seen on the GPU, 0 for none (DCGM_FI_DEV_XID_ERRORS semantics)",
     "nvml_errors_total": "NVML errors (not NotSupported) the exporter met on this GPU",
     "collection_seconds": "time the exporter took to read this GPU in the latest collection",
+    "pod_memory_attributed": ("on a GPU shared by several pods: 1 when mem_used_bytes is the pod's own (its "
+                              "processes' sum), 0 when it is the whole GPU's"),
 }
 
 # Pattern sources (one "*") over exporter-only keys; the match becomes the row's label value.

@@ -35,6 +35,9 @@ class GpuReading:
     lost: bool = False  # the GPU stopped answering (XID 79, NVML GpuIsLost)
     values: Mapping[str, float] = field(default_factory=dict)
     mig_uuid: str | None = None  # MIG-... of a MIG instance: the device id the kubelet reports for it
+    # Compute processes NVML listed on the GPU in the same collection: (host pid, used bytes, or
+    # None where NVML cannot tell). None when they were not read or the call is unsupported.
+    processes: tuple[tuple[int, float | None], ...] | None = None
 
 
 @runtime_checkable

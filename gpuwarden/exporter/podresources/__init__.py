@@ -7,6 +7,14 @@ plugin time-slices a GPU, or plain indices with ``DEVICE_ID_STRATEGY=index``. Th
 to the pod, namespace and container holding it. A GPU shared by several pods (time-slicing) gives
 one reading per pod, as dcgm-exporter does.
 
+On such a shared GPU, with a :class:`~.processes.PodMemory` given, each pod's series carries the
+pod's own ``DCGM_FI_DEV_FB_USED`` (the sum of its processes' memory, mapped through cgroups) and
+``gpuwarden_pod_fb_used_attributed`` 1; utilisation, power, temperature, clocks, ``FB_FREE`` and
+every other value stay the whole GPU's, as dcgm-exporter repeats them on each pod's series. So
+``sum by (UUID) (DCGM_FI_DEV_FB_USED)`` adds pods' memory without counting the GPU twice, while GPU-
+wide gauges must not be summed over pods (use ``max by (UUID)``). Where a pod's own memory cannot
+be known the series keeps the GPU's memory and ``gpuwarden_pod_fb_used_attributed`` is 0.
+
 ``api_pb2`` is generated from the vendored ``api.proto`` (the kubelet's own wire contract);
 ``grpc`` is imported only when a socket exists, so a node without a kubelet never pays for it.
 """
@@ -20,6 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpuwarden.fleet import GpuReading
+
+from .processes import PodMemory, split_values
 
 log = logging.getLogger("gpuwarden.exporter.pods")
 
@@ -94,8 +104,11 @@ def _keys(reading: GpuReading) -> Iterable[str]:
     yield str(reading.gpu_index)  # DEVICE_ID_STRATEGY=index
 
 
-def attribute(readings: Sequence[GpuReading], devices: Mapping[str, Sequence[PodRef]]) -> tuple[GpuReading, ...]:
-    """Label each reading with the pod holding its device; one reading per pod when shared."""
+def attribute(readings: Sequence[GpuReading], devices: Mapping[str, Sequence[PodRef]],
+              memory: PodMemory | None = None) -> tuple[GpuReading, ...]:
+    """Label each reading with the pod holding its device; one reading per pod when shared.
+
+    With ``memory``, the pods sharing a whole GPU each carry their own memory (see the module)."""
     out: list[GpuReading] = []
     for reading in readings:
         pods: Sequence[PodRef] = ()
@@ -106,6 +119,12 @@ def attribute(readings: Sequence[GpuReading], devices: Mapping[str, Sequence[Pod
         if not pods:
             out.append(reading)
             continue
+        holders = sorted({(p.namespace, p.pod) for p in pods})
+        if memory is not None and len(holders) > 1 and reading.mig_instance_id is None:
+            own = memory.split(reading, holders)
+            out.extend(replace(reading, namespace=p.namespace, pod=p.pod, container=p.container,
+                               values=split_values(reading, own.get((p.namespace, p.pod)))) for p in pods)
+            continue
         out.extend(replace(reading, namespace=p.namespace, pod=p.pod, container=p.container) for p in pods)
     return tuple(out)
 
@@ -114,12 +133,16 @@ class PodAttributor:
     """The transform step: pod labels from the kubelet, or none (said once) when it is absent.
 
     ``exists`` (default ``os.path.exists``) is injectable for tests. On a kubelet error the last
-    good mapping is kept, so a kubelet restart does not churn every series.
+    good mapping is kept, so a kubelet restart does not churn every series. ``memory`` (a
+    :class:`~.processes.PodMemory`, whose constructor takes the proc and kubelet roots) splits
+    time-sliced GPUs' memory among their pods; without it they all carry the GPU's memory.
     """
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 2.0,
-                 client: PodResourcesClient | None = None, exists: Callable[[str], bool] = os.path.exists):
+                 client: PodResourcesClient | None = None, exists: Callable[[str], bool] = os.path.exists,
+                 memory: PodMemory | None = None):
         self.socket_path = socket_path
+        self.memory = memory
         self.client = client or PodResourcesClient(socket_path, timeout)
         self._exists = exists
         self._devices: dict[str, tuple[PodRef, ...]] = {}
@@ -152,7 +175,7 @@ class PodAttributor:
                 log.info("kubelet pod-resources: %d GPU devices held by pods", len(self._devices))
             self._said.discard("absent")
             self.last_ok = True
-        return attribute(readings, self._devices)
+        return attribute(readings, self._devices, self.memory)
 
     def close(self) -> None:
         self.client.close()
