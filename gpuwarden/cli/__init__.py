@@ -14,11 +14,11 @@ from gpuwarden.fleet import FleetValueError
 from gpuwarden.sim import ConfigError, TraceError
 from gpuwarden.store import SamplesError
 
-from . import demo, exporter_cmd, sim_cmd, store_cmd
+from . import demo, exporter_cmd, sim_cmd, store_cmd, report_cmd, health_cmd, simulate_cmd
 from .args import Parser
 
 # Each command module has ``add_parser(subparsers)``; a new command adds its module here.
-COMMAND_MODULES = (demo, sim_cmd, store_cmd, exporter_cmd)
+COMMAND_MODULES = (demo, sim_cmd, store_cmd, exporter_cmd, report_cmd, health_cmd, simulate_cmd)
 
 USER_ERRORS = (ConfigError, TraceError, SamplesError, FleetValueError)
 

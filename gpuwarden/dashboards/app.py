@@ -26,6 +26,14 @@ PAGES_DIR = Path(__file__).resolve().parent / "pages"
 SECTIONS: dict[str, list[tuple[str, str, str]]] = {
     "Fleet": [
         ("fleet.py", "Fleet overview", ":material/dns:"),
+        ("idle.py", "Idle GPUs", ":material/hourglass_empty:"),
+        ("cost.py", "Cost & chargeback", ":material/payments:"),
+    ],
+    "Health": [
+        ("health.py", "GPU health", ":material/health_and_safety:"),
+    ],
+    "Actions": [
+        ("actions.py", "Actuator actions", ":material/gavel:"),
     ],
 }
 

@@ -1,0 +1,108 @@
+"""What each known fault signal means and what to do about it: NVIDIA's XID catalogue (the codes
+the fleet samples count in their own column), NVML's GPU recovery action, and the mapping from
+NVIDIA's recovery wording to an :class:`~gpuwarden.fleet.ActionKind` the actuator understands.
+
+Sources (described, not copied): NVIDIA's "XID Errors" catalogue and GPU debug guidelines
+(recommended actions per code: restart the application, reset the GPU, drain and reset, reboot
+the node, replace / RMA), and NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` field.
+
+Application faults (13 graphics exception, 31 memory page fault, 43 GPU stopped processing,
+45 pre-emptive cleanup, 68 video processor exception) are caused by the program, not the GPU: they
+are reported for the workload's owner and never cordon anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuwarden.fleet import ActionKind, Severity
+
+# NVIDIA recovery wording -> what the actuator does to the node that holds the GPU.
+#  restart-app: the application dies and is restarted; the GPU is fine -> no node action.
+#  reset-gpu: the GPU needs a reset when idle -> cordon (no new work), reset once drained.
+#  drain-and-reset / reboot / replace: the GPU is unusable or corrupting -> drain the node.
+#  inspect: degraded but working -> taint, so new work prefers other nodes while a person looks.
+RECOVERY_ACTION_KIND: dict[str, ActionKind | None] = {
+    "none": None,
+    "restart-app": None,
+    "inspect": ActionKind.TAINT,
+    "reset-gpu": ActionKind.CORDON,
+    "drain-and-reset": ActionKind.DRAIN,
+    "reboot": ActionKind.DRAIN,
+    "replace": ActionKind.DRAIN,
+}
+
+# Actions that take a node out of scheduling (what "a cordon" means in the evaluation).
+CORDONING_ACTIONS: frozenset[ActionKind] = frozenset({ActionKind.CORDON, ActionKind.DRAIN})
+
+# NVML GPU recovery action value -> (finding kind, NVIDIA recovery wording).
+NVML_RECOVERY: dict[int, tuple[str, str]] = {
+    1: ("recovery-gpu-reset", "reset-gpu"),
+    2: ("recovery-node-reboot", "reboot"),
+    3: ("recovery-drain-p2p", "drain-and-reset"),
+    4: ("recovery-drain-and-reset", "drain-and-reset"),
+}
+
+
+@dataclass(frozen=True)
+class XidRule:
+    code: int
+    kind: str  # finding kind
+    title: str
+    recovery: str  # NVIDIA recovery wording (a RECOVERY_ACTION_KIND key)
+    severity: Severity
+    implicates_gpu: bool  # False: the application caused it
+    confidence: float
+
+    @property
+    def action(self) -> ActionKind | None:
+        return RECOVERY_ACTION_KIND[self.recovery]
+
+
+APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68)
+
+XID_RULES: dict[int, XidRule] = {
+    rule.code: rule
+    for rule in (
+        XidRule(13, "app-xid-13", "graphics engine exception (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(31, "app-xid-31", "GPU memory page fault (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(43, "app-xid-43", "GPU stopped processing (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(45, "app-xid-45", "pre-emptive cleanup after earlier errors (application)", "none", Severity.INFO, False, 0.9),
+        XidRule(68, "app-xid-68", "video processor exception (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(48, "ecc-dbe", "double-bit ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
+        XidRule(61, "pmu-breakpoint", "internal micro-controller breakpoint", "reset-gpu", Severity.WARNING, True, 0.8),
+        XidRule(62, "pmu-halt", "internal micro-controller halt", "reset-gpu", Severity.CRITICAL, True, 0.9),
+        XidRule(63, "row-remap-pending", "row remapping recorded, waits for a GPU reset", "reset-gpu", Severity.WARNING, True, 0.95),
+        XidRule(64, "row-remap-failure", "row remapping failed", "replace", Severity.CRITICAL, True, 0.99),
+        XidRule(74, "nvlink-error", "NVLink error", "reset-gpu", Severity.CRITICAL, True, 0.9),
+        XidRule(79, "off-the-bus", "GPU has fallen off the bus", "reboot", Severity.CRITICAL, True, 0.99),
+        XidRule(92, "high-sbe-rate", "high single-bit ECC error rate", "inspect", Severity.WARNING, True, 0.8),
+        XidRule(94, "contained-ecc", "contained ECC error (only the application using the memory dies)", "restart-app",
+                Severity.WARNING, True, 0.95),
+        XidRule(95, "uncontained-ecc", "uncontained ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
+        XidRule(119, "gsp-timeout", "GSP RPC timeout", "reset-gpu", Severity.CRITICAL, True, 0.95),
+        XidRule(120, "gsp-error", "GSP error", "reset-gpu", Severity.CRITICAL, True, 0.95),
+    )
+}
+
+# XID codes that kill the workload on the GPU (used for the "zero missed fatal XIDs" target).
+FATAL_XIDS: tuple[int, ...] = (48, 62, 64, 74, 79, 94, 95, 119, 120)
+
+# Findings of the early-warning detectors: kind -> (NVIDIA recovery wording once confirmed, severity,
+# what to do now). Precursors cordon (no new work lands; the running job can checkpoint) rather
+# than drain: the fault has not happened yet.
+EARLY_WARNING_KINDS: dict[str, tuple[str, Severity, ActionKind | None]] = {
+    "hbm-degrading": ("drain-and-reset", Severity.WARNING, ActionKind.CORDON),  # SBE / correctable remaps climbing
+    "pcie-degrading": ("reboot", Severity.WARNING, ActionKind.CORDON),  # PCIe replays climbing: off-the-bus risk
+    "pcie-replay-storm": ("inspect", Severity.WARNING, ActionKind.TAINT),
+    "thermal-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
+    "power-brake-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
+    "hw-slowdown": ("inspect", Severity.WARNING, ActionKind.TAINT),
+    "running-hot": ("inspect", Severity.INFO, None),
+    "straggler": ("replace", Severity.WARNING, ActionKind.CORDON),
+    "uncorrectable-ecc": ("drain-and-reset", Severity.CRITICAL, ActionKind.DRAIN),
+}
+
+
+def action_for(recovery: str) -> ActionKind | None:
+    return RECOVERY_ACTION_KIND[recovery]

@@ -1,0 +1,336 @@
+"""Per-GPU health time series from fleet samples: one row per GPU per timestamp, sorted by GPU then
+time, with counter increments (reset-safe), throttle flags, trailing-window sums and peer ratios.
+
+Everything here is causal: the value at time ``t`` uses samples at or before ``t`` only, so the
+first time a detector fires on these features is the time a scan running live would have fired.
+
+Bad input is expected and absorbed:
+
+- a missing column (older GPUs, a partial file) reads as "not measured" (NaN), never as 0;
+- a counter that goes down was reset (driver reload, GPU reset or replacement): the drop is not an
+  event; what the counter shows after the reset counts from zero (Prometheus ``increase`` rules);
+- a GPU's first sample in the window has no previous value, so it contributes no increment
+  (a counter that was already high when the window opened is history, not a new event);
+- a gap (a GPU that vanished and came back) compares with the last value seen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from gpuwarden.fleet import THROTTLE_REASONS, XID_COLUMN_NAMES
+
+COUNTERS: tuple[str, ...] = (
+    "ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_correctable_total",
+    "remapped_rows_uncorrectable_total", "pcie_replay_total", *XID_COLUMN_NAMES,
+)
+GAUGES: tuple[str, ...] = ("remapped_rows_pending", "remapped_rows_failure", "recovery_action")
+ACTIVITY: tuple[str, ...] = (
+    "gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio", "power_watts",
+    "temperature_celsius", "sm_clock_mhz",
+)
+IDENTITY: tuple[str, ...] = ("timestamp", "node", "gpu_uuid", "model", "mig_instance", "pod")
+NEEDED_COLUMNS: tuple[str, ...] = IDENTITY + ACTIVITY + ("throttle_reasons_bitmask",) + COUNTERS + GAUGES
+
+THERMAL_BITS = THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_thermal_slowdown"]
+HW_THERMAL_BIT = THROTTLE_REASONS["hw_thermal_slowdown"]
+POWER_BRAKE_BIT = THROTTLE_REASONS["hw_power_brake_slowdown"]
+HW_SLOWDOWN_BIT = THROTTLE_REASONS["hw_slowdown"]
+
+_POOL_SUFFIX = re.compile(r"-\d+$")
+_NS_PER_S = 1_000_000_000
+
+
+def pool_of(node: str) -> str:
+    """Default node pool: the node name without a trailing ``-<number>`` (``train-h100-007`` ->
+    ``train-h100``). Pass ``pools=`` to :func:`gpu_series` where names do not follow that."""
+    return _POOL_SUFFIX.sub("", str(node))
+
+
+@dataclass
+class GpuSeries:
+    """Per-GPU rows sorted by (gpu, time), as numpy columns (``cols``) plus labels.
+
+    ``gpu``/``node``/``model``/``pool`` are integer codes into ``gpus``/``nodes``/``models``/``pools``;
+    ``key`` is a sortable int64 of (gpu, time) used for trailing windows; ``first`` is the index of
+    each row's GPU's first row; ``step_s`` the typical sampling interval.
+    """
+
+    cols: dict[str, np.ndarray]
+    gpus: np.ndarray
+    nodes: np.ndarray
+    models: np.ndarray
+    pools: np.ndarray
+    key: np.ndarray
+    first: np.ndarray
+    step_s: float
+
+    def __len__(self) -> int:
+        return int(self.key.size)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name]
+
+    def window_start(self, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
+        """Index of the first row of each row's trailing window (never before its GPU's first row,
+        nor before ``floor`` when given, e.g. the last counter reset)."""
+        start = np.searchsorted(self.key, self.key - int(seconds * _NS_PER_S), side="right")
+        start = np.maximum(start, self.first)
+        return start if floor is None else np.maximum(start, floor)
+
+    def window_sum(self, values: np.ndarray, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
+        """Sum of ``values`` over the trailing ``seconds`` (the row itself included), per GPU."""
+        values = np.nan_to_num(np.asarray(values, dtype=float))
+        cumulative = np.concatenate([[0.0], np.cumsum(values)])
+        return cumulative[1:] - cumulative[self.window_start(seconds, floor)]
+
+    def window_hours(self, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
+        """How much time (hours) each row's trailing window really covers (one step at least)."""
+        start = self.window_start(seconds, floor)
+        ts = self.cols["ts"]
+        return ((ts - ts[start]) / _NS_PER_S + self.step_s) / 3600.0
+
+    def last_reset(self) -> np.ndarray:
+        """Index of the row where each row's GPU last had a counter reset (its first row if none)."""
+        n = len(self)
+        marks = np.where(self.cols["counter_reset"], np.arange(n), 0)
+        return np.maximum(np.maximum.accumulate(marks) if n else marks, self.first)
+
+    def window_count(self, mask: np.ndarray, seconds: float) -> np.ndarray:
+        return self.window_sum(np.asarray(mask, dtype=float), seconds)
+
+    def window_mean(self, values: np.ndarray, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+        """Trailing mean of the non-null ``values`` and how many there were."""
+        values = np.asarray(values, dtype=float)
+        valid = ~np.isnan(values)
+        count = self.window_count(valid, seconds)
+        total = self.window_sum(np.where(valid, values, 0.0), seconds)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
+
+    def lag_sum(self, values: np.ndarray, seconds: float, lag_seconds: float) -> np.ndarray:
+        """Sum over the window ``(t - lag - seconds, t - lag]``."""
+        return self.window_sum(values, seconds + lag_seconds) - self.window_sum(values, lag_seconds)
+
+
+def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes (-1 for null) and labels of a string-ish column, categorical or not."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy().astype(np.int64), np.asarray(column.cat.categories.astype(str))
+    codes, labels = pd.factorize(column, sort=False)
+    return codes.astype(np.int64), np.asarray(pd.Index(labels).astype(str))
+
+
+def _mig_profiles(column: pd.Series) -> np.ndarray:
+    """MIG profile code per row (0: a whole GPU): ``'1:3g.40gb'`` and ``'2:3g.40gb'`` share one."""
+    codes, labels = _codes(column)
+    profiles = pd.Series(labels, dtype=object).str.split(":").str[-1]
+    profile_codes = pd.factorize(profiles)[0] + 1
+    return np.where(codes >= 0, profile_codes[np.maximum(codes, 0)] if len(labels) else 0, 0).astype(np.int64)
+
+
+def _floats(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in frame.columns:
+        return np.full(len(frame), np.nan)
+    column = frame[name]
+    if column.dtype.kind in "fiu":
+        return column.to_numpy(dtype=float)
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> GpuSeries:
+    """Collapse fleet samples to one row per GPU and timestamp and add the health features."""
+    for name in ("timestamp", "gpu_uuid", "node"):
+        if name not in frame.columns:
+            raise ValueError(f"fleet samples need the {name} column")
+    keep = frame["timestamp"].notna().to_numpy() & frame["gpu_uuid"].notna().to_numpy() & frame["node"].notna().to_numpy()
+    if not keep.all():
+        frame = frame[keep]
+    stamps = pd.to_datetime(frame["timestamp"], utc=True)
+    ts = stamps.dt.as_unit("ns").astype("int64").to_numpy()
+    gpu, gpus = _codes(frame["gpu_uuid"])
+    node, nodes = _codes(frame["node"])
+    if "model" in frame.columns:
+        model, models = _codes(frame["model"].astype(object).where(frame["model"].notna(), "unknown"))
+    else:
+        model, models = np.zeros(len(frame), dtype=np.int64), np.array(["unknown"])
+    pool_map = dict(pools) if pools is not None else {}
+    pool_labels = np.array([pool_map.get(n, pool_of(n)) for n in nodes], dtype=object)
+    pools_unique, node_pool = np.unique(pool_labels, return_inverse=True) if len(nodes) else (np.array([]), np.array([], dtype=np.int64))
+    pool = node_pool[node] if len(nodes) else np.zeros(0, dtype=np.int64)
+    mig = frame["mig_instance"].notna().to_numpy() if "mig_instance" in frame.columns else np.zeros(len(frame), dtype=bool)
+    profile = _mig_profiles(frame["mig_instance"]) if mig.any() else np.zeros(len(frame), dtype=np.int64)
+    pod = _codes(frame["pod"])[0] if "pod" in frame.columns else np.full(len(frame), -1, dtype=np.int64)
+    device = {name: _floats(frame, name) for name in ACTIVITY + COUNTERS + GAUGES}
+    if "throttle_reasons_bitmask" in frame.columns:
+        mask = pd.to_numeric(frame["throttle_reasons_bitmask"], errors="coerce")
+        measured = mask.notna().to_numpy()
+        bits = mask.fillna(0).to_numpy(dtype=np.int64)
+    else:
+        measured, bits = np.zeros(len(frame), dtype=bool), np.zeros(len(frame), dtype=np.int64)
+    device["thermal"] = (measured & ((bits & HW_THERMAL_BIT) != 0)).astype(float)
+    device["power_brake"] = (measured & ((bits & POWER_BRAKE_BIT) != 0)).astype(float)
+    device["hw_slowdown"] = (measured & ((bits & HW_SLOWDOWN_BIT) != 0) & ((bits & POWER_BRAKE_BIT) == 0)).astype(float)
+    device["throttle_measured"] = measured.astype(float)
+    device["allocated"] = (pod >= 0).astype(float)
+    # Peer comparison happens per device (a MIG instance against MIG instances in the same state),
+    # before MIG instances are collapsed into their GPU.
+    ids = _DeviceIds(ts, model, pool, pod, profile, device["gpu_util_ratio"], device["tensor_active_ratio"],
+                     device["dram_active_ratio"])
+    for name, column in (("clock", "sm_clock_mhz"), ("power", "power_watts")):
+        reference = ids.peer_median(device[column])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.log(device[column] / reference)
+        device[f"log_{name}_ratio"] = np.where(np.isfinite(ratio), ratio, np.nan)
+    device["temp_excess"] = device["temperature_celsius"] - ids.peer_median(device["temperature_celsius"])
+    # Sort by (gpu, time) and collapse rows that share both (the MIG instances of one GPU).
+    order = np.lexsort((ts, gpu))
+    ts, gpu, node, model, pool = ts[order], gpu[order], node[order], model[order], pool[order]
+    device = {name: values[order] for name, values in device.items()}
+    new_row = np.r_[True, (gpu[1:] != gpu[:-1]) | (ts[1:] != ts[:-1])] if ts.size else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(new_row)
+    cols: dict[str, np.ndarray] = {}
+    if starts.size == ts.size:
+        cols.update(device)
+    else:
+        for name, values in device.items():
+            cols[name] = _segment_reduce(values, starts, _REDUCE.get(name, "max"))
+    ts, gpu, node, model, pool = ts[starts], gpu[starts], node[starts], model[starts], pool[starts]
+    cols.update(ts=ts, gpu=gpu, node=node, model=model, pool=pool)
+    gpu_start = np.r_[True, gpu[1:] != gpu[:-1]] if gpu.size else np.zeros(0, dtype=bool)
+    first = np.maximum.accumulate(np.where(gpu_start, np.arange(gpu.size), 0)) if gpu.size else np.zeros(0, dtype=np.int64)
+    base = int(ts.min()) if ts.size else 0
+    span = int(ts.max()) - base + 1 if ts.size else 1
+    # GPUs sit further apart in the key than the window spans plus any trailing window (~11 days).
+    key = gpu.astype(np.int64) * np.int64(span + 10**15) + (ts - base)
+    diffs = np.diff(ts)[~gpu_start[1:]] if ts.size > 1 else np.array([])
+    step_s = max(float(np.median(diffs)) / _NS_PER_S, 1.0) if diffs.size else 60.0
+    series = GpuSeries(cols, gpus, nodes, models, np.asarray(pools_unique, dtype=str), key, first, step_s)
+    _add_increments(series)
+    return series
+
+
+_REDUCE = {
+    "gpu_util_ratio": "mean", "sm_active_ratio": "mean", "tensor_active_ratio": "mean", "dram_active_ratio": "mean",
+    "sm_clock_mhz": "mean", "power_watts": "sum", "log_clock_ratio": "mean", "log_power_ratio": "mean",
+    "allocated": "max",
+}
+
+
+def _segment_reduce(values: np.ndarray, starts: np.ndarray, how: str) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    valid = ~np.isnan(values)
+    count = np.add.reduceat(valid.astype(float), starts)
+    if how == "max":
+        out = np.fmax.reduceat(values, starts)
+        return out
+    total = np.add.reduceat(np.where(valid, values, 0.0), starts)
+    if how == "sum":
+        return np.where(count > 0, total, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+# "The same load": utilisation, and where GPM measures them, tensor and DRAM activity (a matmul and a
+# memory copy both read ~100% utilisation at very different clocks).
+UTIL_BUCKETS = np.array([0.01, 0.15, 0.5, 0.9])
+TENSOR_BUCKETS = np.array([0.05, 0.3])
+DRAM_BUCKETS = np.array([0.1, 0.4])
+
+
+def _bucket(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    return np.where(np.isnan(values), edges.size + 1, np.searchsorted(edges, np.nan_to_num(values), side="right"))
+
+
+class _DeviceIds:
+    """Peer groups of device rows at one timestamp: the device's own pod when the pod spans at
+    least ``MIN_POD`` devices (a gang or multi-GPU pod runs the same step on all of them), else the
+    devices of the same model and node pool in the same state (free, or allocated at a similar
+    utilisation; a MIG instance only with instances of its own profile) when there are at least
+    ``MIN_GROUP``."""
+
+    MIN_POD = 3
+    MIN_GROUP = 5
+
+    def __init__(self, ts, model, pool, pod, profile, util, tensor, dram) -> None:
+        ts_code = pd.factorize(ts)[0].astype(np.int64)
+        load = _bucket(util, UTIL_BUCKETS) * 16 + _bucket(tensor, TENSOR_BUCKETS) * 4 + _bucket(dram, DRAM_BUCKETS)
+        n_profiles = int(profile.max(initial=0)) + 1
+        state = np.where(pod >= 0, load, 127) * n_profiles + profile  # MIG instances against the same profile
+        n_models, n_pools = int(model.max(initial=0)) + 1, int(pool.max(initial=0)) + 1
+        self.group_key = ((ts_code * n_models + model) * n_pools + pool) * (128 * n_profiles) + state
+        self.has_pod = pod >= 0
+        self.pod_key = np.where(self.has_pod, ts_code * (int(pod.max(initial=0)) + 2) + pod, -1)
+
+    def peer_median(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=float)
+        series = pd.Series(values)
+        reference = np.full(values.size, np.nan)
+        if self.has_pod.any():
+            pods = series[self.has_pod].groupby(self.pod_key[self.has_pod], sort=False)
+            size = pods.transform("count").to_numpy()
+            median = pods.transform("median").to_numpy()
+            index = np.flatnonzero(self.has_pod)
+            use = size >= self.MIN_POD
+            reference[index[use]] = median[use]
+        groups = series.groupby(self.group_key, sort=False)
+        size = groups.transform("count").to_numpy()
+        median = groups.transform("median").to_numpy()
+        fill = np.isnan(reference) & (size >= self.MIN_GROUP)
+        reference[fill] = median[fill]
+        return reference
+
+
+def counter_increments(values: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Increments of a cumulative counter per row, and where it was reset.
+
+    ``first`` is the index of each row's group's first row (rows sorted by group then time). A row
+    compares with the last non-null value before it in its group; a drop means a reset, after which
+    the new value counts from zero. Null rows and each group's first valid row add nothing.
+    """
+    v = np.asarray(values, dtype=float)
+    n = v.size
+    inc = np.zeros(n)
+    reset = np.zeros(n, dtype=bool)
+    if n == 0:
+        return inc, reset
+    valid = ~np.isnan(v)
+    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
+    prev = np.empty(n, dtype=np.int64)
+    prev[0] = -1
+    prev[1:] = last_valid[:-1]
+    prev[prev < first] = -1
+    has = valid & (prev >= 0)
+    current = v[has]
+    before = v[prev[has]]
+    delta = current - before
+    dropped = delta < 0
+    inc[has] = np.where(dropped, current, delta)
+    reset[np.flatnonzero(has)[dropped]] = True
+    return inc, reset
+
+
+def _add_increments(series: GpuSeries) -> None:
+    cols = series.cols
+    any_reset = np.zeros(len(series), dtype=bool)
+    for name in COUNTERS:
+        values = cols[name]
+        if values.size and not np.isnan(values[0]) and (values == values[0]).all():
+            cols[f"inc_{name}"] = np.zeros(values.size)  # never changed: no events, no resets
+            continue
+        inc, reset = counter_increments(values, series.first)
+        cols[f"inc_{name}"] = inc
+        any_reset |= reset
+    cols["counter_reset"] = any_reset
+    ts = cols["ts"]
+    dt = np.full(ts.size, series.step_s)
+    if ts.size > 1:
+        dt[1:] = (ts[1:] - ts[:-1]) / _NS_PER_S
+        dt[series.first == np.arange(ts.size)] = series.step_s
+    cols["dt_s"] = np.clip(dt, 1.0, None)
