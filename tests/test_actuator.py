@@ -74,6 +74,12 @@ def test_observe_mode_records_and_changes_nothing(cluster, tmp_path):
     assert a not in cluster.snapshot().cordoned
     logged = AuditLog.read(tmp_path / "audit.jsonl")
     assert logged[0]["outcome"] == "planned" and logged[0]["target"] == a and logged[0]["kind"] == "cordon"
+    # A plan that stands round after round is recorded once; a new action, and one that comes back, again.
+    b = node_names(cluster)[1]
+    assert actuator.execute(plan_from_findings([finding(a)], cluster.snapshot())) == []
+    assert [e.target for e in actuator.execute(plan_from_findings([finding(a), finding(b)], cluster.snapshot()))] == [b]
+    assert actuator.execute(plan_from_findings([finding(b)], cluster.snapshot())) == []
+    assert [e.target for e in actuator.execute(plan_from_findings([finding(a), finding(b)], cluster.snapshot()))] == [a]
 
 
 def test_auto_mode_applies_within_the_hourly_limit(cluster):
@@ -175,7 +181,8 @@ def test_reconciler_runs_rounds_on_a_schedule_in_observe_mode(cluster):
     finally:
         reconciler.stop()
     assert len(reconciler.rounds) >= 2
-    assert all(r.entries[0].outcome == Outcome.PLANNED for r in reconciler.rounds)
+    assert [e.outcome for e in reconciler.rounds[0].entries] == [Outcome.PLANNED]
+    assert all(r.entries == () and len(r.plan.actions) == 1 for r in reconciler.rounds[1:])  # recorded once
     assert a not in cluster.snapshot().cordoned
 
 

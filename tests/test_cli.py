@@ -142,3 +142,8 @@ def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir
     assert scrapes >= 2 and scraped_rows == scrapes * devices  # the live phase is fed through /metrics
     assert re.search(r"injected faults:\s+\d+", out)
     assert re.search(r"jobs:\s+\d+ submitted, \d+ started", out)
+    # Analytics, health and the actuator (observe mode) are wired in.
+    assert re.search(r"fleet cost:\s+[\d,.]+ USD; idle [\d,.]+ GPU-h", out)
+    assert re.search(r"health findings:\s+\d+ in the last 6 h", out)
+    assert re.search(r"planned actions:\s+\d+ \(observe mode: none applied", out)
+    assert (store / "actuator" / "audit.jsonl").exists() or "planned actions:  0" in out

@@ -1,7 +1,8 @@
 """Applying a plan through the ``Cluster`` protocol, under a mode, safety limits and an audit log.
 
 Modes:
-- ``observe``: nothing is applied; every planned action is recorded as ``planned``.
+- ``observe``: nothing is applied; each planned action is recorded as ``planned`` when it first
+  appears (a plan that stands round after round is not recorded again).
 - ``approve``: actions wait in an approval queue (``approve(id)`` / ``reject(id)``); nothing is
   applied until an operator approves, and limits are checked again at that moment.
 - ``auto``: actions are applied at once, within the limits.
@@ -113,6 +114,7 @@ class Actuator:
         self.audit = audit or AuditLog()
         self.clock = clock
         self.awaiting: dict[int, PlannedAction] = {}
+        self._observed: set[tuple[str, str]] = set()  # observe mode records a standing plan once
         self._ids = itertools.count(1)
         self._applied_at: list[datetime] = []
         self._lock = threading.Lock()
@@ -126,12 +128,14 @@ class Actuator:
     def execute(self, plan: Plan) -> list[AuditEntry]:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
+            if self.mode == Mode.OBSERVE:
+                out = [self._entry(Outcome.PLANNED, p) for p in plan.actions if p.key not in self._observed]
+                self._observed = {p.key for p in plan.actions}
+                return out
             out: list[AuditEntry] = []
             pending_keys = {p.key for p in self.awaiting.values()}
             for position, planned in enumerate(plan.actions):
-                if self.mode == Mode.OBSERVE:
-                    out.append(self._entry(Outcome.PLANNED, planned))
-                elif self.mode == Mode.APPROVE:
+                if self.mode == Mode.APPROVE:
                     if planned.key in pending_keys:
                         continue  # already waiting for an operator
                     approval_id = next(self._ids)

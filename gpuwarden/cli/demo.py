@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import Counter
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+from gpuwarden.analytics.health import scan
 from gpuwarden.analytics.inventory import Inventory
 from gpuwarden.analytics.summary import headline, headline_lines
 from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
@@ -34,7 +37,9 @@ from gpuwarden.store.scraper import Scraper
 from .args import host_port, non_negative_float, positive_float, positive_int
 from .simconfig import add_sim_options, sim_config_from
 
-DEMO_FAULT_SCALE = 25.0  # published rates give about one fault per simulated week on 512 GPUs
+DEMO_FAULT_SCALE = 25.0
+RECONCILE_INTERVAL_S = 30.0  # wall seconds between actuator rounds (30 simulated minutes at the default pace)
+HEALTH_WINDOW = pd.Timedelta(hours=6)  # samples each health scan reads  # published rates give about one fault per simulated week on 512 GPUs
 
 
 def add_parser(subparsers) -> None:
@@ -77,9 +82,15 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     return_code = 0
     scraper: Scraper | None = None
+    reconciler: Reconciler | None = None
     try:
         exporter.start()
         exporter.collect_now()
+        reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, audit=AuditLog(audit_path(args.store))),
+                                HealthScan(store, simulation), interval_seconds=RECONCILE_INTERVAL_S)
+        first = reconciler.reconcile_once()  # findings and the plan for the backfilled week, before going live
+        print(f"health:    {first.findings} findings; actuator (observe mode) would take "
+              f"{len(first.plan.actions)} action(s); audit log {audit_path(args.store)}", flush=True)
         print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
         if not args.headless:
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
@@ -94,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         owners = PodOwners(cluster)
         scraper = Scraper([exporter.url], store, interval_seconds=args.step_interval, cluster=config.cluster,
                           attribution=owners, clock=lambda: simulation.now)
+        reconciler.start()
         live(simulation, exporter, scraper, owners, store, args.step_interval, duration)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
@@ -101,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuwarden demo: error: {error}", file=sys.stderr)
         return_code = 2
     finally:
+        if reconciler is not None:
+            reconciler.stop()
         series = count_series(exporter.url) if exporter.port else 0
         exporter.stop()
         if dashboard is not None:
@@ -109,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 dashboard.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 dashboard.kill()
-    print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper)
+    print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper, reconciler)
     return return_code
 
 
@@ -148,6 +162,26 @@ def wait_for_dashboard(process: subprocess.Popen, url: str, port: int, timeout_s
         except OSError:
             time.sleep(0.2)
     raise DashboardError(f"the dashboard did not answer on {url} within {timeout_s:.0f} s")
+
+
+def audit_path(store_path: Path) -> Path:
+    return Path(store_path) / "actuator" / "audit.jsonl"  # where the Actions page looks by default
+
+
+class HealthScan:
+    """The actuator's source of findings: a health scan of the store's newest samples."""
+
+    def __init__(self, store: LocalStore, simulation: Simulation) -> None:
+        self.store = store
+        self.pools = {node.name: node.pool for node in simulation.nodes}
+        self.last: list = []
+
+    def __call__(self, snapshot) -> list:
+        span = self.store.time_range()
+        if span is None:
+            return []
+        self.last = scan(self.store.read(span[1] - HEALTH_WINDOW), pools=self.pools)
+        return self.last
 
 
 class PodOwners:
@@ -202,7 +236,7 @@ def count_series(url: str) -> int:
 
 
 def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float,
-                  scraper: Scraper | None = None) -> None:
+                  scraper: Scraper | None = None, reconciler: Reconciler | None = None) -> None:
     summary = simulation.summary()
     truth = simulation.ground_truth()
     span = store.time_range()
@@ -222,3 +256,15 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
     print(f"live run:         {live_seconds:.0f} s")
     for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
         print(line)
+    if reconciler is not None and reconciler.rounds:
+        last = reconciler.rounds[-1]
+        findings = reconciler.find.last
+        by_severity = Counter(f.severity.value for f in findings)
+        print(f"health findings:  {len(findings)} in the last {HEALTH_WINDOW.total_seconds() / 3600:g} h "
+              + ("(" + ", ".join(f"{k} {v}" for k, v in sorted(by_severity.items())) + ")" if findings else ""))
+        for finding in findings[:5]:
+            print(f"                  {finding.severity.value:8} {finding.kind} on {finding.node} {finding.gpu_uuid or ''}")
+        print(f"planned actions:  {len(last.plan.actions)} (observe mode: none applied; "
+              f"{len(reconciler.rounds)} reconcile round(s))")
+        for planned in last.plan.actions[:5]:
+            print(f"                  {planned.action.kind.value} {planned.action.target}: {planned.action.reason}")
