@@ -1,0 +1,63 @@
+{{/* The release's base name: <release> when it already contains the chart name, else <release>-gpuwarden. */}}
+{{- define "gpuwarden.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuwarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwarden.exporter.fullname" -}}
+{{- printf "%s-exporter" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwarden.actuator.fullname" -}}
+{{- printf "%s-actuator" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object, less app.kubernetes.io/instance (in the selector labels or gpuwarden.labels). */}}
+{{- define "gpuwarden.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/part-of: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuwarden.labels" -}}
+{{ include "gpuwarden.commonLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The exporter pods' selector; app.kubernetes.io/name matches docs/prometheus.md's scrape config. */}}
+{{- define "gpuwarden.exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}-exporter
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: exporter
+{{- end -}}
+
+{{- define "gpuwarden.exporter.labels" -}}
+{{ include "gpuwarden.commonLabels" . }}
+{{ include "gpuwarden.exporter.selectorLabels" . }}
+{{- end -}}
+
+{{- define "gpuwarden.actuator.labels" -}}
+{{ include "gpuwarden.labels" . }}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}-actuator
+app.kubernetes.io/component: actuator
+{{- end -}}
+
+{{- define "gpuwarden.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
