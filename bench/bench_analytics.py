@@ -228,6 +228,9 @@ class _NodeSubset:
     def read(self, start=None, end=None, columns=None):
         return self.store.read(start, end, columns=columns, nodes=self.nodes)
 
+    def read_arrow(self, start=None, end=None, columns=None):
+        return self.store.read_arrow(start, end, columns=columns, nodes=self.nodes)
+
     def time_range(self):
         return self.store.time_range()
 

@@ -383,3 +383,33 @@ def test_chunked_reading_gives_the_same_ledger(sim_frame, tmp_path):
         pd.testing.assert_frame_equal(chunked.rows.drop(columns=["samples"]), whole.rows.drop(columns=["samples"]),
                                       check_exact=False, rtol=1e-9, check_categorical=False)
         assert chunked.timeseries["gpu_hours"].sum() == pytest.approx(whole.timeseries["gpu_hours"].sum())
+
+
+def test_arrow_input_gives_the_same_ledger_as_pandas(sim_frame, taxonomy):
+    import pyarrow as pa
+
+    from gpuwarden.analytics import LedgerBuilder
+
+    frame = pd.concat([sim_frame.iloc[:3000], taxonomy[0]], ignore_index=True)
+    # Bad input: duplicates, rows out of order, a negative and an out-of-range gauge, a row without a GPU.
+    frame = pd.concat([frame, frame.iloc[100:110]], ignore_index=True).iloc[::-1].reset_index(drop=True)
+    frame.loc[1000, "gpu_util_ratio"] = -1.0
+    frame.loc[1001, "sm_active_ratio"] = 3.0
+    frame["gpu_uuid"] = frame["gpu_uuid"].astype(object)
+    frame.loc[1002, "gpu_uuid"] = None
+    frame["xid_79_total"] = pd.array(np.arange(len(frame)) % 5, dtype="Int64")
+    ledgers = []
+    for table in (None, pa.Table.from_pandas(frame, preserve_index=False)):
+        builder = LedgerBuilder(params=IdleParams(step=pd.Timedelta("60s")), keep_rows=True)
+        builder.add(frame) if table is None else builder.add_arrow(table)
+        ledgers.append(builder.finish())
+    pandas_ledger, arrow_ledger = ledgers
+    pd.testing.assert_frame_equal(arrow_ledger.rows, pandas_ledger.rows)
+    pd.testing.assert_frame_equal(arrow_ledger.timeseries, pandas_ledger.timeseries)
+    assert arrow_ledger.quality == pandas_ledger.quality
+    assert pandas_ledger.quality["rows_dropped_unidentified"] == 1 and pandas_ledger.quality["duplicate_rows"] == 10
+    assert pandas_ledger.quality["negative_values"] == {"gpu_util_ratio": 1}
+    assert pandas_ledger.quality["out_of_range_values"] == {"sm_active_ratio": 1}
+    assert pandas_ledger.quality["counter_resets"]["xid_79_total"] > 0
+    # Per-sample states, by row position (instance codes follow first appearance, so row order may differ).
+    pd.testing.assert_frame_equal(arrow_ledger.classified.sort_index(), pandas_ledger.classified.sort_index())

@@ -7,6 +7,7 @@ import gzip
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
@@ -193,3 +194,24 @@ def test_store_rejects_bad_samples_and_writes_nothing(tmp_path):
     with pytest.raises(SamplesError, match="missing column"):
         store.append(bad)
     assert store.row_count() == 0
+
+
+def test_store_read_arrow_is_read_before_pandas(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    assert store.read_arrow("2026-11-01", "2026-11-02") is None  # nothing stored yet
+    store.append(make_samples("2026-11-01T23:00:00Z", steps=120))  # two day partitions
+    columns = ["timestamp", "node", "gpu_uuid", "pod", "gpu_util_ratio", "recovery_action"]
+    # Bounds at midnight prune by partition alone; others also filter timestamps: both as read().
+    for start, end in [("2026-11-01", "2026-11-02"), ("2026-11-02", "2026-11-03"), ("2026-11-01T23:30:00Z", "2026-11-02T00:30:00Z"),
+                       (None, None), ("2026-11-02T00:00:00Z", None), (None, "2026-11-02T00:00:00Z")]:
+        table = store.read_arrow(start, end, columns=columns, nodes=["node-1"])
+        frame = store.read(start, end, columns=columns, nodes=["node-1"])
+        assert table.column_names == columns
+        assert pa.types.is_dictionary(table.schema.field("node").type)
+        assert table.schema.field("recovery_action").type == pa.int64()
+        back = table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+        pd.testing.assert_frame_equal(back, frame)
+    day = store.read("2026-11-02", "2026-11-03")
+    assert day["timestamp"].min() == pd.Timestamp("2026-11-02T00:00:00Z") and len(day) == 60 * 4
+    before = store.read(None, "2026-11-02")
+    assert before["timestamp"].max() == pd.Timestamp("2026-11-01T23:59:00Z") and len(before) == 60 * 4

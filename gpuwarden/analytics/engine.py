@@ -26,13 +26,15 @@ from typing import Iterator
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpuwarden.fleet import PriceTier
 
 from .inventory import Inventory
 from .params import STATE_CODES, STATES, AnalyticsError, IdleParams
 from .pricebook import PriceBook
-from .quality import QualityCounts, count_counter_resets, sanitize_gauges
+from .quality import NON_NEGATIVE_COLUMNS, RATIO_COLUMNS, QualityCounts, count_counter_resets, sanitize_arrays, sanitize_gauges
 
 COLUMNS: tuple[str, ...] = (
     "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
@@ -71,14 +73,29 @@ class _Registry:
         return found
 
     def local(self, frame: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """A column's chunk-local codes (-1 for null) and the global code of each local code."""
+        """A column's chunk-local codes (-1 for null; any integer width) and the global code of each
+        local code."""
         if name not in frame.columns:
-            return np.full(len(frame), -1, np.int64), np.empty(0, np.int64)
+            return np.full(len(frame), -1, np.int8), np.empty(0, np.int64)
         series = frame[name]
         if not isinstance(series.dtype, pd.CategoricalDtype):
             series = series.astype("category")
-        mapping = np.array([self.code(str(c)) for c in series.cat.categories], dtype=np.int64)
-        return series.cat.codes.to_numpy().astype(np.int64), mapping
+        return series.cat.codes.to_numpy(), self.mapping(series.cat.categories)
+
+    def local_arrow(self, table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`local` for an Arrow column (dictionary-encoded or not)."""
+        if name not in table.column_names:
+            return np.full(table.num_rows, -1, np.int8), np.empty(0, np.int64)
+        column = table.column(name)
+        if not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # unifies dictionaries
+        indices = array.indices
+        codes = pc.fill_null(indices, -1).to_numpy() if indices.null_count else indices.to_numpy()
+        return codes, self.mapping(array.dictionary.to_pylist())
+
+    def mapping(self, categories) -> np.ndarray:
+        return np.array([self.code(str(c)) for c in categories], dtype=np.int64)
 
 
 def _mig_share(profile: str | None) -> float:
@@ -179,13 +196,37 @@ class LedgerBuilder:
         ts_ns = pd.DatetimeIndex(ts).tz_convert("UTC").as_unit("ns").asi8
         local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
         gauges = sanitize_gauges(frame, self.counts)
+        positions = frame.index.to_numpy() if self.keep_rows else None
+        self._add_arrays(ts_ns, local, gauges, positions)
+
+    def add_arrow(self, table: pa.Table) -> None:
+        """:meth:`add` for an Arrow table of fleet samples (e.g. :meth:`LocalStore.read_arrow`), with
+        no pandas conversion: the same result as ``add(table.to_pandas())``."""
+        names = table.column_names
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise AnalyticsError(f"fleet samples lack column(s) {', '.join(missing)}; analytics needs {', '.join(COLUMNS)}")
+        n = table.num_rows
+        self.counts.rows_read += n
+        if n == 0:
+            return
+        counters = [c for c in names if c.endswith("_total")]
+        if counters and "gpu_uuid" in names:
+            count_counter_resets(table.select(["timestamp", "gpu_uuid", *counters]).to_pandas(), self.counts)
+        local = {name: self._strings[name].local_arrow(table, name) for name in (*IDENTITY, *HOLDER)}
+        gauges = sanitize_arrays({name: _arrow_floats(table, name) for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS)},
+                                 self.counts)
+        ts_ns = _arrow_ns(table.column("timestamp"))
+        self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None)
+
+    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None) -> None:
         bad = (ts_ns == np.iinfo(np.int64).min) | (local["gpu_uuid"][0] < 0)
-        if bad.any():
+        any_bad = bool(bad.any())
+        if any_bad:
             self.counts.rows_dropped_unidentified += int(bad.sum())
         inst = self._instance_codes(local, bad)
         holder = self._holder_codes(local, bad)
-        positions = frame.index.to_numpy() if self.keep_rows else None
-        if bad.any():
+        if any_bad:
             rows = np.flatnonzero(~bad)
             inst, ts_ns, holder = inst[rows], ts_ns[rows], holder[rows]
             gauges = {k: v[rows] for k, v in gauges.items()}
@@ -199,10 +240,11 @@ class LedgerBuilder:
         return int(mapping[codes[row]]) if codes[row] >= 0 else -1
 
     def _instance_codes(self, local: dict, bad: np.ndarray) -> np.ndarray:
-        gpu, mig = local["gpu_uuid"][0], local["mig_instance"][0]
+        gpu, mig = local["gpu_uuid"][0].astype(np.int64), local["mig_instance"][0]
         n_mig = len(local["mig_instance"][1]) + 1
         size = (len(local["gpu_uuid"][1]) + 1) * n_mig
-        packed = np.where(bad, size - 1, np.maximum(gpu, 0) * n_mig + (mig + 1))
+        packed = np.maximum(gpu, 0) * n_mig + (mig.astype(np.int64) + 1)
+        packed[bad] = size - 1
         inverse, uniques, first = _dense_factorize(packed, size)
         mapping = np.full(len(uniques), -1, np.int64)
         for position, (value, row) in enumerate(zip(uniques, first)):
@@ -249,7 +291,9 @@ class LedgerBuilder:
         size = 1
         for name in HOLDER:
             width = len(local[name][1]) + 1
-            packed = packed * width + (local[name][0] + 1)
+            packed *= width
+            packed += local[name][0]
+            packed += 1
             size *= width
         unheld = bad | (pod < 0)
         packed = np.where(unheld, size, packed)
@@ -274,7 +318,7 @@ class LedgerBuilder:
         n_tail = len(tail.inst)
         c_inst = np.concatenate([tail.inst, inst])
         c_ts = np.concatenate([tail.ts, ts])
-        order = _sort_order(c_inst, c_ts, presorted_time=n_tail == 0 or _monotonic(ts))
+        order = _sort_order(c_inst, c_ts, presorted_time=_monotonic(ts))
         c_inst, c_ts = c_inst[order], c_ts[order]
         c_holder = np.concatenate([tail.holder, holder])[order]
         c_idle = np.concatenate([tail.idle, idle])[order]
@@ -346,15 +390,14 @@ class LedgerBuilder:
             state[candidates[ratio >= p.hoard_mem_ratio]] = HOARDED
 
         # Carry the last rows of every instance into the next chunk.
-        last = np.empty(n, bool)
-        last[:-1] = new_inst[1:]
-        last[-1] = True
-        group_end = np.flatnonzero(last)
-        ends = group_end[np.cumsum(new_inst) - 1]
-        keep_tail = (ends - index) < max(p.window_samples - 1, 1)
-        self._tail = _Tail(c_inst[keep_tail], c_ts[keep_tail], c_holder[keep_tail], c_idle[keep_tail],
-                           c_fake[keep_tail], c_act[keep_tail], branch[keep_tail],
-                           np.where(branch, origin, c_ts)[keep_tail])
+        group_start = np.flatnonzero(new_inst)
+        group_end = np.r_[group_start[1:], n]  # exclusive
+        depth = max(p.window_samples - 1, 1)
+        back = np.arange(depth, 0, -1)
+        keep = (group_end[:, None] - back[None, :]).ravel()  # ascending: groups are in row order
+        keep = keep[keep >= np.repeat(group_start, depth)]
+        self._tail = _Tail(c_inst[keep], c_ts[keep], c_holder[keep], c_idle[keep], c_fake[keep], c_act[keep],
+                           branch[keep], np.where(branch[keep], origin[keep], c_ts[keep]))
 
         # This chunk's rows, in (instance, time) order. Carried rows stay in the arrays (masking
         # ten arrays costs more than the sums) and are left out of every sum.
@@ -365,7 +408,7 @@ class LedgerBuilder:
         measured_rows = measured[rows]
         if n_tail:
             measured_rows &= ~carried
-        self._update_instances(c_inst, c_ts, measured_rows, carried if n_tail else None)
+        self._update_instances(c_inst, c_ts, measured_rows, group_start, carried if n_tail else None)
         self._aggregate(c_inst, c_ts, c_holder, state, dur, gap_ns, c_act, measured_rows,
                         gauges["mem_used_bytes"][rows], gauges["power_watts"][rows], carried if n_tail else None)
         if self.keep_rows:
@@ -375,24 +418,32 @@ class LedgerBuilder:
                 "duration_seconds": dur[mine] / _S, "activity": c_act[mine], "sm_measured": measured_rows[mine],
             }))
 
-    def _update_instances(self, inst, ts, measured, carried=None) -> None:
+    def _update_instances(self, inst, ts, measured, group_start, carried=None) -> None:
+        """First and last timestamps and sample counts per instance; rows are sorted by (instance,
+        time) and ``group_start`` is where each instance's rows begin (carried rows first)."""
         if not len(inst):
             return
-        first_idx = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1]])  # inst is sorted
-        uniques = inst[first_idx]
-        last_idx = np.r_[first_idx[1:], len(inst)] - 1
-        mine = np.ones(len(inst), np.int64) if carried is None else (~carried).astype(np.int64)
-        counts = np.add.reduceat(mine, first_idx)
-        sm_counts = np.add.reduceat(measured.astype(np.int64), first_idx)
-        if carried is not None:  # the first row of an instance may be carried: its first new row
-            first_idx = first_idx + np.add.reduceat(carried.astype(np.int64), first_idx)
-        for code, a, b, c, s in zip(uniques, first_idx, last_idx, counts, sm_counts):
+        uniques = inst[group_start]
+        group_end = np.r_[group_start[1:], len(inst)]  # exclusive
+        counts = group_end - group_start
+        sm_counts = np.add.reduceat(measured.view(np.int8), group_start, dtype=np.int64)
+        first_idx = group_start
+        if carried is not None:  # carried rows come first in their instance: skip them
+            held = np.bincount(np.searchsorted(group_start, np.flatnonzero(carried), "right") - 1, minlength=len(group_start))
+            counts = counts - held
+            first_idx = group_start + held
+        first_ts = ts[np.minimum(first_idx, len(ts) - 1)]
+        last_ts = ts[group_end - 1]
+        for code, first, last, c, sm in zip(uniques.tolist(), first_ts.tolist(), last_ts.tolist(), counts.tolist(),
+                                            sm_counts.tolist()):
             if c == 0:
                 continue
-            self._inst_first[code] = min(self._inst_first[code], int(ts[a]))
-            self._inst_last[code] = max(self._inst_last[code], int(ts[b]))
-            self._inst_samples[code] += int(c)
-            self._inst_sm[code] += int(s)
+            if first < self._inst_first[code]:
+                self._inst_first[code] = first
+            if last > self._inst_last[code]:
+                self._inst_last[code] = last
+            self._inst_samples[code] += c
+            self._inst_sm[code] += sm
 
     def _aggregate(self, inst, ts, holder, state, dur, gap_ns, act, measured, mem_used, power, carried=None) -> None:
         """Sums per (instance, holder, state) and per (time bucket, state, price class).
@@ -402,7 +453,11 @@ class LedgerBuilder:
         share and price are applied to the sums. Rows flagged ``carried`` get the key -1 and their
         sums are dropped."""
         n_holders = len(self._holders.values) + 1
-        key = (inst * n_holders + (holder + 1)) * N_STATES + state
+        key = inst * n_holders
+        key += holder
+        key += 1
+        key *= N_STATES
+        key += state
         if carried is not None:
             key[carried] = -1
         bucket_ns = int(self.bucket.value)
@@ -412,17 +467,23 @@ class LedgerBuilder:
         np.not_equal(key[1:], key[:-1], out=change[1:])
         change[1:] |= buckets[1:] != buckets[:-1]
         starts = np.flatnonzero(change)
-        act0 = np.where(np.isnan(act), 0.0, act)
-        np.clip(act0, 0.0, 1.0, out=act0)
-        typical = np.asarray(self._inst_meta["watts"], dtype=np.float64) * _inst_share(self._inst_meta["share"])
-        watts = np.where(np.isnan(power), typical[inst], power)
+        nan_act = np.isnan(act)
+        act0 = np.fmax(act, 0.0)  # NaN -> 0
+        np.minimum(act0, 1.0, out=act0)
+        power_nan = np.isnan(power)
+        if power_nan.any():  # no power reading: the model's typical watts times the instance's share
+            typical = np.asarray(self._inst_meta["watts"], dtype=np.float64) * _inst_share(self._inst_meta["share"])
+            watts = power.copy()
+            watts[power_nan] = typical[inst[power_nan]]
+        else:
+            watts = power
         dur = dur.astype(np.float64)
         runs = {
             "dur": np.add.reduceat(dur, starts),
-            "dur_act": np.add.reduceat(dur * act0, starts),
+            "dur_act": np.add.reduceat(np.multiply(dur, act0, out=act0), starts),
             "dur_watts": np.add.reduceat(dur * watts, starts),
-            "dur_fallback": np.add.reduceat(np.where(measured | np.isnan(act), 0.0, dur), starts),
-            "dur_mem": np.add.reduceat(dur * np.where(np.isnan(mem_used), 0.0, mem_used), starts),
+            "dur_fallback": np.add.reduceat(np.where(measured | nan_act, 0.0, dur), starts),
+            "dur_mem": np.add.reduceat(dur * np.fmax(mem_used, 0.0), starts),  # NaN -> 0 (never negative here)
             "gap": np.add.reduceat(gap_ns.astype(np.float64), starts) if gap_ns.any() else np.zeros(len(starts)),
             "samples": np.diff(np.r_[starts, len(key)]).astype(np.float64),
         }
@@ -600,7 +661,8 @@ class LedgerBuilder:
             {"position": [], "inst": [], "timestamp_ns": [], "state": [], "duration_seconds": [], "activity": [], "sm_measured": []})
         meta = instances.set_index("inst")
         out = pd.DataFrame({
-            "timestamp": pd.to_datetime(rows["timestamp_ns"].astype(np.int64), utc=True),
+            # An array, not a Series: a Series would be aligned on the row positions of the index.
+            "timestamp": pd.DatetimeIndex(pd.to_datetime(rows["timestamp_ns"].to_numpy(np.int64), utc=True)),
             "gpu_uuid": meta["gpu_uuid"].reindex(rows["inst"]).to_numpy(),
             "mig_instance": meta["mig_instance"].reindex(rows["inst"]).to_numpy(),
             "node": meta["node"].reindex(rows["inst"]).to_numpy(),
@@ -610,6 +672,28 @@ class LedgerBuilder:
             "activity_source": np.where(rows["sm_measured"].astype(bool), "sm_active", "gpu_util_fallback"),
         }, index=rows["position"].to_numpy())
         return out
+
+
+def _arrow_ns(column: pa.ChunkedArray) -> np.ndarray:
+    """Timestamps as int64 ns since the epoch (UTC; naive counts as UTC), int64 min for null."""
+    if not pa.types.is_timestamp(column.type):
+        stamps = pd.to_datetime(column.to_pandas(), utc=True, errors="coerce")
+        return pd.DatetimeIndex(stamps).as_unit("ns").asi8
+    if column.type.unit != "ns":
+        column = column.cast(pa.timestamp("ns", tz=column.type.tz))
+    return column.to_numpy().view(np.int64)  # a null is NaT, int64 min
+
+
+def _arrow_floats(table: pa.Table, name: str) -> np.ndarray:
+    """A gauge as float64 with NaN for null (``pd.to_numeric(errors="coerce")`` for other types)."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, np.nan)
+    column = table.column(name)
+    if pa.types.is_floating(column.type) or pa.types.is_integer(column.type):
+        if column.type != pa.float64():
+            column = column.cast(pa.float64())
+        return column.to_numpy()
+    return pd.to_numeric(column.to_pandas(), errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
 
 
 def _dense_factorize(packed: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -728,15 +812,19 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
             return builder.finish(start, end)
         read_start = start if start is not None else _utc(span[0])
         read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
-    # Read the next chunk in a thread while this one is classified (Parquet decoding releases the GIL).
+    # Read the next chunk in a thread while this one is classified (Parquet decoding releases the
+    # GIL). A source with ``read_arrow`` (the local store) hands over Arrow tables: no pandas.
+    arrow = callable(getattr(data, "read_arrow", None))
+    read, add = (data.read_arrow, builder.add_arrow) if arrow else (data.read, builder.add)
     windows = list(_day_windows(read_start, read_end, pd.Timedelta(chunk)))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-read") as pool:
-        pending = pool.submit(data.read, *windows[0], columns=list(COLUMNS)) if windows else None
+        pending = pool.submit(read, *windows[0], columns=list(COLUMNS)) if windows else None
         for position in range(len(windows)):
-            frame = pending.result()
-            pending = (pool.submit(data.read, *windows[position + 1], columns=list(COLUMNS))
+            part = pending.result()
+            pending = (pool.submit(read, *windows[position + 1], columns=list(COLUMNS))
                        if position + 1 < len(windows) else None)
-            builder.add(frame)
-            del frame
+            if part is not None:
+                add(part)
+            del part
     # An open window ends one step after the newest sample, as for a DataFrame.
     return builder.finish(start, end)

@@ -57,26 +57,52 @@ class QualityCounts:
 
 def sanitize_gauges(frame: pd.DataFrame, counts: QualityCounts) -> dict[str, np.ndarray]:
     """The gauges as float arrays, with negative and out-of-range values set to NaN (and counted)."""
-    out: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}
     for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS):
         if name not in frame.columns:
-            out[name] = np.full(len(frame), np.nan)
+            values[name] = np.full(len(frame), np.nan)
             continue
-        values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        series = frame[name]
+        if series.dtype == np.float64:  # the usual case: no to_numeric copy
+            values[name] = series.to_numpy()
+        else:
+            values[name] = pd.to_numeric(series, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    return sanitize_arrays(values, counts)
+
+
+def sanitize_arrays(values: dict[str, np.ndarray], counts: QualityCounts) -> dict[str, np.ndarray]:
+    """:func:`sanitize_gauges` for float arrays already read (NaN for null); the arrays are not
+    modified (a cleaned copy replaces one that needs cleaning)."""
+    out: dict[str, np.ndarray] = {}
+    for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS):
+        column = values[name]
+        # The usual case, every value in range (or NaN), costs two passes and no temporaries:
+        # fmin / fmax skip NaN (and give NaN only when every value is NaN).
+        low, high = (np.fmin.reduce(column), np.fmax.reduce(column)) if len(column) else (0.0, 0.0)
+        if np.isnan(low):
+            clean = True
+        elif name in RATIO_COLUMNS:
+            clean = low >= 0 and high <= 1.0 + 1e-9
+        elif name == "mem_total_bytes":
+            clean = low > 0  # a GPU with no memory is not a measurement
+        else:
+            clean = low >= 0
+        if clean:
+            out[name] = column
+            continue
         with np.errstate(invalid="ignore"):
-            negative = values < 0
+            negative = column < 0
             if name in RATIO_COLUMNS:
-                too_big = values > 1.0 + 1e-9
+                too_big = column > 1.0 + 1e-9
             elif name == "mem_total_bytes":
-                too_big = values == 0  # a GPU with no memory is not a measurement
+                too_big = column == 0
             else:
-                too_big = np.zeros(len(values), dtype=bool)
-        if negative.any() or too_big.any():
-            values = values.copy()
-            values[negative | too_big] = np.nan
-            counts.add("negative_values", name, int(negative.sum()))
-            counts.add("out_of_range_values", name, int(too_big.sum()))
-        out[name] = values
+                too_big = np.zeros(len(column), dtype=bool)
+        column = column.copy()
+        column[negative | too_big] = np.nan
+        counts.add("negative_values", name, int(negative.sum()))
+        counts.add("out_of_range_values", name, int(too_big.sum()))
+        out[name] = column
     return out
 
 
