@@ -28,6 +28,9 @@ LIMITS = {
     "default_10_seed_seconds": 60.0,
     "default_gpuwarden_min_pct": 95.2,
     "baseline_max_gap_pts": 1.0,
+    # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906, p99 delay 0 s)
+    "queue_gpuwarden_min_guarantee_met": 0.95,
+    "queue_gpuwarden_min_worst_team": 0.85,
 }
 
 
@@ -68,6 +71,14 @@ def main() -> int:
         queue = run_queue_replay(data_dir, QueueSlice())
         print(json.dumps([r.as_dict() for r in queue], indent=1))
         print(f"queue replay: {time.perf_counter() - started:.1f} s")
+        by = {r.policy: r for r in queue}
+        ours_q = by["gpuwarden"]
+        if ours_q.queue_delay_p99 > min(r.queue_delay_p99 for r in queue):
+            failures.append(f"queue: gpuwarden p99 delay {ours_q.queue_delay_p99:,.0f} s is not the lowest")
+        if ours_q.guarantee_met < LIMITS["queue_gpuwarden_min_guarantee_met"]:
+            failures.append(f"queue: gpuwarden guarantee met {ours_q.guarantee_met:.3f}")
+        if ours_q.worst_team_guarantee_met < LIMITS["queue_gpuwarden_min_worst_team"]:
+            failures.append(f"queue: gpuwarden worst team guarantee met {ours_q.worst_team_guarantee_met:.3f}")
     print(json.dumps(run_mixed(), indent=1, default=str))
     for failure in failures:
         print("REGRESSION:", failure)

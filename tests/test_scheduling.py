@@ -172,6 +172,26 @@ def test_no_preemption_loop_victim_is_protected_after_repeated_preemption():
     assert "capacity" in state.jobs["hi2"].wait_reason
 
 
+@pytest.mark.parametrize("a_guarantee, a_gives_back", [(2, True), (3, False)])
+def test_las_preemption_across_teams_takes_only_borrowed_gpus(a_guarantee, a_gives_back):
+    # a runs two 2-GPU jobs that have had 11 GPU-hours each (lowest LAS level); b borrows too and submits a new job
+    state = cluster().node("n1", gpus=8).team("a", a_guarantee).team("b", 3).team("c", 5 - a_guarantee).obj()
+    submit(state, *(job(f"a{i}").team("a").gpus(2).checkpointable().at(i) for i in range(2)))
+    submit(state, *(job(f"b{i}").team("b").gpus(1).checkpointable().at(10 + i) for i in range(4)))
+    scheduler = Scheduler("gpuwarden")
+    assert len(scheduler.schedule(state, now=20)) == 6
+    for i in range(2):
+        state.jobs[f"a{i}"].attained = 11 * 3600.0
+    submit(state, job("b-new").team("b").gpus(1).checkpointable().at(30))
+    decided = kinds(scheduler.schedule(state, now=30))
+    if a_gives_back:  # a borrows 2: one 2-GPU job is suspended, a stays at its guarantee
+        assert decided["b-new"] == "bind" and sorted(decided.values()) == ["bind", "suspend"]
+        assert state.quotas.used("a", "*") == a_guarantee
+    else:  # a borrows 1: suspending a 2-GPU job would push a below its guarantee, so LAS may not
+        assert decided == {} and state.jobs["b-new"].state == "pending"
+        assert state.quotas.used("a", "*") == 4
+
+
 def test_gang_is_all_or_nothing_and_rolls_back():
     state = cluster().node("n1", gpus=4).node("n2", gpus=4).obj()
     submit(state, job("filler1").gpus(1), job("filler2").gpus(1))

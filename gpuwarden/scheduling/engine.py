@@ -459,8 +459,12 @@ class QueuePolicy:
     protect_after: int = 2  # preempted this many times within protect_window ...
     protect_window: float = 6 * 3600.0
     protect_for: float = 6 * 3600.0  # ... is protected from preemption this long
-    min_run_seconds: float = 0.0  # a job is not preempted before it ran this long
+    min_run_seconds: float = 0.0  # a job (re)started less than this ago is not LAS-preempted (reclaim still may)
     backfill: bool = True  # later jobs may start when the head does not fit
+    guarantee_first: bool = False  # within a level, jobs of teams still under their guarantee go first
+    borrower_las: bool = False  # a borrowing job may LAS-preempt another team's borrowed capacity
+    las_gap: int = 1  # LAS preemption needs the victim this many levels above the job (hysteresis)
+    las_keep_guarantee: bool = False  # LAS takes from another team only GPUs it borrows beyond its guarantee
     placement: PlacementOptions = PlacementOptions()
 
 
@@ -471,8 +475,11 @@ POLICIES: dict[str, QueuePolicy] = {
     "tiresias": QueuePolicy("tiresias", order="las", preempt="las", checkpoint=True,
                             placement=PlacementOptions(topology=False, best_fit=False)),
     "gpuwarden": QueuePolicy("gpuwarden", order="las", quotas=True, reclaim=True, preempt="las", checkpoint=True,
-                             aging_seconds=24 * 3600.0, min_run_seconds=0.0,
-                             las_thresholds=(900.0, 3600.0 * 1, 3600.0 * 4, 3600.0 * 16)),
+                             aging_seconds=24 * 3600.0, min_run_seconds=0.0, guarantee_first=True,
+                             borrower_las=True, las_keep_guarantee=True,
+                             # level edges where the Gittins index of Philly's GPU-service distribution
+                             # drops (4 weeks *before* the replay slice): ~300 GPU-s, ~1 GPU-h; 10 GPU-h
+                             las_thresholds=(300.0, 3600.0, 36000.0)),
 }
 
 
@@ -513,7 +520,7 @@ class Scheduler:
             spec = self._state.quotas.spec(job.team, job.flavour)
             if spec is not None and self._state.quotas.used(job.team, job.flavour) + job.gpu_equivalents <= spec.guaranteed + 1e-9:
                 guarantee_first = -1
-        if self.policy.name == "gpuwarden":
+        if self.policy.guarantee_first:
             return (-job.priority, self.level(job, now), guarantee_first, job.submitted, job.name)
         return (-job.priority, self.level(job, now), job.submitted, job.name)
 
@@ -594,20 +601,20 @@ class Scheduler:
         for victim in running:
             if victim.protected_until > now:
                 continue
-            if now - (victim.started or now) < self.policy.min_run_seconds and victim.priority >= job.priority:
-                continue
+            # hysteresis: a job that (re)started less than min_run_seconds ago is not LAS-demoted
+            # (reclaim of a guarantee and higher priority classes still may preempt it)
+            young = now - (victim.started if victim.started is not None else now) < self.policy.min_run_seconds
             lower_priority = victim.priority < job.priority
             reclaim = (self.policy.reclaim and verdict == "nominal" and victim.team != job.team
                        and state.quotas.borrowed(victim.team, victim.flavour) > 1e-9
                        and victim.priority <= job.priority)
-            las = (self.policy.preempt == "las" and victim.priority == job.priority
-                   and self.level(victim, now, aging=False) > self.level(job, now, aging=False))
+            las = (self.policy.preempt == "las" and victim.priority == job.priority and not young
+                   and self.level(victim, now, aging=False) >= self.level(job, now, aging=False) + self.policy.las_gap)
             if self.policy.preempt == "las" and self.policy.quotas and las:
                 # never push a team below its guarantee to serve another team's borrowing
-                spec = state.quotas.spec(victim.team, victim.flavour)
-                if spec and victim.team != job.team and state.quotas.used(victim.team, victim.flavour) <= spec.guaranteed + 1e-9:
+                if victim.team != job.team and not self._keeps_guarantee(state, victim):
                     las = False
-                if verdict == "borrow" and victim.team != job.team:
+                if verdict == "borrow" and victim.team != job.team and not self.policy.borrower_las:
                     las = False
             if (self.policy.preempt != "none" and lower_priority) or reclaim or las:
                 out.append(victim)
@@ -617,6 +624,15 @@ class Scheduler:
             return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
 
         return sorted(out, key=cost)
+
+    def _keeps_guarantee(self, state: State, victim: Job) -> bool:
+        """Whether evicting ``victim`` leaves its team at or above its guarantee (it only gives back borrowed GPUs)."""
+        spec = state.quotas.spec(victim.team, victim.flavour)
+        if spec is None:
+            return True
+        if self.policy.las_keep_guarantee:
+            return state.quotas.used(victim.team, victim.flavour) - victim.gpu_equivalents >= spec.guaranteed - 1e-9
+        return state.quotas.used(victim.team, victim.flavour) > spec.guaranteed + 1e-9
 
     def _preempt_for(self, state, statement, job, verdict, now):
         if self.policy.preempt == "none" and not self.policy.reclaim:
@@ -632,6 +648,10 @@ class Scheduler:
         mark = statement.checkpoint()
         victims = []
         for victim in candidates:
+            if (self.policy.quotas and self.policy.las_keep_guarantee and victim.team != job.team
+                    and victim.priority >= job.priority and not (verdict == "nominal" and self.policy.reclaim)
+                    and not self._keeps_guarantee(state, victim)):
+                continue  # earlier victims already took this team down to its guarantee
             statement.evict(victim)
             victims.append(victim)
             placements, _ = find_placement(state, job, self.policy.placement)
