@@ -21,6 +21,7 @@ from .podresources import DEFAULT_SOCKET, PodAttributor
 from .podresources.processes import DEFAULT_KUBELET_ROOT, DEFAULT_PROC_ROOT, PodMemory
 from .replay import ReplayBackend, ReplayError
 from .service import ExporterService
+from gpuwarden.fleet.paths import default_data_dir
 
 log = logging.getLogger("gpuwarden.exporter")
 
@@ -29,18 +30,6 @@ BACKENDS = ("nvml", "replay", "sim")
 
 class ExporterError(Exception):
     """A user-fixable problem: printed as one line, exit 2."""
-
-
-def default_data_dir() -> Path:
-    """``$GPUWARDEN_DATA``, else ``../shared/data`` from the working directory or the checkout."""
-    env = os.environ.get("GPUWARDEN_DATA")
-    if env:
-        return Path(env)
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        candidate = base.parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return Path.cwd().parent / "shared" / "data"
 
 
 def _host_port(text: str) -> tuple[str, int]:

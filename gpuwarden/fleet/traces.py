@@ -6,28 +6,16 @@ a row is bad, so a broken trace never turns into a silent default.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from .paths import default_data_dir  # noqa: F401 (re-exported)
 
 
 class TraceError(ValueError):
     """A trace file that is missing, lacks a column, or has a bad row; the message says where."""
-
-
-def default_data_dir() -> Path:
-    """``$GPUWARDEN_DATA``, else ``../shared/data`` from the working directory, else beside the checkout."""
-    env = os.environ.get("GPUWARDEN_DATA")
-    if env:
-        return Path(env)
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        candidate = base.parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return Path.cwd().parent / "shared" / "data"
 
 
 def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
