@@ -27,7 +27,16 @@ def _group_labels(groups, n_rows: int) -> np.ndarray:
     return labels
 
 
-class PeerDeviationDetector(OutlierMixin, BaseEstimator):
+class _AllowsNaN:
+    """Estimator tag: a feature a GPU cannot measure is NaN and never flags it."""
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True
+        return tags
+
+
+class PeerDeviationDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
     """Flags rows whose peer-relative features deviate from their group's robust centre.
 
     Each feature is first expressed relative to peers (for example the log of a GPU's clock over
@@ -45,11 +54,6 @@ class PeerDeviationDetector(OutlierMixin, BaseEstimator):
         self.min_scale = min_scale
         self.direction = direction
         self.require = require
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = True  # a feature a GPU cannot measure is NaN and never flags it
-        return tags
 
     def fit(self, X, y=None, groups=None):
         if self.direction not in ("low", "high", "both"):
@@ -120,7 +124,7 @@ class PeerDeviationDetector(OutlierMixin, BaseEstimator):
         return self.fit(X, groups=groups).predict(X, groups)
 
 
-class CounterBurstDetector(OutlierMixin, BaseEstimator):
+class CounterBurstDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
     """Flags a burst of counter events (single-bit ECC errors, PCIe replays) that its peer group's
     baseline rate cannot explain.
 
@@ -136,11 +140,6 @@ class CounterBurstDetector(OutlierMixin, BaseEstimator):
         self.alpha = alpha
         self.min_rate_per_hour = min_rate_per_hour
         self.min_events = min_events
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = True  # a feature a GPU cannot measure is NaN and never flags it
-        return tags
 
     def fit(self, X, y=None, groups=None):
         X = validate_data(self, X, ensure_all_finite="allow-nan", dtype=np.float64)
