@@ -11,7 +11,7 @@ from gpuwarden.actuator import AuditEntry, AuditLog, Mode, Outcome
 from gpuwarden.dashboards import actions_view as av
 from gpuwarden.dashboards.launch import APP_PATH
 
-PAGE = APP_PATH.parent / "pages" / "actions.py"
+PAGE = APP_PATH.parent / "views" / "actions.py"
 
 
 def write_log(path):

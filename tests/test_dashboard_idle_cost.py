@@ -94,7 +94,7 @@ def run_page(monkeypatch, store: str, page: str) -> AppTest:
     monkeypatch.setenv(STORE_ENV, store)
     at = AppTest.from_file(str(APP_PATH), default_timeout=60)
     at.run()
-    at.switch_page(f"pages/{page}")
+    at.switch_page(f"views/{page}")
     at.run()
     return at
 

@@ -87,7 +87,7 @@ def test_health_dashboard_page_lists_findings(simulated, tmp_path, monkeypatch):
     monkeypatch.setenv(STORE_ENV, str(tmp_path))
     at = AppTest.from_file(str(APP_PATH), default_timeout=60)
     at.run()
-    at.switch_page("pages/health.py").run()
+    at.switch_page("views/health.py").run()
     assert not at.exception, at.exception
     assert at.title[0].value == "GPU health"
     metrics = {m.label: m.value for m in at.metric}

@@ -1,4 +1,4 @@
-"""dashboards room: the Streamlit app (``app.py``, pages under ``pages/``) and its launcher.
+"""dashboards room: the Streamlit app (``app.py``, pages under ``views/``) and its launcher.
 
 Importing this package stays light (no Streamlit): the CLI imports ``launch`` from here.
 """

@@ -9,8 +9,8 @@ Environment:
     instead of failing.
 
 This file is only a router: ``st.navigation`` over pages grouped in sections. A page is a script
-under ``pages/``; to add one (idle, cost, health, queue, actions, portal), write the script and add
-an entry to :data:`SECTIONS`. Pages keep their computations in pure modules next to this file
+under ``views/`` (not ``pages/``: Streamlit would list that folder on its own, beside the router);
+to add one (queue, portal...), write the script and add an entry to :data:`SECTIONS`. Pages keep their computations in pure modules next to this file
 (``fleet_view.py`` for the fleet page) and use ``data.py`` for the store.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import streamlit as st
 
-PAGES_DIR = Path(__file__).resolve().parent / "pages"
+PAGES_DIR = Path(__file__).resolve().parent / "views"
 
-# section title -> [(script under pages/, page title, material icon)]; the first page is the default.
+# section title -> [(script under views/, page title, material icon)]; the first page is the default.
 SECTIONS: dict[str, list[tuple[str, str, str]]] = {
     "Fleet": [
         ("fleet.py", "Fleet overview", ":material/dns:"),
