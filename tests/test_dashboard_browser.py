@@ -83,7 +83,10 @@ def test_fleet_page_renders_in_chromium(tmp_path):
         assert re.search(r'data-testid="stMetricValue"[^>]*>.*?>8<', dom, re.S)
         assert re.search(r'data-testid="stMetricValue"[^>]*>.*?>2<', dom, re.S)
         screenshot = tmp_path / "fleet.png"
-        render(browser, url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
+        for _ in range(3):  # on a busy machine a capture can still catch the page before it paints
+            render(browser, url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
+            if screenshot.exists() and screenshot.stat().st_size > 20_000:
+                break
         assert screenshot.exists() and screenshot.stat().st_size > 20_000  # a page, not a blank frame
     finally:
         process.terminate()
