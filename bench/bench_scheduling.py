@@ -26,7 +26,7 @@ from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # no
 # measured on 2 cores (see docs/scheduling.md); limits leave a little room for noise
 LIMITS = {
     "default_10_seed_seconds": 60.0,
-    "default_gpuwarden_min_pct": 95.2,
+    "default_gpuwarden_min_pct": 95.5,  # the target; measured 95.71 (seeds 42-51)
     "baseline_max_gap_pts": 1.0,
     # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906, p99 delay 0 s)
     "queue_gpuwarden_min_guarantee_met": 0.95,

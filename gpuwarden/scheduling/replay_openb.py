@@ -150,15 +150,18 @@ def make_policy(name: str, data: OpenbInput):
     if name == "fgd":
         return FragmentationGradient(target)
     if name == "gpuwarden":
-        return FragmentationGradient(target, packing_weight=GPUWARDEN_PACKING_WEIGHT, cpu_weight=GPUWARDEN_CPU_WEIGHT)
+        return FragmentationGradient(target, packing_weight=GPUWARDEN_PACKING_WEIGHT, cpu_weight=GPUWARDEN_CPU_WEIGHT,
+                                     ties="first")
     raise ValueError(f"unknown placement policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-# gpuwarden's extensions over plain FGD (tuned on seeds 42-43 of default, gpushare100, cpu250):
-# a tie-break toward the tightest GPU / fullest node, and a penalty, in milli-GPU per unit, for leaving
-# a node with less CPU or memory share free than GPU share (CPU-starved GPUs are stranded GPUs).
-GPUWARDEN_PACKING_WEIGHT = 0.3
-GPUWARDEN_CPU_WEIGHT = 10000.0
+# gpuwarden's extensions over plain FGD (tuned on seeds 1-3 of default, cpu250, gpushare40, multigpu40):
+# equal FGD scores go to the first node in order (packs) instead of a random one, and a penalty, in FGD
+# score steps per unit, for growing a node's CPU/memory starvation (GPU share free beyond the CPU or
+# memory share free: CPU-starved GPUs are stranded GPUs). The fullest-node tie-break (packing weight)
+# no longer helps once scores are FGD's integer steps: off.
+GPUWARDEN_PACKING_WEIGHT = 0.0
+GPUWARDEN_CPU_WEIGHT = 200.0
 
 
 @dataclass
