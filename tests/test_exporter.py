@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,16 +102,6 @@ def fresh(readings, **snapshot_fields) -> tuple[CollectorRegistry, GpuCollector]
     collector = GpuCollector(ExporterSnapshot(tuple(readings), DRIVER, True, **snapshot_fields))
     registry.register(collector)
     return registry, collector
-
-
-def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def get(url: str, timeout: float = 2.0) -> tuple[int, str]:

@@ -10,7 +10,6 @@ lost GPU, a hung call, an XID event, an unknown function) are injected into that
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import subprocess
@@ -21,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,16 +30,6 @@ from gpuwarden.exporter.replay import RecordedNvml, ReplayBackend, ReplayError, 
 from gpuwarden.fleet import TRACKED_XIDS, GpuBackend
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from polling import wait_for as _wait_for
 import yaml
 
 from gpuwarden.cli.sources import add_source_options, open_window
@@ -61,18 +62,8 @@ def free_port() -> int:
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception as error:  # noqa: BLE001 (keep polling; report the last error)
-            last_error = error
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+    """Servers answer errors while starting: keep polling through them."""
+    return _wait_for(condition, timeout, what, interval, tolerate_errors=True)
 
 
 class PrometheusServer:
