@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
@@ -685,10 +685,3 @@ def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[dict
         for i, j in enumerate(scheduler.queue(state, now))
     ]
 
-
-def validate_quotas(specs: Iterable[QuotaSpec]) -> list[QuotaSpec]:
-    return list(specs)
-
-
-def quotas_from_guarantees(guarantees: Mapping[str, float], burst_factor: float = 100.0) -> Quotas:
-    return Quotas(QuotaSpec(team, g, g * burst_factor if g else math.inf) for team, g in guarantees.items())
