@@ -12,7 +12,7 @@ from gpuwarden.fleet import METRIC_COLUMN_NAMES, GpuReading
 
 from .engine import Simulation
 
-_VALUE_COLUMNS = tuple(name for name in METRIC_COLUMN_NAMES)
+_VALUE_COLUMNS = METRIC_COLUMN_NAMES
 
 
 class SimGpuBackend:
