@@ -44,7 +44,7 @@ def fleet(minutes: int = 120, gpus: int = 8, pool: str = "train-h100", seed: int
                     "temperature_celsius": 60 + rng.normal(0, 1), "sm_clock_mhz": 1500 + rng.normal(0, 20),
                     "throttle_reasons_bitmask": 0, **{c: 0 for c in COUNTERS},
                 })
-    return pd.DataFrame(rows)[list(SAMPLE_COLUMN_NAMES)]
+    return pd.DataFrame(rows).reindex(columns=list(SAMPLE_COLUMN_NAMES))
 
 
 def at(frame: pd.DataFrame, gpu: int, from_minute: int, to_minute: int | None = None, node: int = 0) -> pd.Series:

@@ -62,13 +62,22 @@ def test_round_trip_keeps_every_value(tmp_path, suffix):
     assert loaded.loc[loaded["gpu_uuid"] == "GPU-0002", "recovery_action"].isna().all()
 
 
-def test_csv_missing_column_names_file_and_expected_columns(tmp_path):
+def test_csv_missing_required_column_names_file_and_expected_columns(tmp_path):
     path = tmp_path / "bad.csv"
-    make_samples().drop(columns=["power_watts"]).to_csv(path, index=False)
+    make_samples().drop(columns=["mem_total_bytes"]).to_csv(path, index=False)
     with pytest.raises(SamplesError) as error:
         load_samples(path)
     message = str(error.value)
-    assert str(path) in message and "power_watts" in message and "expected" in message
+    assert str(path) in message and "mem_total_bytes" in message and "expected" in message
+
+
+def test_csv_without_a_nullable_column_reads_it_as_not_measured(tmp_path):
+    path = tmp_path / "partial.csv"
+    make_samples().drop(columns=["power_watts", "nvlink_replay_errors_total"]).to_csv(path, index=False)
+    loaded = load_samples(path)
+    assert list(loaded.columns) == list(SAMPLE_COLUMN_NAMES)
+    assert loaded["power_watts"].isna().all() and loaded["nvlink_replay_errors_total"].isna().all()
+    assert str(loaded["nvlink_replay_errors_total"].dtype) == "Int64"
 
 
 def test_csv_bad_value_names_line_and_column(tmp_path):

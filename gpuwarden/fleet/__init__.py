@@ -11,6 +11,7 @@ from .protocols import (
     WorkloadState,
 )
 from .samples import (
+    ATTRIBUTION_STATES,
     IDENTITY_COLUMN_NAMES,
     METRIC_COLUMN_NAMES,
     RECOVERY_ACTIONS,

@@ -62,6 +62,10 @@ _IDENTITY = (
     Column("pod", "string", True, "pod holding the GPU; null when unallocated"),
     Column("team", "string", True, "team the pod is charged to"),
     Column("project", "string", True, "project the pod is charged to"),
+    Column("attribution", "string", True,
+           "whether the pod columns are known: 'known' (pod attribution on and answered; an empty pod "
+           "means no pod holds the GPU), 'off' (no attribution source), 'failed' (attribution on but "
+           "it did not answer); empty = not recorded, read as 'known' where pod is set, else 'off'"),
 )
 
 _ACTIVITY = (
@@ -71,6 +75,7 @@ _ACTIVITY = (
     Column("dram_active_ratio", "float", True, "GPM DRAM bandwidth utilisation 0..1 (null where unsupported)"),
     Column("mem_used_bytes", "float", True, "framebuffer memory used"),
     Column("mem_total_bytes", "float", False, "framebuffer memory total"),
+    Column("mem_reserved_bytes", "float", True, "framebuffer memory reserved by the driver (not in used or free)"),
     Column("power_watts", "float", True, "board power draw"),
     Column("temperature_celsius", "float", True, "GPU core temperature"),
     Column("sm_clock_mhz", "float", True, "SM clock"),
@@ -85,6 +90,10 @@ _HEALTH = (
     Column("remapped_rows_pending", "int", True, "1 when a row remap waits for a GPU reset"),
     Column("remapped_rows_failure", "int", True, "1 when a row remap failed (GPU should be replaced)"),
     Column("pcie_replay_total", "int", True, "PCIe replay counter"),
+    Column("nvlink_crc_flit_errors_total", "int", True, "NVLink CRC flit errors, summed over the GPU's links"),
+    Column("nvlink_crc_data_errors_total", "int", True, "NVLink CRC data errors, summed over the GPU's links"),
+    Column("nvlink_replay_errors_total", "int", True, "NVLink replay errors, summed over the GPU's links"),
+    Column("nvlink_recovery_errors_total", "int", True, "NVLink recovery errors, summed over the GPU's links"),
     Column("recovery_action", "int", True, "NVML GPU recovery action (see RECOVERY_ACTIONS)"),
     *(Column(f"xid_{code}_total", "int", True, f"XID {code} events seen") for code in TRACKED_XIDS),
     Column("xid_other_total", "int", True, "XID events of codes not tracked in their own column"),
@@ -94,6 +103,8 @@ SAMPLE_COLUMNS: tuple[Column, ...] = _IDENTITY + _ACTIVITY + _HEALTH
 SAMPLE_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in SAMPLE_COLUMNS)
 IDENTITY_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in _IDENTITY)
 METRIC_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in _ACTIVITY + _HEALTH)
+# Values of the ``attribution`` column.
+ATTRIBUTION_STATES: tuple[str, ...] = ("known", "off", "failed")
 XID_COLUMN_NAMES: tuple[str, ...] = tuple(f"xid_{code}_total" for code in TRACKED_XIDS) + ("xid_other_total",)
 
 

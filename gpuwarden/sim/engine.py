@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import (
+    SAMPLE_COLUMNS,
+    SAMPLE_COLUMN_NAMES,
     PriorityClass,
     TRACKED_XIDS,
     THROTTLE_REASONS,
@@ -636,7 +638,12 @@ class Simulation:
         out = pd.DataFrame(frame)
         out["throttle_reasons_bitmask"] = out["throttle_reasons_bitmask"].astype("Int64").mask(out["throttle_reasons_bitmask"] < 0)
         out.insert(list(out.columns).index("power_watts"), "mem_total_bytes", self.dev_mem_total[device])
-        return out
+        # The simulated kubelet always answers: allocation is known on every row.
+        out["attribution"] = pd.Categorical.from_codes(np.zeros(device.size, dtype=int), ["known"])
+        for column in SAMPLE_COLUMNS:
+            if column.name not in out.columns:  # not simulated: not measured (null), never a fake 0
+                out[column.name] = pd.Series(np.nan, index=out.index, dtype="Int64" if column.kind == "int" else "float64")
+        return out[list(SAMPLE_COLUMN_NAMES)]
 
     # -- views -------------------------------------------------------------------------------------
     def ground_truth(self) -> pd.DataFrame:

@@ -54,14 +54,18 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     ``line_offset`` maps a row position to a file line (2 for a CSV with a header) so errors can
     name the line; without it errors name the row.
     """
-    missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns]
+    # A nullable column a file does not carry was not measured: it reads as null, not as an error.
+    missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns and not _NULLABLE[name]]
     if missing:
         raise SamplesError(
             f"{source}: missing column(s) {', '.join(missing)}; expected the fleet samples columns "
-            f"({', '.join(SAMPLE_COLUMN_NAMES)}) — see docs/schema.md"
+            f"({', '.join(SAMPLE_COLUMN_NAMES)}; nullable ones may be omitted) — see docs/schema.md"
         )
     out: dict[str, pd.Series] = {}
     for name in SAMPLE_COLUMN_NAMES:
+        if name not in frame.columns:
+            out[name] = pd.Series(pd.array([None] * len(frame), dtype="object"), index=frame.index).astype(PANDAS_DTYPES[name])
+            continue
         raw = frame[name]
         # Already typed (the simulator, the store): skip parsing; the checks below still apply.
         values = raw if str(raw.dtype) == PANDAS_DTYPES[name] else _parse(raw, name, source, line_offset)

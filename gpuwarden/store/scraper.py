@@ -133,7 +133,7 @@ class SeriesMapper:
 
     # -- identity -------------------------------------------------------------------------------
     def identity(self, labels: Mapping[str, str]) -> tuple | None:
-        """(cluster, node, gpu_uuid, gpu_index, model, mig_instance, namespace, pod, team, project),
+        """(cluster, node, gpu_uuid, gpu_index, model, mig_instance, namespace, pod, team, project, attribution),
         or None for a series that names no GPU."""
         key = (
             labels.get("cluster", ""), labels.get("node") or labels.get("Hostname", ""), labels.get("UUID", ""),
@@ -158,7 +158,9 @@ class SeriesMapper:
             guess_team, guess_project = self.attribution(namespace_v, pod_v)
             team_v = team_v if team_v is not None else guess_team
             project_v = project_v if project_v is not None else guess_project
-        identity = (cluster or self.cluster, node, uuid, index, model, mig, namespace_v, pod_v, team_v, project_v)
+        # A pod label proves attribution answered; without one nobody can tell "no pod" from "not looked".
+        attribution = "known" if pod_v else None
+        identity = (cluster or self.cluster, node, uuid, index, model, mig, namespace_v, pod_v, team_v, project_v, attribution)
         if len(self._identity_cache) > 200_000:
             self._identity_cache.clear()
         self._identity_cache[key] = identity
