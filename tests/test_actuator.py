@@ -68,7 +68,7 @@ def test_protected_and_already_cordoned_nodes_are_left_alone(cluster):
 def test_observe_mode_records_and_changes_nothing(cluster, tmp_path):
     a = node_names(cluster)[0]
     audit = AuditLog(tmp_path / "audit.jsonl")
-    actuator = Actuator(cluster, Mode.OBSERVE, audit=audit)
+    actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=1.0), audit=audit)
     entries = actuator.execute(plan_from_findings([finding(a)], cluster.snapshot()))
     assert [e.outcome for e in entries] == [Outcome.PLANNED]
     assert a not in cluster.snapshot().cordoned
@@ -88,20 +88,27 @@ def test_auto_mode_applies_within_the_hourly_limit(cluster):
     actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_actions_per_hour=2, max_cordoned_node_ratio=1.0),
                         clock=lambda: now[0])
     entries = actuator.execute(plan_from_findings([finding(n) for n in names[:3]], cluster.snapshot()))
-    assert [e.outcome for e in entries] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.BLOCKED]
+    assert [e.outcome for e in entries] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.BLOCKED, Outcome.BREAKER_OPEN]
     assert "limit 2" in entries[2].message
+    assert entries[3].outcome == Outcome.BREAKER_OPEN and actuator.breaker_open
     assert cluster.snapshot().cordoned == frozenset(names[:2])
-    now[0] = T0 + timedelta(hours=1, seconds=1)  # the window moves on
+    now[0] = T0 + timedelta(hours=1, seconds=1)  # the window moves on, but the breaker waits for a person
+    held = actuator.execute(plan_from_findings([finding(names[2])], cluster.snapshot()))
+    assert held == []  # blocked and recorded once already in this breaker episode
+    new = actuator.execute(plan_from_findings([finding(names[3])], cluster.snapshot()))
+    assert [e.outcome for e in new] == [Outcome.BLOCKED] and "circuit breaker open" in new[0].message
+    actuator.reset_breaker(by="ops")
     again = actuator.execute(plan_from_findings([finding(names[2])], cluster.snapshot()))
-    assert [e.outcome for e in again] == [Outcome.APPLIED]
+    assert [e.outcome for e in again] == [Outcome.APPLIED] and names[2] in cluster.snapshot().cordoned
 
 
 def test_auto_mode_never_cordons_more_than_the_allowed_share(cluster):
     names = node_names(cluster)  # 8 nodes; 25% allows 2
     actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=0.25))
     entries = actuator.execute(plan_from_findings([finding(n) for n in names[:4]], cluster.snapshot()))
-    assert [e.outcome for e in entries] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.BLOCKED, Outcome.BLOCKED]
-    assert "3 of 8 nodes cordoned" in entries[2].message
+    outcomes = [e.outcome for e in entries]
+    assert outcomes == [Outcome.APPLIED, Outcome.APPLIED, Outcome.BLOCKED, Outcome.BREAKER_OPEN, Outcome.BLOCKED]
+    assert "3 of 8 nodes cordoned" in entries[2].message and "circuit breaker open" in entries[4].message
     assert len(cluster.snapshot().cordoned) == 2
 
 
@@ -117,8 +124,10 @@ def test_approve_mode_waits_for_an_operator(cluster):
     assert actuator.approve(first).outcome == Outcome.APPLIED
     assert actuator.reject(second).outcome == Outcome.REJECTED
     assert cluster.snapshot().cordoned == frozenset({a})
-    with pytest.raises(KeyError, match="no action awaits approval"):
+    with pytest.raises(ValueError, match="already rejected by operator"):
         actuator.approve(second)
+    with pytest.raises(ValueError, match="no action awaits approval"):
+        actuator.approve("nope")
 
 
 def test_a_refused_action_is_recorded_and_the_plan_goes_on(cluster):
@@ -173,7 +182,8 @@ def test_reconciler_runs_rounds_on_a_schedule_in_observe_mode(cluster):
         seen.append(snapshot.taken_at)
         return [finding(a)]
 
-    reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE), find, interval_seconds=0.05).start()
+    reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=1.0)), find,
+                            interval_seconds=0.05).start()
     try:
         deadline = time.monotonic() + 10
         while len(reconciler.rounds) < 2 and time.monotonic() < deadline:

@@ -1,7 +1,8 @@
 """The actuator: findings + snapshot -> plan -> actions through the ``Cluster`` protocol, in
 observe / approve / auto modes, under safety limits, with an audit log. Observe is the default."""
 
-from .apply import Actuator, AuditEntry, AuditLog, Mode, Outcome, SafetyLimits
+from .apply import Actuator, Mode, SafetyLimits
+from .audit import AuditEntry, AuditLog, Outcome
 from .loop import Reconciler, RoundReport
 from .plan import Plan, PlannedAction, PlanningPolicy, plan_from_findings
 

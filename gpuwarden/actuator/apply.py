@@ -1,31 +1,45 @@
 """Applying a plan through the ``Cluster`` protocol, under a mode, safety limits and an audit log.
 
 Modes:
-- ``observe``: nothing is applied; each planned action is recorded as ``planned`` when it first
-  appears (a plan that stands round after round is not recorded again).
-- ``approve``: actions wait in an approval queue (``approve(id)`` / ``reject(id)``); nothing is
-  applied until an operator approves, and limits are checked again at that moment.
+- ``observe``: nothing is applied. The limits are still evaluated as if the plan were carried out,
+  so each planned action is recorded as ``planned`` or as ``blocked-by-limit`` ("would be
+  blocked"); a plan that stands round after round is recorded once.
+- ``approve``: actions wait in the approval queue (:mod:`gpuwarden.actuator.approvals`); an
+  approved action is applied at the next round (or at once through :meth:`Actuator.approve`),
+  with the limits checked at that moment.
 - ``auto``: actions are applied at once, within the limits.
 
-Every outcome (planned, awaiting-approval, applied, refused, blocked-by-limit, error) is written to
-the audit log before the next action is tried, so a plan interrupted half-way leaves a record of
-exactly what was done and what was not.
+Safety: the hourly limit counts applied actions in the audit log (so restarts do not reset it);
+the node share counts cordoned nodes and nodes carrying a gpuwarden taint. When a limit is reached
+the circuit breaker opens: nothing more is applied, a metric and an Event say so, and a person
+resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
+action is tried, so a plan interrupted half-way leaves a record of exactly what was done.
 """
 
 from __future__ import annotations
 
 import enum
-import itertools
-import json
+import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Callable
 
-from gpuwarden.fleet import Action, ActionKind, Cluster
+from prometheus_client import Gauge
 
+from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
+from gpuwarden.fleet.protocols import EventSink
+
+from . import approvals
+from .audit import AuditEntry, AuditLog, Outcome, action_from_record, action_record, finding_record, new_id
 from .plan import Plan, PlannedAction
+
+log = logging.getLogger("gpuwarden.actuator")
+
+BREAKER_GAUGE = Gauge("gpuwarden_actuator_circuit_open",
+                      "1 while the actuator's circuit breaker is open (a safety limit was reached; a person must reset it)")
+OWN_TAINT_PREFIX = "gpuwarden.io/"  # taints the actuator puts on; others (nvidia.com/gpu:NoSchedule) are the operator's
+REJECTED_QUIET = timedelta(hours=24)  # a rejected action is not asked again for this long
 
 
 class Mode(str, enum.Enum):
@@ -34,20 +48,9 @@ class Mode(str, enum.Enum):
     AUTO = "auto"
 
 
-class Outcome(str, enum.Enum):
-    PLANNED = "planned"
-    AWAITING_APPROVAL = "awaiting-approval"
-    APPLIED = "applied"
-    REFUSED = "refused"  # the cluster said no
-    BLOCKED = "blocked-by-limit"
-    REJECTED = "rejected"  # an operator said no
-    ERROR = "error"
-    NOT_APPLIED = "not-applied"  # an earlier error stopped the plan
-
-
 @dataclass(frozen=True)
 class SafetyLimits:
-    """Limits that hold in approve and auto modes (observe applies nothing)."""
+    """Limits that hold in approve and auto modes, and are reported as "would block" in observe."""
 
     max_actions_per_hour: int = 10
     max_cordoned_node_ratio: float = 0.1  # never take more than this share of nodes out of scheduling
@@ -59,134 +62,303 @@ class SafetyLimits:
             raise ValueError(f"max_cordoned_node_ratio: {self.max_cordoned_node_ratio} not in 0..1")
 
 
-@dataclass(frozen=True)
-class AuditEntry:
-    at: datetime
-    mode: Mode
-    outcome: Outcome
-    kind: str
-    target: str
-    reason: str
-    message: str = ""
-    approval_id: int | None = None
-
-    def as_json(self) -> str:
-        return json.dumps({
-            "at": self.at.isoformat(), "mode": self.mode.value, "outcome": self.outcome.value, "kind": self.kind,
-            "target": self.target, "reason": self.reason, "message": self.message, "approval_id": self.approval_id,
-        })
+_REMOVES_NODE = (ActionKind.CORDON, ActionKind.DRAIN, ActionKind.TAINT)
+_UNCOUNTED = (ActionKind.NOTIFY,)  # a notice changes nothing a workload runs on
 
 
-class AuditLog:
-    """Append-only JSON lines; each entry is flushed before the caller goes on."""
-
-    def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path else None
-        self.entries: list[AuditEntry] = []
-        self._lock = threading.Lock()
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def record(self, entry: AuditEntry) -> None:
-        with self._lock:
-            self.entries.append(entry)
-            if self.path:
-                with self.path.open("a") as handle:
-                    handle.write(entry.as_json() + "\n")
-                    handle.flush()
-
-    @staticmethod
-    def read(path: str | Path) -> list[dict]:
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def inverse(action: Action) -> Action | None:
+    """The action that takes ``action`` back, where a generic one exists."""
+    why = f"undo {action.kind.value}"
+    if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
+        return Action(ActionKind.UNCORDON, action.target, why)
+    if action.kind == ActionKind.TAINT:
+        return Action(ActionKind.UNTAINT, action.target, why, {"taint": action.params.get("taint")})
+    if action.kind == ActionKind.SUSPEND:
+        return Action(ActionKind.RESUME, action.target, why)
+    return None
 
 
-_REMOVES_NODE = (ActionKind.CORDON, ActionKind.DRAIN)
+def _parse(at: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(at) if at else None
+    except ValueError:
+        return None
+
+
+class _Budget:
+    """What the limits still allow this round: actions in the last hour and nodes out of scheduling."""
+
+    def __init__(self, actuator: "Actuator", snapshot: ClusterSnapshot | None) -> None:
+        self.actuator = actuator
+        self.snapshot = snapshot
+        self.applied = actuator.applied_in_last_hour()
+        self.removed: set[str] | None = None
+
+    def _removed(self) -> set[str]:
+        if self.removed is None:
+            snapshot = self.snapshot or self.actuator.cluster.snapshot()
+            self.snapshot = snapshot
+            own = {n for n, taints in snapshot.taints.items() if any(t.startswith(OWN_TAINT_PREFIX) for t in taints)}
+            self.removed = set(snapshot.cordoned) | own
+        return self.removed
+
+    def why_not(self, action: Action) -> str | None:
+        limits = self.actuator.limits
+        if action.kind not in _UNCOUNTED and self.applied >= limits.max_actions_per_hour:
+            return f"{self.applied} actions in the last hour; limit {limits.max_actions_per_hour}"
+        if action.kind in _REMOVES_NODE:
+            removed = self._removed() | {action.target}
+            total = max(1, len(self.snapshot.nodes))
+            ratio = len(removed) / total
+            if ratio > limits.max_cordoned_node_ratio:
+                return (f"would leave {len(removed)} of {total} nodes cordoned or tainted ({ratio:.0%}); "
+                        f"limit {limits.max_cordoned_node_ratio:.0%}")
+        return None
+
+    def take(self, action: Action) -> None:
+        if action.kind not in _UNCOUNTED:
+            self.applied += 1
+        if action.kind in _REMOVES_NODE:
+            self._removed().add(action.target)
 
 
 class Actuator:
-    """Applies plans to one cluster. Not thread-safe across instances; one per cluster."""
+    """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits = SafetyLimits(),
-                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 leader: Callable[[], bool] | None = None, name: str = "actuator") -> None:
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits
         self.audit = audit or AuditLog()
         self.clock = clock
-        self.awaiting: dict[int, PlannedAction] = {}
-        self._observed: set[tuple[str, str]] = set()  # observe mode records a standing plan once
-        self._ids = itertools.count(1)
-        self._applied_at: list[datetime] = []
-        self._lock = threading.Lock()
+        self.leader = leader or (lambda: True)
+        self.name = name
+        self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
+        self._breaker_noted: set[tuple[str, str]] = set()
+        self._lock = threading.RLock()
+        BREAKER_GAUGE.set(1 if self.breaker_open else 0)
 
-    def _entry(self, outcome: Outcome, planned: PlannedAction, message: str = "", approval_id: int | None = None) -> AuditEntry:
-        action = planned.action
-        entry = AuditEntry(self.clock(), self.mode, outcome, action.kind.value, action.target, action.reason, message, approval_id)
+    # -- state rebuilt from the audit log ----------------------------------------------------------
+    def applied_in_last_hour(self) -> int:
+        hour_ago = self.clock() - timedelta(hours=1)
+        count = 0
+        for record in self.audit.records():
+            if record.get("outcome") != Outcome.APPLIED.value or record.get("kind") in [k.value for k in _UNCOUNTED]:
+                continue
+            at = _parse(record.get("at"))
+            if at is not None and at > hour_ago:
+                count += 1
+        return count
+
+    @property
+    def breaker_open(self) -> bool:
+        state = False
+        for record in self.audit.records():
+            if record.get("outcome") == Outcome.BREAKER_OPEN.value:
+                state = True
+            elif record.get("outcome") == Outcome.BREAKER_RESET.value:
+                state = False
+        return state
+
+    @property
+    def awaiting(self) -> dict[str, approvals.PendingApproval]:
+        return {p.approval_id: p for p in approvals.pending_from(self.audit.records())}
+
+    # -- recording ---------------------------------------------------------------------------------
+    def _entry(self, outcome: Outcome, action: Action, message: str = "", approval_id: str | None = None,
+               findings: tuple[dict, ...] = (), snapshot_at: datetime | None = None, by: str | None = None,
+               undo: Action | None = None, undo_of: str | None = None) -> AuditEntry:
+        entry = AuditEntry(self.clock(), self.mode, outcome, action.kind.value, action.target, action.reason, message,
+                           approval_id, dict(action.params), tuple(findings), snapshot_at, new_id(),
+                           by or self.name, action_record(undo), undo_of)
         self.audit.record(entry)
         return entry
 
-    def execute(self, plan: Plan) -> list[AuditEntry]:
+    @staticmethod
+    def _findings(planned: PlannedAction) -> tuple[dict, ...]:
+        return tuple(finding_record(f) for f in planned.findings)
+
+    # -- a round -----------------------------------------------------------------------------------
+    def execute(self, plan: Plan, snapshot: ClusterSnapshot | None = None) -> list[AuditEntry]:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
+            budget = _Budget(self, snapshot)
             if self.mode == Mode.OBSERVE:
-                out = [self._entry(Outcome.PLANNED, p) for p in plan.actions if p.key not in self._observed]
-                self._observed = {p.key for p in plan.actions}
-                return out
+                return self._observe(plan, budget)
             out: list[AuditEntry] = []
-            pending_keys = {p.key for p in self.awaiting.values()}
+            if self.mode == Mode.APPROVE:
+                out += self._apply_approved(budget)
+                return out + self._queue(plan)
+            breaker = self.breaker_open
+            if not breaker:
+                self._breaker_noted.clear()
             for position, planned in enumerate(plan.actions):
-                if self.mode == Mode.APPROVE:
-                    if planned.key in pending_keys:
-                        continue  # already waiting for an operator
-                    approval_id = next(self._ids)
-                    self.awaiting[approval_id] = planned
-                    out.append(self._entry(Outcome.AWAITING_APPROVAL, planned, approval_id=approval_id))
-                else:
-                    entry = self._apply(planned)
-                    out.append(entry)
-                    if entry.outcome == Outcome.ERROR:
-                        out += [self._entry(Outcome.NOT_APPLIED, rest, "an earlier action failed")
-                                for rest in plan.actions[position + 1:]]
-                        break
+                action, findings = planned.action, self._findings(planned)
+                if not self.leader():
+                    out += [self._entry(Outcome.NOT_APPLIED, rest.action, "not the leader (lease lost): stopped acting",
+                                        findings=self._findings(rest), snapshot_at=plan.snapshot_at)
+                            for rest in plan.actions[position:]]
+                    break
+                if breaker:
+                    if planned.key not in self._breaker_noted:
+                        self._breaker_noted.add(planned.key)
+                        out.append(self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person "
+                                               "(gpuwarden actuator reset)", findings=findings, snapshot_at=plan.snapshot_at))
+                    continue
+                why = budget.why_not(action)
+                if why:
+                    out.append(self._entry(Outcome.BLOCKED, action, why, findings=findings, snapshot_at=plan.snapshot_at))
+                    out.append(self._trip(why))
+                    self._breaker_noted.add(planned.key)
+                    breaker = True
+                    continue
+                entry = self._apply(action, budget, findings=findings, snapshot_at=plan.snapshot_at)
+                out.append(entry)
+                if entry.outcome == Outcome.ERROR:
+                    out += [self._entry(Outcome.NOT_APPLIED, rest.action, "an earlier action failed",
+                                        findings=self._findings(rest), snapshot_at=plan.snapshot_at)
+                            for rest in plan.actions[position + 1:]]
+                    break
             return out
 
-    def approve(self, approval_id: int) -> AuditEntry:
-        with self._lock:
-            planned = self.awaiting.pop(approval_id, None)
-            if planned is None:
-                raise KeyError(f"no action awaits approval with id {approval_id}; waiting: {sorted(self.awaiting)}")
-            return self._apply(planned, approval_id)
+    def _observe(self, plan: Plan, budget: _Budget) -> list[AuditEntry]:
+        out, seen = [], set()
+        breaker = self.breaker_open
+        for planned in plan.actions:
+            why = "circuit breaker open" if breaker else budget.why_not(planned.action)
+            if why:
+                breaker = True  # auto mode would stop here: everything after it is blocked too
+                outcome, message = Outcome.BLOCKED, f"would be blocked: {why}"
+            else:
+                budget.take(planned.action)
+                outcome, message = Outcome.PLANNED, ""
+            key = (*planned.key, outcome.value)
+            seen.add(key)
+            if key not in self._observed:
+                out.append(self._entry(outcome, planned.action, message, findings=self._findings(planned),
+                                       snapshot_at=plan.snapshot_at))
+        self._observed = seen
+        return out
 
-    def reject(self, approval_id: int) -> AuditEntry:
-        with self._lock:
-            planned = self.awaiting.pop(approval_id, None)
-            if planned is None:
-                raise KeyError(f"no action awaits approval with id {approval_id}; waiting: {sorted(self.awaiting)}")
-            return self._entry(Outcome.REJECTED, planned, approval_id=approval_id)
+    def _queue(self, plan: Plan) -> list[AuditEntry]:
+        records = self.audit.records()
+        waiting = {(p.kind, p.target) for p in approvals.pending_from(records)}
+        quiet_since = self.clock() - REJECTED_QUIET
+        by_id = {str(r["approval_id"]): r for r in records
+                 if r.get("outcome") == Outcome.AWAITING_APPROVAL.value and r.get("approval_id") is not None}
+        rejected = {(by_id[str(r["approval_id"])]["kind"], by_id[str(r["approval_id"])]["target"]) for r in records
+                    if r.get("outcome") == Outcome.REJECTED.value and str(r.get("approval_id")) in by_id
+                    and (_parse(r.get("at")) or quiet_since) > quiet_since}
+        out = []
+        for planned in plan.actions:
+            if planned.key in waiting or planned.key in rejected:
+                continue  # already waiting for a person, or a person said no recently
+            out.append(self._entry(Outcome.AWAITING_APPROVAL, planned.action, approval_id=new_id(),
+                                   findings=self._findings(planned), snapshot_at=plan.snapshot_at))
+        return out
 
-    def _apply(self, planned: PlannedAction, approval_id: int | None = None) -> AuditEntry:
-        why_not = self._limit_reached(planned.action)
-        if why_not:
-            return self._entry(Outcome.BLOCKED, planned, why_not, approval_id)
+    def _apply_approved(self, budget: _Budget) -> list[AuditEntry]:
+        out = []
+        for awaiting, decision in approvals.approved_not_applied(self.audit.records()):
+            action = action_from_record(awaiting)
+            kwargs = dict(approval_id=str(awaiting["approval_id"]), findings=tuple(awaiting.get("findings") or ()),
+                          snapshot_at=_parse(awaiting.get("snapshot_at")), by=decision.get("by") or "operator")
+            if not self.leader():
+                out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **kwargs))
+                continue
+            out.append(self._guarded_apply(action, budget, **kwargs))
+        return out
+
+    def _guarded_apply(self, action: Action, budget: _Budget, **kwargs) -> AuditEntry:
+        if self.breaker_open:
+            return self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person", **kwargs)
+        why = budget.why_not(action)
+        if why:
+            entry = self._entry(Outcome.BLOCKED, action, why, **kwargs)
+            self._trip(why)
+            return entry
+        return self._apply(action, budget, **kwargs)
+
+    def _apply(self, action: Action, budget: _Budget, **kwargs) -> AuditEntry:
         try:
-            result = self.cluster.apply(planned.action)
+            result = self.cluster.apply(action)
         except Exception as error:  # the protocol says never raise; a client bug or outage still must be recorded
-            return self._entry(Outcome.ERROR, planned, f"{type(error).__name__}: {error}", approval_id)
-        if not result.ok:
-            return self._entry(Outcome.REFUSED, planned, result.message, approval_id)
-        self._applied_at.append(self.clock())
-        return self._entry(Outcome.APPLIED, planned, result.message, approval_id)
+            return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", **kwargs)
+        if result.ok:
+            budget.take(action)
+            return self._entry(Outcome.APPLIED, action, result.message, undo=result.undo or inverse(action), **kwargs)
+        outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED
+        return self._entry(outcome, action, result.message, **kwargs)
 
-    def _limit_reached(self, action: Action) -> str | None:
-        hour_ago = self.clock() - timedelta(hours=1)
-        self._applied_at = [t for t in self._applied_at if t > hour_ago]
-        if len(self._applied_at) >= self.limits.max_actions_per_hour:
-            return f"{len(self._applied_at)} actions in the last hour; limit {self.limits.max_actions_per_hour}"
-        if action.kind in _REMOVES_NODE:
-            snapshot = self.cluster.snapshot()
-            cordoned = set(snapshot.cordoned) | {action.target}
-            ratio = len(cordoned) / max(1, len(snapshot.nodes))
-            if ratio > self.limits.max_cordoned_node_ratio:
-                return (f"would leave {len(cordoned)} of {len(snapshot.nodes)} nodes cordoned ({ratio:.0%}); "
-                        f"limit {self.limits.max_cordoned_node_ratio:.0%}")
-        return None
+    # -- the circuit breaker ---------------------------------------------------------------------
+    def _trip(self, why: str) -> AuditEntry:
+        BREAKER_GAUGE.set(1)
+        message = f"circuit breaker opened: {why}; nothing more is applied until a person resets it"
+        log.warning("actuator: %s", message)
+        if isinstance(self.cluster, EventSink):
+            try:
+                self.cluster.record_event("CircuitBreakerOpen", message)
+            except Exception as error:  # the Event is a courtesy; the audit entry and metric are the record
+                log.warning("actuator: could not post the breaker Event: %s", error)
+        return self._entry(Outcome.BREAKER_OPEN, Action(ActionKind.NOTIFY, "actuator", why), message)
+
+    def reset_breaker(self, by: str, comment: str = "") -> AuditEntry:
+        with self._lock:
+            BREAKER_GAUGE.set(0)
+            self._breaker_noted.clear()
+            return self._entry(Outcome.BREAKER_RESET, Action(ActionKind.NOTIFY, "actuator", comment or "reset"),
+                               f"reset by {by}", by=by)
+
+    # -- people ------------------------------------------------------------------------------------
+    def approve(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
+        """Record the approval and apply the action now (limits checked). ValueError if not waiting."""
+        with self._lock:
+            awaiting = self._decide(approval_id, True, by, comment)
+            action = action_from_record(awaiting)
+            return self._guarded_apply(action, _Budget(self, None), approval_id=str(approval_id), by=by,
+                                       findings=tuple(awaiting.get("findings") or ()),
+                                       snapshot_at=_parse(awaiting.get("snapshot_at")))
+
+    def reject(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
+        with self._lock:
+            awaiting = self._decide(approval_id, False, by, comment)
+            entry = AuditEntry(self.clock(), self.mode, Outcome.REJECTED, awaiting["kind"], awaiting["target"],
+                               awaiting.get("reason", ""), comment, str(approval_id), by=by)
+            self.audit.entries.append(entry)
+            return entry
+
+    def _decide(self, approval_id: str, approve: bool, by: str, comment: str) -> dict:
+        approval_id = str(approval_id)
+        if self.audit.path is not None:
+            awaiting = approvals.check_decidable(self.audit.records(), approval_id)
+            approvals.decide(self.audit.path, approval_id, approve, by, comment)
+            return awaiting
+        awaiting = approvals.check_decidable(self.audit.records(), approval_id)
+        self.audit.append_record(approvals.decision_record(approval_id, approve, by, comment, self.clock()))
+        return awaiting
+
+    def undo(self, entry_id: str, by: str = "operator") -> AuditEntry:
+        """Apply the inverse of an applied action (uncordon, untaint, resume). ValueError if it cannot be."""
+        with self._lock:
+            records = self.audit.records()
+            applied = next((r for r in records if r.get("entry_id") == entry_id), None)
+            if applied is None or applied.get("outcome") != Outcome.APPLIED.value:
+                raise ValueError(f"no applied action with id {entry_id} in the audit log")
+            done = next((r for r in records if r.get("undo_of") == entry_id and r.get("outcome") == Outcome.UNDONE.value), None)
+            if done is not None:
+                raise ValueError(f"action {entry_id} was already undone at {done.get('at')} by {done.get('by')}")
+            if not applied.get("undo"):
+                raise ValueError(f"{applied.get('kind')} {applied.get('target')} cannot be undone (no inverse: "
+                                 f"an evicted pod is recreated by its controller, a notice stays)")
+            action = action_from_record(applied["undo"])
+            try:
+                result = self.cluster.apply(action)
+            except Exception as error:
+                return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", by=by, undo_of=entry_id)
+            if not result.ok:
+                outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED
+                return self._entry(outcome, action, result.message, by=by, undo_of=entry_id)
+            return self._entry(Outcome.UNDONE, action, result.message, by=by, undo_of=entry_id,
+                               findings=tuple(applied.get("findings") or ()))

@@ -16,8 +16,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwarden.fleet import ClusterSnapshot, Finding
 
-from .apply import Actuator, AuditEntry
-from .plan import Plan, PlanningPolicy, plan_from_findings
+from gpuwarden.scheduling.planner import plan as schedule_plan
+
+from .apply import Actuator
+from .audit import AuditEntry
+from .plan import Plan, PlanningPolicy, plan_from_findings, scheduling_findings
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -31,13 +34,17 @@ class RoundReport:
 
 class Reconciler:
     def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
-                 policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0) -> None:
+                 policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0,
+                 scheduling: str | None = None) -> None:
+        """``scheduling``: a scheduling policy name (``gpuwarden``...) whose decisions on each
+        snapshot (quota reclaim, queue order) join the plan; None plans from findings only."""
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds: {interval_seconds} must be > 0")
         self.actuator = actuator
         self.find = find
         self.policy = policy
         self.interval_seconds = interval_seconds
+        self.scheduling = scheduling
         self.rounds: list[RoundReport] = []
         self._scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
@@ -45,9 +52,11 @@ class Reconciler:
     def reconcile_once(self) -> RoundReport:
         with self._lock:
             snapshot = self.actuator.cluster.snapshot()
-            findings = self.find(snapshot)
+            findings = list(self.find(snapshot))
+            if self.scheduling:
+                findings += scheduling_findings(schedule_plan(snapshot, self.scheduling).actions, snapshot)
             plan = plan_from_findings(findings, snapshot, self.policy)
-            entries = tuple(self.actuator.execute(plan))
+            entries = tuple(self.actuator.execute(plan, snapshot))
             report = RoundReport(len(findings), plan, entries)
             self.rounds.append(report)
             log.info("reconcile: %d findings -> %d planned actions (%s mode)", len(findings), len(plan.actions),

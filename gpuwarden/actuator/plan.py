@@ -1,19 +1,36 @@
 """From findings and a cluster snapshot to a plan of actions: pure, decided on an immutable snapshot.
 
-A finding recommends an action; planning turns the ones worth acting on into node actions,
-strongest first (drain > cordon > taint), one per node, skipping what is already done and what the
-operator protected. Applying the plan is a separate step (:mod:`gpuwarden.actuator.apply`).
+One plan vocabulary for every source of actions, each action carrying the findings behind it:
+- health findings become node actions, strongest first (drain > cordon > taint), one per node;
+- idle findings (``hoarded``, ``allocated-idle``) on a workload in a namespace that opted in
+  (label ``gpuwarden.io/reclaim-idle=true``) become a notice (an Event and an annotation) once the
+  GPU has idled past ``notify_grace_seconds``, then, ``reclaim_grace_seconds`` after the notice, a
+  suspend (checkpointable or a suspendable controller) or an eviction;
+- a finding that names a workload in its evidence and recommends a workload action (set-priority,
+  suspend, resume, preempt, evict) is planned as it says;
+- the scheduling planner's decisions (guarantees honoured, lent quota reclaimed, queue order) are
+  turned into findings of kind ``scheduling`` by :func:`plan_from_schedule`.
+An action whose effect already stands (a cordoned node, a suspended job) is never planned again,
+and a node or namespace labelled ``gpuwarden.io/protect=true`` is left alone. Applying the plan is
+a separate step (:mod:`gpuwarden.actuator.apply`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding, Severity
+from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding, Severity, WorkloadPhase, WorkloadState
 
 # Node actions a health finding may lead to, weakest to strongest.
 NODE_ACTIONS = (ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN)
+WORKLOAD_ACTIONS = (ActionKind.SET_PRIORITY, ActionKind.RESUME, ActionKind.NOTIFY, ActionKind.SUSPEND,
+                    ActionKind.EVICT, ActionKind.PREEMPT)
+SUSPENDABLE_CONTROLLERS = ("Job", "JobSet", "Workload")  # batch/v1 spec.suspend, JobSet spec.suspend, Kueue spec.active
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+PROTECT_LABEL = "gpuwarden.io/protect"
+RECLAIM_LABEL = "gpuwarden.io/reclaim-idle"
+NOTIFIED_ANNOTATION = "gpuwarden.io/idle-notified-at"
 
 
 @dataclass(frozen=True)
@@ -24,6 +41,10 @@ class PlanningPolicy:
     min_confidence: float = 0.8
     protected_nodes: frozenset[str] = frozenset()
     taint: str = "gpuwarden.io/unhealthy=true:NoSchedule"
+    idle_kinds: frozenset[str] = frozenset({"hoarded", "allocated-idle", "idle"})
+    notify_grace_seconds: float = 3600.0  # idle this long before the owner is told
+    reclaim_grace_seconds: float = 3600.0  # after the notice, this long before the GPU is taken back
+    suspend_grace_seconds: int = 120  # a checkpointable workload's time to save before it stops
 
 
 @dataclass(frozen=True)
@@ -40,27 +61,76 @@ class PlannedAction:
 class Plan:
     actions: tuple[PlannedAction, ...]
     skipped: tuple[tuple[Finding, str], ...] = field(default=())  # finding and why it led to nothing
+    snapshot_at: datetime | None = None
 
 
-def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy = PlanningPolicy()) -> Plan:
+def _label_true(labels, key: str) -> bool:
+    return str((labels or {}).get(key, "")).lower() == "true"
+
+
+def node_protected(snapshot: ClusterSnapshot, node: str, policy: PlanningPolicy) -> bool:
+    return node in policy.protected_nodes or _label_true(snapshot.node_labels.get(node), PROTECT_LABEL)
+
+
+def namespace_protected(snapshot: ClusterSnapshot, namespace: str) -> bool:
+    return _label_true(snapshot.namespace_labels.get(namespace), PROTECT_LABEL)
+
+
+def workload_key(state: WorkloadState) -> str:
+    return f"{state.workload.namespace}/{state.workload.name}"
+
+
+def _passes(finding: Finding, policy: PlanningPolicy) -> str | None:
+    if _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[policy.min_severity]:
+        return f"severity {finding.severity.value} below {policy.min_severity.value}"
+    if finding.confidence < policy.min_confidence:
+        return f"confidence {finding.confidence:.2f} below {policy.min_confidence:.2f}"
+    return None
+
+
+def already_standing(action: Action, snapshot: ClusterSnapshot, policy: PlanningPolicy,
+                     workloads: dict[str, WorkloadState] | None = None) -> str | None:
+    """Why ``action`` would change nothing (its effect already stands), or None."""
+    target, kind = action.target, action.kind
+    if kind == ActionKind.CORDON and target in snapshot.cordoned:
+        return f"{target} is already cordoned"
+    if kind == ActionKind.TAINT and action.params.get("taint", policy.taint) in snapshot.taints.get(target, ()):
+        return f"{target} is already tainted"
+    if kind == ActionKind.DRAIN and target in snapshot.cordoned and not any(
+            p.node == target for w in snapshot.workloads if w.phase == WorkloadPhase.RUNNING for p in w.placements):
+        return f"{target} is already drained (cordoned, no GPU workload left)"
+    if kind in WORKLOAD_ACTIONS:
+        workloads = workloads if workloads is not None else {workload_key(w): w for w in snapshot.workloads}
+        state = workloads.get(target)
+        if state is None:
+            return f"workload {target!r} is not in the cluster"
+        if kind == ActionKind.NOTIFY and NOTIFIED_ANNOTATION in state.annotations:
+            return f"{target} was already notified"
+        if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT, ActionKind.EVICT) and state.phase == WorkloadPhase.SUSPENDED:
+            return f"{target} is already suspended"
+        if kind == ActionKind.RESUME and state.phase != WorkloadPhase.SUSPENDED:
+            return f"{target} is {state.phase.value}, not suspended"
+        if kind == ActionKind.SET_PRIORITY and action.params.get("priority_class") in (
+                state.priority_override, state.workload.priority_class.value) and state.priority_override in (
+                None, action.params.get("priority_class")):
+            return f"{target} already has priority {action.params.get('priority_class')}"
+    return None
+
+
+def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy,
+               skipped: list) -> list[PlannedAction]:
     nodes = {node.name for node in snapshot.nodes}
     strongest: dict[str, tuple[ActionKind, list[Finding]]] = {}
-    skipped: list[tuple[Finding, str]] = []
     for finding in findings:
         action = finding.recommended_action
-        if action not in NODE_ACTIONS:
-            skipped.append((finding, "recommends no node action"))
-            continue
-        if _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[policy.min_severity]:
-            skipped.append((finding, f"severity {finding.severity.value} below {policy.min_severity.value}"))
-            continue
-        if finding.confidence < policy.min_confidence:
-            skipped.append((finding, f"confidence {finding.confidence:.2f} below {policy.min_confidence:.2f}"))
+        why = _passes(finding, policy)
+        if why:
+            skipped.append((finding, why))
             continue
         if finding.node not in nodes:
             skipped.append((finding, f"node {finding.node!r} is not in the cluster"))
             continue
-        if finding.node in policy.protected_nodes:
+        if node_protected(snapshot, finding.node, policy):
             skipped.append((finding, f"node {finding.node!r} is protected"))
             continue
         current = strongest.get(finding.node)
@@ -70,14 +140,146 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
             current[1].append(finding)
     planned = []
     for node, (kind, evidence) in sorted(strongest.items()):
-        # A drain still evicts on a cordoned node; a cordon or the same taint twice does nothing.
-        already = (kind == ActionKind.CORDON and node in snapshot.cordoned) or (
-            kind == ActionKind.TAINT and policy.taint in snapshot.taints.get(node, ())
-        )
-        if already:
-            skipped.extend((finding, f"{node} is already {kind.value}ed") for finding in evidence)
-            continue
-        reason = "; ".join(sorted({f"{f.kind} on {f.gpu_uuid or node}" for f in evidence}))
         params = {"taint": policy.taint} if kind == ActionKind.TAINT else {}
-        planned.append(PlannedAction(Action(kind, node, reason, params), tuple(evidence)))
-    return Plan(tuple(planned), tuple(skipped))
+        reason = "; ".join(sorted({f"{f.kind} on {f.gpu_uuid or node}" for f in evidence}))
+        action = Action(kind, node, reason, params)
+        standing = already_standing(action, snapshot, policy)
+        if standing:
+            skipped.extend((finding, standing) for finding in evidence)
+            continue
+        planned.append(PlannedAction(action, tuple(evidence)))
+    return planned
+
+
+def _workload_of(finding: Finding, snapshot: ClusterSnapshot) -> WorkloadState | None:
+    evidence = finding.evidence
+    named = evidence.get("workload")
+    namespace, pod = evidence.get("namespace"), evidence.get("pod")
+    for state in snapshot.workloads:
+        key = workload_key(state)
+        if named and key == named:
+            return state
+        if pod and state.workload.namespace == namespace and (pod == state.workload.name or pod in state.pods):
+            return state
+    if finding.gpu_uuid and not named and not pod:
+        for state in snapshot.workloads:
+            if any(p.gpu_uuid == finding.gpu_uuid for p in state.placements):
+                return state
+    return None
+
+
+def _idle_action(finding: Finding, state: WorkloadState, snapshot: ClusterSnapshot,
+                 policy: PlanningPolicy, now: datetime) -> tuple[ActionKind | None, str]:
+    idle_seconds = (finding.last_seen - finding.first_seen).total_seconds()
+    if idle_seconds < policy.notify_grace_seconds:
+        return None, f"idle {idle_seconds:.0f} s, under the notice grace of {policy.notify_grace_seconds:.0f} s"
+    notified = state.annotations.get(NOTIFIED_ANNOTATION)
+    if not notified:
+        return ActionKind.NOTIFY, ""
+    try:
+        since = (now - datetime.fromisoformat(notified)).total_seconds()
+    except (TypeError, ValueError):
+        return None, f"annotation {NOTIFIED_ANNOTATION}={notified!r} is not an ISO time"
+    if since < policy.reclaim_grace_seconds:
+        return None, f"notified {since:.0f} s ago; reclaim grace is {policy.reclaim_grace_seconds:.0f} s"
+    if state.workload.checkpointable or state.controller in SUSPENDABLE_CONTROLLERS:
+        return ActionKind.SUSPEND, ""
+    return ActionKind.EVICT, ""
+
+
+def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy, now: datetime,
+                   skipped: list) -> list[PlannedAction]:
+    planned: dict[str, PlannedAction] = {}
+    workloads = {workload_key(w): w for w in snapshot.workloads}
+    for finding in findings:
+        idle = finding.kind in policy.idle_kinds
+        why = None if idle else _passes(finding, policy)  # idle findings are facts, not guesses: no confidence bar
+        if why:
+            skipped.append((finding, why))
+            continue
+        state = _workload_of(finding, snapshot)
+        if state is None:
+            skipped.append((finding, "no workload in the cluster holds this GPU or pod"))
+            continue
+        target, namespace = workload_key(state), state.workload.namespace
+        if namespace_protected(snapshot, namespace):
+            skipped.append((finding, f"namespace {namespace!r} is protected"))
+            continue
+        params: dict = {}
+        if idle:
+            if not _label_true(snapshot.namespace_labels.get(namespace), RECLAIM_LABEL):
+                skipped.append((finding, f"namespace {namespace!r} has not opted in ({RECLAIM_LABEL}=true)"))
+                continue
+            kind, why = _idle_action(finding, state, snapshot, policy, now)
+            if kind is None:
+                skipped.append((finding, why))
+                continue
+            if kind == ActionKind.NOTIFY:
+                params = {"annotation": NOTIFIED_ANNOTATION, "at": now.isoformat(),
+                          "message": f"GPU {finding.gpu_uuid or '?'} on {finding.node} has been {finding.kind} since "
+                                     f"{finding.first_seen.isoformat()}; it will be reclaimed after "
+                                     f"{policy.reclaim_grace_seconds:.0f} s unless it is used"}
+        else:
+            kind = finding.recommended_action
+            params = {k: finding.evidence[k] for k in ("priority_class",) if k in finding.evidence}
+        if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT):
+            params["grace_seconds"] = policy.suspend_grace_seconds
+        action = Action(kind, target, f"{finding.kind} on {finding.gpu_uuid or finding.node or target}", params)
+        standing = already_standing(action, snapshot, policy, workloads)
+        if standing:
+            skipped.append((finding, standing))
+            continue
+        current = planned.get(target)
+        if current is None or WORKLOAD_ACTIONS.index(kind) > WORKLOAD_ACTIONS.index(current.action.kind):
+            planned[target] = PlannedAction(action, (finding,) + (current.findings if current else ()))
+        else:
+            planned[target] = PlannedAction(current.action, current.findings + (finding,))
+    return [planned[k] for k in sorted(planned)]
+
+
+def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy = PlanningPolicy(),
+                       now: datetime | None = None) -> Plan:
+    now = now or snapshot.taken_at
+    skipped: list[tuple[Finding, str]] = []
+    node_findings, workload_findings = [], []
+    for finding in findings:
+        if finding.kind in policy.idle_kinds or finding.recommended_action in WORKLOAD_ACTIONS:
+            workload_findings.append(finding)
+        elif finding.recommended_action in NODE_ACTIONS:
+            node_findings.append(finding)
+        else:
+            skipped.append((finding, "recommends no node action"))
+    actions = _node_plan(node_findings, snapshot, policy, skipped) + _workload_plan(
+        workload_findings, snapshot, policy, now, skipped)
+    return Plan(tuple(actions), tuple(skipped), snapshot.taken_at)
+
+
+def scheduling_findings(actions, snapshot: ClusterSnapshot) -> list[Finding]:
+    """The scheduling planner's decisions as findings, so they travel the same plan, limits and audit.
+    BIND is left to the Kubernetes scheduler (or Kueue), which places pods itself."""
+    placement = {workload_key(w): w for w in snapshot.workloads}
+    out = []
+    for action in actions:
+        if action.kind == ActionKind.BIND:
+            continue
+        state = placement.get(action.target)
+        node = state.placements[0].node if state and state.placements else ""
+        evidence = {"workload": action.target, "decision": action.kind.value, "reason": action.reason}
+        if state is not None:
+            evidence.update(team=state.workload.team, gpus=state.workload.total_gpu_equivalents)
+        kind = "quota-reclaim" if "preempted for" in action.reason else "queue-order"
+        out.append(Finding(kind, Severity.WARNING, node, None, evidence, action.kind, 1.0,
+                           snapshot.taken_at, snapshot.taken_at))
+    return out
+
+
+def merge(*plans: Plan) -> Plan:
+    """One plan from several: one action per target (the first plan's wins), skipped reasons kept."""
+    seen: dict[str, PlannedAction] = {}
+    skipped: list = []
+    for plan in plans:
+        skipped.extend(plan.skipped)
+        for planned in plan.actions:
+            seen.setdefault(planned.action.target, planned)
+    at = next((p.snapshot_at for p in plans if p.snapshot_at), None)
+    return Plan(tuple(seen.values()), tuple(skipped), at)

@@ -79,6 +79,11 @@ class WorkloadState:
     duration_seconds: float | None = None  # known in simulation and replay only
     preemptions: int = 0
     priority_override: str | None = None
+    # Where the workload came from in a real cluster: "Job", "JobSet", "Workload" (Kueue), "Pod"
+    # (bare) or another controller's kind; "" in the simulation. Names its pods for actions.
+    controller: str = ""
+    pods: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,13 +98,23 @@ class ClusterSnapshot:
     cordoned: frozenset[str] = frozenset()
     taints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     unhealthy_gpus: frozenset[str] = frozenset()
+    # Labels an operator sets to steer the actuator (``gpuwarden.io/protect``,
+    # ``gpuwarden.io/reclaim-idle``); empty where the cluster has none (the simulation).
+    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ActionResult:
+    """``ok=False`` with ``temporary=True`` is worth retrying later (a PDB's 429, a conflict that
+    kept losing, a 5xx or timeout after back-off); otherwise a failure is permanent (403, 422...)."""
+
     action: Action
     ok: bool
     message: str
+    temporary: bool = False
+    # What to apply to take the action back (uncordon, untaint, resume...); None: cannot be undone.
+    undo: Action | None = None
 
 
 @runtime_checkable
@@ -109,3 +124,10 @@ class Cluster(Protocol):
     def apply(self, action: Action) -> ActionResult:
         """Apply one action; never raise for a refused action, return ``ok=False`` with why."""
         ...
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Optional for a ``Cluster``: where the actuator tells people it stopped (circuit breaker)."""
+
+    def record_event(self, reason: str, message: str) -> None: ...

@@ -84,6 +84,7 @@ class ActionKind(str, enum.Enum):
     SET_PRIORITY = "set-priority"
     PREEMPT = "preempt"
     BIND = "bind"
+    NOTIFY = "notify"  # tell the owner (an Event on the pod and an annotation); changes nothing else
 
 
 @dataclass(frozen=True)

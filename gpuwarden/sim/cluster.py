@@ -177,6 +177,12 @@ class SimCluster:
             raise LookupError(f"priority_class {value!r} is not one of: {allowed}") from None
         return f"{action.target} priority set to {job.priority.value}"
 
+    def _do_notify(self, action: Action) -> str:
+        """A notice changes nothing in the simulation; it is kept so a test can see it was given."""
+        self._job(action.target)
+        self.notices = getattr(self, "notices", []) + [action]
+        return f"notified the owner of {action.target}"
+
     def _do_bind(self, action: Action) -> str:
         """Place a pending workload on the GPUs named in ``params['gpu_uuids']`` (whole GPUs)."""
         sim = self.sim
