@@ -1,0 +1,260 @@
+"""``KubeCluster``: the ``Cluster`` protocol over the Kubernetes API (official client).
+
+Actions and the requests they make:
+- cordon / uncordon: PATCH node ``spec.unschedulable``;
+- taint / untaint: GET node, PATCH ``spec.taints`` with the read ``resourceVersion`` (a 409 means
+  someone changed the node meanwhile: re-read and retry);
+- drain: cordon, then the Eviction API for each pod on the node (``spec.nodeName`` field selector),
+  skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
+- suspend / resume: a Kueue Workload's ``spec.active`` where Kueue manages the job, else
+  ``batch/v1`` Job (or JobSet) ``spec.suspend``;
+- preempt: suspend where the controller can (undo: resume), else evict each pod with the grace
+  period (``params['grace_seconds']``);
+- evict: the Eviction API for each pod of the workload;
+- set-priority: a Kueue Workload's ``spec.priorityClassName`` and ``spec.priority``; anything else
+  is refused with the reason (a pod's priority is fixed at creation);
+- notify: an Event on the pod and the ``gpuwarden.io/idle-notified-at`` annotation.
+Every result is an ``ActionResult``: ok, or a permanent or temporary failure with one line why.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Callable
+
+from kubernetes import client
+
+from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
+
+from .api import MERGE_PATCH, KubeApi, KubeFailure
+from .inventory import KUEUE, Inventory, read_snapshot
+
+log = logging.getLogger("gpuwarden.actuator.kube")
+
+JOBSET = ("jobset.x-k8s.io", "v1alpha2")
+CONFLICT_RETRIES = 3
+
+
+def _taint(text: str) -> dict:
+    """``key=value:Effect`` (value optional) as a Node taint."""
+    head, _, effect = text.rpartition(":")
+    key, _, value = head.partition("=")
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(f"taint {text!r} is not key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)")
+    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+
+
+class KubeCluster:
+    def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc), event_source: str = "gpuwarden-actuator") -> None:
+        self.api = api
+        self.namespace = namespace  # where the actuator's own Events go
+        self.page_size = page_size
+        self.clock = clock
+        self.event_source = event_source
+        self.inventory = Inventory()
+
+    # -- reading -------------------------------------------------------------------------------
+    def snapshot(self) -> ClusterSnapshot:
+        snapshot, self.inventory = read_snapshot(self.api, self.page_size, self.clock)
+        return snapshot
+
+    # -- acting --------------------------------------------------------------------------------
+    def apply(self, action: Action) -> ActionResult:
+        handler = getattr(self, f"_do_{action.kind.value.replace('-', '_')}", None)
+        if handler is None:
+            return ActionResult(action, False, f"{action.kind.value}: not done on Kubernetes (the scheduler binds pods)")
+        try:
+            message, undo = handler(action)
+        except KubeFailure as failure:
+            if failure.gone and action.kind in (ActionKind.EVICT, ActionKind.PREEMPT):
+                return ActionResult(action, True, f"{action.target} already gone: {failure.message}")
+            return ActionResult(action, False, f"{action.kind.value} {action.target}: {failure.message}",
+                                temporary=failure.temporary)
+        except (ValueError, LookupError) as error:
+            return ActionResult(action, False, f"{action.kind.value} {action.target}: {error}")
+        return ActionResult(action, True, message, undo=undo)
+
+    def record_event(self, reason: str, message: str) -> None:
+        self._event(self.namespace, {"kind": "Namespace", "name": self.namespace, "apiVersion": "v1"}, reason, message,
+                    "Warning")
+
+    def _event(self, namespace: str, involved: dict, reason: str, message: str, kind: str = "Normal") -> None:
+        now = self.clock().isoformat().replace("+00:00", "Z")
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{involved['name']}.gpuwarden.", "namespace": namespace},
+                "involvedObject": {**involved, "namespace": namespace if involved["kind"] != "Namespace" else None},
+                "reason": reason, "message": message[:1024], "type": kind, "source": {"component": self.event_source},
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        self.api.call(self.api.core.create_namespaced_event, namespace, body, verb="create", resource="events")
+
+    # nodes
+    def _patch_node(self, name: str, body: dict) -> dict:
+        return self.api.call(self.api.core.patch_node, name, body, verb="patch", resource="nodes",
+                             _content_type=MERGE_PATCH)
+
+    def _do_cordon(self, action: Action):
+        self._patch_node(action.target, {"spec": {"unschedulable": True}})
+        return f"cordoned {action.target}", Action(ActionKind.UNCORDON, action.target, "undo cordon")
+
+    def _do_uncordon(self, action: Action):
+        self._patch_node(action.target, {"spec": {"unschedulable": None}})
+        return f"uncordoned {action.target}", None
+
+    def _edit_taints(self, name: str, edit: Callable[[list], list]) -> None:
+        for attempt in range(CONFLICT_RETRIES + 1):
+            node = self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
+            taints = edit(list((node.get("spec") or {}).get("taints") or ()))
+            body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": taints}}
+            try:
+                self._patch_node(name, body)
+                return
+            except KubeFailure as failure:
+                if not failure.conflict or attempt == CONFLICT_RETRIES:
+                    raise
+                log.info("taint %s: %s; re-reading", name, failure.message)
+
+    def _do_taint(self, action: Action):
+        taint = _taint(str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule")))
+        same = lambda t: t.get("key") == taint["key"] and t.get("effect") == taint["effect"]  # noqa: E731
+        self._edit_taints(action.target, lambda taints: [t for t in taints if not same(t)] + [taint])
+        return (f"tainted {action.target} with {action.params.get('taint')}",
+                Action(ActionKind.UNTAINT, action.target, "undo taint", {"taint": action.params.get("taint")}))
+
+    def _do_untaint(self, action: Action):
+        wanted = action.params.get("taint")
+        taint = _taint(str(wanted)) if wanted else None
+        keep = lambda t: taint is not None and not (t.get("key") == taint["key"] and t.get("effect") == taint["effect"])  # noqa: E731
+        self._edit_taints(action.target, lambda taints: [t for t in taints if keep(t)])
+        return f"removed taint {wanted or '(all)'} from {action.target}", None
+
+    def _do_drain(self, action: Action):
+        self._patch_node(action.target, {"spec": {"unschedulable": True}})
+        pods = self.api.list_all(self.api.core.list_pod_for_all_namespaces, resource="pods", page_size=self.page_size,
+                                 field_selector=f"spec.nodeName={action.target},status.phase!=Succeeded,status.phase!=Failed")
+        evicted, blocked, skipped = 0, [], 0
+        for pod in pods:
+            meta = pod["metadata"]
+            daemon = any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or ())
+            mirror = "kubernetes.io/config.mirror" in (meta.get("annotations") or {})
+            if daemon or mirror:
+                skipped += 1
+                continue
+            if self._evict(meta.get("namespace", ""), meta["name"], action.params.get("grace_seconds")):
+                evicted += 1
+            else:
+                blocked.append(f"{meta.get('namespace')}/{meta['name']}")
+        message = f"drained {action.target}: {evicted} pod(s) evicted, {skipped} DaemonSet/mirror pod(s) left"
+        if blocked:
+            raise KubeFailure(429, f"{message}; {len(blocked)} blocked by a PodDisruptionBudget ({', '.join(blocked[:5])}): "
+                                   "retry later (the node stays cordoned)", True)
+        return message, Action(ActionKind.UNCORDON, action.target, "undo drain (evicted pods are recreated elsewhere)")
+
+    def _evict(self, namespace: str, pod: str, grace_seconds=None) -> bool:
+        """True once evicted (or already gone); False if a PodDisruptionBudget said not now."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        if grace_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": int(grace_seconds)}
+        try:
+            self.api.call(self.api.core.create_namespaced_pod_eviction, pod, namespace, body, verb="create",
+                          resource="pods/eviction", retry_429=False)
+        except KubeFailure as failure:
+            if failure.gone:
+                return True
+            if failure.status == 429:
+                return False
+            raise
+        return True
+
+    # workloads
+    def _workload(self, target: str) -> tuple[str, str, str]:
+        namespace, _, name = target.partition("/")
+        controller = self.inventory.controller.get(target)
+        if controller is None:
+            raise LookupError("not found in the last snapshot (already gone?)")
+        return namespace, name, controller
+
+    def _set_suspended(self, target: str, suspended: bool) -> str:
+        namespace, name, controller = self._workload(target)
+        kueue = self.inventory.kueue_workload.get(target)
+        if kueue:
+            self.api.call(self.api.custom.patch_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
+                          {"spec": {"active": not suspended}}, verb="patch", resource="workloads.kueue.x-k8s.io",
+                          _content_type=MERGE_PATCH)
+            return f"Kueue Workload {namespace}/{kueue} spec.active={not suspended}"
+        if controller == "Job":
+            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspended}},
+                          verb="patch", resource="jobs", _content_type=MERGE_PATCH)
+            return f"Job {target} spec.suspend={suspended}"
+        if controller == "JobSet":
+            self.api.call(self.api.custom.patch_namespaced_custom_object, *JOBSET, namespace, "jobsets", name,
+                          {"spec": {"suspend": suspended}}, verb="patch", resource="jobsets.jobset.x-k8s.io",
+                          _content_type=MERGE_PATCH)
+            return f"JobSet {target} spec.suspend={suspended}"
+        raise ValueError(f"a {controller} cannot be suspended (only Jobs, JobSets and Kueue Workloads can); "
+                         "evict it or scale its controller down")
+
+    def _do_suspend(self, action: Action):
+        how = self._set_suspended(action.target, True)
+        return f"suspended {action.target} ({how})", Action(ActionKind.RESUME, action.target, "undo suspend")
+
+    def _do_resume(self, action: Action):
+        return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
+
+    def _evict_workload(self, action: Action) -> str:
+        namespace, _, _ = self._workload(action.target)
+        pods = self.inventory.pods.get(action.target, [])
+        blocked = [p for p in pods if not self._evict(namespace, p, action.params.get("grace_seconds"))]
+        if blocked:
+            raise KubeFailure(429, f"{len(blocked)} of {len(pods)} pod(s) blocked by a PodDisruptionBudget: retry later", True)
+        return f"evicted {len(pods)} pod(s) of {action.target}"
+
+    def _do_evict(self, action: Action):
+        return self._evict_workload(action), None
+
+    def _do_preempt(self, action: Action):
+        _, _, controller = self._workload(action.target)
+        if controller in ("Job", "JobSet") or action.target in self.inventory.kueue_workload:
+            how = self._set_suspended(action.target, True)
+            return (f"preempted {action.target} by suspending it ({how}); its pods get their grace period",
+                    Action(ActionKind.RESUME, action.target, "undo preempt"))
+        return self._evict_workload(action) + " (preempted; its controller or owner recreates it)", None
+
+    def _do_set_priority(self, action: Action):
+        namespace, name, controller = self._workload(action.target)
+        wanted = action.params.get("priority_class")
+        kueue = self.inventory.kueue_workload.get(action.target)
+        if not kueue:
+            raise ValueError(f"Kubernetes fixes a pod's priority at creation (spec.priority is immutable) and this "
+                             f"{controller} has no Kueue Workload; recreate it with priorityClassName {wanted!r}")
+        if wanted not in self.inventory.workload_priority_classes:
+            known = ", ".join(sorted(self.inventory.workload_priority_classes)) or "none"
+            raise ValueError(f"WorkloadPriorityClass {wanted!r} does not exist; known: {known}")
+        current = self.api.call(self.api.custom.get_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
+                                verb="get", resource="workloads.kueue.x-k8s.io")
+        previous = (current.get("spec") or {}).get("priorityClassName")
+        self.api.call(self.api.custom.patch_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
+                      {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                       "spec": {"priorityClassName": wanted, "priorityClassSource": "kueue.x-k8s.io/workloadpriorityclass",
+                                "priority": self.inventory.workload_priority_classes[wanted]}},
+                      verb="patch", resource="workloads.kueue.x-k8s.io", _content_type=MERGE_PATCH)
+        undo = Action(ActionKind.SET_PRIORITY, action.target, "undo set-priority", {"priority_class": previous}) if previous else None
+        return f"{action.target}: Kueue Workload {kueue} priority {previous} -> {wanted}", undo
+
+    def _do_notify(self, action: Action):
+        namespace, _, _ = self._workload(action.target)
+        pods = self.inventory.pods.get(action.target, [])
+        at = str(action.params.get("at") or self.clock().isoformat())
+        annotation = str(action.params.get("annotation", "gpuwarden.io/idle-notified-at"))
+        message = str(action.params.get("message") or action.reason)
+        for pod in pods:
+            self._event(namespace, {"kind": "Pod", "name": pod, "apiVersion": "v1"}, "GpuIdle", message, "Warning")
+            self.api.call(self.api.core.patch_namespaced_pod, pod, namespace,
+                          {"metadata": {"annotations": {annotation: at}}}, verb="patch", resource="pods",
+                          _content_type=MERGE_PATCH)
+        return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
+
+
+def make_api(api_client: client.ApiClient, **kwargs) -> KubeApi:
+    return KubeApi(api_client, **kwargs)

@@ -1,0 +1,343 @@
+"""A fake Kubernetes API server that speaks the real REST protocol, for tests and the bench.
+
+There is no kube-apiserver here, so the official ``kubernetes`` client is driven UNMODIFIED over
+real HTTP against this small threaded server. It keeps JSON objects per resource path and answers
+the way the API server does for what gpuwarden uses:
+- ``/api/v1/...`` and ``/apis/GROUP/VERSION/...``, cluster-scoped and namespaced, list across
+  namespaces; list with ``limit``/``continue`` paging, ``labelSelector`` (k=v, k!=v, k) and
+  ``fieldSelector`` (dotted.path=v, dotted.path!=v);
+- GET, POST (409 AlreadyExists), PUT (409 Conflict on a stale ``metadata.resourceVersion``),
+  PATCH as JSON merge patch for ``merge-patch+json`` and ``strategic-merge-patch+json`` (lists are
+  replaced, which is what the fields gpuwarden patches do) with the same optimistic-concurrency
+  check, DELETE;
+- ``pods/NAME/eviction``: honours PodDisruptionBudgets (``status.disruptionsAllowed`` 0 -> 429),
+  deletes the pod otherwise;
+- a resource nobody registered answers 404 (a CRD that is not installed);
+- injectable faults per method and path: any HTTP status, or a hang longer than the client's
+  timeout.
+Every request is recorded (method, path, query, content type, body) so a test can assert the exact
+call the client made.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses"}
+KINDS = {"nodes": "Node", "namespaces": "Namespace", "pods": "Pod", "jobs": "Job", "events": "Event",
+         "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass", "leases": "Lease",
+         "workloads": "Workload", "clusterqueues": "ClusterQueue", "workloadpriorityclasses": "WorkloadPriorityClass",
+         "jobsets": "JobSet"}
+CORE = "api/v1"
+BATCH = "apis/batch/v1"
+POLICY = "apis/policy/v1"
+SCHEDULING = "apis/scheduling.k8s.io/v1"
+COORDINATION = "apis/coordination.k8s.io/v1"
+KUEUE = "apis/kueue.x-k8s.io/v1beta1"
+JOBSET = "apis/jobset.x-k8s.io/v1alpha2"
+DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (CORE, "events"), (BATCH, "jobs"),
+                     (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases")]
+KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern
+    status: int | str  # an HTTP status, or "timeout" (hang for ``hang_seconds``)
+    times: int = 1
+    hang_seconds: float = 3.0
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict
+    content_type: str
+    body: object
+
+
+@dataclass
+class FakeKubeAPI:
+    resources: set = field(default_factory=lambda: set(DEFAULT_RESOURCES))
+    store: dict = field(default_factory=dict)  # (prefix, plural) -> {(namespace, name): object}
+    requests: list = field(default_factory=list)
+    faults: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self._version = 1
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- test set-up ----------------------------------------------------------------------------
+    def with_kueue(self) -> "FakeKubeAPI":
+        self.resources |= set(KUEUE_RESOURCES)
+        return self
+
+    def add(self, prefix: str, plural: str, obj: dict) -> dict:
+        with self._lock:
+            self.resources.add((prefix, plural))
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("uid", f"uid-{meta['name']}")
+            meta.setdefault("creationTimestamp", "2026-11-23T00:00:00Z")
+            meta["resourceVersion"] = self._next_version()
+            self.store.setdefault((prefix, plural), {})[(meta.get("namespace", ""), meta["name"])] = obj
+            return obj
+
+    def get(self, prefix: str, plural: str, name: str, namespace: str = "") -> dict | None:
+        with self._lock:
+            return copy.deepcopy(self.store.get((prefix, plural), {}).get((namespace, name)))
+
+    def inject(self, method: str, path_regex: str, status: int | str, times: int = 1, hang_seconds: float = 3.0) -> None:
+        self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, hang_seconds))
+
+    def calls(self, method: str | None = None, path_regex: str = "") -> list[Request]:
+        pattern = re.compile(path_regex)
+        return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)]
+
+    # -- serving ------------------------------------------------------------------------------------
+    def start(self) -> "FakeKubeAPI":
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                status, body = api.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw)
+                data = json.dumps(body).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def kubeconfig(self, path) -> str:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        }))
+        return str(path)
+
+    # -- the protocol -------------------------------------------------------------------------------
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    @staticmethod
+    def _status(code: int, reason: str, message: str) -> tuple[int, dict]:
+        return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+                      "reason": reason, "code": code}
+
+    def handle(self, method: str, raw_path: str, content_type: str, raw: bytes) -> tuple[int, dict]:
+        url = urlparse(raw_path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return self._status(400, "BadRequest", "body is not JSON")
+        with self._lock:
+            self.requests.append(Request(method, url.path, query, content_type.split(";")[0], body))
+            fault = next((f for f in self.faults if f.times > 0 and f.method in (method, "*") and f.path.search(url.path)), None)
+            if fault:
+                fault.times -= 1
+        if fault and fault.status == "timeout":
+            time.sleep(fault.hang_seconds)
+            return self._status(504, "Timeout", "hung")
+        if fault:
+            reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
+            return self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),
+                                f"injected {fault.status} for {method} {url.path}")
+        with self._lock:
+            return self._route(method, url.path, query, content_type.split(";")[0], body)
+
+    def _parse(self, path: str):
+        parts = [p for p in path.strip("/").split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            prefix, rest = CORE, parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            prefix, rest = "/".join(parts[:3]), parts[3:]
+        else:
+            return None
+        namespace, name, sub = "", None, None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            namespace, plural = rest[1], rest[2]
+            name = rest[3] if len(rest) > 3 else None
+            sub = rest[4] if len(rest) > 4 else None
+        elif rest:
+            plural = rest[0]
+            name = rest[1] if len(rest) > 1 else None
+            sub = rest[2] if len(rest) > 2 else None
+        else:
+            return None
+        return prefix, plural, namespace, name, sub
+
+    def _route(self, method, path, query, content_type, body):
+        parsed = self._parse(path)
+        if parsed is None or (parsed[0], parsed[1]) not in self.resources:
+            return self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+        prefix, plural, namespace, name, sub = parsed
+        objects = self.store.setdefault((prefix, plural), {})
+        if plural in CLUSTER_SCOPED:
+            namespace = ""
+        if name is None:
+            if method == "GET":
+                return self._list(prefix, plural, objects, namespace, query)
+            if method == "POST":
+                return self._create(prefix, plural, objects, namespace, body)
+            return self._status(405, "MethodNotAllowed", method)
+        key = (namespace, name)
+        current = objects.get(key)
+        if sub == "eviction" and plural == "pods" and method == "POST":
+            return self._evict(objects, key, body)
+        if current is None:
+            return self._status(404, "NotFound", f'{plural} "{name}" not found')
+        if method == "GET":
+            return 200, current
+        if method == "DELETE":
+            del objects[key]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
+        if method in ("PUT", "PATCH"):
+            if method == "PATCH" and content_type not in ("application/merge-patch+json",
+                                                          "application/strategic-merge-patch+json"):
+                return self._status(415, "UnsupportedMediaType", f"the fake does not speak {content_type}")
+            sent = (body or {}).get("metadata", {}).get("resourceVersion")
+            if sent and sent != current["metadata"]["resourceVersion"]:
+                return self._status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
+                                                      "has been modified; please apply your changes to the latest version")
+            updated = copy.deepcopy(body) if method == "PUT" else _merge(copy.deepcopy(current), body or {})
+            updated.setdefault("metadata", {}).update({k: current["metadata"][k] for k in ("name", "uid") if k in current["metadata"]})
+            if namespace:
+                updated["metadata"]["namespace"] = namespace
+            updated["metadata"]["resourceVersion"] = self._next_version()
+            objects[key] = updated
+            return 200, updated
+        return self._status(405, "MethodNotAllowed", method)
+
+    def _list(self, prefix, plural, objects, namespace, query):
+        items = [o for (ns, _), o in sorted(objects.items()) if not namespace or ns == namespace]
+        items = [o for o in items if _labels_match(o, query.get("labelSelector", "")) and
+                 _fields_match(o, query.get("fieldSelector", ""))]
+        start = int(base64.b64decode(query["continue"]).decode()) if query.get("continue") else 0
+        limit = int(query.get("limit") or 0)
+        page = items[start:start + limit] if limit else items[start:]
+        meta = {"resourceVersion": str(self._version)}
+        if limit and start + limit < len(items):
+            meta["continue"] = base64.b64encode(str(start + limit).encode()).decode()
+        version = "v1" if prefix == CORE else prefix.split("/", 1)[1]
+        return 200, {"kind": KINDS.get(plural, plural) + "List", "apiVersion": version, "metadata": meta, "items": page}
+
+    def _create(self, prefix, plural, objects, namespace, body):
+        body = copy.deepcopy(body or {})
+        meta = body.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{self._version}"
+        if namespace:
+            meta["namespace"] = namespace
+        key = (namespace, meta.get("name"))
+        if key in objects:
+            return self._status(409, "AlreadyExists", f'{plural} "{meta.get("name")}" already exists')
+        meta["resourceVersion"] = self._next_version()
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        objects[key] = body
+        return 201, body
+
+    def _evict(self, pods, key, body):
+        pod = pods.get(key)
+        if pod is None:
+            return self._status(404, "NotFound", f'pods "{key[1]}" not found')
+        for (ns, _), pdb in sorted(self.store.get((POLICY, "poddisruptionbudgets"), {}).items()):
+            selector = pdb.get("spec", {}).get("selector", {}).get("matchLabels", {})
+            labels = pod.get("metadata", {}).get("labels", {})
+            if ns == key[0] and selector and all(labels.get(k) == v for k, v in selector.items()):
+                status = pdb.setdefault("status", {})
+                if status.get("disruptionsAllowed", 0) <= 0:
+                    return self._status(429, "TooManyRequests",
+                                        "Cannot evict pod as it would violate the pod's disruption budget.")
+                status["disruptionsAllowed"] -= 1
+        del pods[key]
+        return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+
+def _merge(target, patch):
+    """RFC 7386 JSON merge patch (null removes a key; lists are replaced)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = _merge(target.get(key), value)
+    return target
+
+
+def _labels_match(obj, selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            if labels.get(k.rstrip("=")) != v:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _fields_match(obj, selector: str) -> bool:
+    def value(path):
+        node = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return "" if node is None else str(node)
+
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if value(k) == v:
+                return False
+        else:
+            k, v = term.split("=", 1)
+            if value(k.rstrip("=")) != v:
+                return False
+    return True
