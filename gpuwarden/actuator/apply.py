@@ -190,7 +190,9 @@ class Actuator:
             out: list[AuditEntry] = []
             if self.mode == Mode.APPROVE:
                 out += self._apply_approved(budget)
-                return out + self._queue(plan)
+                done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
+                return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
+                                              plan.snapshot_at))
             breaker = self.breaker_open
             if not breaker:
                 self._breaker_noted.clear()

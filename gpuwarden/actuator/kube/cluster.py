@@ -141,7 +141,8 @@ class KubeCluster:
             if daemon or mirror:
                 skipped += 1
                 continue
-            if self._evict(meta.get("namespace", ""), meta["name"], action.params.get("grace_seconds")):
+            done = self._evict(meta.get("namespace", ""), meta["name"], action.params.get("grace_seconds"))
+            if done is not False:
                 evicted += 1
             else:
                 blocked.append(f"{meta.get('namespace')}/{meta['name']}")
@@ -151,8 +152,8 @@ class KubeCluster:
                                    "retry later (the node stays cordoned)", True)
         return message, Action(ActionKind.UNCORDON, action.target, "undo drain (evicted pods are recreated elsewhere)")
 
-    def _evict(self, namespace: str, pod: str, grace_seconds=None) -> bool:
-        """True once evicted (or already gone); False if a PodDisruptionBudget said not now."""
+    def _evict(self, namespace: str, pod: str, grace_seconds=None) -> bool | None:
+        """True once evicted, None if already gone, False if a PodDisruptionBudget said not now."""
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": int(grace_seconds)}
@@ -161,7 +162,7 @@ class KubeCluster:
                           resource="pods/eviction", retry_429=False)
         except KubeFailure as failure:
             if failure.gone:
-                return True
+                return None
             if failure.status == 429:
                 return False
             raise
@@ -205,10 +206,12 @@ class KubeCluster:
     def _evict_workload(self, action: Action) -> str:
         namespace, _, _ = self._workload(action.target)
         pods = self.inventory.pods.get(action.target, [])
-        blocked = [p for p in pods if not self._evict(namespace, p, action.params.get("grace_seconds"))]
-        if blocked:
-            raise KubeFailure(429, f"{len(blocked)} of {len(pods)} pod(s) blocked by a PodDisruptionBudget: retry later", True)
-        return f"evicted {len(pods)} pod(s) of {action.target}"
+        done = [self._evict(namespace, p, action.params.get("grace_seconds")) for p in pods]
+        if False in done:
+            raise KubeFailure(429, f"{done.count(False)} of {len(pods)} pod(s) blocked by a PodDisruptionBudget: "
+                                   "retry later", True)
+        gone = done.count(None)
+        return f"evicted {len(pods) - gone} pod(s) of {action.target}" + (f", {gone} already gone" if gone else "")
 
     def _do_evict(self, action: Action):
         return self._evict_workload(action), None

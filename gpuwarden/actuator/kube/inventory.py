@@ -215,6 +215,8 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
         template = (spec.get("template") or {})
         if key in groups:
             groups[key]["annotations"].update(meta.get("annotations") or {})
+            if spec.get("suspend"):  # its pods are being terminated by the Job controller
+                groups[key]["phases"] = ["Suspended"] * len(groups[key]["phases"])
             continue
         if not spec.get("suspend"):
             continue

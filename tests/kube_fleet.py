@@ -1,0 +1,87 @@
+"""Small builders for Kubernetes objects on the fake API server (``tests/fake_kube_api.py``), shared by
+the kube tests and ``bench/bench_actuator.py``. Scenario data, not logic."""
+
+from __future__ import annotations
+
+from fake_kube_api import BATCH, CORE, KUEUE, POLICY, FakeKubeAPI
+
+
+def node(api: FakeKubeAPI, name: str, gpus: int = 8, labels: dict | None = None, unschedulable: bool = False,
+         taints: list | None = None) -> None:
+    spec = {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    api.add(CORE, "nodes", {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", **(labels or {})}},
+        "spec": spec,
+        "status": {"capacity": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"},
+                   "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "95", "memory": "1000Gi"}},
+    })
+
+
+def namespace(api: FakeKubeAPI, name: str, labels: dict | None = None, annotations: dict | None = None) -> None:
+    api.add(CORE, "namespaces", {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}}})
+
+
+def pod(api: FakeKubeAPI, ns: str, name: str, node_name: str | None, gpus: int = 1, owner: tuple | None = None,
+        phase: str = "Running", labels: dict | None = None, annotations: dict | None = None,
+        priority_class: str | None = None) -> None:
+    meta = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": annotations or {}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1" if owner[0] == "Job" else "apps/v1", "kind": owner[0],
+                                    "name": owner[1], "uid": f"uid-{owner[1]}", "controller": True}]
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    spec = {"containers": [{"name": "main", "image": "trainer", "resources": resources}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    api.add(CORE, "pods", {"metadata": meta, "spec": spec,
+                           "status": {"phase": phase, "startTime": "2026-11-23T00:00:00Z" if phase == "Running" else None}})
+
+
+def job(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, suspend: bool = False, parallelism: int = 1,
+        annotations: dict | None = None) -> None:
+    api.add(BATCH, "jobs", {
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+        "spec": {"suspend": suspend, "parallelism": parallelism, "template": {"spec": {
+            "containers": [{"name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}},
+    })
+
+
+def job_with_pods(api: FakeKubeAPI, ns: str, name: str, nodes: list[str | None], gpus: int = 1, phase: str = "Running",
+                  annotations: dict | None = None, pod_annotations: dict | None = None) -> None:
+    job(api, ns, name, gpus, parallelism=len(nodes), annotations=annotations)
+    for i, node_name in enumerate(nodes):
+        pod(api, ns, f"{name}-{i}", node_name, gpus, owner=("Job", name), phase=phase, annotations=pod_annotations,
+            labels={"batch.kubernetes.io/job-name": name})
+
+
+def pdb(api: FakeKubeAPI, ns: str, name: str, match: dict, allowed: int) -> None:
+    api.add(POLICY, "poddisruptionbudgets", {"metadata": {"name": name, "namespace": ns},
+                                             "spec": {"selector": {"matchLabels": match}},
+                                             "status": {"disruptionsAllowed": allowed}})
+
+
+def kueue_workload(api: FakeKubeAPI, ns: str, name: str, job_name: str, priority_class: str, active: bool = True) -> None:
+    api.add(KUEUE, "workloads", {
+        "metadata": {"name": name, "namespace": ns,
+                     "ownerReferences": [{"kind": "Job", "name": job_name, "uid": f"uid-{job_name}", "controller": True,
+                                          "apiVersion": "batch/v1"}]},
+        "spec": {"active": active, "priorityClassName": priority_class, "priority": 100, "queueName": "default"},
+    })
+
+
+def fleet(api: FakeKubeAPI, nodes: int, gpus_per_node: int = 8, pods_per_node: int = 0, namespaces: int = 10) -> None:
+    """A uniform fleet for the bench: ``nodes`` GPU nodes, single-GPU Job pods spread over namespaces."""
+    for n in range(namespaces):
+        namespace(api, f"team-{n}", {"gpuwarden.io/team": f"team-{n}"}, {"gpuwarden.io/guaranteed-gpus": "8"})
+    for i in range(nodes):
+        name = f"gpu-node-{i:04d}"
+        node(api, name, gpus_per_node)
+        for p in range(pods_per_node):
+            ns = f"team-{(i + p) % namespaces}"
+            job_name = f"job-{i:04d}-{p}"
+            pod(api, ns, f"{job_name}-0", name, 1, owner=("Job", job_name), labels={"batch.kubernetes.io/job-name": job_name})

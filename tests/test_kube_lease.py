@@ -1,0 +1,73 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, against ``tests/fake_kube_api.py`` (a fake API
+server speaking the real REST protocol; the official client runs unmodified over HTTP)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from fake_kube_api import COORDINATION, FakeKubeAPI
+from kube_fleet import node
+
+from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
+from gpuwarden.actuator.kube import KubeApi, KubeCluster, LeaderElector, load_client
+from gpuwarden.fleet import ActionKind, Finding, Severity
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def api():
+    server = FakeKubeAPI().start()
+    yield server
+    server.stop()
+
+
+def kube_api(api, tmp_path) -> KubeApi:
+    return KubeApi(load_client(api.kubeconfig(tmp_path / "kc.json"), timeout_seconds=1.0), attempts=1)
+
+
+def test_one_leader_at_a_time_and_the_other_takes_over_after_the_lease_expires(api, tmp_path):
+    clock = [T0]
+    a = LeaderElector(kube_api(api, tmp_path), "gpuwarden", "actuator", "replica-a", 15, clock=lambda: clock[0])
+    b = LeaderElector(kube_api(api, tmp_path), "gpuwarden", "actuator", "replica-b", 15, clock=lambda: clock[0])
+    assert a.try_acquire_or_renew() and a.is_leader()
+    assert not b.try_acquire_or_renew() and not b.is_leader()
+    clock[0] += timedelta(seconds=10)
+    assert a.try_acquire_or_renew()  # renewed
+    # a loses the API server: its renewals fail, and it stops acting within the lease duration.
+    api.inject("*", "/leases/actuator$", 503, times=100)
+    clock[0] += timedelta(seconds=10)
+    assert a.try_acquire_or_renew() and a.is_leader()  # still inside the lease it renewed 10 s ago
+    clock[0] += timedelta(seconds=6)
+    assert not a.try_acquire_or_renew() and not a.is_leader()
+    api.faults.clear()
+    assert b.try_acquire_or_renew() and b.is_leader()
+    lease = api.get(COORDINATION, "leases", "actuator", "gpuwarden")
+    assert lease["spec"]["holderIdentity"] == "replica-b" and lease["spec"]["leaseTransitions"] == 1
+    assert not a.try_acquire_or_renew()
+
+
+def test_a_stale_resource_version_loses(api, tmp_path):
+    a = LeaderElector(kube_api(api, tmp_path), "gpuwarden", "actuator", "replica-a", 15)
+    assert a.try_acquire_or_renew()
+    api.inject("PUT", "/leases/actuator$", 409)  # another replica wrote the Lease between our read and write
+    assert not a.try_acquire_or_renew() and not a.is_leader()
+    (put,) = [r for r in api.calls("PUT", "/leases/")]
+    assert put.body["metadata"]["resourceVersion"]  # the write carried the version it read
+
+
+def test_an_actuator_that_lost_the_lease_applies_nothing(api, tmp_path):
+    for i in range(3):
+        node(api, f"n{i}")
+    clock = [T0]
+    elector = LeaderElector(kube_api(api, tmp_path), "gpuwarden", "actuator", "replica-a", 15, clock=lambda: clock[0])
+    assert elector.try_acquire_or_renew()
+    cluster = KubeCluster(kube_api(api, tmp_path))
+    actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0), AuditLog(tmp_path / "a.jsonl"),
+                        clock=lambda: clock[0], leader=elector.is_leader)
+    clock[0] += timedelta(seconds=16)  # no renewal for longer than the lease
+    findings = [Finding("xid79_off_bus", Severity.CRITICAL, f"n{i}", None, {}, ActionKind.CORDON, 1.0, T0, T0) for i in range(2)]
+    entries = actuator.execute(plan_from_findings(findings, cluster.snapshot()))
+    assert [e.outcome for e in entries] == [Outcome.NOT_APPLIED] * 2 and "lease lost" in entries[0].message
+    assert api.calls("PATCH") == []
