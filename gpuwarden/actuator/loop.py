@@ -51,6 +51,9 @@ class Reconciler:
 
     def reconcile_once(self) -> RoundReport:
         with self._lock:
+            if not self.actuator.leader():
+                log.info("reconcile: not the leader; this replica waits")
+                return RoundReport(0, Plan(()), ())
             snapshot = self.actuator.cluster.snapshot()
             findings = list(self.find(snapshot))
             if self.scheduling:

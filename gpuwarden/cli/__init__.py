@@ -19,6 +19,8 @@ from .args import Parser
 
 # Each command module has ``add_parser(subparsers)``; a new command adds its module here.
 COMMAND_MODULES = (demo, sim_cmd, store_cmd, exporter_cmd, report_cmd, health_cmd, simulate_cmd)
+from . import actuator_cmd  # noqa: E402  (kube engineer: the actuator command)
+COMMAND_MODULES += (actuator_cmd,)
 
 USER_ERRORS = (ConfigError, TraceError, SamplesError, FleetValueError)
 

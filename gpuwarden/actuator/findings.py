@@ -1,0 +1,48 @@
+"""Where the actuator's findings come from: fleet samples read from a source, each round.
+
+Health findings come from the health scan; hoarding findings (``kind='hoarded'``) from the idle
+ledger's hoarded pods, with the namespace and pod in the evidence so planning can find the
+workload, and ``first_seen`` set back by the hours the pod's GPUs have been hoarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import pandas as pd
+
+from gpuwarden.analytics import build_ledger, hoarding_pods
+from gpuwarden.analytics.health import scan
+from gpuwarden.fleet import Finding, Severity
+
+log = logging.getLogger("gpuwarden.actuator")
+
+
+def hoarding_findings(frame: pd.DataFrame, now: datetime) -> list[Finding]:
+    if frame is None or frame.empty:
+        return []
+    ledger = build_ledger(frame, price=False)
+    out = []
+    for row in hoarding_pods(ledger).itertuples(index=False):
+        if not row.pod:
+            continue
+        hours = float(row.hoarded_gpu_hours) / max(1, int(row.gpus))
+        out.append(Finding(
+            "hoarded", Severity.WARNING, "", None,
+            {"namespace": row.namespace, "pod": row.pod, "hoarded_gpu_hours": round(float(row.hoarded_gpu_hours), 3),
+             "hoarded_share": round(float(row.hoarded_share), 3), "gpus": int(row.gpus),
+             "mean_hoarded_mem_gib": round(float(row.mean_hoarded_mem_gib), 2)},
+            None, 1.0, now - timedelta(hours=hours), now))
+    return out
+
+
+def findings_from_frame(frame: pd.DataFrame | None, now: datetime, hoarding: bool = True) -> list[Finding]:
+    """Active health findings and (optionally) hoarding findings over ``frame`` up to ``now``."""
+    if frame is None or len(frame) == 0:
+        log.info("actuator: no samples in the window")
+        return []
+    findings = [f for f in scan(frame, now=pd.Timestamp(now)) if f.evidence.get("active", True)]
+    if hoarding:
+        findings += hoarding_findings(frame, now)
+    return findings

@@ -1,0 +1,304 @@
+"""``gpuwarden actuator``: the remediation loop against a Kubernetes cluster, and the people's side of it.
+
+    gpuwarden actuator run  --mode observe|approve|auto --source local|file|prometheus ... \\
+                            [--kubeconfig PATH | --in-cluster] [--interval 60] [--leader-elect]
+    gpuwarden actuator plan [same options]       one dry round, printed; nothing applied or recorded
+    gpuwarden actuator list [--audit PATH]       actions waiting for approval, and applied ones (undo ids)
+    gpuwarden actuator approve ID --by NAME      the running actuator applies it at its next round
+    gpuwarden actuator reject ID --by NAME
+    gpuwarden actuator undo ID --by NAME [--kubeconfig PATH | --in-cluster]   uncordon, untaint, resume
+    gpuwarden actuator reset --by NAME           close the circuit breaker after a person has looked
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
+from gpuwarden.actuator.approvals import decide, pending
+from gpuwarden.actuator.findings import findings_from_frame
+from gpuwarden.actuator.kube import KubeApi, KubeCluster, KubeFailure, LeaderElector, load_client
+from gpuwarden.store import SamplesError
+
+from .args import host_port, non_negative_int, positive_float, positive_int
+from .sources import add_source_options, open_window
+
+DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
+log = logging.getLogger("gpuwarden.actuator")
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not in 0..1")
+    return value
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Kubernetes")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    group.add_argument("--context", help="kubeconfig context (default: the current one)")
+    group.add_argument("--page-size", type=positive_int, default=500, help="items per list page (default 500)")
+    group.add_argument("--request-timeout", type=positive_float, default=10.0, help="seconds per API request (default 10)")
+    group.add_argument("--namespace", default="gpuwarden", help="the actuator's namespace: its Events and Lease (default gpuwarden)")
+
+
+def _audit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--audit", type=Path, default=DEFAULT_AUDIT, help=f"audit log, JSON lines (default {DEFAULT_AUDIT})")
+
+
+def _round_options(parser: argparse.ArgumentParser) -> None:
+    add_source_options(parser, since_default="1h")
+    _cluster_options(parser)
+    _audit_option(parser)
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default="observe", help="default observe")
+    parser.add_argument("--max-actions-per-hour", type=non_negative_int, default=10, help="default 10")
+    parser.add_argument("--max-cordoned-node-ratio", type=_ratio, default=0.1,
+                        help="largest share of GPU nodes cordoned or tainted at once, 0..1 (default 0.1)")
+    parser.add_argument("--taint", default="gpuwarden.io/unhealthy=true:NoSchedule", help="taint for unhealthy nodes")
+    parser.add_argument("--notify-grace", type=positive_float, default=3600.0,
+                        help="seconds a GPU idles before its owner is told (default 3600)")
+    parser.add_argument("--reclaim-grace", type=positive_float, default=3600.0,
+                        help="seconds after the notice before the GPU is taken back (default 3600)")
+    parser.add_argument("--scheduling", default="none",
+                        help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
+    parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("actuator", help="remediation on a Kubernetes cluster (observe by default)",
+                                   description="Findings + a cluster snapshot -> a plan -> actions, under a mode, "
+                                               "safety limits, a circuit breaker and an audit log.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
+
+    run = commands.add_parser("run", help="reconcile every --interval seconds")
+    _round_options(run)
+    run.add_argument("--interval", type=positive_float, default=60.0, help="seconds between rounds (default 60)")
+    run.add_argument("--rounds", type=positive_int, help="stop after this many rounds (default: run until stopped)")
+    run.add_argument("--leader-elect", action="store_true", help="act only while holding the Lease")
+    run.add_argument("--lease-name", default="gpuwarden-actuator", help="Lease name (default gpuwarden-actuator)")
+    run.add_argument("--lease-duration", type=positive_int, default=15, help="Lease seconds (default 15)")
+    run.add_argument("--identity", default=socket.gethostname(), help="this replica's name in the Lease (default: hostname)")
+    run.add_argument("--metrics-listen", type=host_port, help="serve the actuator's metrics on HOST:PORT")
+    run.set_defaults(run=run_loop)
+
+    plan = commands.add_parser("plan", help="one dry round, printed (nothing applied, nothing recorded)")
+    _round_options(plan)
+    plan.add_argument("--format", choices=["table", "json"], default="table")
+    plan.set_defaults(run=run_plan)
+
+    listing = commands.add_parser("list", help="actions waiting for approval, and recent applied ones")
+    _audit_option(listing)
+    listing.add_argument("--limit", type=positive_int, default=20, help="applied actions shown (default 20)")
+    listing.set_defaults(run=run_list)
+
+    for name, approve in (("approve", True), ("reject", False)):
+        decision = commands.add_parser(name, help=f"{name} an action waiting for approval")
+        decision.add_argument("id", help="approval id (gpuwarden actuator list)")
+        decision.add_argument("--by", required=True, help="your name, kept in the audit log")
+        decision.add_argument("--comment", default="")
+        _audit_option(decision)
+        decision.set_defaults(run=lambda args, approve=approve: run_decide(args, approve))
+
+    undo = commands.add_parser("undo", help="apply the inverse of an applied action (uncordon, untaint, resume)")
+    undo.add_argument("id", help="entry id of an applied action (gpuwarden actuator list)")
+    undo.add_argument("--by", required=True, help="your name, kept in the audit log")
+    _cluster_options(undo)
+    _audit_option(undo)
+    undo.set_defaults(run=run_undo)
+
+    reset = commands.add_parser("reset", help="close the circuit breaker after a person has looked")
+    reset.add_argument("--by", required=True, help="your name, kept in the audit log")
+    reset.add_argument("--comment", default="")
+    _audit_option(reset)
+    reset.set_defaults(run=run_reset)
+    parser.set_defaults(run=lambda args: parser.print_help() or 2)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"gpuwarden: error: {message}", file=sys.stderr)
+    return code
+
+
+def _kube(args: argparse.Namespace) -> KubeCluster:
+    client = load_client(str(args.kubeconfig) if args.kubeconfig else None, args.in_cluster, args.context,
+                         args.request_timeout)
+    return KubeCluster(KubeApi(client), namespace=args.namespace, page_size=args.page_size)
+
+
+def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None) -> Actuator:
+    limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
+    return Actuator(cluster, Mode(args.mode), limits, audit, leader=leader)
+
+
+def _policy(args: argparse.Namespace) -> PlanningPolicy:
+    return PlanningPolicy(taint=args.taint, notify_grace_seconds=args.notify_grace, reclaim_grace_seconds=args.reclaim_grace)
+
+
+def _finder(args: argparse.Namespace):
+    def find(snapshot):
+        window = open_window(args)
+        frame = window.source.read(window.start, window.end)
+        return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding)
+    return find
+
+
+def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 60.0) -> Reconciler:
+    scheduling = None if args.scheduling == "none" else args.scheduling
+    return Reconciler(actuator, _finder(args), _policy(args), interval, scheduling=scheduling)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    try:
+        cluster = _kube(args)
+        audit = AuditLog()  # a dry round records nothing; it counts what the real log holds
+        if args.audit.exists():
+            for record in AuditLog.read(args.audit):
+                audit.append_record(record)
+        args.mode = Mode.OBSERVE.value
+        report = _reconciler(args, _actuator(args, cluster, audit)).reconcile_once()
+    except (ValueError, KubeFailure) as error:
+        return _fail(str(error), 1 if isinstance(error, KubeFailure) else 2)
+    if args.format == "json":
+        json.dump([e.as_dict() for e in report.entries], sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{report.findings} finding(s) -> {len(report.plan.actions)} action(s); limits evaluated as auto mode would")
+    for entry in report.entries:
+        evidence = ", ".join(f"{f['kind']} on {f.get('gpu_uuid') or f.get('node') or '?'}" for f in entry.findings)
+        print(f"  {entry.outcome.value:<17} {entry.kind:<12} {entry.target:<40} {entry.message or entry.reason}"
+              + (f"  [{evidence}]" if evidence else ""))
+    for finding, why in report.plan.skipped[:20]:
+        print(f"  skipped           {finding.kind:<12} {finding.node or finding.evidence.get('pod', ''):<40} {why}")
+    return 0
+
+
+def run_loop(args: argparse.Namespace) -> int:
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    try:
+        cluster = _kube(args)
+    except ValueError as error:
+        return _fail(str(error))
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration)
+    if args.metrics_listen:
+        from prometheus_client import start_http_server
+        start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
+    actuator = _actuator(args, cluster, AuditLog(args.audit), leader=elector.is_leader if elector else None)
+    reconciler = _reconciler(args, actuator, args.interval)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    lease_scheduler = None
+    if elector:
+        elector.try_acquire_or_renew()
+        lease_scheduler = BackgroundScheduler(timezone="UTC")
+        lease_scheduler.add_job(elector.try_acquire_or_renew, "interval", seconds=max(1, args.lease_duration / 3),
+                                max_instances=1, coalesce=True)
+        lease_scheduler.start()
+    print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
+          + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
+          flush=True)
+    try:
+        if args.rounds:
+            for _ in range(args.rounds):
+                _one_round(reconciler)
+                if stop.wait(args.interval if _ < args.rounds - 1 else 0):
+                    break
+        else:
+            reconciler.start()
+            stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reconciler.stop()
+        if lease_scheduler:
+            lease_scheduler.shutdown(wait=False)
+    return 0
+
+
+def _one_round(reconciler: Reconciler) -> None:
+    try:
+        report = reconciler.reconcile_once()
+    except (SamplesError, KubeFailure, ValueError) as error:  # one line; the next round tries again
+        print(f"actuator: round failed: {error}", file=sys.stderr, flush=True)
+        return
+    counts: dict[str, int] = {}
+    for entry in report.entries:
+        counts[entry.outcome.value] = counts.get(entry.outcome.value, 0) + 1
+    print(f"actuator: {report.findings} finding(s), {len(report.plan.actions)} planned; "
+          + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing new"), flush=True)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    records = AuditLog.read(args.audit) if args.audit.exists() else []
+    waiting = pending(args.audit)
+    print(f"waiting for approval: {len(waiting)}")
+    for p in waiting:
+        evidence = ", ".join(f"{f.get('kind')} on {f.get('gpu_uuid') or f.get('node') or '?'}" for f in p.findings)
+        print(f"  {p.approval_id}  {p.kind:<12} {p.target:<40} {p.reason}  (planned {p.planned_at}) [{evidence}]")
+    undone = {r.get("undo_of") for r in records if r.get("outcome") == Outcome.UNDONE.value}
+    applied = [r for r in records if r.get("outcome") == Outcome.APPLIED.value][-args.limit:]
+    print(f"applied (newest last, undo with 'gpuwarden actuator undo ID'): {len(applied)}")
+    for r in applied:
+        state = "undone" if r.get("entry_id") in undone else ("undo: " + r["undo"]["kind"] if r.get("undo") else "no undo")
+        print(f"  {r.get('entry_id')}  {r.get('at')}  {r.get('kind'):<12} {r.get('target'):<40} {state}  by {r.get('by')}")
+    breaker = [r for r in records if r.get("outcome") in (Outcome.BREAKER_OPEN.value, Outcome.BREAKER_RESET.value)]
+    if breaker and breaker[-1]["outcome"] == Outcome.BREAKER_OPEN.value:
+        print(f"circuit breaker OPEN since {breaker[-1].get('at')}: {breaker[-1].get('message')}")
+    return 0
+
+
+def run_decide(args: argparse.Namespace, approve: bool) -> int:
+    try:
+        decide(args.audit, args.id, approve, args.by, args.comment)
+    except ValueError as error:
+        return _fail(str(error))
+    print(f"{'approved' if approve else 'rejected'} {args.id}"
+          + ("; the running actuator applies it at its next round" if approve else ""))
+    return 0
+
+
+def run_undo(args: argparse.Namespace) -> int:
+    if not args.audit.exists():
+        return _fail(f"{args.audit}: no audit log")
+    try:
+        actuator = Actuator(_kube(args), Mode.AUTO, audit=AuditLog(args.audit))
+        entry = actuator.undo(args.id, by=args.by)
+    except ValueError as error:
+        return _fail(str(error))
+    print(f"{entry.outcome.value}: {entry.kind} {entry.target}: {entry.message}")
+    return 0 if entry.outcome == Outcome.UNDONE else 1
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    audit = AuditLog(args.audit)
+
+    class _NoCluster:  # resetting the breaker touches only the audit log
+        def snapshot(self):  # pragma: no cover - never called
+            raise RuntimeError("no cluster")
+
+        def apply(self, action):  # pragma: no cover - never called
+            raise RuntimeError("no cluster")
+
+    actuator = Actuator(_NoCluster(), Mode.AUTO, audit=audit)
+    if not actuator.breaker_open:
+        print("the circuit breaker is closed; nothing to reset")
+        return 0
+    actuator.reset_breaker(args.by, args.comment)
+    print(f"circuit breaker reset by {args.by}")
+    return 0
+

@@ -1,0 +1,109 @@
+"""``gpuwarden actuator`` end to end: samples file -> health finding -> plan / run -> the request the
+API server received -> list -> undo. The Kubernetes side is ``tests/fake_kube_api.py``, a fake API
+server speaking the real REST protocol (the official client runs unmodified over HTTP)."""
+
+from __future__ import annotations
+
+import re
+
+
+import pandas as pd
+import pytest
+from fake_kube_api import CORE, FakeKubeAPI
+from kube_fleet import node
+
+from gpuwarden.actuator.approvals import pending
+from gpuwarden.cli import main
+from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, XID_COLUMN_NAMES
+
+START = pd.Timestamp("2026-11-23T00:00:00Z")
+
+
+def samples(path, broken_node="gpu-a", minutes=30):
+    rows = []
+    for minute in range(minutes):
+        for n in ("gpu-a", "gpu-b"):
+            for g in range(2):
+                rows.append({
+                    "timestamp": START + pd.Timedelta(minutes=minute), "cluster": "test", "node": n,
+                    "gpu_uuid": f"GPU-{n}-{g}", "gpu_index": g, "model": "NVIDIA H100 80GB HBM3",
+                    "namespace": "ml", "pod": f"job-{n}", "team": "ml", "project": "core",
+                    "gpu_util_ratio": 0.97, "sm_active_ratio": 0.9, "mem_used_bytes": 6e10, "mem_total_bytes": 8e10,
+                    "power_watts": 650.0, "temperature_celsius": 60.0, "sm_clock_mhz": 1500.0,
+                    "throttle_reasons_bitmask": 0, **{c: 0 for c in XID_COLUMN_NAMES},
+                    "xid_79_total": 1 if (n == broken_node and g == 1 and minute >= 20) else 0,
+                })
+    frame = pd.DataFrame(rows).reindex(columns=list(SAMPLE_COLUMN_NAMES))
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture
+def api():
+    server = FakeKubeAPI().start()
+    node(server, "gpu-a")
+    node(server, "gpu-b")
+    yield server
+    server.stop()
+
+
+def test_plan_run_list_undo(api, tmp_path, capsys):
+    common = ["--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
+              api.kubeconfig(tmp_path / "kc.json"), "--audit", str(tmp_path / "audit.jsonl"), "--no-hoarding"]
+    assert main(["actuator", "plan", *common]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"blocked-by-limit\s+drain\s+gpu-a .*would be blocked: would leave 1 of 2 nodes", out), out
+    assert not (tmp_path / "audit.jsonl").exists() and api.calls("PATCH") == []
+
+    roomy = [*common, "--max-cordoned-node-ratio", "0.5"]
+    assert main(["actuator", "run", "--mode", "auto", "--rounds", "1", "--interval", "0.01", *roomy]) == 0
+    assert api.get(CORE, "nodes", "gpu-a")["spec"]["unschedulable"] is True
+    capsys.readouterr()
+    assert main(["actuator", "list", "--audit", str(tmp_path / "audit.jsonl")]) == 0
+    entry_id = re.search(r"^  (\w+)  .*drain\s+gpu-a\s+undo: uncordon", capsys.readouterr().out, re.M).group(1)
+    assert main(["actuator", "undo", entry_id, "--by", "ops", "--audit", str(tmp_path / "audit.jsonl"),
+                 "--kubeconfig", api.kubeconfig(tmp_path / "kc.json")]) == 0
+    assert "unschedulable" not in api.get(CORE, "nodes", "gpu-a")["spec"]
+    assert main(["actuator", "undo", entry_id, "--by", "ops", "--audit", str(tmp_path / "audit.jsonl"),
+                 "--kubeconfig", api.kubeconfig(tmp_path / "kc.json")]) == 2
+    assert "already undone" in capsys.readouterr().err
+
+
+def test_approve_mode_queues_and_a_person_approves_from_the_command_line(api, tmp_path, capsys):
+    audit = tmp_path / "audit.jsonl"
+    args = ["--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
+            api.kubeconfig(tmp_path / "kc.json"), "--audit", str(audit), "--no-hoarding", "--max-cordoned-node-ratio", "0.5"]
+    assert main(["actuator", "run", "--mode", "approve", "--rounds", "1", "--interval", "0.01", *args]) == 0
+    (waiting,) = pending(audit)
+    assert main(["actuator", "approve", waiting.approval_id, "--by", "ops", "--audit", str(audit)]) == 0
+    assert api.calls("PATCH") == []
+    assert main(["actuator", "run", "--mode", "approve", "--rounds", "1", "--interval", "0.01", *args]) == 0
+    assert api.get(CORE, "nodes", "gpu-a")["spec"]["unschedulable"] is True
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["actuator", "run", "--mode", "sometimes"], "invalid choice"),
+    (["actuator", "run", "--interval", "0"], "--interval"),
+    (["actuator", "run", "--max-cordoned-node-ratio", "nan"], "not in 0..1"),
+    (["actuator", "plan", "--kubeconfig", "/no/such/file"], "cannot load the kubeconfig"),
+    (["actuator", "approve", "nope", "--by", "me", "--audit", "/no/such/audit.jsonl"], "no action awaits approval"),
+    (["actuator", "run", "--kubeconfig", "x", "--in-cluster"], "not allowed with argument"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) if words in ("invalid choice", "--interval", "not in 0..1", "not allowed with argument") \
+            else _no_raise():
+        code = main(argv)
+        assert code == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+
