@@ -51,9 +51,9 @@ def test_one_leader_at_a_time_and_the_other_takes_over_after_the_lease_expires(a
 def test_a_stale_resource_version_loses(api, tmp_path):
     a = LeaderElector(kube_api(api, tmp_path), "gpuwarden", "actuator", "replica-a", 15)
     assert a.try_acquire_or_renew()
-    api.inject("PUT", "/leases/actuator$", 409)  # another replica wrote the Lease between our read and write
+    api.inject("PATCH", "/leases/actuator$", 409)  # another replica wrote the Lease between our read and write
     assert not a.try_acquire_or_renew() and not a.is_leader()
-    (put,) = [r for r in api.calls("PUT", "/leases/")]
+    (put,) = [r for r in api.calls("PATCH", "/leases/")]
     assert put.body["metadata"]["resourceVersion"]  # the write carried the version it read
 
 

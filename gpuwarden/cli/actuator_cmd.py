@@ -75,6 +75,8 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling", default="none",
                         help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
     parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
+    parser.add_argument("--protect-node", action="append", default=[], metavar="NODE",
+                        help="never act on this node (repeatable; a node label gpuwarden.io/protect=true does the same)")
 
 
 def add_parser(subparsers) -> None:
@@ -144,7 +146,8 @@ def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, l
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
-    return PlanningPolicy(taint=args.taint, notify_grace_seconds=args.notify_grace, reclaim_grace_seconds=args.reclaim_grace)
+    return PlanningPolicy(taint=args.taint, notify_grace_seconds=args.notify_grace, reclaim_grace_seconds=args.reclaim_grace,
+                          protected_nodes=frozenset(args.protect_node))
 
 
 def _finder(args: argparse.Namespace):

@@ -175,7 +175,10 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
                 api.custom.list_cluster_custom_object, *KUEUE, "workloadpriorityclasses",
                 resource="workloadpriorityclasses.kueue.x-k8s.io", page_size=page_size)}
     except KubeFailure as failure:
-        if not failure.gone:
+        if failure.status == 403:  # installed, but the chart did not grant Kueue (remediation.kueue=false)
+            log.warning("Kueue: %s; planning without Kueue", failure.message)
+            inventory.kueue = False
+        elif not failure.gone:
             raise
     for w in kueue_workloads:
         meta = w["metadata"]

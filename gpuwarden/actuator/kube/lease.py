@@ -1,6 +1,6 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, so two replicas never act at once.
 
-``try_acquire_or_renew`` reads the Lease and writes it back with the read ``resourceVersion``: a
+``try_acquire_or_renew`` reads the Lease and patches it with the read ``resourceVersion``: a
 409 means another replica wrote first, and this one is not the leader. A holder that has not
 renewed within ``lease_duration_seconds`` may be replaced. ``is_leader`` is true only while the last
 successful renewal is younger than the lease duration, so a leader that cannot reach the API server
@@ -13,7 +13,7 @@ import logging
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from .api import KubeApi, KubeFailure
+from .api import MERGE_PATCH, KubeApi, KubeFailure
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -68,9 +68,10 @@ class LeaderElector:
                     return False  # someone else holds a live lease
                 spec["acquireTime"] = current.get("acquireTime") if holder == self.identity else _format(now)
                 spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + (holder != self.identity)
-                body = {**lease, "spec": spec}
-                self.api.call(self.api.coordination.replace_namespaced_lease, self.name, self.namespace, body,
-                              verb="update", resource="leases")
+                # A merge patch carrying the read resourceVersion: a stale one is a 409 (RBAC needs only patch).
+                body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
+                self.api.call(self.api.coordination.patch_namespaced_lease, self.name, self.namespace, body,
+                              verb="patch", resource="leases", _content_type=MERGE_PATCH)
         except KubeFailure as failure:
             if failure.conflict or failure.status == 409:
                 self.renewed_at = None  # another replica wrote first: it leads
