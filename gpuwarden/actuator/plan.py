@@ -89,19 +89,18 @@ def _passes(finding: Finding, policy: PlanningPolicy) -> str | None:
 
 
 def already_standing(action: Action, snapshot: ClusterSnapshot, policy: PlanningPolicy,
-                     workloads: dict[str, WorkloadState] | None = None) -> str | None:
+                     index: "_Index | None" = None) -> str | None:
     """Why ``action`` would change nothing (its effect already stands), or None."""
+    index = index or _Index(snapshot)
     target, kind = action.target, action.kind
     if kind == ActionKind.CORDON and target in snapshot.cordoned:
         return f"{target} is already cordoned"
     if kind == ActionKind.TAINT and action.params.get("taint", policy.taint) in snapshot.taints.get(target, ()):
         return f"{target} is already tainted"
-    if kind == ActionKind.DRAIN and target in snapshot.cordoned and not any(
-            p.node == target for w in snapshot.workloads if w.phase == WorkloadPhase.RUNNING for p in w.placements):
+    if kind == ActionKind.DRAIN and target in snapshot.cordoned and target not in index.busy_nodes:
         return f"{target} is already drained (cordoned, no GPU workload left)"
     if kind in WORKLOAD_ACTIONS:
-        workloads = workloads if workloads is not None else {workload_key(w): w for w in snapshot.workloads}
-        state = workloads.get(target)
+        state = index.by_key.get(target)
         if state is None:
             return f"workload {target!r} is not in the cluster"
         if kind == ActionKind.NOTIFY and NOTIFIED_ANNOTATION in state.annotations:
@@ -118,7 +117,7 @@ def already_standing(action: Action, snapshot: ClusterSnapshot, policy: Planning
 
 
 def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy,
-               skipped: list) -> list[PlannedAction]:
+               skipped: list, index: _Index) -> list[PlannedAction]:
     nodes = {node.name for node in snapshot.nodes}
     strongest: dict[str, tuple[ActionKind, list[Finding]]] = {}
     for finding in findings:
@@ -143,7 +142,7 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
         params = {"taint": policy.taint} if kind == ActionKind.TAINT else {}
         reason = "; ".join(sorted({f"{f.kind} on {f.gpu_uuid or node}" for f in evidence}))
         action = Action(kind, node, reason, params)
-        standing = already_standing(action, snapshot, policy)
+        standing = already_standing(action, snapshot, policy, index)
         if standing:
             skipped.extend((finding, standing) for finding in evidence)
             continue
@@ -151,20 +150,37 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
     return planned
 
 
-def _workload_of(finding: Finding, snapshot: ClusterSnapshot) -> WorkloadState | None:
+class _Index:
+    """Workloads by key, by (namespace, pod) and by GPU, and nodes with running GPU work: built once
+    per plan, so matching findings costs a lookup each, not a scan of every workload."""
+
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.by_key: dict[str, WorkloadState] = {}
+        self.by_pod: dict[tuple[str, str], WorkloadState] = {}
+        self.by_gpu: dict[str, WorkloadState] = {}
+        self.busy_nodes: set[str] = set()
+        for state in snapshot.workloads:
+            namespace = state.workload.namespace
+            self.by_key[f"{namespace}/{state.workload.name}"] = state
+            self.by_pod.setdefault((namespace, state.workload.name), state)
+            for pod in state.pods:
+                self.by_pod[(namespace, pod)] = state
+            for placement in state.placements:
+                self.by_gpu.setdefault(placement.gpu_uuid, state)
+                if state.phase == WorkloadPhase.RUNNING:
+                    self.busy_nodes.add(placement.node)
+
+
+def _workload_of(finding: Finding, index: _Index) -> WorkloadState | None:
     evidence = finding.evidence
     named = evidence.get("workload")
     namespace, pod = evidence.get("namespace"), evidence.get("pod")
-    for state in snapshot.workloads:
-        key = workload_key(state)
-        if named and key == named:
-            return state
-        if pod and state.workload.namespace == namespace and (pod == state.workload.name or pod in state.pods):
-            return state
-    if finding.gpu_uuid and not named and not pod:
-        for state in snapshot.workloads:
-            if any(p.gpu_uuid == finding.gpu_uuid for p in state.placements):
-                return state
+    if named:
+        return index.by_key.get(named)
+    if pod:
+        return index.by_pod.get((namespace, pod))
+    if finding.gpu_uuid:
+        return index.by_gpu.get(finding.gpu_uuid)
     return None
 
 
@@ -188,16 +204,15 @@ def _idle_action(finding: Finding, state: WorkloadState, snapshot: ClusterSnapsh
 
 
 def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy, now: datetime,
-                   skipped: list) -> list[PlannedAction]:
+                   skipped: list, index: _Index) -> list[PlannedAction]:
     planned: dict[str, PlannedAction] = {}
-    workloads = {workload_key(w): w for w in snapshot.workloads}
     for finding in findings:
         idle = finding.kind in policy.idle_kinds
         why = None if idle else _passes(finding, policy)  # idle findings are facts, not guesses: no confidence bar
         if why:
             skipped.append((finding, why))
             continue
-        state = _workload_of(finding, snapshot)
+        state = _workload_of(finding, index)
         if state is None:
             skipped.append((finding, "no workload in the cluster holds this GPU or pod"))
             continue
@@ -225,7 +240,7 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
         if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT):
             params["grace_seconds"] = policy.suspend_grace_seconds
         action = Action(kind, target, f"{finding.kind} on {finding.gpu_uuid or finding.node or target}", params)
-        standing = already_standing(action, snapshot, policy, workloads)
+        standing = already_standing(action, snapshot, policy, index)
         if standing:
             skipped.append((finding, standing))
             continue
@@ -249,8 +264,9 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
             node_findings.append(finding)
         else:
             skipped.append((finding, "recommends no node action"))
-    actions = _node_plan(node_findings, snapshot, policy, skipped) + _workload_plan(
-        workload_findings, snapshot, policy, now, skipped)
+    index = _Index(snapshot)
+    actions = _node_plan(node_findings, snapshot, policy, skipped, index) + _workload_plan(
+        workload_findings, snapshot, policy, now, skipped, index)
     return Plan(tuple(actions), tuple(skipped), snapshot.taken_at)
 
 

@@ -53,13 +53,14 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None)
     state = State(nodes, quotas)
     index = {(n.name, uuid): i for n in nodes for i, uuid in enumerate(n.gpu_ids)}
     origin = snapshot.taken_at
+    rank = {member: member.rank for member in type(snapshot.workloads[0].workload.priority_class)} if snapshot.workloads else {}
     by_key = {}
     for ws in snapshot.workloads:
         w = ws.workload
         if w.gpus.mig_profile:
             check_profile(w.gpus.mig_profile)
         job = Job(
-            name=_key(ws), team=w.team, priority=w.priority_class.rank, pods=w.gang_size,
+            name=_key(ws), team=w.team, priority=rank[w.priority_class], pods=w.gang_size,
             gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli, mig_profile=w.gpus.mig_profile,
             gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
             submitted=(ws.submitted_at - origin).total_seconds(), progress=ws.progress_seconds,
