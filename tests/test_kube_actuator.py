@@ -234,6 +234,7 @@ def test_a_suspended_job_is_in_the_snapshot_and_resumes(api, tmp_path):
     (403, False, "lacks verb 'patch' on resource 'nodes'"),
     (404, False, "already gone"),
     (422, False, "invalid"),
+    (429, True, "gave up after 3 tries"),
     (500, True, "gave up after 3 tries"),
     ("timeout", True, "no answer from the API server"),
 ])
@@ -250,6 +251,40 @@ def test_a_failure_mid_plan_is_typed_recorded_and_the_plan_goes_on(api, tmp_path
     assert words in entries[1].message and "Traceback" not in entries[1].message
     tries = len(api.calls("PATCH", "/nodes/n1$"))
     assert tries == (3 if temporary else 1)
+
+
+def test_a_409_mid_plan_is_re_read_and_retried(api, tmp_path):
+    small_fleet(api)
+    cluster = connect(api, tmp_path)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, clock=lambda: NOW)
+    snapshot = cluster.snapshot()
+    api.inject("PATCH", "/nodes/n1$", 409, times=2)
+    entries = actuator.execute(plan_from_findings([health(n) for n in ("n0", "n1", "n2")], snapshot), snapshot)
+    assert [e.outcome for e in entries] == [Outcome.APPLIED] * 3
+    assert len(api.calls("PATCH", "/nodes/n1$")) == 3 and api.get(CORE, "nodes", "n1")["spec"]["unschedulable"]
+
+
+def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_person(api, tmp_path):
+    from prometheus_client import REGISTRY
+
+    small_fleet(api)
+    cluster = connect(api, tmp_path)
+    cluster.namespace = "gpuwarden"
+    actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_actions_per_hour=1, max_cordoned_node_ratio=1.0),
+                        AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    snapshot = cluster.snapshot()
+    actuator.execute(plan_from_findings([health("n0"), health("n1")], snapshot), snapshot)
+    assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 1.0
+    (event,) = api.calls("POST", "/namespaces/gpuwarden/events")
+    assert event.body["reason"] == "CircuitBreakerOpen" and "1 actions in the last hour" in event.body["message"]
+    breaker = [r for r in audit_of(tmp_path) if r["outcome"] == "breaker-open"]
+    assert breaker and breaker[0]["kind"] == "circuit-breaker"
+    restarted = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    assert restarted.breaker_open  # a restart does not close it; a person does
+    restarted.reset_breaker(by="ops")
+    assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 0.0
+    entries = restarted.execute(plan_from_findings([health("n1")], cluster.snapshot()))
+    assert [e.outcome for e in entries] == [Outcome.APPLIED]
 
 
 def test_a_429_backs_off_and_then_succeeds(api, tmp_path):

@@ -304,14 +304,18 @@ class Actuator:
                 self.cluster.record_event("CircuitBreakerOpen", message)
             except Exception as error:  # the Event is a courtesy; the audit entry and metric are the record
                 log.warning("actuator: could not post the breaker Event: %s", error)
-        return self._entry(Outcome.BREAKER_OPEN, Action(ActionKind.NOTIFY, "actuator", why), message)
+        return self._note(Outcome.BREAKER_OPEN, why, message, self.name)
 
     def reset_breaker(self, by: str, comment: str = "") -> AuditEntry:
         with self._lock:
             BREAKER_GAUGE.set(0)
             self._breaker_noted.clear()
-            return self._entry(Outcome.BREAKER_RESET, Action(ActionKind.NOTIFY, "actuator", comment or "reset"),
-                               f"reset by {by}", by=by)
+            return self._note(Outcome.BREAKER_RESET, comment or "reset", f"reset by {by}", by)
+
+    def _note(self, outcome: Outcome, reason: str, message: str, by: str) -> AuditEntry:
+        entry = AuditEntry(self.clock(), self.mode, outcome, "circuit-breaker", self.name, reason, message, by=by)
+        self.audit.record(entry)
+        return entry
 
     # -- people ------------------------------------------------------------------------------------
     def approve(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:

@@ -108,6 +108,7 @@ class AuditLog:
         self.path = Path(path) if path else None
         self.entries: list[AuditEntry] = []
         self._memory: list[dict] = []  # without a path, records live here
+        self._cache: tuple[tuple[int, int], list[dict]] | None = None  # (size, mtime) -> records
         self._lock = threading.Lock()
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,14 @@ class AuditLog:
         """Every entry ever written (this process's and others'), oldest first."""
         if self.path is None:
             return list(self._memory)
-        return AuditLog.read(self.path) if self.path.exists() else []
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        key = (stat.st_size, stat.st_mtime_ns)  # re-read only when the file changed (another process may append)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, AuditLog.read(self.path))
+        return list(self._cache[1])
 
     @staticmethod
     def read(path: str | Path) -> list[dict]:

@@ -109,10 +109,9 @@ def already_standing(action: Action, snapshot: ClusterSnapshot, policy: Planning
             return f"{target} is already suspended"
         if kind == ActionKind.RESUME and state.phase != WorkloadPhase.SUSPENDED:
             return f"{target} is {state.phase.value}, not suspended"
-        if kind == ActionKind.SET_PRIORITY and action.params.get("priority_class") in (
-                state.priority_override, state.workload.priority_class.value) and state.priority_override in (
-                None, action.params.get("priority_class")):
-            return f"{target} already has priority {action.params.get('priority_class')}"
+        current = state.priority_override or state.workload.priority_class.value
+        if kind == ActionKind.SET_PRIORITY and action.params.get("priority_class") == current:
+            return f"{target} already has priority {current}"
     return None
 
 

@@ -66,7 +66,7 @@ class KubeCluster:
         if handler is None:
             return ActionResult(action, False, f"{action.kind.value}: not done on Kubernetes (the scheduler binds pods)")
         try:
-            message, undo = handler(action)
+            message, undo = self._with_conflict_retries(handler, action)
         except KubeFailure as failure:
             if failure.gone and action.kind in (ActionKind.EVICT, ActionKind.PREEMPT):
                 return ActionResult(action, True, f"{action.target} already gone: {failure.message}")
@@ -75,6 +75,18 @@ class KubeCluster:
         except (ValueError, LookupError) as error:
             return ActionResult(action, False, f"{action.kind.value} {action.target}: {error}")
         return ActionResult(action, True, message, undo=undo)
+
+    @staticmethod
+    def _with_conflict_retries(handler, action: Action):
+        """A 409 means the object changed under us: each handler re-reads what it needs, so run it again."""
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                return handler(action)
+            except KubeFailure as failure:
+                if not failure.conflict or attempt == CONFLICT_RETRIES:
+                    raise
+                log.info("%s %s: %s; re-reading and retrying", action.kind.value, action.target, failure.message)
+        raise AssertionError("unreachable")
 
     def record_event(self, reason: str, message: str) -> None:
         self._event(self.namespace, {"kind": "Namespace", "name": self.namespace, "apiVersion": "v1"}, reason, message,
@@ -103,17 +115,12 @@ class KubeCluster:
         return f"uncordoned {action.target}", None
 
     def _edit_taints(self, name: str, edit: Callable[[list], list]) -> None:
-        for attempt in range(CONFLICT_RETRIES + 1):
-            node = self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
-            taints = edit(list((node.get("spec") or {}).get("taints") or ()))
-            body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": taints}}
-            try:
-                self._patch_node(name, body)
-                return
-            except KubeFailure as failure:
-                if not failure.conflict or attempt == CONFLICT_RETRIES:
-                    raise
-                log.info("taint %s: %s; re-reading", name, failure.message)
+        """Read, edit, write with the read resourceVersion: a concurrent change is a 409, and
+        ``apply`` runs this again on a fresh read."""
+        node = self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
+        taints = edit(list((node.get("spec") or {}).get("taints") or ()))
+        self._patch_node(name, {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                                "spec": {"taints": taints}})
 
     def _do_taint(self, action: Action):
         taint = _taint(str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule")))
