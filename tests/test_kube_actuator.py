@@ -396,3 +396,18 @@ def test_a_truncated_audit_line_is_skipped_not_fatal(tmp_path):
     path = tmp_path / "audit.jsonl"
     path.write_text('{"outcome": "awaiting-approval", "approval_id": "a1", "kind": "cordon", "target": "n0"}\n{"outc')
     assert [p.approval_id for p in pending(path)] == ["a1"]
+
+
+def test_a_finished_drain_stands_and_is_not_applied_again(api, tmp_path):
+    """#16: a standing drain used to be re-applied every round and use up the hourly limit."""
+    small_fleet(api)
+    job_with_pods(api, "prod", "train", ["n0"])
+    cluster = connect(api, tmp_path)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    for _ in range(3):
+        snapshot = cluster.snapshot()
+        actuator.execute(plan_from_findings([health("n0", ActionKind.DRAIN)], snapshot), snapshot)
+    assert [r["kind"] for r in audit_of(tmp_path) if r["outcome"] == "applied"] == ["drain"]
+    assert len(api.calls("POST", "/eviction$")) == 1
+    plan = plan_from_findings([health("n0", ActionKind.DRAIN)], cluster.snapshot())
+    assert plan.actions == () and "already drained" in plan.skipped[0][1]
