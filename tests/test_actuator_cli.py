@@ -9,7 +9,7 @@ import re
 
 import pandas as pd
 import pytest
-from fake_kube_api import CORE, FakeKubeAPI
+from fake_kube_api import COORDINATION, CORE, FakeKubeAPI
 from kube_fleet import node
 
 from gpuwarden.actuator.approvals import pending
@@ -56,7 +56,9 @@ def test_plan_run_list_undo(api, tmp_path, capsys):
     assert not (tmp_path / "audit.jsonl").exists() and api.calls("PATCH") == []
 
     roomy = [*common, "--max-cordoned-node-ratio", "0.5"]
-    assert main(["actuator", "run", "--mode", "auto", "--rounds", "1", "--interval", "0.01", *roomy]) == 0
+    assert main(["actuator", "run", "--mode", "auto", "--rounds", "1", "--interval", "0.01", "--leader-elect",
+                 "--identity", "replica-a", *roomy]) == 0
+    assert api.get(COORDINATION, "leases", "gpuwarden-actuator", "gpuwarden")["spec"]["holderIdentity"] == "replica-a"
     assert api.get(CORE, "nodes", "gpu-a")["spec"]["unschedulable"] is True
     capsys.readouterr()
     assert main(["actuator", "list", "--audit", str(tmp_path / "audit.jsonl")]) == 0

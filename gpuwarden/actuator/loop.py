@@ -35,7 +35,7 @@ class RoundReport:
 class Reconciler:
     def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
                  policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0,
-                 scheduling: str | None = None) -> None:
+                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None) -> None:
         """``scheduling``: a scheduling policy name (``gpuwarden``...) whose decisions on each
         snapshot (quota reclaim, queue order) join the plan; None plans from findings only."""
         if interval_seconds <= 0:
@@ -45,6 +45,7 @@ class Reconciler:
         self.policy = policy
         self.interval_seconds = interval_seconds
         self.scheduling = scheduling
+        self.on_round = on_round  # e.g. the CLI's one-line summary of each scheduled round
         self.rounds: list[RoundReport] = []
         self._scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
@@ -68,9 +69,13 @@ class Reconciler:
 
     def _safe_round(self) -> None:
         try:
-            self.reconcile_once()
-        except Exception:  # a failed round is logged and retried next interval, never kills the loop
-            log.exception("reconcile round failed; retrying next interval")
+            report = self.reconcile_once()
+        except Exception as error:  # a failed round is one line, retried next interval; never kills the loop
+            log.error("reconcile round failed: %s: %s; retrying next interval", type(error).__name__, error)
+            log.debug("reconcile round failed", exc_info=True)
+            return
+        if self.on_round is not None:
+            self.on_round(report)
 
     def start(self) -> "Reconciler":
         self._scheduler = BackgroundScheduler(timezone="UTC")

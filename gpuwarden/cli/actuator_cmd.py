@@ -160,7 +160,7 @@ def _finder(args: argparse.Namespace):
 
 def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 60.0) -> Reconciler:
     scheduling = None if args.scheduling == "none" else args.scheduling
-    return Reconciler(actuator, _finder(args), _policy(args), interval, scheduling=scheduling)
+    return Reconciler(actuator, _finder(args), _policy(args), interval, scheduling=scheduling, on_round=_summary)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -204,7 +204,7 @@ def run_loop(args: argparse.Namespace) -> int:
     actuator = _actuator(args, cluster, AuditLog(args.audit), leader=elector.is_leader if elector else None)
     reconciler = _reconciler(args, actuator, args.interval)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     lease_scheduler = None
     if elector:
         elector.try_acquire_or_renew()
@@ -228,6 +228,7 @@ def run_loop(args: argparse.Namespace) -> int:
         pass
     finally:
         reconciler.stop()
+        signal.signal(signal.SIGTERM, previous)
         if lease_scheduler:
             lease_scheduler.shutdown(wait=False)
     return 0
@@ -239,6 +240,10 @@ def _one_round(reconciler: Reconciler) -> None:
     except (SamplesError, KubeFailure, ValueError) as error:  # one line; the next round tries again
         print(f"actuator: round failed: {error}", file=sys.stderr, flush=True)
         return
+    _summary(report)
+
+
+def _summary(report) -> None:
     counts: dict[str, int] = {}
     for entry in report.entries:
         counts[entry.outcome.value] = counts.get(entry.outcome.value, 0) + 1
