@@ -248,13 +248,14 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
         placements = []
         if phase == WorkloadPhase.RUNNING:
             for pod in group["pods"]:
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node not in gpus_on:
+                node_name = (pod.get("spec") or {}).get("nodeName")
+                if node_name not in gpus_on:
                     continue
-                for _ in range(max(1, group["count"])):
-                    index = gpu_cursor.get(node, 0)
-                    gpu_cursor[node] = index + 1
-                    placements.append(Placement(node, f"{node}/gpu-{min(index, max(0, gpus_on[node] - 1))}"))
+                for _ in range(max(1, group["count"])):  # Kubernetes does not say which GPU: lay pods in order
+                    index = gpu_cursor.get(node_name, 0)
+                    gpu_cursor[node_name] = index + 1
+                    last = max(0, gpus_on[node_name] - 1)
+                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index, last)}"))
         annotations = group["annotations"]
         kind_label = group["labels"].get("gpuwarden.io/workload-kind")
         kind = kind_label if kind_label in {k.value for k in WorkloadKind} else (
