@@ -89,3 +89,17 @@ def test_the_scheduling_planner_resumes_a_suspended_job_when_capacity_returns(ap
     assert [(e.outcome, e.kind, e.target) for e in report.entries] == [(Outcome.APPLIED, "resume", "ml/paused")]
     assert report.entries[0].findings[0]["kind"] == "queue-order"
     assert api.calls("PATCH", "/jobs/paused")[-1].body == {"spec": {"suspend": False}}
+
+
+def test_mig_pods_are_placed_on_mig_instances_and_the_planner_accepts_them(api, tmp_path):
+    from gpuwarden.scheduling.planner import plan as schedule_plan
+
+    api.add(CORE, "nodes", {"metadata": {"name": "mig", "labels": {"nvidia.com/gpu.count": "1"}},
+                            "status": {"capacity": {"nvidia.com/mig-1g.10gb": "7", "cpu": "8", "memory": "32Gi"}}})
+    for i in range(2):
+        api.add(CORE, "pods", {"metadata": {"name": f"m{i}", "namespace": "ml"}, "spec": {"nodeName": "mig", "containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}, "status": {"phase": "Running"}})
+    snapshot = connect(api, tmp_path).snapshot()
+    placements = sorted(p.mig_instance_id for w in snapshot.workloads for p in w.placements)
+    assert placements == [1, 2] and all(w.workload.gpus.mig_profile == "1g.10gb" for w in snapshot.workloads)
+    assert schedule_plan(snapshot, "gpuwarden").actions == ()

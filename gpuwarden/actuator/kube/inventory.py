@@ -233,6 +233,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
                        "priority": (template.get("spec") or {}).get("priorityClassName"), "labels": {}}
 
     gpu_cursor: dict[str, int] = {}
+    mig_cursor: dict[str, int] = {}
     gpus_on = {n.name: n.gpu_count for n in nodes}
     workloads = []
     for key, group in sorted(groups.items()):
@@ -251,10 +252,15 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
                 node_name = (pod.get("spec") or {}).get("nodeName")
                 if node_name not in gpus_on:
                     continue
+                last = max(0, gpus_on[node_name] - 1)
+                if group["mig"]:  # one MIG instance; up to 7 share a GPU
+                    index = mig_cursor.get(node_name, 0)
+                    mig_cursor[node_name] = index + 1
+                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index // 7, last)}", index % 7 + 1))
+                    continue
                 for _ in range(max(1, group["count"])):  # Kubernetes does not say which GPU: lay pods in order
                     index = gpu_cursor.get(node_name, 0)
                     gpu_cursor[node_name] = index + 1
-                    last = max(0, gpus_on[node_name] - 1)
                     placements.append(Placement(node_name, f"{node_name}/gpu-{min(index, last)}"))
         annotations = group["annotations"]
         kind_label = group["labels"].get("gpuwarden.io/workload-kind")
