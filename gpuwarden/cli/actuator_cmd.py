@@ -19,13 +19,16 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.actuator.approvals import decide, pending
 from gpuwarden.actuator.findings import findings_from_frame
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, KubeFailure, LeaderElector, load_client
 from gpuwarden.store import SamplesError
+
+if TYPE_CHECKING:
+    from gpuwarden.actuator.kube import KubeCluster
 
 from .args import host_port, non_negative_int, positive_float, positive_int
 from .sources import add_source_options, open_window
@@ -135,6 +138,9 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def _kube(args: argparse.Namespace) -> KubeCluster:
+    # Imported here: the kubernetes client takes a second to import, and other commands never need it.
+    from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
+
     client = load_client(str(args.kubeconfig) if args.kubeconfig else None, args.in_cluster, args.context,
                          args.request_timeout)
     return KubeCluster(KubeApi(client), namespace=args.namespace, page_size=args.page_size)
@@ -164,6 +170,8 @@ def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from gpuwarden.actuator.kube import KubeFailure
+
     try:
         cluster = _kube(args)
         audit = AuditLog()  # a dry round records nothing; it counts what the real log holds
@@ -190,6 +198,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_loop(args: argparse.Namespace) -> int:
     from apscheduler.schedulers.background import BackgroundScheduler
+
+    from gpuwarden.actuator.kube import LeaderElector
 
     try:
         cluster = _kube(args)
@@ -235,6 +245,8 @@ def run_loop(args: argparse.Namespace) -> int:
 
 
 def _one_round(reconciler: Reconciler) -> None:
+    from gpuwarden.actuator.kube import KubeFailure
+
     try:
         report = reconciler.reconcile_once()
     except (SamplesError, KubeFailure, ValueError) as error:  # one line; the next round tries again
