@@ -25,11 +25,6 @@ CHART_RULES = CHART / "files" / "rules"
 KUBE_VERSION = "1.30"
 NAMESPACE = "gpu-monitoring"
 RELEASE = "gw"
-ACTUATOR_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-]
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 EVERYTHING = ["remediation.enabled=true", "serviceMonitor.enabled=true", "prometheusRule.enabled=true",
               "exporter.podMemory.enabled=true"]
@@ -255,32 +250,6 @@ def test_every_manifest_validates_against_kubernetes_schemas(helm, kube_validate
             kube_validate.validate(doc, KUBE_VERSION, strict=True)
         except kube_validate.ValidationError as error:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, error.path))}: {error.message}")
-
-
-def test_remediation_adds_exactly_the_minimum_rbac(helm):
-    default_kinds = {doc["kind"] for doc in render(helm)}
-    docs = render(helm, "remediation.enabled=true")
-    kinds = by_kind(docs)
-    added = sorted(doc["kind"] for doc in docs if doc["kind"] not in default_kinds)
-    assert added == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ServiceAccount"]
-    assert "Deployment" not in kinds  # the controller lands with the KubeCluster work
-
-    account = one(docs, "ServiceAccount")
-    role = one(docs, "ClusterRole")
-    binding = one(docs, "ClusterRoleBinding")
-    assert role["rules"] == ACTUATOR_RULES
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
-    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["actuator.yaml"])
-    assert config == {"mode": "observe", "interval_seconds": 60,
-                      "limits": {"max_actions_per_hour": 10, "max_cordoned_node_ratio": 0.1},
-                      "policy": {"taint": "gpuwarden.io/unhealthy=true:NoSchedule", "protected_nodes": []}}
-
-    docs = render(helm, "remediation.enabled=true", "remediation.mode=approve", "remediation.protectedNodes={a,b}")
-    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["actuator.yaml"])
-    assert config["mode"] == "approve" and config["policy"]["protected_nodes"] == ["a", "b"]
 
 
 def test_only_remediation_grants_write_verbs(helm):
