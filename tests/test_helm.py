@@ -206,7 +206,7 @@ def test_daemonset_runs_the_exporter_on_gpu_nodes(helm):
     assert "--proc-root=none" in container["args"]
     assert "--kubelet-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
                                       "limits": {"cpu": "250m", "memory": "128Mi"}}

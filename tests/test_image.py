@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,5 +216,8 @@ def test_full_image_runs_the_whole_stack_from_its_entrypoint(full_image, request
              "pd.DataFrame({'a': [1.5]}).to_parquet('/tmp/x.parquet'); print(pq.read_table('/tmp/x.parquet').num_rows)\n")
     result = _run_in_image(full_image, ["python", "-c", probe])
     assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr[-2000:]
+    # The chart's dashboard Deployment runs this file with `streamlit run`.
+    app = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "values.yaml").read_text())["dashboard"]["app"]
+    assert (Path(full_image["rootfs"]) / app.lstrip("/")).is_file(), app
     _report(request, f"full image: {full_image['rootfs_bytes'] / 2**20:.0f} MiB "
                      f"(target {SIZE_TARGET_BYTES / 2**20:.0f} MiB is met by the exporter image)")
