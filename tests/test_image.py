@@ -221,3 +221,52 @@ def test_full_image_runs_the_whole_stack_from_its_entrypoint(full_image, request
     assert (Path(full_image["rootfs"]) / app.lstrip("/")).is_file(), app
     _report(request, f"full image: {full_image['rootfs_bytes'] / 2**20:.0f} MiB "
                      f"(target {SIZE_TARGET_BYTES / 2**20:.0f} MiB is met by the exporter image)")
+
+
+# --- make image: engine detection (stub engines on PATH: no engine can build here) ---------------------
+
+def _stub_engines(directory: Path, working: str | None) -> None:
+    """podman, buildah and docker stubs: ``info`` fails except for ``working``, whose ``build`` logs its
+    arguments. They stand in for real engines, which cannot pull a base image in this sandbox."""
+    for engine in ("podman", "buildah", "docker"):
+        ok = engine == working
+        script = directory / engine
+        script.write_text("#!/bin/sh\n"
+                          f'if [ "$1" = info ]; then {"exit 0" if ok else "echo cannot connect to the daemon >&2; exit 1"}; fi\n'
+                          f'echo "$@" >> "{directory}/calls"\n')
+        script.chmod(0o755)
+
+
+def _make_image(directory: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "image"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PATH": f"{directory}:{os.environ['PATH']}", **env}, check=False)
+
+
+def test_make_image_says_clearly_when_no_engine_works(tmp_path):
+    _stub_engines(tmp_path, working=None)
+    result = _make_image(tmp_path)
+    assert result.returncode != 0
+    assert "no working container engine" in result.stderr
+    for engine in ("podman", "buildah", "docker"):
+        assert f"{engine} (installed, but '{engine} info' fails" in result.stderr
+    assert "scripts/build_rootfs.py" in result.stderr  # the way without a registry
+    assert not (tmp_path / "calls").exists()
+
+
+@pytest.mark.parametrize("engine", ["podman", "docker"])
+def test_make_image_builds_both_targets_with_the_first_working_engine(tmp_path, engine):
+    _stub_engines(tmp_path, working=engine)
+    result = _make_image(tmp_path, IMAGE="registry.example/team/gw")
+    assert result.returncode == 0, result.stderr
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[:2] == [f"build -f Containerfile --target gpuwarden -t registry.example/team/gw:{version} .",
+                         f"build -f Containerfile --target exporter -t registry.example/team/gw:{version}-exporter ."]
+    # The chart's defaults are what a plain `make image` names.
+    values = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "values.yaml").read_text())
+    chart = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "Chart.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in {"IMAGE", "TAG", "ENGINE"}}
+    dry_run = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "-n", "image"], env=env,
+                             capture_output=True, text=True, timeout=60, check=False).stdout
+    assert f"IMAGE={values['image']['repository']} TAG={version} " in dry_run
+    assert chart["appVersion"] == version and values["exporter"]["image"]["tagSuffix"] == "-exporter"
