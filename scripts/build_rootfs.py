@@ -134,10 +134,22 @@ def _has_setuptools(newer_than_major: int) -> bool:
         return False
 
 
+def sources_digest() -> str:
+    """A hash of what the wheel is built from (the files the Containerfile copies)."""
+    paths = [ROOT / "pyproject.toml", ROOT / "README.md"]
+    paths += sorted(p for p in (ROOT / "gpuwarden").rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return _sha256(*(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() for p in paths))
+
+
 def build_wheel(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("gpuwarden-*.whl"):
-        old.unlink()
+    """The project's wheel, rebuilt only when its sources changed (building one costs ~20-30 s)."""
+    cached = out / sources_digest()
+    found = sorted(cached.glob("gpuwarden-*.whl"))
+    if len(found) == 1:
+        return found[0]
+    shutil.rmtree(out, ignore_errors=True)
+    cached.mkdir(parents=True)
     env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     with tempfile.TemporaryDirectory() as tmp:  # setuptools' build/ may hold stale modules: build from a copy
         src = Path(tmp) / "src"  # what the Containerfile copies, nothing else
@@ -148,9 +160,9 @@ def build_wheel(out: Path) -> Path:
         # An isolated build environment costs a download of setuptools: skip it when this Python has one
         # new enough for pyproject.toml's build-system.
         no_isolation = ["--no-build-isolation"] if _has_setuptools(70) else []  # 70.1+ builds wheels alone
-        _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *no_isolation, "--wheel-dir", str(out),
+        _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *no_isolation, "--wheel-dir", str(cached),
               str(src)], env=env, timeout=300)
-    (wheel,) = out.glob("gpuwarden-*.whl")
+    (wheel,) = cached.glob("gpuwarden-*.whl")
     return wheel
 
 
