@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean image
+
+# `make image`: the Containerfile's images, IMAGE:TAG and IMAGE:TAG-exporter, with podman, buildah or
+# docker (the first that works; ENGINE=... picks one). The defaults are helm/gpuwarden's image values.
+IMAGE ?= ghcr.io/gpuwarden/gpuwarden
+TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +30,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_store.py
+
+image:
+	IMAGE=$(IMAGE) TAG=$(TAG) ENGINE=$(ENGINE) scripts/image/build_image.sh
 
 clean:
 	rm -rf $(VENV) .gpuwarden .pytest_cache

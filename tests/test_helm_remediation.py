@@ -7,7 +7,7 @@ switched on; the rendered arguments are ones ``gpuwarden actuator run`` accepts.
 from __future__ import annotations
 
 import pytest
-from test_helm import KUBE_VERSION, NAMESPACE, WRITE_VERBS, helm, kube_validate, render  # noqa: F401  (fixtures)
+from test_helm import KUBE_VERSIONS, NAMESPACE, WRITE_VERBS, helm, kube_validate, render  # noqa: F401  (fixtures)
 
 from gpuwarden.cli import build_parser
 
@@ -64,7 +64,7 @@ def test_remediation_deploys_a_leader_elected_actuator_with_a_pdb(helm, kube_val
         assert kind in kinds
     for doc in docs:
         try:
-            kube_validate.validate(doc, KUBE_VERSION, strict=True)
+            [kube_validate.validate(doc, version, strict=True) for version in KUBE_VERSIONS]
         except kube_validate.ValidationError as error:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, error.path))}: {error.message}")
     deployment = one(docs, "Deployment")

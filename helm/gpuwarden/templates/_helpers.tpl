@@ -61,3 +61,37 @@ app.kubernetes.io/component: actuator
 {{- define "gpuwarden.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+
+{{/* The image's non-root user (Containerfile, scripts/image/install.py). */}}
+{{- define "gpuwarden.imageUID" -}}10001{{- end -}}
+
+{{/* The exporter container's securityContext: the values' one, plus who it runs as unless given there:
+UID 0 only while pod attribution or pod memory reads root-only host files, else the image's UID. */}}
+{{- define "gpuwarden.exporter.securityContext" -}}
+{{- $e := .Values.exporter -}}
+{{- $uid := int (include "gpuwarden.imageUID" .) -}}
+{{- $auto := dict "runAsUser" $uid "runAsGroup" $uid "runAsNonRoot" true -}}
+{{- if or $e.podAttribution.enabled $e.podMemory.enabled -}}
+{{- $auto = dict "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false -}}
+{{- end -}}
+{{- $context := merge (deepCopy ($e.securityContext | default dict)) $auto -}}
+{{- if and $context.runAsNonRoot (eq (int $context.runAsUser) 0) -}}
+{{- fail "exporter.securityContext.runAsNonRoot=true: the exporter runs as UID 0 while exporter.podAttribution or exporter.podMemory is enabled (the kubelet socket and host files are root-only); turn both off, or set exporter.securityContext.runAsUser to a UID that can read them" -}}
+{{- end -}}
+{{- toYaml $context -}}
+{{- end -}}
+
+{{- define "gpuwarden.dashboard.fullname" -}}
+{{- printf "%s-dashboard" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwarden.dashboard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}-dashboard
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: dashboard
+{{- end -}}
+
+{{- define "gpuwarden.dashboard.labels" -}}
+{{ include "gpuwarden.commonLabels" . }}
+{{ include "gpuwarden.dashboard.selectorLabels" . }}
+{{- end -}}
