@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from . import STORE_ENV
 
@@ -54,9 +54,7 @@ def launch_dashboard(
 def dashboard_url(host: str = "127.0.0.1", port: int = 8501) -> str:
     """The URL to open for a dashboard listening on ``host:port`` (a wildcard address maps to
     localhost; IPv6 literals get brackets)."""
-    if host in ("", "0.0.0.0"):
-        host = "localhost"
-    elif host == "::":
+    if host in ("", "0.0.0.0") or host == "::":
         host = "localhost"
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
