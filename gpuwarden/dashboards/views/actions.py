@@ -9,7 +9,7 @@ import streamlit as st
 
 from gpuwarden.actuator import approvals
 from gpuwarden.dashboards import actions_view as av
-from gpuwarden.dashboards import auth, show
+from gpuwarden.dashboards import auth, data, show
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards.data import store_path
 
@@ -49,6 +49,12 @@ c2.metric("Planned (observe)", int((frame["outcome"] == "planned").sum()))
 c3.metric("Applied", int((frame["outcome"] == "applied").sum()))
 c4.metric("Blocked or refused", int(frame["outcome"].isin(["blocked-by-limit", "refused", "error"]).sum()))
 
+health_findings: list = []
+info = data.store_info()
+if waiting and info is not None:  # findings of the last 24 h, for actions whose log entry does not carry them
+    start = max(info.oldest, info.newest - pd.Timedelta(hours=24))
+    health_findings = data.findings(info.path, start, info.newest + pd.Timedelta(seconds=1), info.version)
+
 st.subheader("Awaiting approval")
 if not waiting:
     st.caption("Nothing waits for a person.")
@@ -59,8 +65,10 @@ else:
             st.markdown(f"**{item.kind} `{item.target}`** · approval `{item.approval_id}` · planned at "
                         f"{item.planned_at} (wall clock)")
             st.caption(f"Why: {item.reason}")
-            if item.findings:
-                st.dataframe(pd.DataFrame(list(item.findings)), hide_index=True, width="stretch")
+            behind = pd.DataFrame(list(item.findings)) if item.findings else av.findings_on(health_findings, item.target)
+            if not behind.empty:
+                st.caption("Findings behind it:")
+                st.dataframe(behind, hide_index=True, width="stretch")
             evicted = av.evictions(snapshot, item.kind, item.target)
             if not evicted.empty:
                 st.caption(f"Would evict {len(evicted)} workload(s) of {evicted['team'].nunique()} team(s), "
@@ -86,9 +94,12 @@ else:
 decided = frame[frame["outcome"].isin(["approved", "rejected"])]
 if not decided.empty:
     st.subheader("Decisions")
-    st.dataframe(decided[["at", "outcome", "kind", "target", "by", "comment", "approval_id"]], hide_index=True,
-                 width="stretch", column_config={"at": st.column_config.DatetimeColumn("At (wall clock, UTC)",
-                                                                                       format="YYYY-MM-DD HH:mm:ss")})
+    for row in decided.head(10).itertuples(index=False):
+        note = f" — “{row.comment}”" if isinstance(row.comment, str) and row.comment else ""
+        st.markdown(f"- **{row.outcome}** {row.kind} `{row.target}` by **{row.by}** at {row.at:%Y-%m-%d %H:%M:%S} "
+                    f"(wall clock, UTC), approval `{row.approval_id}`{note}")
+    if len(decided) > 10:
+        st.caption(f"...and {len(decided) - 10} more in the entries below.")
 
 if not frame.empty:
     st.subheader("By kind and outcome")
