@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler, SafetyLimits, approvals
+from gpuwarden.actuator import (
+    Actuator,
+    AuditLog,
+    Mode,
+    Reconciler,
+    SafetyLimits,
+    approvals,
+)
 from gpuwarden.dashboards.cdp import EXCEPTION_MARKERS, Chromium, find_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
