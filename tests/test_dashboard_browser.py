@@ -132,7 +132,7 @@ def test_every_page_on_an_empty_store(empty, chrome):
 
 
 def test_approve_in_the_browser_then_the_actuator_applies_it(full, chrome):
-    url, root, built = full
+    url, _root, built = full
     audit = built["audit"]
     [waiting] = approvals.pending(audit)
     load(chrome, f"{url}/actions", ("Awaiting approval", "Approve", f"Signed in as {APPROVER}"))

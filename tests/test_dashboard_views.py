@@ -116,9 +116,9 @@ def test_cluster_state_round_trips_and_requests_join_the_queue(tmp_path):
     with (tmp_path / "requests.jsonl").open("a") as handle:
         handle.write('{"name": "cut sh')
     requests, problems = cs.read_requests(tmp_path)
-    assert [r.name for r in requests] == ["mine"] and problems == [f"{tmp_path / 'requests.jsonl'}:2: skipped, not a "
+    assert [r.name for r in requests] == ["mine"] and problems == [(f"{tmp_path / 'requests.jsonl'}:2: skipped, not a "
                                                                    "workload request (Unterminated string starting at: "
-                                                                   "line 1 column 10 (char 9))"]
+                                                                   "line 1 column 10 (char 9))")]
     joined = cs.with_requests(snap, requests)
     queue = qv.pending_table(joined, qv.plan_with(joined))
     assert "beta/mine" in set(queue["workload"]) or any(a.target == "beta/mine" for a in qv.plan_with(joined).actions)
@@ -193,3 +193,14 @@ def test_the_idle_page_builds_its_report_once_per_window(monkeypatch, tmp_path):
     assert not at.exception and len(calls) == 1
     at.selectbox(key="window_preset").set_value("1h").run()
     assert len(calls) == 2
+
+
+def test_the_shared_window_presets_and_custom_days():
+    from gpuwarden.dashboards.data import window_for
+
+    oldest, newest = pd.Timestamp("2026-11-23T00:00:00Z"), pd.Timestamp("2026-11-30T00:00:00Z")
+    day = window_for("24h", oldest, newest)
+    assert day.end == newest + pd.Timedelta(seconds=1) and day.span == pd.Timedelta(hours=24)
+    assert window_for("7d", oldest + pd.Timedelta(days=1), newest).start == oldest + pd.Timedelta(days=1)  # clipped
+    custom = window_for("custom", oldest, newest, (datetime(2026, 11, 24).date(), datetime(2026, 11, 25).date()))
+    assert (custom.start, custom.end) == (pd.Timestamp("2026-11-24T00:00:00Z"), pd.Timestamp("2026-11-26T00:00:00Z"))

@@ -245,3 +245,33 @@ def efficiency(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float
     from gpuwarden.analytics import efficiency_report
 
     return efficiency_report(ledger(path, start, end, version))
+
+
+def cluster_version(directory: Path | None) -> tuple[float, ...]:
+    """Modification times of the cluster-state files (a new snapshot, request or weight: a new key)."""
+    if directory is None:
+        return ()
+    stamps = []
+    for name in ("snapshot.json", "requests.jsonl", "team_weights.json"):
+        try:
+            stamps.append((directory / name).stat().st_mtime)
+        except OSError:
+            stamps.append(0.0)
+    return tuple(stamps)
+
+
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=8, show_spinner="Planning the queue…")
+def queue_plan(directory: str, version: tuple[float, ...]):
+    """(snapshot with portal requests and admin weights, the planner's plan, pending table,
+    unreadable request lines), or None without a snapshot. ValueError for a damaged snapshot."""
+    from gpuwarden.dashboards import cluster_state as cs
+    from gpuwarden.dashboards import queue_view
+
+    folder = Path(directory)
+    snapshot = cs.read_snapshot(folder)
+    if snapshot is None:
+        return None
+    requests, problems = cs.read_requests(folder)
+    snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(folder))
+    result = queue_view.plan_with(snapshot)
+    return snapshot, result, queue_view.pending_table(snapshot, result), requests, problems

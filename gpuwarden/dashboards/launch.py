@@ -37,17 +37,22 @@ def launch_dashboard(
     *,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    local_approver: str | None = None,
     **popen_kwargs,
 ) -> subprocess.Popen:
     """Start Streamlit serving the dashboard over the store at ``store_path``; return the process.
 
     ``env`` replaces the inherited environment (``GPUWARDEN_STORE`` is always set on top);
     ``extra_args`` are appended to the command line (other ``--server.*`` options);
+    ``local_approver`` names a local user who may approve actions and edit team priorities without
+    signing in (``GPUWARDEN_DEMO_APPROVER``: for a dashboard on a laptop, as ``gpuwarden demo``);
     ``popen_kwargs`` go to :class:`subprocess.Popen` (e.g. ``stdout=subprocess.DEVNULL``).
     The caller owns the process: ``terminate()`` and ``wait()`` it.
     """
     child_env = dict(os.environ if env is None else env)
     child_env[STORE_ENV] = str(Path(store_path).resolve())
+    if local_approver:
+        child_env["GPUWARDEN_DEMO_APPROVER"] = local_approver
     return subprocess.Popen(dashboard_command(port, host, extra_args), env=child_env, **popen_kwargs)
 
 
