@@ -181,10 +181,11 @@ def bucket_for(span: pd.Timedelta) -> str:
 # -- cached reads and reports ------------------------------------------------------------------------
 
 
-@st.cache_data(ttl=CACHE_TTL_S, max_entries=16, show_spinner="Reading fleet samples…")
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=16, show_spinner="Reading fleet samples…")
 def read_window(path: str, start: pd.Timestamp, end: pd.Timestamp, columns: tuple[str, ...], version: float,
                 nodes: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Samples in ``[start, end)`` with ``columns`` (optionally of some nodes only)."""
+    """Samples in ``[start, end)`` with ``columns`` (optionally of some nodes only). Shared, not
+    copied on each rerun (a cache_resource): callers filter into new frames, never change it."""
     try:
         return LocalStore(path).read(start=start, end=end, columns=list(columns), nodes=nodes)
     except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
@@ -275,3 +276,24 @@ def queue_plan(directory: str, version: tuple[float, ...]):
     snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(folder))
     result = queue_view.plan_with(snapshot)
     return snapshot, result, queue_view.pending_table(snapshot, result), requests, problems
+
+
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner="Summarising the fleet…")
+def fleet_summary(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float) -> dict:
+    """Everything the Fleet page draws, computed once per window: small frames only (the samples
+    themselves are not kept, so a rerun never copies them)."""
+    from gpuwarden.dashboards import fleet_view as fv
+
+    frame = read_window(path, start, end, (*fv.FLEET_COLUMNS, "gpu_index"), version)
+    snapshot = fv.latest_snapshot(frame)
+    xids = fv.xid_events(frame)
+    return {
+        "headline": fv.headline(frame, snapshot),
+        "reporting": fv.reporting(frame, snapshot),
+        "grid": fv.activity_grid(frame, snapshot),
+        "series": fv.utilisation_over_time(frame, bucket_for(end - start)),
+        "teams": fv.allocation_by_team(snapshot),
+        "models": fv.allocation_by_model(snapshot),
+        "nodes": fv.node_table(frame, snapshot, xids),
+        "xids": xids[xids["total"] > 0],
+    }

@@ -14,10 +14,9 @@ from gpuwarden.dashboards import fleet_view as fv
 info = data.require_store()
 st.title("Fleet overview")
 window = data.current_window(info)
-frame = data.read_window(info.path, window.start, window.end, (*fv.FLEET_COLUMNS, "gpu_index"), info.version)
+summary = data.fleet_summary(info.path, window.start, window.end, info.version)
 data.window_caption(info, window)
-snapshot = fv.latest_snapshot(frame)
-head = fv.headline(frame, snapshot)
+head = summary["headline"]
 idle = data.idle(info.path, window.start, window.end, info.version).summary
 findings = data.findings(info.path, window.start, window.end, info.version)
 critical = sum(1 for f in findings if f.severity.value == "critical" and f.evidence.get("active"))
@@ -25,7 +24,7 @@ try:
     cluster = cs.read_snapshot(cs.state_dir(info.path))
 except ValueError:
     cluster = None
-reporting, seen = fv.reporting(frame, snapshot)
+reporting, seen = summary["reporting"]
 
 c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
@@ -50,7 +49,7 @@ if head.mean_sm_active is not None and head.sm_measured_gpus < head.gpus:
     st.caption(f"SM activity is measured on {head.sm_measured_gpus} of {head.gpus} GPUs; the mean covers those only.")
 
 st.subheader("Activity by node and GPU (%)")
-grid = fv.activity_grid(frame, snapshot)
+grid = summary["grid"]
 grid = grid.assign(activity_pct=grid["activity"] * 100, state=grid["reporting"].map({True: "reporting", False: "silent"}))
 heat = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=alt.X("gpu_index:O", title="GPU index"),
@@ -67,7 +66,7 @@ st.page_link("views/gpu.py", label="GPU detail", icon=":material/memory:")
 
 st.subheader("Utilisation over time (%)")
 bucket = data.bucket_for(window.span)
-series = fv.utilisation_over_time(frame, bucket) * 100
+series = summary["series"] * 100
 series = series.rename(columns={"gpu_util_ratio": "GPU utilisation %", "sm_active_ratio": "SM activity %"})
 series.index = series.index.tz_convert(None)
 st.line_chart(series.dropna(axis=1, how="all"), y_label="%", x_label=f"UTC (sample time), {bucket} buckets")
@@ -75,19 +74,18 @@ st.line_chart(series.dropna(axis=1, how="all"), y_label="%", x_label=f"UTC (samp
 left, right = st.columns(2)
 with left:
     st.subheader("Allocated now, by team (GPUs)")
-    teams = fv.allocation_by_team(snapshot)
+    teams = summary["teams"]
     if teams.empty:
         st.caption("No GPU is allocated now.")
     else:
         st.bar_chart(teams.set_index("team")["gpus"], horizontal=True, x_label="GPUs", y_label="")
 with right:
     st.subheader("By GPU model (GPUs)")
-    models = fv.allocation_by_model(snapshot)
+    models = summary["models"]
     st.bar_chart(models.set_index("model")[["allocated", "free"]], horizontal=True, x_label="GPUs", y_label="")
 
 st.subheader("Nodes")
-xids = fv.xid_events(frame)
-nodes = fv.node_table(frame, snapshot, xids)
+nodes = summary["nodes"]
 st.dataframe(
     nodes, hide_index=True, width="stretch",
     column_config={
@@ -99,7 +97,7 @@ st.dataframe(
         "xid_events": st.column_config.NumberColumn("XID events", help="XID events in the window, all codes (counter resets handled)."),
     },
 )
-xids = xids[xids["total"] > 0]
+xids = summary["xids"]
 if not xids.empty:
     with st.expander(f"XID events by GPU and code ({int(xids['total'].sum())} in the window)"):
         codes = [c for c in xids.columns if c != "total" and xids[c].sum() > 0]
