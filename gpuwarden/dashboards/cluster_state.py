@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import os
 import typing
@@ -61,6 +62,11 @@ def _encode(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)  # slow: resolved once per class, not per object
+
+
 def _decode(kind: Any, value: Any) -> Any:
     if value is None:
         return None
@@ -70,7 +76,7 @@ def _decode(kind: Any, value: Any) -> Any:
         options = [a for a in args if a is not type(None)]
         return _decode(options[0], value) if options else value
     if dataclasses.is_dataclass(kind):
-        hints = typing.get_type_hints(kind)
+        hints = _hints(kind)
         return kind(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(kind) if f.name in value})
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return kind(value)

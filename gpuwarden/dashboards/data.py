@@ -150,7 +150,7 @@ def window_for(preset: str, oldest: pd.Timestamp, newest: pd.Timestamp,
         start, end = max(first, oldest), min(last, end)
         if start >= end:
             start = end - pd.Timedelta(hours=1)
-        return Window(start, end, f"{start:%Y-%m-%d %H:%M} → {end:%Y-%m-%d %H:%M} UTC")
+        return Window(start, end, "custom range")
     span = PRESETS.get(preset, PRESETS[DEFAULT_PRESET])
     start = max(end - span, oldest)
     return Window(start, end, PRESET_LABELS.get(preset, preset).lower())
@@ -297,3 +297,17 @@ def fleet_summary(path: str, start: pd.Timestamp, end: pd.Timestamp, version: fl
         "nodes": fv.node_table(frame, snapshot, xids),
         "xids": xids[xids["total"] > 0],
     }
+
+
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=4, show_spinner=False)
+def _snapshot(directory: str, version: tuple[float, ...]):
+    from gpuwarden.dashboards import cluster_state as cs
+
+    return cs.read_snapshot(Path(directory))
+
+
+def cluster_snapshot(directory: Path | None):
+    """The newest cluster snapshot (cached by file time), None without one; ValueError if damaged."""
+    if directory is None:
+        return None
+    return _snapshot(str(directory), cluster_version(directory))

@@ -18,7 +18,7 @@ path = av.audit_path(store_path())
 entries, problems = av.read_entries(path)
 frame = av.load_audit(path)
 try:
-    snapshot = cs.read_snapshot(cs.state_dir(store_path()))
+    snapshot = data.cluster_snapshot(cs.state_dir(store_path()))
 except ValueError as error:
     snapshot = None
     problems.append(str(error))

@@ -21,7 +21,7 @@ idle = data.idle(info.path, window.start, window.end, info.version).summary
 findings = data.findings(info.path, window.start, window.end, info.version)
 critical = sum(1 for f in findings if f.severity.value == "critical" and f.evidence.get("active"))
 try:
-    cluster = cs.read_snapshot(cs.state_dir(info.path))
+    cluster = data.cluster_snapshot(cs.state_dir(info.path))
 except ValueError:
     cluster = None
 reporting, seen = summary["reporting"]

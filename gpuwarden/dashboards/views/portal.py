@@ -9,7 +9,7 @@ from datetime import UTC
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.dashboards import auth, data, queue_view
+from gpuwarden.dashboards import auth, data
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.fleet import FleetValueError, PriorityClass
 from gpuwarden.scheduling.mig import MIG_TABLES
@@ -17,7 +17,7 @@ from gpuwarden.scheduling.mig import MIG_TABLES
 st.title("Request GPUs")
 directory = cs.state_dir(data.store_path())
 try:
-    snapshot = cs.read_snapshot(directory)
+    snapshot = data.cluster_snapshot(directory)
 except ValueError as error:
     st.error(str(error), icon=":material/error:")
     st.stop()
@@ -57,10 +57,7 @@ if submitted:
         st.session_state["portal_last"] = f"{team}/{request.name}"
         st.success(f"Submitted {team}/{request.name}.", icon=":material/check_circle:")
 
-requests, problems = cs.read_requests(directory)
-planned = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(directory))
-result = queue_view.plan_with(planned)
-pending = queue_view.pending_table(planned, result)
+planned, result, pending, requests, problems = data.queue_plan(str(directory), data.cluster_version(directory))
 mine = {f"{r.team}/{r.name}" for r in requests}
 st.subheader("Your requests in the queue")
 if not requests:

@@ -14,18 +14,17 @@ from gpuwarden.dashboards import data, queue_view, show
 st.title("Queue & quotas")
 directory = cs.state_dir(data.store_path())
 try:
-    snapshot = cs.read_snapshot(directory)
+    planned = data.queue_plan(str(directory), data.cluster_version(directory)) if directory else None
 except ValueError as error:
     st.error(str(error), icon=":material/error:")
     st.stop()
-if snapshot is None:
+if planned is None:
     st.info(f"No cluster snapshot at `{directory}` yet. The actuator (or `gpuwarden demo`) writes one each round; "
             f"set `{cs.STATE_ENV}` to read another folder.", icon=":material/info:")
     st.stop()
-requests, problems = cs.read_requests(directory)
+snapshot, result, pending, requests, problems = planned
 for problem in problems[:3]:
     st.warning(problem, icon=":material/warning:")
-snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(directory))
 st.caption(f"Cluster snapshot taken at {snapshot.taken_at:%Y-%m-%d %H:%M} UTC (sample time) · {len(snapshot.nodes)} nodes, "
            f"{len(snapshot.cordoned)} cordoned · {len(requests)} portal request(s) included")
 
@@ -42,8 +41,6 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("GPUs guaranteed", f"{quotas['guaranteed_gpus'].sum():,.0f}")
 c2.metric("GPUs allocated", f"{quotas['allocated_gpus'].sum():,.1f}")
 c3.metric("GPUs borrowed", f"{quotas['borrowed_gpus'].sum():,.1f}")
-result = queue_view.plan_with(snapshot)
-pending = queue_view.pending_table(snapshot, result)
 c4.metric("Workloads waiting", len(pending))
 
 st.subheader("Per team (GPUs)")
