@@ -311,3 +311,24 @@ def cluster_snapshot(directory: Path | None):
     if directory is None:
         return None
     return _snapshot(str(directory), cluster_version(directory))
+
+
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner=False)
+def gpu_list(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float) -> pd.DataFrame:
+    """One row per GPU seen in the window: node, gpu_index, gpu_uuid (sorted by node and index)."""
+    index = read_window(path, start, end, ("timestamp", "node", "gpu_uuid", "gpu_index"), version)
+    gpus = index.drop_duplicates("gpu_uuid", keep="last")[["node", "gpu_index", "gpu_uuid"]].astype(
+        {"node": str, "gpu_uuid": str})
+    return gpus.sort_values(["node", "gpu_index"], ignore_index=True)
+
+
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, node: str, uuid: str) -> dict:
+    """One GPU's chart groups, model and holders over the window (see ``fleet_view.gpu_series``)."""
+    from gpuwarden.dashboards import fleet_view as fv
+
+    frame = read_window(path, start, end, fv.GPU_DETAIL_COLUMNS, version, nodes=(node,))
+    frame = frame[frame["gpu_uuid"].astype(str) == uuid]
+    model = frame["model"].dropna().astype(str).iloc[-1] if frame["model"].notna().any() else "unknown model"
+    holders = frame.dropna(subset=["pod"])[["team", "pod"]].astype(str).drop_duplicates()
+    return {"groups": fv.gpu_series(frame, bucket_for(end - start)), "model": model, "holders": holders}

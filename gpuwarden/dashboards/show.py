@@ -98,3 +98,23 @@ def state_bars(frame: pd.DataFrame, value: str, title: str) -> None:
         tooltip=[alt.Tooltip("label:N", title="State"), alt.Tooltip(f"{value}:Q", format=",.2f")],
     )
     st.altair_chart(chart, width="stretch")
+
+
+def lines(table: pd.DataFrame, y_title: str, x_title: str, key: str | None = None) -> None:
+    """A line per column over time (index: naive UTC), as a plain Vega-Lite spec: no Altair
+    validation on each rerun, which is most of the cost of many small charts on one page."""
+    if table is None or table.empty:
+        st.caption("Nothing measured in this window.")
+        return
+    long = table.rename_axis("time").reset_index().melt("time", var_name="series", value_name="value").dropna()
+    spec = {
+        "mark": {"type": "line", "interpolate": "monotone"},
+        "encoding": {
+            "x": {"field": "time", "type": "temporal", "title": x_title},
+            "y": {"field": "value", "type": "quantitative", "title": y_title},
+            "color": {"field": "series", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
+            "tooltip": [{"field": "time", "type": "temporal"}, {"field": "series", "type": "nominal"},
+                        {"field": "value", "type": "quantitative", "format": ",.1f"}],
+        },
+    }
+    st.vega_lite_chart(long, spec, width="stretch", key=key)
