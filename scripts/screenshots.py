@@ -54,10 +54,11 @@ def xid79_finding(node: str, gpu_uuid: str, at) -> Finding:
                    {"xid": 79, "events": 2, "active": True}, ActionKind.CORDON, 0.99, at - timedelta(minutes=20), at)
 
 
-def build_demo_store(root: Path, nodes: int = 4, days: float = 0.25, seed: int = 7, data_dir: Path = DATA_DIR) -> dict:
+def build_demo_store(root: Path, nodes: int = 4, days: float = 0.25, seed: int = 7, data_dir: Path = DATA_DIR,
+                     fault_rate_scale: float = 50.0) -> dict:
     """A store a dashboard can show everything on: samples, cluster snapshot, one pending approval
     (a cordon planned by the real actuator in approve mode on the simulated cluster), one request."""
-    config = SimConfig(seed=seed, nodes=nodes, warmup_days=0.1, data_dir=data_dir, fault_rate_scale=50.0)
+    config = SimConfig(seed=seed, nodes=nodes, warmup_days=0.1, data_dir=data_dir, fault_rate_scale=fault_rate_scale)
     simulation = Simulation(config)
     store = LocalStore(root)
     steps = round(days * 86400 / config.step_seconds)
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=16, help="simulated nodes of 8 GPUs (default 16)")
     parser.add_argument("--days", type=float, default=1.0, help="simulated days of samples (default 1)")
+    parser.add_argument("--fault-rate-scale", type=float, default=1000.0,
+                        help="times the published fault rates, so the Health page has something to show (default 1000)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots", help="folder for the PNGs")
     args = parser.parse_args(argv)
     browser = find_chromium()
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
         print(f"screenshots: simulating {args.nodes} nodes x 8 GPUs for {args.days:g} day(s)…", flush=True)
-        build_demo_store(store, nodes=args.nodes, days=args.days)
+        build_demo_store(store, nodes=args.nodes, days=args.days, fault_rate_scale=args.fault_rate_scale)
         port = free_port()
         process = start_dashboard(store, port, {"GPUWARDEN_DEMO_APPROVER": APPROVER})
         try:
