@@ -204,3 +204,65 @@ def test_the_shared_window_presets_and_custom_days():
     assert window_for("7d", oldest + pd.Timedelta(days=1), newest).start == oldest + pd.Timedelta(days=1)  # clipped
     custom = window_for("custom", oldest, newest, (datetime(2026, 11, 24).date(), datetime(2026, 11, 25).date()))
     assert (custom.start, custom.end) == (pd.Timestamp("2026-11-24T00:00:00Z"), pd.Timestamp("2026-11-26T00:00:00Z"))
+
+
+def test_the_portal_queues_a_request_and_only_admins_edit_priorities(monkeypatch, tmp_path):
+    for name in ("GPUWARDEN_DEMO_APPROVER", "GPUWARDEN_ADMIN_TOKEN", "GPUWARDEN_ADMIN_TOKEN_FILE", cs.STATE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    cs.write_snapshot(tmp_path / "cluster", snapshot((Team("alpha", 6, 8), Team("beta", 2, 8))))
+    at = run(monkeypatch, tmp_path, "portal.py")
+    assert not at.exception
+    [team] = [b for b in at.selectbox if b.label == "Team"]
+    team.set_value("beta")
+    [b for b in at.text_input if b.label == "Workload name"][0].set_value("train-7")
+    [b for b in at.number_input if b.label == "GPUs (whole)"][0].set_value(4)
+    [b for b in at.button if b.label == "Submit request"][0].click().run()
+    assert not at.exception, at.exception
+    [request] = cs.read_requests(tmp_path / "cluster")[0]
+    assert (request.team, request.name, request.gpus) == ("beta", "train-7", 4)
+    assert at.success and "beta/train-7" in at.success[0].value
+    [queued] = [d.value for d in at.dataframe if "workload" in d.value.columns]
+    row = queued.set_index("workload").loc["beta/train-7"]
+    assert row["position"] >= 1 and row["reason"]  # 4 GPUs asked, 2 free: it waits, and says why
+    assert "Only admins can change team priorities." in [c.value for c in at.caption]
+
+    monkeypatch.setenv("GPUWARDEN_ADMIN_TOKEN", "adm1n")
+    at = run(monkeypatch, tmp_path, "portal.py")
+    form = [t for t in at.text_input if "token" in t.label.lower()]
+    [name] = [t for t in at.text_input if t.label.startswith("Your name")]
+    name.set_value("ops-lead")
+    form[0].set_value("adm1n")
+    [sign_in] = [b for b in at.button if b.label == "Sign in"]
+    sign_in.click().run()
+    assert not at.exception, at.exception
+    assert any("Signed in as **ops-lead**" in c.value for c in at.caption)
+    [save] = [b for b in at.button if b.label == "Save priorities"]
+    save.click().run()
+    assert cs.read_weights(tmp_path / "cluster") == {"alpha": 1.0, "beta": 1.0}
+
+
+def test_an_approver_signs_in_with_a_token_and_rejects(monkeypatch, tmp_path):
+    for name in ("GPUWARDEN_DEMO_APPROVER", "GPUWARDEN_APPROVER_TOKEN_FILE", "GPUWARDEN_AUDIT"):
+        monkeypatch.delenv(name, raising=False)
+    log = tmp_path / "actuator" / "audit.jsonl"
+    log.parent.mkdir()
+    log.write_text(json.dumps({"at": NOW.isoformat(), "mode": "approve", "outcome": "awaiting-approval", "kind": "drain",
+                               "target": "node-0", "reason": "xid 79", "approval_id": "a1"}) + "\n")
+    cs.write_snapshot(tmp_path / "cluster", snapshot())
+    monkeypatch.setenv("GPUWARDEN_APPROVER_TOKEN", "t0ken")
+    monkeypatch.setenv(STORE_ENV, str(tmp_path))
+    at = AppTest.from_file(str(APP_PATH.parent / "views" / "actions.py"), default_timeout=60).run()
+    assert not at.exception
+    assert not [b for b in at.button if b.label in ("Approve", "Reject")]  # nobody signed in
+    assert any("Would evict 1 workload(s) of 1 team(s), 4.0 GPUs" in c.value for c in at.caption)
+    [name] = [t for t in at.text_input if t.label.startswith("Your name")]
+    name.set_value("kim")
+    [token] = [t for t in at.text_input if "token" in t.label.lower()]
+    token.set_value("t0ken")
+    [b for b in at.button if b.label == "Sign in"][0].click().run()
+    [reject] = [b for b in at.button if b.label == "Reject"]
+    reject.click().run()
+    assert not at.exception, at.exception
+    last = json.loads(log.read_text().splitlines()[-1])
+    assert (last["outcome"], last["by"], last["approval_id"]) == ("rejected", "kim", "a1")
+    assert approvals.pending(log) == []
