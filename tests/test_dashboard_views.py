@@ -214,9 +214,9 @@ def test_the_portal_queues_a_request_and_only_admins_edit_priorities(monkeypatch
     assert not at.exception
     [team] = [b for b in at.selectbox if b.label == "Team"]
     team.set_value("beta")
-    [b for b in at.text_input if b.label == "Workload name"][0].set_value("train-7")
-    [b for b in at.number_input if b.label == "GPUs (whole)"][0].set_value(4)
-    [b for b in at.button if b.label == "Submit request"][0].click().run()
+    next(b for b in at.text_input if b.label == "Workload name").set_value("train-7")
+    next(b for b in at.number_input if b.label == "GPUs (whole)").set_value(4)
+    next(b for b in at.button if b.label == "Submit request").click().run()
     assert not at.exception, at.exception
     [request] = cs.read_requests(tmp_path / "cluster")[0]
     assert (request.team, request.name, request.gpus) == ("beta", "train-7", 4)
@@ -259,7 +259,7 @@ def test_an_approver_signs_in_with_a_token_and_rejects(monkeypatch, tmp_path):
     name.set_value("kim")
     [token] = [t for t in at.text_input if "token" in t.label.lower()]
     token.set_value("t0ken")
-    [b for b in at.button if b.label == "Sign in"][0].click().run()
+    next(b for b in at.button if b.label == "Sign in").click().run()
     [reject] = [b for b in at.button if b.label == "Reject"]
     reject.click().run()
     assert not at.exception, at.exception

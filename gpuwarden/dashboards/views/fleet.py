@@ -51,6 +51,7 @@ if head.mean_sm_active is not None and head.sm_measured_gpus < head.gpus:
 st.subheader("Activity by node and GPU (%)")
 grid = summary["grid"]
 grid = grid.assign(activity_pct=grid["activity"] * 100, state=grid["reporting"].map({True: "reporting", False: "silent"}))
+pick = alt.selection_point(name="gpu", fields=["gpu_uuid"], on="click")
 heat = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=alt.X("gpu_index:O", title="GPU index"),
     y=alt.Y("node:N", title=None, sort=sorted(grid["node"].unique())),
@@ -58,10 +59,13 @@ heat = alt.Chart(grid).mark_rect(stroke="white").encode(
     opacity=alt.condition("datum.reporting", alt.value(1.0), alt.value(0.25)),
     tooltip=["node:N", "gpu_index:O", "gpu_uuid:N", alt.Tooltip("activity_pct:Q", format=".0f", title="activity %"),
              "source:N", "state:N"],
-).properties(height=max(120, 14 * grid["node"].nunique()))
-st.altair_chart(heat, width="stretch")
+).add_params(pick).properties(height=max(120, 14 * grid["node"].nunique()))
+clicked = st.altair_chart(heat, width="stretch", key="heatmap", on_select="rerun", selection_mode="gpu")
+chosen = [p.get("gpu_uuid") for p in (clicked.selection.get("gpu") or []) if isinstance(p, dict)] if clicked else []
+if chosen and chosen[0]:
+    st.switch_page("views/gpu.py", query_params={"gpu": chosen[0]})
 st.caption("SM activity where the GPU measures it, else NVML utilisation; faded cells stopped reporting. "
-           "Open one GPU's history on the **GPU detail** page.")
+           "Click a cell for that GPU's history on the **GPU detail** page.")
 st.page_link("views/gpu.py", label="GPU detail", icon=":material/memory:")
 
 st.subheader("Utilisation over time (%)")
