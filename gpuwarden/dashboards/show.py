@@ -28,7 +28,9 @@ def column_config(frame: pd.DataFrame, currency: str = "USD") -> dict:
     config: dict = {}
     for column in frame.columns:
         header = fmt.title(str(column))
-        if _is_money(str(column)):
+        if str(column) in STATE_LABELS:  # the idle report's wide tables: GPU-hours per state
+            config[column] = st.column_config.NumberColumn(f"{STATE_LABELS[str(column)]} (GPU-h)", format="%.1f")
+        elif _is_money(str(column)):
             config[column] = st.column_config.NumberColumn(f"{header} ({currency})", format="%.2f")
         elif _is_ratio(str(column)):
             config[column] = st.column_config.ProgressColumn(header, min_value=0.0, max_value=1.0, format="percent")
