@@ -21,6 +21,7 @@ file and get reports through ``data.py`` (computed once per window and store ver
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 import streamlit as st
@@ -77,7 +78,9 @@ def window_sidebar() -> None:
         st.toggle("Auto-refresh", key="auto_refresh", value=True,
                   help=f"Reload every {data.REFRESH_EVERY_S} s when the store has new samples.")
         if info is not None:
-            st.caption(f"Data as of **{info.newest:%Y-%m-%d %H:%M:%S} UTC** (newest sample)")
+            drawn = datetime.now(UTC)
+            st.caption(f"Data as of **{info.newest:%Y-%m-%d %H:%M:%S} UTC** (newest sample; simulated time in the demo) · "
+                       f"page drawn {drawn:%H:%M:%S} UTC (wall clock)")
 
 
 @st.fragment(run_every=data.REFRESH_EVERY_S)
