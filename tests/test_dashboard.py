@@ -207,7 +207,7 @@ def test_fleet_page_renders(monkeypatch, store_dir):
     at = run_app(monkeypatch, store_dir)
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["GPUs"] == "8"
+    assert metrics["GPUs reporting"] == "8 of 8"
     assert metrics["Nodes"] == "2"
     assert metrics["GPUs allocated now"] == "4"
     assert metrics["Mean SM activity"] == "25%"
@@ -217,18 +217,19 @@ def test_fleet_page_renders(monkeypatch, store_dir):
 
 def test_fleet_page_windows(monkeypatch, store_dir):
     at = run_app(monkeypatch, store_dir)
-    window = at.radio[0]
+    window = at.selectbox(key="window_preset")
     assert window.value == "24h"
     window.set_value("1h").run()
     assert not at.exception, at.exception
-    assert {m.label: m.value for m in at.metric}["GPUs"] == "8"
+    assert {m.label: m.value for m in at.metric}["GPUs reporting"] == "8 of 8"
+    assert any("last 1 hour" in c.value for c in at.caption)
 
 
 def test_empty_store_explains_how_to_fill_it(monkeypatch, tmp_path):
     at = run_app(monkeypatch, str(tmp_path))
     assert not at.exception
     assert len(at.info) == 1 and "gpuwarden demo" in at.info[0].value
-    assert not at.metric
+    assert not at.metric and not at.error
 
 
 def test_unset_store_explains_how_to_fill_it(monkeypatch):

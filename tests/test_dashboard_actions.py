@@ -52,7 +52,7 @@ def test_actions_page_shows_the_log(tmp_path, monkeypatch):
     app = AppTest.from_file(str(PAGE), default_timeout=30).run()
     assert not app.exception
     metrics = {m.label: m.value for m in app.metric}
-    assert metrics == {"Planned (observe)": "2", "Applied": "1", "Blocked or refused": "1"}
+    assert metrics == {"Awaiting approval": "0", "Planned (observe)": "2", "Applied": "1", "Blocked or refused": "1"}
 
 
 @pytest.mark.parametrize("store", [None, "empty"])
@@ -64,4 +64,27 @@ def test_actions_page_without_a_log_explains_itself(tmp_path, monkeypatch, store
         monkeypatch.setenv("GPUWARDEN_STORE", str(tmp_path))
     app = AppTest.from_file(str(PAGE), default_timeout=30).run()
     assert not app.exception
-    assert "No actuator audit log" in app.info[0].value
+    assert "never run" in app.info[0].value
+
+
+def test_an_empty_log_means_it_ran_and_planned_nothing(tmp_path, monkeypatch):
+    (tmp_path / "actuator").mkdir()
+    (tmp_path / "actuator" / "audit.jsonl").write_text("")
+    monkeypatch.delenv(av.AUDIT_ENV, raising=False)
+    monkeypatch.setenv("GPUWARDEN_STORE", str(tmp_path))
+    app = AppTest.from_file(str(PAGE), default_timeout=30).run()
+    assert not app.exception and not app.info
+    assert "ran and planned nothing" in app.success[0].value
+
+
+def test_a_truncated_line_is_skipped_and_named(tmp_path, monkeypatch):
+    path = tmp_path / "actuator" / "audit.jsonl"
+    write_log(path)
+    with path.open("a") as handle:
+        handle.write('{"at": "2026-11-23T12:09:00+00:00", "mode": "obs')  # a crash mid-write
+    monkeypatch.delenv(av.AUDIT_ENV, raising=False)
+    monkeypatch.setenv("GPUWARDEN_STORE", str(tmp_path))
+    app = AppTest.from_file(str(PAGE), default_timeout=30).run()
+    assert not app.exception
+    assert f"{path}:5: skipped" in app.warning[0].value
+    assert {m.label: m.value for m in app.metric}["Applied"] == "1"

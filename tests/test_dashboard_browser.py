@@ -1,93 +1,158 @@
-"""The dashboard as a person sees it: a real Streamlit server rendered by real headless Chromium.
+"""The dashboard as a person sees it: a real Streamlit server rendered by real headless Chromium,
+driven over the DevTools protocol (:mod:`gpuwarden.dashboards.cdp`).
 
-Needs the ``chromium`` binary (Debian package ``chromium``, installed by ``.ci/run``): skipped with
-a reason when absent, failed under ``CI=true``.
+Every page is loaded on a full simulated store (samples, cluster snapshot, an action awaiting
+approval, a portal request) and on an empty one, and must show its own content and no exception
+text. Then an approval is clicked in the browser and the actuator applies it.
+
+Needs the ``chromium`` binary (Debian package ``chromium``, installed by ``.ci/run``) and the
+shared traces the simulator reads: skipped with a reason when absent, failed under ``CI=true``.
+One dashboard process per store and one Chromium for the whole module keep it fast.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-import re
-import shutil
-import socket
-import subprocess
 import time
-import urllib.request
+from pathlib import Path
 
 import pytest
 
-from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
-from gpuwarden.store import LocalStore, coerce
+from gpuwarden.actuator import (
+    Actuator,
+    AuditLog,
+    Mode,
+    Reconciler,
+    SafetyLimits,
+    approvals,
+)
+from gpuwarden.dashboards.cdp import EXCEPTION_MARKERS, Chromium, find_chromium
 
-from test_dashboard import fleet_frame  # the hand-built 2-node fleet with known numbers
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
+screenshots = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(screenshots)
 
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
-]
+# url path -> what that page itself must show on a full store (beyond its title)
+FULL_CONTENT = {
+    "": ("Fleet overview", "GPUs reporting", "Activity by node and GPU (%)", "Nodes"),
+    "gpu": ("GPU detail", "Memory (GiB)", "Power (W)", "Findings on this GPU"),
+    "idle": ("Idle GPUs and why", "Idle GPU-hours", "GPU-hours by state over time", "Pods hoarding GPU memory"),
+    "cost": ("Cost and chargeback", "Fleet cost", "Cost over time", "Chargeback", "Buy vs rent"),
+    "health": ("GPU health", "Critical", "XID / ECC / row-remap events per node"),
+    "queue": ("Queue & quotas", "Per team (GPUs)", "Pending workloads, in queue order"),
+    "portal": ("Request GPUs", "Submit request", "Your requests in the queue", "Team priorities"),
+    "actions": ("Actuator actions", "Awaiting approval", "Approve", "Limits:"),
+}
+EMPTY_CONTENT = {
+    "": "gpuwarden demo", "gpu": "gpuwarden demo", "idle": "gpuwarden demo", "cost": "gpuwarden demo",
+    "health": "gpuwarden demo", "queue": "No cluster snapshot", "portal": "No cluster snapshot", "actions": "never run",
+}
+APPROVER = "dana-oncall"
 
 
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
+def require(condition: bool, why: str) -> None:
+    if not condition:
         if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed; .ci/run must install the Debian package 'chromium'")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    return path
+            pytest.fail(why)
+        pytest.skip(why)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture(scope="module")
+def chrome(tmp_path_factory):
+    browser = find_chromium()
+    require(browser is not None, "chromium is not installed (apt-get install chromium)")
+    with Chromium(browser, tmp_path_factory.mktemp("profile"), width=1400, height=1400) as client:
+        yield client
 
 
-def wait_healthy(url: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"dashboard never became healthy at {url}")
+@pytest.fixture(scope="module")
+def full_store(tmp_path_factory):
+    require(screenshots.DATA_DIR.is_dir(), f"the shared traces the simulator reads are absent ({screenshots.DATA_DIR})")
+    root = tmp_path_factory.mktemp("full") / "store"
+    built = screenshots.build_demo_store(root, nodes=4, days=0.25)
+    return root, built
 
 
-def render(browser: str, url: str, profile, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *extra, url],
-        capture_output=True, text=True, timeout=120,
-    )
+def serve(store: Path, **env):
+    port = screenshots.free_port()
+    process = screenshots.start_dashboard(store, port, env)
+    return process, f"http://127.0.0.1:{port}"
 
 
-def test_fleet_page_renders_in_chromium(tmp_path):
-    browser = chromium()
-    store = LocalStore(tmp_path / "store")
-    store.append(coerce(fleet_frame()))
-    port = free_port()
-    process = launch_dashboard(store.root, port=port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/_stcore/health")
-        url = dashboard_url("127.0.0.1", port)
-        # A fresh Streamlit server can serve a blank first load: load once, then read.
-        render(browser, url, tmp_path / "profile", "--dump-dom")
-        dom = ""
-        for _ in range(3):
-            dom = render(browser, url, tmp_path / "profile", "--dump-dom").stdout
-            if "GPUs allocated now" in dom:
-                break
-        assert "Fleet" in dom
-        assert "GPUs allocated now" in dom
-        # The headline metrics rendered with the store's numbers (8 GPUs on 2 nodes).
-        assert re.search(r'data-testid="stMetricValue"[^>]*>.*?>8<', dom, re.S)
-        assert re.search(r'data-testid="stMetricValue"[^>]*>.*?>2<', dom, re.S)
-        screenshot = tmp_path / "fleet.png"
-        for _ in range(3):  # on a busy machine a capture can still catch the page before it paints
-            render(browser, url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
-            if screenshot.exists() and screenshot.stat().st_size > 20_000:
-                break
-        assert screenshot.exists() and screenshot.stat().st_size > 20_000  # a page, not a blank frame
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
+@pytest.fixture(scope="module")
+def full(full_store, chrome):
+    root, built = full_store
+    process, url = serve(root, GPUWARDEN_DEMO_APPROVER=APPROVER)
+    chrome.goto(url + "/")  # a fresh server can serve a blank first load
+    chrome.settle(("Fleet overview",), timeout_s=120)
+    yield url, root, built
+    process.terminate()
+    process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory, chrome):
+    root = tmp_path_factory.mktemp("empty")
+    process, url = serve(root)
+    yield url
+    process.terminate()
+    process.wait(timeout=15)
+
+
+def load(chrome: Chromium, url: str, needles: tuple[str, ...], in_app: str | None = None) -> str:
+    """Open a page (through the app's own sidebar link when ``in_app`` names it, else by URL) and
+    check it shows ``needles`` and no exception text."""
+    started = time.monotonic()
+    if in_app is None or not chrome.open_page(in_app):
+        chrome.goto(url)
+    text = chrome.settle(needles, timeout_s=120)
+    html = chrome.html()
+    for marker in EXCEPTION_MARKERS:
+        assert marker not in html, f"{url} shows exception text: {text[:500]}"
+    assert "could not be drawn" not in text, text[:500]
+    print(f"{url}: {time.monotonic() - started:.1f} s")
+    return text
+
+
+def test_every_page_on_a_full_store(full, chrome):
+    url, _, _ = full
+    chrome.goto(url + "/")
+    for path, needles in FULL_CONTENT.items():
+        text = load(chrome, f"{url}/{path}", needles, in_app=path)
+        assert "gpuwarden demo" not in text, f"/{path} says the store is empty"
+
+
+def test_every_page_on_an_empty_store(empty, chrome):
+    chrome.goto(empty + "/")
+    for path, needle in EMPTY_CONTENT.items():
+        load(chrome, f"{empty}/{path}", (needle,), in_app=path)
+
+
+def test_approve_in_the_browser_then_the_actuator_applies_it(full, chrome):
+    url, _root, built = full
+    audit = built["audit"]
+    [waiting] = approvals.pending(audit)
+    load(chrome, f"{url}/actions", ("Awaiting approval", "Approve", f"Signed in as {APPROVER}"))
+    assert chrome.click("Approve")
+    text = chrome.settle(("Decisions", APPROVER, "Nothing waits for a person."), timeout_s=60)
+    assert "approved" in text
+    decisions = [json.loads(line) for line in audit.read_text().splitlines()]
+    decided = [d for d in decisions if d.get("outcome") == "approved"]
+    assert [(d["approval_id"], d["by"]) for d in decided] == [(waiting.approval_id, APPROVER)]
+    assert approvals.pending(audit) == []
+
+    # The actuator's next round in approve mode (a fresh process would do the same: the queue is the log).
+    if getattr(approvals, "MINIMAL_STAND_IN", False):
+        pytest.skip("this branch carries the approvals stand-in; the actuator applies approved actions from the log "
+                    "once the actuator's approvals module is merged")
+    actuator = Actuator(built["cluster"], Mode.APPROVE, SafetyLimits(max_cordoned_node_ratio=1.0), AuditLog(audit))
+    Reconciler(actuator, lambda _snapshot: [built["finding"]]).reconcile_once()
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    applied = [e for e in entries if e.get("outcome") == "applied" and e.get("target") == built["node"]]
+    assert applied and applied[-1].get("by") == APPROVER
+    assert built["node"] in built["cluster"].snapshot().cordoned
+    text = load(chrome, f"{url}/actions", ("Applied",))
+    assert APPROVER in text

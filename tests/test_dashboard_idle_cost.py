@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from gpuwarden.analytics import cost_report, idle_report
 from gpuwarden.dashboards import STORE_ENV
 from gpuwarden.dashboards import idle_cost_view as icv
 from gpuwarden.dashboards.launch import APP_PATH
@@ -57,37 +58,48 @@ def ledger(frame):
 
 
 @pytest.fixture(scope="module")
+def idle(ledger):
+    return idle_report(ledger)
+
+
+@pytest.fixture(scope="module")
+def cost(ledger):
+    return cost_report(ledger)
+
+
+@pytest.fixture(scope="module")
 def store_dir(tmp_path_factory, frame) -> str:
     root = tmp_path_factory.mktemp("idle-cost-store")
     LocalStore(root).append(frame)
     return str(root)
 
 
-def test_idle_headline_and_states(ledger):
-    head = icv.idle_headline(ledger)
+def test_idle_headline_and_states(ledger, idle):
+    head = icv.idle_headline(idle)
     assert head.gpu_hours == pytest.approx(10.0)
     # unallocated 2 h + hoarded notebook 2 h (first 30 min allocated idle) + fake busy 2 h
     assert head.idle_gpu_hours == pytest.approx(6.0)
     assert head.hoarding_pods == 1 and head.fallback_gpus == 1
-    states = icv.state_hours(ledger).set_index("state")["gpu_hours"]
+    states = icv.state_hours(idle).set_index("state")["gpu_hours"]
     assert states["hoarded"] == pytest.approx(1.5) and states["allocated_idle"] == pytest.approx(0.5)
     assert states["fake_busy"] == pytest.approx(2.0) and states["busy"] == pytest.approx(2.0)
     assert states["underutilized"] == pytest.approx(2.0)  # the L40S at 40% (NVML utilisation)
-    assert icv.hoarding_pods(ledger)["pod"].tolist() == ["nb-1"]
-    assert icv.fallback_gpus(ledger)["gpu_uuid"].tolist() == ["GPU-l40s"]
+    assert list(icv.state_hours(idle)["gpu_hours"]) == sorted(icv.state_hours(idle)["gpu_hours"], reverse=True)
+    assert icv.hoarding_pods(idle)["pod"].tolist() == ["nb-1"]
+    assert icv.fallback_gpus(idle)["gpu_uuid"].tolist() == ["GPU-l40s"]
     timeline = icv.states_timeline(ledger)
     assert len(timeline) == 2 and timeline.sum().sum() == pytest.approx(10.0)
 
 
-def test_cost_helpers_reconcile(ledger):
-    head = icv.cost_headline(ledger)
+def test_cost_helpers_reconcile(ledger, cost):
+    head = icv.cost_headline(cost)
     for proportional in (False, True):
         assert icv.chargeback_table(ledger, proportional)["cost"].sum() == pytest.approx(head.fleet_cost)
-    assert icv.idle_cost_by_reason(ledger)["cost"].sum() == pytest.approx(head.idle_cost)
+    assert icv.idle_cost_by_reason(cost)["cost"].sum() == pytest.approx(head.idle_cost)
     what_if = icv.reclaim(ledger, 1.0)
     assert what_if["cost_reduction"] == 0.0  # every idle hour here is on reserved capacity
     assert what_if["committed_value_freed"] > 0
-    assert set(icv.buy_vs_rent(ledger)["model"]) == {H100, "NVIDIA L40S"}
+    assert set(icv.buy_vs_rent(cost)["model"]) == {H100, "NVIDIA L40S"}
 
 
 def run_page(monkeypatch, store: str, page: str) -> AppTest:
@@ -104,12 +116,12 @@ def test_idle_page_renders(monkeypatch, store_dir):
     assert not at.exception, at.exception
     assert at.title[0].value == "Idle GPUs and why"
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Idle GPU-hours"] == "6"
+    assert metrics["Idle GPU-hours"] == "6.0 GPU-h"
     assert metrics["Idle share"] == "60%"
     assert any("fell back to NVML utilisation" in c.value for c in at.caption)
-    at.radio[0].set_value("1h").run()
+    at.selectbox(key="window_preset").set_value("1h").run()
     assert not at.exception, at.exception
-    assert {m.label: m.value for m in at.metric}["Idle GPU-hours"] == "3"
+    assert {m.label: m.value for m in at.metric}["Idle GPU-hours"] == "3.0 GPU-h"
 
 
 def test_cost_page_renders(monkeypatch, store_dir, ledger):

@@ -267,3 +267,66 @@ def node_table(frame: pd.DataFrame, snapshot: pd.DataFrame | None = None, xids: 
 def format_gpus(value: float) -> str:
     """``3`` for a whole number of GPUs, ``2.4`` when MIG shares make it fractional."""
     return f"{value:.0f}" if np.isclose(value, round(value)) else f"{value:.1f}"
+
+
+def reporting(frame: pd.DataFrame, snapshot: pd.DataFrame) -> tuple[int, int]:
+    """(GPUs in the latest snapshot, GPUs seen anywhere in the window): "N of M reporting"."""
+    if frame.empty:
+        return 0, 0
+    return int(snapshot["gpu_uuid"].nunique()), int(frame["gpu_uuid"].nunique())
+
+
+def activity_grid(frame: pd.DataFrame, snapshot: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (node, GPU index): mean SM activity over the window (NVML utilisation where SM
+    activity is not measured, named in ``source``), whether the GPU reports now, its UUID."""
+    columns = ["node", "gpu_index", "gpu_uuid", "activity", "source", "reporting"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = frame.groupby("gpu_uuid", observed=True)
+    out = pd.DataFrame({
+        "node": grouped["node"].last().astype(object),
+        "gpu_index": grouped["gpu_index"].last() if "gpu_index" in frame.columns else 0,
+        "sm": grouped["sm_active_ratio"].mean().astype("float64"),
+        "util": grouped["gpu_util_ratio"].mean().astype("float64"),
+    })
+    out.index = out.index.astype(object)
+    out["activity"] = out["sm"].where(out["sm"].notna(), out["util"])
+    out["source"] = np.where(out["sm"].notna(), "SM activity", "NVML utilisation")
+    live = set((latest_snapshot(frame) if snapshot is None else snapshot)["gpu_uuid"].astype(object))
+    out["reporting"] = [uuid in live for uuid in out.index]
+    out = out.rename_axis("gpu_uuid").reset_index()
+    out["gpu_index"] = pd.to_numeric(out["gpu_index"], errors="coerce").fillna(-1).astype(int)
+    return out[columns].sort_values(["node", "gpu_index"], ignore_index=True)
+
+
+GPU_DETAIL_COLUMNS: tuple[str, ...] = (
+    "timestamp", "node", "gpu_uuid", "gpu_index", "model", "mig_instance", "pod", "team",
+    "gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio",
+    "mem_used_bytes", "mem_total_bytes", "power_watts", "temperature_celsius", "sm_clock_mhz",
+)
+
+
+def gpu_series(frame: pd.DataFrame, bucket: str) -> dict[str, pd.DataFrame]:
+    """One GPU's history in chart-ready groups (index: bucket start, naive UTC): memory (GiB),
+    power (W), temperature (°C), SM clock (MHz) and activity (%). MIG rows are summed for memory
+    and averaged otherwise; metrics nobody measured are dropped, not drawn as 0."""
+    if frame.empty:
+        return {}
+    time = pd.DatetimeIndex(frame["timestamp"]).floor(bucket).tz_convert(None)
+    per_time = frame.assign(_t=time)
+    memory = per_time.groupby(["_t", "timestamp"])[["mem_used_bytes", "mem_total_bytes"]].agg(
+        {"mem_used_bytes": "sum", "mem_total_bytes": "max"}).groupby(level=0).mean() / 2**30
+    means = per_time.groupby("_t")[["power_watts", "temperature_celsius", "sm_clock_mhz", "gpu_util_ratio",
+                                     "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]].mean()
+    activity = (means[["gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]] * 100).rename(
+        columns={"gpu_util_ratio": "NVML utilisation %", "sm_active_ratio": "SM active %",
+                 "tensor_active_ratio": "Tensor active %", "dram_active_ratio": "DRAM active %"})
+    groups = {
+        "Memory (GiB)": memory.rename(columns={"mem_used_bytes": "used GiB", "mem_total_bytes": "total GiB"}),
+        "Power (W)": means[["power_watts"]].rename(columns={"power_watts": "power W"}),
+        "Temperature (°C)": means[["temperature_celsius"]].rename(columns={"temperature_celsius": "temperature °C"}),
+        "SM clock (MHz)": means[["sm_clock_mhz"]].rename(columns={"sm_clock_mhz": "SM clock MHz"}),
+        "Activity (%)": activity,
+    }
+    return {name: table.dropna(axis=1, how="all") for name, table in groups.items()
+            if not table.dropna(axis=1, how="all").empty}

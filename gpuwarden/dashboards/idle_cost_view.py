@@ -1,9 +1,8 @@
-"""The Idle and Cost pages' numbers: small pure functions over an analytics ledger.
+"""The Idle and Cost pages' numbers: small pure functions over analytics reports (no Streamlit).
 
-Nothing here imports Streamlit. A page reads a window of fleet samples (the columns in
-:data:`COLUMNS`), builds a ledger with :func:`ledger_for` (the bundled price book and inventory, the
-default idle thresholds) and shows the tables below; every definition is analytics' own
-(``gpuwarden/analytics/REPORTS.md``).
+A page gets its ledger and its idle / cost reports once per window from :mod:`.data` (cached) and
+hands them to the functions here, which only pick, label and order what analytics computed (every
+definition is analytics' own, ``gpuwarden/analytics/REPORTS.md``).
 """
 
 from __future__ import annotations
@@ -15,30 +14,25 @@ import pandas as pd
 from gpuwarden.analytics import (
     IDLE_STATES,
     Ledger,
+    Report,
     build_ledger,
     chargeback,
-    cost_report,
-    idle_report,
     reclaim_whatif,
 )
 from gpuwarden.analytics.engine import COLUMNS as ANALYTICS_COLUMNS
-from gpuwarden.analytics.reports import over_time, states_over_time
+from gpuwarden.analytics.reports import states_over_time
+
+from .palette import STATE_LABELS
 
 COLUMNS: tuple[str, ...] = tuple(ANALYTICS_COLUMNS)
-STATE_LABELS = {
-    "unallocated": "Unallocated",
-    "allocated_idle": "Allocated, idle",
-    "hoarded": "Hoarded (memory held, idle)",
-    "fake_busy": "Fake busy (util without SM activity)",
-    "starved": "Starved (bursts, long gaps)",
-    "underutilized": "Underutilised",
-    "busy": "Busy",
-    "unmeasured": "Unmeasured",
-}
 
 
 def ledger_for(frame: pd.DataFrame) -> Ledger:
     return build_ledger(frame)
+
+
+def _finite(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 @dataclass(frozen=True)
@@ -53,57 +47,58 @@ class IdleHeadline:
     currency: str
 
 
-def idle_headline(ledger: Ledger) -> IdleHeadline:
-    report = idle_report(ledger)
+def idle_headline(report: Report) -> IdleHeadline:
     s = report.summary
     return IdleHeadline(
         gpu_hours=s["gpu_hours"], idle_gpu_hours=s["idle_gpu_hours"], idle_share=_finite(s["idle_share"]),
         idle_cost=s["idle_cost"], efficiency_score=_finite(s["efficiency_score"]), hoarding_pods=s["hoarding_pods"],
-        fallback_gpus=s["gpus_gpu_util_fallback"] + s["gpus_mixed"], currency=ledger.price_book.currency,
+        fallback_gpus=s["gpus_gpu_util_fallback"] + s["gpus_mixed"], currency=report.ledger.price_book.currency,
     )
 
 
-def _finite(value) -> float | None:
-    return None if value is None or pd.isna(value) else float(value)
+def state_hours(report: Report) -> pd.DataFrame:
+    """GPU-hours, share and cost per state, labelled, largest first (states with no time dropped)."""
+    table = report.tables["states"] if "states" in report.tables else report.tables["by_state"]
+    table = table.assign(label=table["state"].map(STATE_LABELS).fillna(table["state"]))
+    table = table[table["gpu_hours"] > 0]
+    return table.sort_values(["gpu_hours", "state"], ascending=[False, True], ignore_index=True)
 
 
-def state_hours(ledger: Ledger) -> pd.DataFrame:
-    """GPU-hours and cost per state, labelled, in taxonomy order (states with no time kept)."""
-    table = idle_report(ledger).tables["states"]
-    return table.assign(label=table["state"].map(STATE_LABELS))
+def _whole_buckets(table: pd.DataFrame, ledger: Ledger) -> pd.DataFrame:
+    """Drop the edge buckets the window covers only in part (they would dip toward 0)."""
+    if table.empty:
+        return table
+    starts = pd.DatetimeIndex(table.index)
+    whole = (starts >= ledger.start) & (starts + ledger.bucket <= ledger.end + pd.Timedelta(seconds=1))
+    return table[whole] if whole.any() else table
 
 
 def states_timeline(ledger: Ledger) -> pd.DataFrame:
-    """GPU-hours per hour bucket and state, columns labelled, index naive UTC (for st.area_chart)."""
-    table = states_over_time(ledger)
-    if table.empty:
-        return table
-    table = table.rename(columns=STATE_LABELS)
-    table.index = pd.DatetimeIndex(table.index).tz_convert(None)
-    return table
+    """GPU-hours per bucket (rows, UTC) and state (columns, state names), whole buckets only."""
+    return _whole_buckets(states_over_time(ledger), ledger)
 
 
-def efficiency_timeline(ledger: Ledger) -> pd.DataFrame:
-    table = over_time(ledger)
-    if table.empty:
+def cost_timeline(ledger: Ledger) -> pd.DataFrame:
+    """Cost per bucket (rows, UTC) and state (columns, state names), whole buckets only."""
+    series = ledger.timeseries
+    if series.empty:
         return pd.DataFrame()
-    out = table.set_index("bucket")[["efficiency_score", "allocation_ratio", "idle_share"]] * 100
-    out.index = pd.DatetimeIndex(out.index).tz_convert(None)
-    return out.rename(columns={"efficiency_score": "Efficiency score %", "allocation_ratio": "Allocated %",
-                               "idle_share": "Idle share %"})
+    table = series.pivot_table(index="bucket", columns=series["state"].astype(str), values="cost", aggfunc="sum",
+                               fill_value=0.0, observed=True)
+    return _whole_buckets(table, ledger)
 
 
-def idle_by(ledger: Ledger, dimension: str) -> pd.DataFrame:
+def idle_by(report: Report, dimension: str) -> pd.DataFrame:
     """Idle report's wide table by ``pool`` or ``team``."""
-    return idle_report(ledger).tables[f"by_{dimension}"]
+    return report.tables[f"by_{dimension}"]
 
 
-def hoarding_pods(ledger: Ledger) -> pd.DataFrame:
-    return idle_report(ledger).tables["hoarding_pods"]
+def hoarding_pods(report: Report) -> pd.DataFrame:
+    return report.tables["hoarding_pods"]
 
 
-def fallback_gpus(ledger: Ledger) -> pd.DataFrame:
-    table = idle_report(ledger).tables["activity_source"]
+def fallback_gpus(report: Report) -> pd.DataFrame:
+    table = report.tables["activity_source"]
     return table[table["activity_source"] != "sm_active"].reset_index(drop=True)
 
 
@@ -117,20 +112,16 @@ class CostHeadline:
     currency: str
 
 
-def cost_headline(ledger: Ledger) -> CostHeadline:
-    s = cost_report(ledger).summary
+def cost_headline(report: Report) -> CostHeadline:
+    s = report.summary
     return CostHeadline(s["fleet_cost"], s["idle_cost"], _finite(s["idle_cost_share"]), _finite(s["cost_per_used_gpu_hour"]),
-                        s["energy_kwh"], ledger.price_book.currency)
+                        s["energy_kwh"], report.ledger.price_book.currency)
 
 
-def cost_by_pool(ledger: Ledger) -> pd.DataFrame:
-    return cost_report(ledger).tables["by_pool"]
-
-
-def idle_cost_by_reason(ledger: Ledger) -> pd.DataFrame:
-    table = state_hours(ledger)
+def idle_cost_by_reason(report: Report) -> pd.DataFrame:
+    table = state_hours(report)
     table = table[table["state"].isin(IDLE_STATES)]
-    return table[["label", "gpu_hours", "cost"]].rename(columns={"label": "reason"}).reset_index(drop=True)
+    return table[["state", "label", "gpu_hours", "cost"]].rename(columns={"label": "reason"}).reset_index(drop=True)
 
 
 def chargeback_table(ledger: Ledger, proportional: bool = False) -> pd.DataFrame:
@@ -142,6 +133,5 @@ def reclaim(ledger: Ledger, fraction: float) -> dict:
     return {k: (None if pd.isna(v) else float(v)) for k, v in row.items()}
 
 
-def buy_vs_rent(ledger: Ledger) -> pd.DataFrame:
-    return cost_report(ledger).tables["buy_vs_rent"]
-
+def buy_vs_rent(report: Report) -> pd.DataFrame:
+    return report.tables["buy_vs_rent"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from . import STORE_ENV
 
@@ -37,26 +37,29 @@ def launch_dashboard(
     *,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    local_approver: str | None = None,
     **popen_kwargs,
 ) -> subprocess.Popen:
     """Start Streamlit serving the dashboard over the store at ``store_path``; return the process.
 
     ``env`` replaces the inherited environment (``GPUWARDEN_STORE`` is always set on top);
     ``extra_args`` are appended to the command line (other ``--server.*`` options);
+    ``local_approver`` names a local user who may approve actions and edit team priorities without
+    signing in (``GPUWARDEN_DEMO_APPROVER``: for a dashboard on a laptop, as ``gpuwarden demo``);
     ``popen_kwargs`` go to :class:`subprocess.Popen` (e.g. ``stdout=subprocess.DEVNULL``).
     The caller owns the process: ``terminate()`` and ``wait()`` it.
     """
     child_env = dict(os.environ if env is None else env)
     child_env[STORE_ENV] = str(Path(store_path).resolve())
+    if local_approver:
+        child_env["GPUWARDEN_DEMO_APPROVER"] = local_approver
     return subprocess.Popen(dashboard_command(port, host, extra_args), env=child_env, **popen_kwargs)
 
 
 def dashboard_url(host: str = "127.0.0.1", port: int = 8501) -> str:
     """The URL to open for a dashboard listening on ``host:port`` (a wildcard address maps to
     localhost; IPv6 literals get brackets)."""
-    if host in ("", "0.0.0.0"):
-        host = "localhost"
-    elif host == "::":
+    if host in ("", "0.0.0.0") or host == "::":
         host = "localhost"
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"

@@ -1,98 +1,107 @@
-"""Fleet overview: what the fleet has, who holds it, how busy it is, over a window ending at the
-newest sample. The numbers come from :mod:`gpuwarden.dashboards.fleet_view`."""
+"""Fleet overview: idle share and cost, critical findings, cordoned nodes and how many GPUs report,
+a node x GPU heatmap of activity, who holds the fleet and how busy it is over the shared window.
+Numbers come from :mod:`gpuwarden.dashboards.fleet_view` and the cached analytics reports."""
 
 from __future__ import annotations
 
+import altair as alt
 import streamlit as st
 
+from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.dashboards import data, fmt
 from gpuwarden.dashboards import fleet_view as fv
-from gpuwarden.dashboards.data import read_window, require_store
 
-
-def _percent(value: float | None) -> str:
-    return "not measured" if value is None else f"{value:.0%}"
-
-
-path, (oldest, newest) = require_store()
-
+info = data.require_store()
 st.title("Fleet overview")
-window = st.radio(
-    "Window",
-    list(fv.WINDOWS),
-    index=2,
-    format_func=fv.WINDOW_LABELS.get,
-    horizontal=True,
-    help="Relative to the newest sample in the store, not the wall clock (the demo's clock is simulated).",
-)
-span = fv.WINDOWS[window]
-frame = read_window(path, span, fv.FLEET_COLUMNS)
-start = fv.window_start(newest, span)
-note = " (the store holds less than that)" if oldest > start else ""
-st.caption(
-    f"Store `{path}` · {fv.WINDOW_LABELS[window].lower()} before the newest sample, "
-    f"{max(start, oldest):%Y-%m-%d %H:%M} → {newest:%Y-%m-%d %H:%M} UTC{note}"
-)
-
-snapshot = fv.latest_snapshot(frame)
-head = fv.headline(frame, snapshot)
+window = data.current_window(info)
+summary = data.fleet_summary(info.path, window.start, window.end, info.version)
+data.window_caption(info, window)
+head = summary["headline"]
+idle = data.idle(info.path, window.start, window.end, info.version).summary
+findings = data.findings(info.path, window.start, window.end, info.version)
+critical = sum(1 for f in findings if f.severity.value == "critical" and f.evidence.get("active"))
+try:
+    cluster = data.cluster_snapshot(cs.state_dir(info.path))
+except ValueError:
+    cluster = None
+reporting, seen = summary["reporting"]
 
 c1, c2, c3, c4, c5 = st.columns(5)
-c1.metric("GPUs", head.gpus)
-c2.metric("Nodes", head.nodes)
-c3.metric(
-    "GPUs allocated now",
-    fv.format_gpus(head.allocated_gpus),
-    help="GPUs whose latest sample names a pod; a MIG instance counts as its share of the GPU.",
-)
-c4.metric("Mean GPU utilisation", _percent(head.mean_util), help="NVML utilisation.gpu: share of time any kernel ran.")
-c5.metric(
-    "Mean SM activity",
-    _percent(head.mean_sm_active),
-    help="GPM SM activity, averaged over the GPUs that measure it (Hopper and newer).",
-)
-if head.mean_sm_active is None:
-    st.caption("SM activity is not measured on any GPU in this window (it needs NVML GPM, Hopper or newer).")
-elif head.sm_measured_gpus < head.gpus:
+c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
+c2.metric("Idle cost", fmt.money(idle["idle_cost"], data.idle(info.path, window.start, window.end, info.version)
+                                 .ledger.price_book.currency, 0))
+c3.metric("Critical findings", critical, help="Active critical health findings (see GPU health).")
+c4.metric("Cordoned nodes", "n/a" if cluster is None else len(cluster.cordoned),
+          help="From the newest cluster snapshot" if cluster else "No cluster snapshot beside this store.")
+c5.metric("GPUs reporting", f"{reporting} of {seen}",
+          help=f"GPUs with a sample in the last {fv.STALE_AFTER.seconds // 60} min before the newest, of those seen in the window.")
+if reporting < seen:
+    st.warning(f"{seen - reporting} of {seen} GPUs stopped reporting before the newest sample.", icon=":material/sensors_off:")
+
+d1, d2, d3, d4 = st.columns(4)
+d1.metric("Nodes", head.nodes)
+d2.metric("GPUs allocated now", fv.format_gpus(head.allocated_gpus),
+          help="GPUs whose latest sample names a pod; a MIG instance counts as its share of the GPU.")
+d3.metric("Mean GPU utilisation", fmt.percent(head.mean_util), help="NVML utilisation.gpu: share of time any kernel ran.")
+d4.metric("Mean SM activity", fmt.percent(head.mean_sm_active, missing="not measured"),
+          help="GPM SM activity, averaged over the GPUs that measure it (Hopper and newer).")
+if head.mean_sm_active is not None and head.sm_measured_gpus < head.gpus:
     st.caption(f"SM activity is measured on {head.sm_measured_gpus} of {head.gpus} GPUs; the mean covers those only.")
 
-st.subheader("Utilisation over time")
-bucket = fv.bucket_for(span)
-series = fv.utilisation_over_time(frame, bucket) * 100
+st.subheader("Activity by node and GPU (%)")
+grid = summary["grid"]
+grid = grid.assign(activity_pct=grid["activity"] * 100, state=grid["reporting"].map({True: "reporting", False: "silent"}))
+pick = alt.selection_point(name="gpu", fields=["gpu_uuid"], on="click")
+heat = alt.Chart(grid).mark_rect(stroke="white").encode(
+    x=alt.X("gpu_index:O", title="GPU index"),
+    y=alt.Y("node:N", title=None, sort=sorted(grid["node"].unique())),
+    color=alt.Color("activity_pct:Q", title="mean activity %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
+    opacity=alt.condition("datum.reporting", alt.value(1.0), alt.value(0.25)),
+    tooltip=["node:N", "gpu_index:O", "gpu_uuid:N", alt.Tooltip("activity_pct:Q", format=".0f", title="activity %"),
+             "source:N", "state:N"],
+).add_params(pick).properties(height=max(120, 14 * grid["node"].nunique()))
+clicked = st.altair_chart(heat, width="stretch", key="heatmap", on_select="rerun", selection_mode="gpu")
+chosen = [p.get("gpu_uuid") for p in (clicked.selection.get("gpu") or []) if isinstance(p, dict)] if clicked else []
+if chosen and chosen[0]:
+    st.switch_page("views/gpu.py", query_params={"gpu": chosen[0]})
+st.caption("SM activity where the GPU measures it, else NVML utilisation; faded cells stopped reporting. "
+           "Click a cell for that GPU's history on the **GPU detail** page.")
+st.page_link("views/gpu.py", label="GPU detail", icon=":material/memory:")
+
+st.subheader("Utilisation over time (%)")
+bucket = data.bucket_for(window.span)
+series = summary["series"] * 100
 series = series.rename(columns={"gpu_util_ratio": "GPU utilisation %", "sm_active_ratio": "SM activity %"})
 series.index = series.index.tz_convert(None)
-st.line_chart(series.dropna(axis=1, how="all"), y_label="%", x_label=f"UTC, {bucket} buckets")
+st.line_chart(series.dropna(axis=1, how="all"), y_label="%", x_label=f"UTC (sample time), {bucket} buckets")
 
 left, right = st.columns(2)
 with left:
-    st.subheader("Allocated now, by team")
-    teams = fv.allocation_by_team(snapshot)
+    st.subheader("Allocated now, by team (GPUs)")
+    teams = summary["teams"]
     if teams.empty:
         st.caption("No GPU is allocated now.")
     else:
-        st.bar_chart(teams.set_index("team")["gpus"], horizontal=True, x_label="", y_label="GPUs")
+        st.bar_chart(teams.set_index("team")["gpus"], horizontal=True, x_label="GPUs", y_label="")
 with right:
-    st.subheader("By GPU model")
-    models = fv.allocation_by_model(snapshot)
-    st.bar_chart(models.set_index("model")[["allocated", "free"]], horizontal=True, x_label="", y_label="GPUs")
+    st.subheader("By GPU model (GPUs)")
+    models = summary["models"]
+    st.bar_chart(models.set_index("model")[["allocated", "free"]], horizontal=True, x_label="GPUs", y_label="")
 
 st.subheader("Nodes")
-xids = fv.xid_events(frame)
-nodes = fv.node_table(frame, snapshot, xids)
+nodes = summary["nodes"]
 st.dataframe(
-    nodes,
-    hide_index=True,
-    width="stretch",
+    nodes, hide_index=True, width="stretch",
     column_config={
-        "node": st.column_config.TextColumn("Node"),
-        "model": st.column_config.TextColumn("Model"),
+        "node": st.column_config.TextColumn("Node"), "model": st.column_config.TextColumn("Model"),
         "gpus": st.column_config.NumberColumn("GPUs"),
-        "allocated": st.column_config.NumberColumn("Allocated now", format="%.4g"),
-        "mean_util": st.column_config.ProgressColumn("Mean utilisation", min_value=0.0, max_value=1.0, format="percent"),
-        "max_temperature_celsius": st.column_config.NumberColumn("Max temperature", format="%.0f °C"),
+        "allocated": st.column_config.NumberColumn("Allocated now (GPUs)", format="%.1f"),
+        "mean_util": st.column_config.ProgressColumn("Mean utilisation (%)", min_value=0.0, max_value=1.0, format="percent"),
+        "max_temperature_celsius": st.column_config.NumberColumn("Max temperature (°C)", format="%.0f"),
         "xid_events": st.column_config.NumberColumn("XID events", help="XID events in the window, all codes (counter resets handled)."),
     },
 )
-xids = xids[xids["total"] > 0]
+xids = summary["xids"]
 if not xids.empty:
     with st.expander(f"XID events by GPU and code ({int(xids['total'].sum())} in the window)"):
         codes = [c for c in xids.columns if c != "total" and xids[c].sum() > 0]

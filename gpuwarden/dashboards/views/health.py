@@ -1,47 +1,30 @@
-"""Health: findings of :func:`gpuwarden.analytics.health.scan` over a window ending at the newest
-sample: known faults (XID catalogue, NVML recovery action, row remapping, ECC) and early warnings
-(peer comparison within model and node pool). Findings never act; the actuator decides."""
+"""Health: findings of :func:`gpuwarden.analytics.health.scan` over the shared window: known faults
+(XID catalogue, NVML recovery action, row remapping, ECC) and early warnings (peer comparison
+within model and node pool), with the XID / ECC / row-remap timeline of each node. Findings never
+act; the actuator decides."""
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.analytics.health import scan
-from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
-from gpuwarden.analytics.health.features import NEEDED_COLUMNS
-from gpuwarden.dashboards.data import CACHE_TTL_S, read_window, require_store
-
-WINDOWS = {"6h": pd.Timedelta(hours=6), "24h": pd.Timedelta(hours=24), "3d": pd.Timedelta(days=3)}
+from gpuwarden.dashboards import data
+from gpuwarden.dashboards.palette import SEVERITY_COLOURS, SEVERITY_ORDER
 
 
-@st.cache_data(ttl=CACHE_TTL_S, show_spinner="Scanning for health findings…")
-def findings_table(path: str, window: pd.Timedelta) -> pd.DataFrame:
-    frame = read_window(path, window, tuple(NEEDED_COLUMNS))
-    rows = []
-    for f in scan(frame):
-        evidence = {k: v for k, v in f.evidence.items() if k not in ("active", "model", "pool")}
-        rows.append({
-            "severity": f.severity.value, "kind": f.kind, "node": f.node, "gpu": f.gpu_uuid,
-            "action": f.recommended_action.value if f.recommended_action else "",
-            "cordons": f.recommended_action in CORDONING_ACTIONS,
-            "confidence": f.confidence, "first_seen": pd.Timestamp(f.first_seen).tz_convert(None),
-            "last_seen": pd.Timestamp(f.last_seen).tz_convert(None), "active": bool(f.evidence.get("active")),
-            "model": f.evidence.get("model", ""),
-            "evidence": ", ".join(f"{k}={v}" for k, v in evidence.items() if k != "note"),
-            "note": evidence.get("note", ""),
-        })
-    return pd.DataFrame(rows, columns=["severity", "kind", "node", "gpu", "action", "cordons", "confidence", "first_seen",
-                                       "last_seen", "active", "model", "evidence", "note"])
+def _colour(value: str) -> str:
+    colour = SEVERITY_COLOURS.get(value)
+    return f"background-color: {colour}; color: white; font-weight: 600" if colour else ""
 
 
-path, (oldest, newest) = require_store()
+info = data.require_store()
 st.title("GPU health")
-window = st.radio("Window", list(WINDOWS), index=1, horizontal=True,
-                  help="Relative to the newest sample in the store, not the wall clock.")
-table = findings_table(path, WINDOWS[window])
-st.caption(f"Store `{path}` · findings over the {window} before {newest:%Y-%m-%d %H:%M} UTC. Application XIDs "
-           "(13, 31, 43, 45, 68) are the workload's own faults and never recommend a cordon.")
+window = data.current_window(info)
+bucket = data.bucket_for(window.span)
+table, events = data.health_tables(info.path, window.start, window.end, info.version, bucket)
+data.window_caption(info, window, ". Application XIDs (13, 31, 43, 45, 68) are the workload's own faults and never "
+                    "recommend a cordon.")
 active_only = st.toggle("Active findings only", value=True, help="Seen in the last 10 minutes of the window.")
 shown = table[table["active"]] if active_only else table
 
@@ -49,21 +32,40 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Findings", len(shown))
 c2.metric("Critical", int((shown["severity"] == "critical").sum()))
 c3.metric("Cordon / drain recommended", int(shown["cordons"].sum()))
-c4.metric("GPUs affected", int(shown["gpu"].nunique()))
+c4.metric("GPUs affected", int(shown.loc[shown["gpu_uuid"] != "", "gpu_uuid"].nunique()))
 
 if shown.empty:
-    st.success("No health findings in this window." if not active_only else "No active health findings.")
+    st.success("No active health findings." if active_only else "No health findings in this window.")
 else:
     st.subheader("Findings")
+    main = shown[["severity", "kind", "node", "gpu_index", "gpu_uuid", "action", "confidence", "last_seen", "first_seen"]]
     st.dataframe(
-        shown.drop(columns=["cordons", "active"]),
-        hide_index=True,
-        width="stretch",
+        main.style.map(_colour, subset=["severity"]), hide_index=True, width="stretch",
         column_config={
-            "confidence": st.column_config.ProgressColumn("Confidence", min_value=0.0, max_value=1.0, format="%.2f"),
+            "severity": st.column_config.TextColumn("Severity"), "kind": st.column_config.TextColumn("Finding"),
+            "node": st.column_config.TextColumn("Node"), "gpu_index": st.column_config.NumberColumn("GPU", format="%d"),
+            "gpu_uuid": st.column_config.TextColumn("GPU UUID"), "action": st.column_config.TextColumn("Recommended action"),
+            "confidence": st.column_config.ProgressColumn("Confidence (%)", min_value=0.0, max_value=1.0, format="percent"),
             "first_seen": st.column_config.DatetimeColumn("First seen (UTC)", format="YYYY-MM-DD HH:mm"),
             "last_seen": st.column_config.DatetimeColumn("Last seen (UTC)", format="YYYY-MM-DD HH:mm"),
         },
     )
-    st.subheader("By kind")
-    st.bar_chart(shown.groupby("kind").size().rename("findings"), horizontal=True, x_label="findings", y_label="")
+    with st.expander("Evidence and notes"):
+        st.dataframe(shown[["kind", "node", "gpu_index", "evidence", "note", "model"]], hide_index=True, width="stretch")
+    counts = shown.groupby(["kind", "severity"], as_index=False).size()
+    st.altair_chart(alt.Chart(counts).mark_bar().encode(
+        x=alt.X("size:Q", title="findings"), y=alt.Y("kind:N", title=None, sort="-x"),
+        color=alt.Color("severity:N", scale=alt.Scale(domain=list(SEVERITY_ORDER), range=[SEVERITY_COLOURS[s] for s in SEVERITY_ORDER]))),
+        width="stretch")
+
+st.subheader("XID / ECC / row-remap events per node")
+if events.empty:
+    st.caption("No XID, ECC or row-remap event in this window.")
+else:
+    busiest = events.groupby("node")["count"].sum().sort_values(ascending=False)
+    node = st.selectbox("Node", list(busiest.index), format_func=lambda n: f"{n} ({int(busiest[n])} events)")
+    part = events[events["node"] == node].assign(time=lambda f: pd.DatetimeIndex(f["time"]).tz_convert(None))
+    st.altair_chart(alt.Chart(part).mark_circle().encode(
+        x=alt.X("time:T", title=f"UTC (sample time), {bucket} buckets"), y=alt.Y("gpu:N", title=None),
+        size=alt.Size("count:Q", title="events"), color=alt.Color("event:N", title="Event"),
+        tooltip=["time:T", "gpu:N", "event:N", "count:Q"]), width="stretch")

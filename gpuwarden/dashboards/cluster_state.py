@@ -1,0 +1,220 @@
+"""The cluster as the dashboard sees it: a ``ClusterSnapshot`` kept as JSON beside the store, the
+workload requests teams submit from the portal, and the team weights admins set.
+
+The dashboard runs in its own process and never talks to the cluster itself: whoever holds the
+``Cluster`` (the demo's ``SimCluster``, the actuator's ``KubeCluster``) writes
+:func:`write_snapshot` each round, and the Queue and Portal pages plan on the newest one with the
+scheduling room's own :func:`gpuwarden.scheduling.plan`.
+
+Files (default under ``<store>/cluster/``; ``GPUWARDEN_CLUSTER_STATE`` names another folder):
+``snapshot.json`` (the snapshot), ``requests.jsonl`` (portal submissions, append-only, one JSON
+object a line), ``team_weights.json`` (admin overrides of each team's fair-share weight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import os
+import typing
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.fleet import (
+    ClusterSnapshot,
+    GpuRequest,
+    PriorityClass,
+    Workload,
+    WorkloadKind,
+    WorkloadPhase,
+    WorkloadState,
+)
+
+STATE_ENV = "GPUWARDEN_CLUSTER_STATE"
+SCHEMA_VERSION = 1
+
+
+def state_dir(store_path: str | None) -> Path | None:
+    explicit = os.environ.get(STATE_ENV, "").strip()
+    if explicit:
+        return Path(explicit)
+    return Path(store_path) / "cluster" if store_path else None
+
+
+# -- a small typed JSON codec for the fleet's frozen dataclasses ------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = [_encode(v) for v in value]
+        return sorted(items) if isinstance(value, (frozenset, set)) else items
+    if isinstance(value, typing.Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)  # slow: resolved once per class, not per object
+
+
+def _decode(kind: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(kind)
+    args = typing.get_args(kind)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        options = [a for a in args if a is not type(None)]
+        return _decode(options[0], value) if options else value
+    if dataclasses.is_dataclass(kind):
+        hints = _hints(kind)
+        return kind(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(kind) if f.name in value})
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(value)
+    if kind is datetime:
+        return datetime.fromisoformat(value)
+    if origin is tuple:
+        inner = args[0] if args else Any
+        return tuple(_decode(inner, v) for v in value)
+    if origin is frozenset:
+        return frozenset(_decode(args[0] if args else Any, v) for v in value)
+    if origin in (typing.Mapping, dict, __import__("collections.abc").abc.Mapping):
+        inner = args[1] if len(args) == 2 else Any
+        return {k: _decode(inner, v) for k, v in value.items()}
+    return value
+
+
+def snapshot_to_dict(snapshot: ClusterSnapshot) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "snapshot": _encode(snapshot)}
+
+
+def snapshot_from_dict(document: dict) -> ClusterSnapshot:
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"cluster snapshot schema_version {document.get('schema_version')!r}; this dashboard reads "
+                         f"{SCHEMA_VERSION}")
+    return _decode(ClusterSnapshot, document["snapshot"])
+
+
+def write_snapshot(directory: str | os.PathLike[str], snapshot: ClusterSnapshot) -> Path:
+    """Write ``snapshot.json`` atomically (a reader never sees half a file)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / ".snapshot.json.tmp"
+    temporary.write_text(json.dumps(snapshot_to_dict(snapshot)))
+    os.replace(temporary, directory / "snapshot.json")
+    return directory / "snapshot.json"
+
+
+def read_snapshot(directory: Path | None) -> ClusterSnapshot | None:
+    """The newest snapshot, or None when there is none. A damaged file raises ValueError (one line)."""
+    if directory is None or not (directory / "snapshot.json").exists():
+        return None
+    path = directory / "snapshot.json"
+    try:
+        return snapshot_from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a cluster snapshot this dashboard can read ({error})") from None
+
+
+# -- portal requests ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadRequest:
+    """What a team member asks for on the portal."""
+
+    name: str
+    team: str
+    gpus: int = 1
+    fraction_milli: int = 1000
+    mig_profile: str | None = None
+    priority_class: str = "normal"
+    checkpointable: bool = False
+    kind: str = "training"
+    submitted_by: str = ""
+    submitted_at: str = ""  # ISO-8601, the snapshot's clock
+
+    def workload(self) -> Workload:
+        """The fleet workload this request becomes (raises FleetValueError on a bad combination)."""
+        return Workload(
+            name=self.name, namespace=self.team, kind=WorkloadKind(self.kind), team=self.team, project=self.team,
+            priority_class=PriorityClass(self.priority_class),
+            gpus=GpuRequest(count=self.gpus, fraction_milli=self.fraction_milli, mig_profile=self.mig_profile),
+            checkpointable=self.checkpointable, checkpoint_interval_seconds=1800.0 if self.checkpointable else None)
+
+
+def append_request(directory: Path, request: WorkloadRequest) -> None:
+    request.workload()  # refuse what the fleet vocabulary refuses, before anything is written
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "requests.jsonl").open("a") as handle:
+        handle.write(json.dumps(dataclasses.asdict(request)) + "\n")
+
+
+def read_requests(directory: Path | None) -> tuple[list[WorkloadRequest], list[str]]:
+    """Requests in submission order, and one line per line that could not be read (file:line)."""
+    if directory is None or not (directory / "requests.jsonl").exists():
+        return [], []
+    path = directory / "requests.jsonl"
+    requests, problems = [], []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            requests.append(WorkloadRequest(**json.loads(line)))
+        except (ValueError, TypeError) as error:
+            problems.append(f"{path}:{number}: skipped, not a workload request ({str(error).splitlines()[0][:80]})")
+    return requests, problems
+
+
+def with_requests(snapshot: ClusterSnapshot, requests: list[WorkloadRequest]) -> ClusterSnapshot:
+    """The snapshot plus each request not already in it as a pending workload (same queue, same planner)."""
+    known = {(w.workload.namespace, w.workload.name) for w in snapshot.workloads}
+    added = []
+    for request in requests:
+        if (request.team, request.name) in known:
+            continue
+        submitted = datetime.fromisoformat(request.submitted_at) if request.submitted_at else snapshot.taken_at
+        if submitted.tzinfo is None:
+            submitted = submitted.replace(tzinfo=UTC)
+        added.append(WorkloadState(request.workload(), WorkloadPhase.PENDING, min(submitted, snapshot.taken_at), None))
+        known.add((request.team, request.name))
+    return dataclasses.replace(snapshot, workloads=snapshot.workloads + tuple(added))
+
+
+# -- team weights (admins only) ----------------------------------------------------------------------
+
+
+def read_weights(directory: Path | None) -> dict[str, float]:
+    if directory is None or not (directory / "team_weights.json").exists():
+        return {}
+    try:
+        raw = json.loads((directory / "team_weights.json").read_text())
+        return {str(k): float(v) for k, v in raw.items() if float(v) > 0}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def write_weights(directory: Path, weights: dict[str, float]) -> None:
+    bad = {k: v for k, v in weights.items() if not float(v) > 0}
+    if bad:
+        raise ValueError(f"team weights must be > 0: {bad}")
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / ".team_weights.json.tmp"
+    temporary.write_text(json.dumps({k: float(v) for k, v in sorted(weights.items())}))
+    os.replace(temporary, directory / "team_weights.json")
+
+
+def with_weights(snapshot: ClusterSnapshot, weights: dict[str, float]) -> ClusterSnapshot:
+    if not weights:
+        return snapshot
+    teams = tuple(dataclasses.replace(t, weight=weights.get(t.name, t.weight)) for t in snapshot.teams)
+    return dataclasses.replace(snapshot, teams=teams)

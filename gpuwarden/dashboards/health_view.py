@@ -1,0 +1,85 @@
+"""The Health page's tables: findings as rows (GPU index beside the UUID) and an XID / ECC /
+row-remap event timeline per node (pure: no Streamlit)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
+from gpuwarden.fleet import XID_COLUMN_NAMES
+
+from .palette import SEVERITY_ORDER
+
+FINDING_COLUMNS = ["severity", "kind", "node", "gpu_index", "gpu_uuid", "action", "cordons", "confidence",
+                   "first_seen", "last_seen", "active", "model", "evidence", "note"]
+EVENT_COLUMNS: tuple[str, ...] = (*XID_COLUMN_NAMES, "ecc_sbe_volatile_total", "ecc_dbe_volatile_total",
+                                  "remapped_rows_correctable_total", "remapped_rows_uncorrectable_total")
+TIMELINE_COLUMNS: tuple[str, ...] = ("timestamp", "node", "gpu_uuid", "gpu_index", *EVENT_COLUMNS)
+
+
+def event_label(column: str) -> str:
+    """'xid_79_total' -> 'XID 79'; 'ecc_dbe_volatile_total' -> 'ECC DBE'; remaps by kind."""
+    if column.startswith("xid_"):
+        code = column.removeprefix("xid_").removesuffix("_total")
+        return "XID other" if code == "other" else f"XID {code}"
+    if column.startswith("ecc_"):
+        return f"ECC {column.split('_')[1].upper()}"
+    return "Row remap (" + column.split("_")[2] + ")"
+
+
+def findings_table(findings: list, gpu_index: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per finding, critical first; always has :data:`FINDING_COLUMNS` (also when empty)."""
+    gpu_index = gpu_index or {}
+    rows = []
+    for f in findings:
+        evidence = {k: v for k, v in f.evidence.items() if k not in ("active", "model", "pool", "note")}
+        index = gpu_index.get(f.gpu_uuid) if f.gpu_uuid else None
+        rows.append({
+            "severity": f.severity.value, "kind": f.kind, "node": f.node,
+            "gpu_index": pd.NA if index is None else int(index), "gpu_uuid": f.gpu_uuid or "",
+            "action": f.recommended_action.value if f.recommended_action else "",
+            "cordons": f.recommended_action in CORDONING_ACTIONS, "confidence": float(f.confidence),
+            "first_seen": pd.Timestamp(f.first_seen).tz_convert(None), "last_seen": pd.Timestamp(f.last_seen).tz_convert(None),
+            "active": bool(f.evidence.get("active")), "model": f.evidence.get("model", ""),
+            "evidence": ", ".join(f"{k}={v}" for k, v in evidence.items()), "note": f.evidence.get("note", ""),
+        })
+    table = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    if table.empty:
+        return table.astype({"cordons": bool, "active": bool, "confidence": "float64"})
+    rank = table["severity"].map({s: i for i, s in enumerate(SEVERITY_ORDER)}).fillna(len(SEVERITY_ORDER))
+    return table.assign(_rank=rank).sort_values(["_rank", "last_seen"], ascending=[True, False]).drop(columns="_rank") \
+        .reset_index(drop=True)
+
+
+def gpu_indices(frame: pd.DataFrame) -> dict[str, int]:
+    part = frame[["gpu_uuid", "gpu_index"]].dropna().drop_duplicates("gpu_uuid", keep="last")
+    return {str(u): int(i) for u, i in zip(part["gpu_uuid"].astype(str), part["gpu_index"])}
+
+
+def event_timeline(frame: pd.DataFrame, bucket: str = "1h") -> pd.DataFrame:
+    """Events per time bucket, GPU and kind: columns time (bucket start, UTC), node, gpu (index and
+    UUID), event, count. A counter that drops was reset: the value after it counts as new events,
+    as Prometheus' ``increase()`` reads it. Rows only where something happened."""
+    columns = ["time", "node", "gpu", "event", "count"]
+    present = [c for c in EVENT_COLUMNS if c in frame.columns]
+    if frame.empty or not present:
+        return pd.DataFrame(columns=columns)
+    work = frame[["timestamp", "node", "gpu_uuid", "gpu_index", *present]].drop_duplicates(["gpu_uuid", "timestamp"])
+    work = work.sort_values(["gpu_uuid", "timestamp"], kind="stable")
+    values = work[present].astype("float64")
+    previous = values.groupby(work["gpu_uuid"].astype(str).to_numpy()).shift()
+    delta = values - previous
+    steps = delta.where(delta >= 0, values).where(previous.notna(), 0.0).fillna(0.0)
+    moved = steps.to_numpy().sum(axis=1) > 0
+    if not moved.any():
+        return pd.DataFrame(columns=columns)
+    part = work.loc[moved, ["timestamp", "node", "gpu_uuid", "gpu_index"]].copy()
+    part[present] = steps[moved]
+    part["time"] = pd.DatetimeIndex(part["timestamp"]).floor(bucket)
+    index = part["gpu_index"].astype("Int64").astype(str)
+    part["gpu"] = "GPU " + index + " · " + part["gpu_uuid"].astype(str)
+    long = part.melt(id_vars=["time", "node", "gpu"], value_vars=present, var_name="column", value_name="count")
+    long = long[long["count"] > 0]
+    long["event"] = long["column"].map(event_label)
+    out = long.groupby(["time", "node", "gpu", "event"], as_index=False, observed=True)["count"].sum()
+    return out[columns].sort_values(["time", "node", "gpu"], ignore_index=True)

@@ -1,0 +1,60 @@
+"""GPU detail: one GPU's memory, power, temperature, SM clock and SM / tensor / DRAM activity over
+the shared window, who held it, and its health findings (as dcgm-exporter's Grafana board does).
+The GPU is chosen here or given in the URL: ``?gpu=GPU-...``."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gpuwarden.dashboards import data, show
+from gpuwarden.dashboards import health_view as hv
+
+info = data.require_store()
+st.title("GPU detail")
+window = data.current_window(info)
+gpus = data.gpu_list(info.path, window.start, window.end, info.version)
+if gpus.empty:
+    st.info("No GPU reported in this window; widen the window in the sidebar.", icon=":material/info:")
+    st.stop()
+nodes = list(gpus["node"].unique())
+wanted = st.query_params.get("gpu")
+row = gpus[gpus["gpu_uuid"] == wanted]
+default_node = str(row["node"].iloc[0]) if len(row) else nodes[0]
+left, right = st.columns(2)
+node = left.selectbox("Node", nodes, index=nodes.index(default_node))
+on_node = gpus[gpus["node"] == node]
+labels = {u: f"GPU {int(i)} · {u}" for u, i in zip(on_node["gpu_uuid"], on_node["gpu_index"].fillna(-1))}
+choices = list(labels)
+uuid = right.selectbox("GPU", choices, index=choices.index(wanted) if wanted in choices else 0, format_func=labels.get)
+st.query_params["gpu"] = uuid
+
+history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
+data.window_caption(info, window, f" · {node}, {labels[uuid]}")
+model, holders = history["model"], history["holders"]
+st.markdown(f"**{model}** · held in this window by "
+            + (", ".join(f"`{p}` ({t})" for t, p in holders.itertuples(index=False)) if len(holders) else "nobody"))
+
+bucket = data.bucket_for(window.span)
+groups = history["groups"]
+names = list(groups)
+for start in range(0, len(names), 2):
+    columns = st.columns(2)
+    for column, name in zip(columns, names[start:start + 2]):
+        with column:
+            st.subheader(name)
+            show.lines(groups[name], name, f"UTC (sample time), {bucket} buckets", key=f"gpu-{name}")
+missing = {"Memory (GiB)", "Power (W)", "Temperature (°C)", "SM clock (MHz)", "Activity (%)"} - set(names)
+if missing:
+    st.caption("Not measured on this GPU in this window: " + ", ".join(sorted(missing)) + ".")
+
+st.subheader("Findings on this GPU")
+found = [f for f in data.findings(info.path, window.start, window.end, info.version) if f.gpu_uuid == uuid]
+table = hv.findings_table(found, {uuid: int(on_node.loc[on_node["gpu_uuid"] == uuid, "gpu_index"].iloc[0])})
+if table.empty:
+    st.caption("No health finding on this GPU in the window.")
+else:
+    st.dataframe(table[["severity", "kind", "action", "confidence", "first_seen", "last_seen", "evidence"]], hide_index=True,
+                 width="stretch", column_config={
+                     "confidence": st.column_config.ProgressColumn("Confidence (%)", min_value=0.0, max_value=1.0, format="percent"),
+                     "first_seen": st.column_config.DatetimeColumn("First seen (UTC, sample time)", format="YYYY-MM-DD HH:mm"),
+                     "last_seen": st.column_config.DatetimeColumn("Last seen (UTC, sample time)", format="YYYY-MM-DD HH:mm")})
