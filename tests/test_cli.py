@@ -48,10 +48,10 @@ def test_every_subcommand_has_help(capsys):
     "args, expected",
     [
         (["demo", "--bogus"], r"unrecognized arguments: --bogus"),
-        (["demo", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
+        (["demo", "--seed", "abc"], r"argument --seed: 'abc' is not an integer"),
         (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is negative; expected an integer >= 1"),
         (["demo", "--gpus-per-node", "12"], r"gpus_per_node: 12 is not allowed; expected 1..8"),
-        (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is not allowed"),
+        (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is out of range; expected a number > 0"),
         (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from '?nvml'?, '?replay'?, '?sim'?\)"),
     ],
 )
