@@ -147,3 +147,53 @@ def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir
     assert re.search(r"health findings:\s+\d+ in the last 6 h", out)
     assert re.search(r"planned actions:\s+\d+ \(observe mode: none applied", out)
     assert (store / "actuator" / "audit.jsonl").exists() or "planned actions:  0" in out
+
+
+def _filled_store(path: Path) -> None:
+    from test_schema_store import make_samples
+
+    LocalStore(path).append(make_samples(steps=5))
+
+
+def test_demo_refuses_a_store_it_did_not_make_and_checks_ports_first(tmp_path):
+    import socket
+
+    store = tmp_path / "mine"
+    _filled_store(store)
+    rows = LocalStore(store).row_count()
+    result = run_cli("demo", "--headless", "--store", str(store), "--exporter-listen", "127.0.0.1:0", timeout=60)
+    assert result.returncode == 2 and "holds samples the demo did not make" in result.stderr
+    assert "--reset" in result.stderr and "Traceback" not in result.stderr
+    with socket.socket() as busy:  # a port in use: refused before the store is touched, even with --reset
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = run_cli("demo", "--headless", "--reset", "--store", str(store),
+                         "--exporter-listen", f"127.0.0.1:{taken}", timeout=60)
+    assert result.returncode == 2 and "the port is in use" in result.stderr
+    assert LocalStore(store).row_count() == rows  # nothing was deleted
+
+
+def test_demo_stops_on_sigterm_and_still_prints_its_summary(tmp_path, data_dir):
+    import signal
+
+    store = tmp_path / "store"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden.cli", "demo", "--headless", "--duration", "600", "--nodes", "4",
+         "--days", "0.05", "--warmup-days", "0", "--store", str(store), "--exporter-listen", "127.0.0.1:0",
+         "--step-interval", "0.2", "--data-dir", str(data_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in process.stdout:  # wait until it is live
+        lines.append(line)
+        if line.startswith("live:"):
+            break
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    out = "".join(lines) + out
+    assert process.returncode == 143, err
+    assert "stopping (SIGTERM)" in out and "== gpuwarden demo summary ==" in out
+    assert re.search(r"fleet cost:\s+[\d,.]+ USD", out)
+    assert (store / ".gpuwarden-demo").exists()  # the demo marked the store it made
+    # A store the demo made is its own to start afresh; once loaded into, it is not.
+    assert "Traceback" not in err

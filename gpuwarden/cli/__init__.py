@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if debug:
             log.exception("unexpected error")
-        detail = str(error).strip().splitlines()
-        print(f"gpuwarden: error: {type(error).__name__}: {detail[0] if detail else 'no detail'} "
+        print(f"gpuwarden: error: {type(error).__name__}: {one_line(str(error), 200) or 'no detail'} "
               "(this is a bug; run with --log-level DEBUG for the traceback)", file=sys.stderr)
         return 1
 
@@ -119,16 +118,21 @@ def _main(argv: list[str]) -> int:
         return code
     except BrokenPipeError:
         raise
-    except OSError as error:
-        if error.filename is None:
-            raise
-        print(f"gpuwarden: error: {error.filename}: {error.strerror or error}", file=sys.stderr)
+    except OSError as error:  # a file or folder the user named, a port, a full disk: theirs to fix
+        where = f"{error.filename}: " if error.filename is not None else ""
+        print(f"gpuwarden: error: {where}{one_line(error.strerror or str(error))}", file=sys.stderr)
         return 2
     except Exception as error:
         if isinstance(error, user_errors()):
-            print(f"gpuwarden: error: {error}", file=sys.stderr)
+            print(f"gpuwarden: error: {one_line(str(error))}", file=sys.stderr)
             return 2
         raise
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """A message on one line (a YAML or parser error quotes the input over several)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _quiet_broken_pipe() -> int:

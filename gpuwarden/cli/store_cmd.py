@@ -103,11 +103,12 @@ def run_load(args: argparse.Namespace) -> int:
         frames.append(load_samples(path, report=report))
         reports.append(report)
     rejected = sum(r.rejected_total for r in reports)
+    if rejected and args.strict:
+        first = next(r for r in reports if r.rejected)
+        raise SamplesError(f"--strict: {rejected:,} row(s) rejected, nothing was loaded; {first.summary()}")
     for report in reports:
         if report.rejected:
             print(f"gpuwarden: warning: {report.summary()}", file=sys.stderr)
-    if rejected and args.strict:
-        raise SamplesError(f"--strict: {rejected:,} row(s) rejected (listed above); nothing was loaded")
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     written = store.append(frame, validate=len(frames) > 1, source="the files together")  # one operation: all or nothing
     adopt_store(args.store)  # the store now holds data the demo did not make
@@ -120,8 +121,10 @@ def run_load(args: argparse.Namespace) -> int:
 
 
 def run_read(args: argparse.Namespace) -> int:
-    from gpuwarden.store import write_samples
+    from gpuwarden.store import SamplesError, write_samples
 
+    if not args.out.parent.is_dir():
+        raise SamplesError(f"--out {args.out}: the folder {args.out.parent} does not exist")
     frame = _existing_store(args.store).read(args.since, args.until)
     write_samples(frame, args.out)
     print(f"{len(frame):,} rows -> {args.out}")
