@@ -81,3 +81,11 @@ def host_port(text: str) -> tuple[str, int]:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is not in 0..65535")
     return host.strip("[]") or "127.0.0.1", value
+
+
+def plain(docstring: str | None) -> str:
+    """A module docstring as help text: no reStructuredText markup, argparse shows as written."""
+    import re
+
+    text = (docstring or "").replace("``", "")
+    return re.sub(r":(?:class|func|meth|mod):`~?([^`]+)`", r"\1", text).strip()

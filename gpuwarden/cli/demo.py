@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .args import host_port, number, port
+from .args import host_port, number, plain, port
 from .simconfig import add_sim_options, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the whole pipeline on the embedded simulated fleet",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--headless", action="store_true", help="no dashboard; print a summary and exit")

@@ -21,7 +21,7 @@ from gpuwarden.exporter.main import (
     serve,
 )
 
-from .args import number
+from .args import number, plain
 from .simconfig import add_sim_options, sim_config_from
 
 # Ceilings for the exporter's number flags (its own parser checks only the sign): a NaN or
@@ -35,7 +35,7 @@ _BOUNDS = {
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("exporter", help="serve GPU metrics for Prometheus", description=__doc__,
+    parser = subparsers.add_parser("exporter", help="serve GPU metrics for Prometheus", description=plain(__doc__),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     for action in parser._actions:

@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
 
     placement = commands.add_parser(
         "placement", help="openb placement replay (FGD paper protocol)",
-        description="Place openb pods with the FGD paper's protocol (130%% arrived milli-GPU, no departures) "
+        description="Place openb pods with the FGD paper's protocol (130% arrived milli-GPU, no departures) "
                     "and report the GPU allocation ratio per list and policy, beside the published results.")
     placement.add_argument("--lists", default="default",
                            help="comma-separated pod lists, or 'all' for the paper's 17 (default: default)")
