@@ -197,3 +197,39 @@ def test_demo_stops_on_sigterm_and_still_prints_its_summary(tmp_path, data_dir):
     assert (store / ".gpuwarden-demo").exists()  # the demo marked the store it made
     # A store the demo made is its own to start afresh; once loaded into, it is not.
     assert "Traceback" not in err
+
+
+def test_cli_keeps_copies_of_names_in_step_with_their_rooms():
+    """The CLI names these without importing their rooms (for a fast --help); they must agree."""
+    from gpuwarden.analytics.reports import REPORT_KINDS
+    from gpuwarden.cli import report_cmd, simulate_cmd
+    from gpuwarden.scheduling.replay_openb import POLICIES
+    from gpuwarden.scheduling.replay_queue import QUEUE_POLICIES
+
+    assert report_cmd.REPORT_KINDS == REPORT_KINDS
+    assert simulate_cmd.PLACEMENT_POLICIES == POLICIES and simulate_cmd.QUEUE_POLICIES == QUEUE_POLICIES
+
+
+def test_report_window_ends_at_now_and_trims_to_the_data_held(tmp_path):
+    """One far-future row cannot move the window (it is rejected at load), and a window longer
+    than the data is trimmed with a note."""
+    import pandas as pd
+
+    from gpuwarden.cli.sources import add_source_options, open_window
+    from gpuwarden.cli.args import Parser
+    from test_schema_store import make_samples
+
+    store = LocalStore(tmp_path / "s")
+    now = pd.Timestamp.now(tz="UTC").floor("min")
+    frame = make_samples(start=(now - pd.Timedelta(hours=2)).isoformat(), steps=60)
+    future = make_samples(start=now.isoformat(), steps=1)
+    future["timestamp"] += pd.Timedelta(days=365)  # one row a year ahead (make_samples itself validates)
+    store.append(pd.concat([frame, future], ignore_index=True))
+    assert store.last_append.report.rejected == {"timestamp in the future (after now + 5 min)": 4}
+    parser = Parser()
+    add_source_options(parser)
+    window = open_window(parser.parse_args(["--store", str(tmp_path / "s"), "--since", "7d"]), now=now)
+    assert window.end == now and window.start == now - pd.Timedelta(hours=2)
+    assert window.note.startswith("note: the window was trimmed to the data held")
+    window = open_window(parser.parse_args(["--store", str(tmp_path / "s"), "--since", "30m"]), now=now)
+    assert window.start == now - pd.Timedelta(minutes=30) and not window.note

@@ -69,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.analytics.render import render
 
     window = open_window(args)
-    if window.note:
-        print(window.note, file=sys.stderr)
     price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
     inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
     ledger = build_ledger(window.source, window.start, window.end, price_book=price_book, inventory=inventory,
@@ -84,4 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(text)
     else:
         sys.stdout.write(text)
+    if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
+        sys.stdout.flush()
+        print(window.note, file=sys.stderr)
     return 0
