@@ -221,7 +221,7 @@ def test_report_window_ends_at_now_and_trims_to_the_data_held(tmp_path):
 
     store = LocalStore(tmp_path / "s")
     now = pd.Timestamp.now(tz="UTC").floor("min")
-    frame = make_samples(start=(now - pd.Timedelta(hours=2)).isoformat(), steps=60)
+    frame = make_samples(start=(now - pd.Timedelta(hours=2)).isoformat(), steps=120)
     future = make_samples(start=now.isoformat(), steps=1)
     future["timestamp"] += pd.Timedelta(days=365)  # one row a year ahead (make_samples itself validates)
     store.append(pd.concat([frame, future], ignore_index=True))
