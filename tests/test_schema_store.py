@@ -284,3 +284,22 @@ def test_store_read_arrow_is_read_before_pandas(tmp_path):
     assert day["timestamp"].min() == pd.Timestamp("2026-11-02T00:00:00Z") and len(day) == 60 * 4
     before = store.read(None, "2026-11-02")
     assert before["timestamp"].max() == pd.Timestamp("2026-11-01T23:59:00Z") and len(before) == 60 * 4
+
+
+def test_a_reader_mixin_validates_rows_it_did_not_coerce():
+    """Prometheus rows never pass coerce; the mixin drops the implausible ones and counts them."""
+    from gpuwarden.store.sources import ValidatedReads
+
+    class Raw:
+        def read(self, start=None, end=None, columns=None):
+            frame = make_samples(steps=3)[["timestamp", "gpu_uuid", "model", "power_watts", "temperature_celsius"]].copy()
+            frame.loc[0, "temperature_celsius"] = 310.0
+            frame.loc[1, "power_watts"] = 450_000.0
+            return frame
+
+    class Checked(ValidatedReads, Raw):
+        validation_name = "probe"
+
+    source = Checked()
+    assert len(source.read()) == 3 * 4 - 2
+    assert source.validation.rejected_total == 2 and isinstance(source, Raw)

@@ -185,29 +185,63 @@ def _flag(values: pd.Series) -> np.ndarray:
 
 
 def _validate_rows(result: pd.DataFrame, reject, now: pd.Timestamp) -> None:
-    """Mark implausible rows (see the module docstring) through ``reject(mask, reason)``."""
+    """Mark implausible rows (see the module docstring) through ``reject(mask, reason)``. Works on
+    any subset of the columns (a reader may ask for a few); a check whose columns are absent is skipped."""
     now = now.tz_localize("UTC") if now.tzinfo is None else now.tz_convert("UTC")
-    reject((result["timestamp"] > now + FUTURE_SKEW).to_numpy(dtype=bool), FUTURE_REASON)
+    has = set(result.columns)
+    if "timestamp" in has:
+        reject((result["timestamp"] > now + FUTURE_SKEW).to_numpy(dtype=bool), FUTURE_REASON)
     for name in _FLOATS:
-        values = result[name].to_numpy(dtype="float64", na_value=np.nan)
-        reject(np.isinf(values), f"{name} is infinite")
+        if name in has:
+            values = result[name].to_numpy(dtype="float64", na_value=np.nan)
+            reject(np.isinf(values), f"{name} is infinite")
     for name in _NON_NEGATIVE:
-        reject(_flag(result[name] < 0), f"{name} is negative")
+        if name in has:
+            reject(_flag(result[name] < 0), f"{name} is negative")
     for name in _RATIOS:
-        reject(_flag(result[name] > 1.0 + 1e-9), f"{name} is not a ratio in 0..1")
-    power = result["power_watts"]
-    if power.notna().any():
+        if name in has:
+            reject(_flag(result[name] > 1.0 + 1e-9), f"{name} is not a ratio in 0..1")
+    if {"power_watts", "model"} <= has and result["power_watts"].notna().any():
         limits = result["model"].map(lambda m: 2 * max_board_watts(m)).astype("float64")
-        reject(_flag(power > limits), "power_watts above twice the model's maximum (milliwatts?)")
-    reject(_flag(result["temperature_celsius"] > MAX_TEMPERATURE_CELSIUS),
-           f"temperature_celsius above {MAX_TEMPERATURE_CELSIUS:g} C (kelvin?)")
-    reject(_flag(result["mem_used_bytes"] > result["mem_total_bytes"] * 1.001), "mem_used_bytes above mem_total_bytes")
-    keys = pd.MultiIndex.from_arrays([
-        result["gpu_uuid"].astype(str).to_numpy(),
-        result["mig_instance"].astype(object).where(result["mig_instance"].notna(), "").astype(str).to_numpy(),
-        result["timestamp"].dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64),
-    ])
-    reject(keys.duplicated(), "duplicate of an earlier row (same GPU, MIG instance and timestamp)")
+        reject(_flag(result["power_watts"] > limits), "power_watts above twice the model's maximum (milliwatts?)")
+    if "temperature_celsius" in has:
+        reject(_flag(result["temperature_celsius"] > MAX_TEMPERATURE_CELSIUS),
+               f"temperature_celsius above {MAX_TEMPERATURE_CELSIUS:g} C (kelvin?)")
+    if {"mem_used_bytes", "mem_total_bytes"} <= has:
+        reject(_flag(result["mem_used_bytes"] > result["mem_total_bytes"] * 1.001), "mem_used_bytes above mem_total_bytes")
+    if {"gpu_uuid", "timestamp"} <= has:
+        mig = (result["mig_instance"].astype(object).where(result["mig_instance"].notna(), "").astype(str).to_numpy()
+               if "mig_instance" in has else np.full(len(result), ""))
+        keys = pd.MultiIndex.from_arrays([
+            result["gpu_uuid"].astype(str).to_numpy(), mig,
+            result["timestamp"].dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64),
+        ])
+        reject(keys.duplicated(), "duplicate of an earlier row (same GPU, MIG instance and timestamp)")
+
+
+def validate_rows(frame: pd.DataFrame, source: str = "samples", report: ValidationReport | None = None,
+                  now: pd.Timestamp | None = None) -> pd.DataFrame:
+    """``frame`` (already typed, any subset of the columns) without its implausible rows, each
+    counted in ``report`` (or logged as one warning when no report is given). For readers whose
+    rows did not come through :func:`coerce` (Prometheus)."""
+    own_report = report is None
+    report = ValidationReport(source) if report is None else report
+    report.rows_in += len(frame)
+    rejected = np.zeros(len(frame), dtype=bool)
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        new = mask & ~rejected
+        if new.any():
+            report.add(reason, int(new.sum()), _where(source, int(np.flatnonzero(new)[0]), None))
+            rejected[:] |= new
+
+    if len(frame):
+        _validate_rows(frame, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
+    if not rejected.any():
+        return frame
+    if own_report:
+        log.warning("%s", report.summary())
+    return frame[~rejected]
 
 
 def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> pd.Series:
