@@ -214,10 +214,10 @@ def test_report_window_ends_at_now_and_trims_to_the_data_held(tmp_path):
     """One far-future row cannot move the window (it is rejected at load), and a window longer
     than the data is trimmed with a note."""
     import pandas as pd
-
-    from gpuwarden.cli.sources import add_source_options, open_window
-    from gpuwarden.cli.args import Parser
     from test_schema_store import make_samples
+
+    from gpuwarden.cli.args import Parser
+    from gpuwarden.cli.sources import add_source_options, open_window
 
     store = LocalStore(tmp_path / "s")
     now = pd.Timestamp.now(tz="UTC").floor("min")
@@ -233,3 +233,32 @@ def test_report_window_ends_at_now_and_trims_to_the_data_held(tmp_path):
     assert window.note.startswith("note: the window was trimmed to the data held")
     window = open_window(parser.parse_args(["--store", str(tmp_path / "s"), "--since", "30m"]), now=now)
     assert window.start == now - pd.Timedelta(minutes=30) and not window.note
+
+
+def test_the_console_script_imports_a_room_only_when_its_command_runs():
+    """`gpuwarden --help` and the exporter's parser load no pandas, simulator or dashboards."""
+    probe = (
+        "import sys\n"
+        "from gpuwarden.cli import build_parser\n"
+        "build_parser(['--help'], full=False).format_help()\n"
+        "build_parser(['exporter'], full=False).parse_args(['exporter', '--backend', 'replay'])\n"
+        "heavy = [m for m in ('pandas', 'pyarrow', 'streamlit', 'sklearn', 'gpuwarden.sim', 'gpuwarden.analytics') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_cli_tables_fit_120_columns_unless_wide_and_show_ratios_as_percent():
+    from gpuwarden.cli.output import render_rows
+
+    rows = [{"gpu_uuid": f"GPU-{'a' * 36}-{i}", "policy": "p" * 80, "util_ratio": 0.4567, "note": "n" * 60} for i in range(3)]
+    table = render_rows(rows, "table")
+    assert max(len(line) for line in table.splitlines()) <= 120
+    assert rows[0]["gpu_uuid"] in table and "45.7%" in table and "..." in table  # UUIDs whole, long text cut
+    wide = render_rows(rows, "table", wide=True)
+    assert "p" * 80 in wide and max(len(line) for line in wide.splitlines()) > 120
+    assert "0.4567" in render_rows(rows, "csv") and '"util_ratio": 0.4567' in render_rows(rows, "json")
+    assert render_rows(rows, "markdown").startswith("| gpu_uuid | policy |")

@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from test_schema_store import make_samples
 
 from gpuwarden.cli import main
 from gpuwarden.store import LocalStore, write_samples
-from test_schema_store import make_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = yaml.safe_load((ROOT / "tests" / "corpus" / "cases.yaml").read_text())

@@ -9,8 +9,8 @@ import argparse
 import contextlib
 import io
 import math
-from pathlib import Path
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd

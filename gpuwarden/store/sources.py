@@ -7,9 +7,10 @@ fleet samples table (``start <= timestamp < end``) and ``time_range()``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
