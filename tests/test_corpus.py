@@ -50,6 +50,7 @@ def make_file(path: Path, spec) -> None:
 
 def run_case(case: dict, tmp_path: Path, capsys) -> tuple[int, str, str]:
     for name, spec in (case.get("files") or {}).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         make_file(tmp_path / name, spec)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in case["argv"]]
     capsys.readouterr()

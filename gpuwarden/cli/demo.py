@@ -32,6 +32,7 @@ from .simconfig import add_sim_options, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
     STORE_PARTS,
+    demo_running_on,
     is_demo_store,
     mark_demo_store,
     store_has_data,
@@ -114,6 +115,9 @@ def preflight(args: argparse.Namespace) -> None:
         raise DemoError(f"--dashboard-port {args.dashboard_port}: the port is in use; choose another")
     if args.store.exists() and not args.store.is_dir():
         raise DemoError(f"--store {args.store}: is a file; expected a directory")
+    running = demo_running_on(args.store) if is_demo_store(args.store) else None
+    if running is not None:
+        raise DemoError(f"--store {args.store}: another demo (pid {running}) is using it; give this one another --store")
     if store_has_data(args.store) and not is_demo_store(args.store) and not args.reset:
         raise DemoError(f"--store {args.store}: holds samples the demo did not make; the demo will not delete them. "
                         "Use another --store, or --reset to delete them")

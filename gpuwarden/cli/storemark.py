@@ -33,6 +33,23 @@ def mark_demo_store(root: Path) -> None:
     (root / MARKER).write_text(json.dumps({"made_by": "gpuwarden demo", "pid": os.getpid(), "at": time.time()}) + "\n")
 
 
+def demo_running_on(root: Path) -> int | None:
+    """The pid of a live demo that marked ``root`` (another process), if any."""
+    try:
+        pid = int(json.loads((Path(root) / MARKER).read_text()).get("pid", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, someone else's
+    return pid
+
+
 def adopt_store(root: Path) -> None:
     """Someone other than the demo writes here: the demo must no longer delete it."""
     (Path(root) / MARKER).unlink(missing_ok=True)
