@@ -80,11 +80,14 @@ def run_info(args: argparse.Namespace) -> int:
         "store": str(store.root), "rows": store.row_count(), "files": store.file_count(),
         "size_bytes": store.size_bytes(),
         "first_sample": span[0].isoformat() if span else None, "last_sample": span[1].isoformat() if span else None,
+        "quarantined_files": sum(1 for p in store.quarantine_dir.rglob("*.parquet")) if store.quarantine_dir.exists() else 0,
     }
     if args.format == "table":
         text = (f"store:  {store.root}\n"
                 f"rows:   {record['rows']:,} in {record['files']} file(s), {record['size_bytes'] / 2**20:.1f} MiB\n"
-                "range:  " + (f"{record['first_sample']} .. {record['last_sample']}" if span else "empty") + "\n")
+                "range:  " + (f"{record['first_sample']} .. {record['last_sample']}" if span else "empty") + "\n"
+                + (f"note:   {record['quarantined_files']} unreadable file(s) set aside in {store.quarantine_dir}\n"
+                   if record["quarantined_files"] else ""))
     else:
         text = render_record(record, args.format)
     emit(args, text)

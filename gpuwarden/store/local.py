@@ -551,8 +551,11 @@ class LocalStore:
             return pc.min(first).as_py(), pc.max(last).as_py()
 
         found = self._scan(bounds)
+        if found is not None and (found[0] is None or found[1] is None):  # an edge day held no rows
+            found = self._scan(lambda dataset: (pc.min(dataset.to_table(columns=["timestamp"])["timestamp"]).as_py(),
+                                                pc.max(dataset.to_table(columns=["timestamp"])["timestamp"]).as_py()))
         if found is None or found[0] is None:
-            return None if found is None or len(days) == 1 else self.time_range()
+            return None
         return pd.Timestamp(found[0]).tz_convert("UTC"), pd.Timestamp(found[1]).tz_convert("UTC")
 
     def row_count(self) -> int:
