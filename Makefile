@@ -12,6 +12,9 @@ IMAGE ?= ghcr.io/gpuwarden/gpuwarden
 TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 $(STAMP): pyproject.toml
+	@echo "gpuwarden: first run - creating $(VENV) and installing gpuwarden with its dependencies"
+	@echo "  (pandas, pyarrow, scikit-learn, streamlit, kubernetes, prometheus-client, ...: about 400 MB;"
+	@echo "   typically 2-5 minutes on a fresh machine, seconds afterwards)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

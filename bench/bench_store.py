@@ -38,6 +38,9 @@ def day_of_samples(day: int, gpus: int, rng: np.random.Generator) -> pd.DataFram
             frame[column.name] = rng.random(rows).astype("float64")
         elif column.kind == "int":
             frame[column.name] = pd.array(rng.integers(0, 5, rows), dtype="Int64")
+    # Plausible values: the store validates rows on the way in (memory used <= total, ...).
+    frame["mem_total_bytes"] = np.full(rows, 80.0 * 2**30)
+    frame["mem_used_bytes"] = frame["mem_used_bytes"] * 80.0 * 2**30
     pods = np.where(gpu % 3 == 0, -1, gpu // 8 + day * 1000)
     teams = np.array(["vision", "speech", "llm", "recsys", "research"])
     frame.update(

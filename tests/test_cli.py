@@ -48,10 +48,10 @@ def test_every_subcommand_has_help(capsys):
     "args, expected",
     [
         (["demo", "--bogus"], r"unrecognized arguments: --bogus"),
-        (["demo", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
+        (["demo", "--seed", "abc"], r"argument --seed: 'abc' is not an integer"),
         (["demo", "--nodes", "-4"], r"argument --nodes: '-4' is negative; expected an integer >= 1"),
         (["demo", "--gpus-per-node", "12"], r"gpus_per_node: 12 is not allowed; expected 1..8"),
-        (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is not allowed"),
+        (["sim", "generate", "--out", "x.csv", "--days", "0"], r"argument --days: '0' is out of range; expected a number > 0"),
         (["exporter", "--backend", "gpu"], r"argument --backend: invalid choice: 'gpu' \(choose from '?nvml'?, '?replay'?, '?sim'?\)"),
     ],
 )
@@ -147,3 +147,118 @@ def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir
     assert re.search(r"health findings:\s+\d+ in the last 6 h", out)
     assert re.search(r"planned actions:\s+\d+ \(observe mode: none applied", out)
     assert (store / "actuator" / "audit.jsonl").exists() or "planned actions:  0" in out
+
+
+def _filled_store(path: Path) -> None:
+    from test_schema_store import make_samples
+
+    LocalStore(path).append(make_samples(steps=5))
+
+
+def test_demo_refuses_a_store_it_did_not_make_and_checks_ports_first(tmp_path):
+    import socket
+
+    store = tmp_path / "mine"
+    _filled_store(store)
+    rows = LocalStore(store).row_count()
+    result = run_cli("demo", "--headless", "--store", str(store), "--exporter-listen", "127.0.0.1:0", timeout=60)
+    assert result.returncode == 2 and "holds samples the demo did not make" in result.stderr
+    assert "--reset" in result.stderr and "Traceback" not in result.stderr
+    with socket.socket() as busy:  # a port in use: refused before the store is touched, even with --reset
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = run_cli("demo", "--headless", "--reset", "--store", str(store),
+                         "--exporter-listen", f"127.0.0.1:{taken}", timeout=60)
+    assert result.returncode == 2 and "the port is in use" in result.stderr
+    assert LocalStore(store).row_count() == rows  # nothing was deleted
+
+
+def test_demo_stops_on_sigterm_and_still_prints_its_summary(tmp_path, data_dir):
+    import signal
+
+    store = tmp_path / "store"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden.cli", "demo", "--headless", "--duration", "600", "--nodes", "4",
+         "--days", "0.05", "--warmup-days", "0", "--store", str(store), "--exporter-listen", "127.0.0.1:0",
+         "--step-interval", "0.2", "--data-dir", str(data_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in process.stdout:  # wait until it is live
+        lines.append(line)
+        if line.startswith("live:"):
+            break
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    out = "".join(lines) + out
+    assert process.returncode == 143, err
+    assert "stopping (SIGTERM)" in out and "== gpuwarden demo summary ==" in out
+    assert re.search(r"fleet cost:\s+[\d,.]+ USD", out)
+    assert (store / ".gpuwarden-demo").exists()  # the demo marked the store it made
+    # A store the demo made is its own to start afresh; once loaded into, it is not.
+    assert "Traceback" not in err
+
+
+def test_cli_keeps_copies_of_names_in_step_with_their_rooms():
+    """The CLI names these without importing their rooms (for a fast --help); they must agree."""
+    from gpuwarden.analytics.reports import REPORT_KINDS
+    from gpuwarden.cli import report_cmd, simulate_cmd
+    from gpuwarden.scheduling.replay_openb import POLICIES
+    from gpuwarden.scheduling.replay_queue import QUEUE_POLICIES
+
+    assert report_cmd.REPORT_KINDS == REPORT_KINDS
+    assert simulate_cmd.PLACEMENT_POLICIES == POLICIES and simulate_cmd.QUEUE_POLICIES == QUEUE_POLICIES
+
+
+def test_report_window_ends_at_now_and_trims_to_the_data_held(tmp_path):
+    """One far-future row cannot move the window (it is rejected at load), and a window longer
+    than the data is trimmed with a note."""
+    import pandas as pd
+    from test_schema_store import make_samples
+
+    from gpuwarden.cli.args import Parser
+    from gpuwarden.cli.sources import add_source_options, open_window
+
+    store = LocalStore(tmp_path / "s")
+    now = pd.Timestamp.now(tz="UTC").floor("min")
+    frame = make_samples(start=(now - pd.Timedelta(hours=2)).isoformat(), steps=120)
+    future = make_samples(start=now.isoformat(), steps=1)
+    future["timestamp"] += pd.Timedelta(days=365)  # one row a year ahead (make_samples itself validates)
+    store.append(pd.concat([frame, future], ignore_index=True))
+    assert store.last_append.report.rejected == {"timestamp in the future (after now + 5 min)": 4}
+    parser = Parser()
+    add_source_options(parser)
+    window = open_window(parser.parse_args(["--store", str(tmp_path / "s"), "--since", "7d"]), now=now)
+    assert window.end == now and window.start == now - pd.Timedelta(hours=2)
+    assert window.note.startswith("note: the window was trimmed to the data held")
+    window = open_window(parser.parse_args(["--store", str(tmp_path / "s"), "--since", "30m"]), now=now)
+    assert window.start == now - pd.Timedelta(minutes=30) and not window.note
+
+
+def test_the_console_script_imports_a_room_only_when_its_command_runs():
+    """`gpuwarden --help` and the exporter's parser load no pandas, simulator or dashboards."""
+    probe = (
+        "import sys\n"
+        "from gpuwarden.cli import build_parser\n"
+        "build_parser(['--help'], full=False).format_help()\n"
+        "build_parser(['exporter'], full=False).parse_args(['exporter', '--backend', 'replay'])\n"
+        "heavy = [m for m in ('pandas', 'pyarrow', 'streamlit', 'sklearn', 'gpuwarden.sim', 'gpuwarden.analytics') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_cli_tables_fit_120_columns_unless_wide_and_show_ratios_as_percent():
+    from gpuwarden.cli.output import render_rows
+
+    rows = [{"gpu_uuid": f"GPU-{'a' * 36}-{i}", "policy": "p" * 80, "util_ratio": 0.4567, "note": "n" * 60} for i in range(3)]
+    table = render_rows(rows, "table")
+    assert max(len(line) for line in table.splitlines()) <= 120
+    assert rows[0]["gpu_uuid"] in table and "45.7%" in table and "..." in table  # UUIDs whole, long text cut
+    wide = render_rows(rows, "table", wide=True)
+    assert "p" * 80 in wide and max(len(line) for line in wide.splitlines()) > 120
+    assert "0.4567" in render_rows(rows, "csv") and '"util_ratio": 0.4567' in render_rows(rows, "json")
+    assert render_rows(rows, "markdown").startswith("| gpu_uuid | policy |")

@@ -28,7 +28,13 @@ def store_dir(tmp_path_factory) -> str:
     return str(root)
 
 
+# The simulated fleet's default clock: 240 one-minute steps from 2026-11-23. Windows end at now
+# unless --until says otherwise, so these tests name the end of the data they made.
+DATA_END = "2026-11-23T04:00:00Z"
+
+
 def run(capsys, *argv: str) -> tuple[int, str, str]:
+    argv = [*argv, "--until", DATA_END] if "--until" not in argv else list(argv)
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err

@@ -11,7 +11,15 @@ import pyarrow as pa
 import pytest
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
-from gpuwarden.store import LocalStore, SamplesError, coerce, load_samples, schema_markdown, write_samples
+from gpuwarden.store import (
+    LocalStore,
+    SamplesError,
+    ValidationReport,
+    coerce,
+    load_samples,
+    schema_markdown,
+    write_samples,
+)
 
 
 def make_samples(start="2026-11-01T00:00:00Z", steps=30, gpus=4, step_seconds=60) -> pd.DataFrame:
@@ -94,24 +102,76 @@ def test_csv_bad_value_names_line_and_column(tmp_path):
         load_samples(path)
 
 
-def test_gzip_csv_negative_counter_is_rejected_with_line(tmp_path):
+def test_gzip_csv_negative_counter_row_is_rejected_and_reported_with_line(tmp_path):
     frame = make_samples()
     frame.loc[9, "ecc_sbe_volatile_total"] = -1
     path = tmp_path / "neg.csv.gz"
     with gzip.open(path, "wt") as handle:
         frame.to_csv(handle, index=False)
-    with pytest.raises(SamplesError, match=r"neg\.csv\.gz:11: column 'ecc_sbe_volatile_total': -1 is negative"):
-        load_samples(path)
+    report = ValidationReport(str(path))
+    loaded = load_samples(path, report=report)
+    assert len(loaded) == len(frame) - 1 and report.rejected == {"ecc_sbe_volatile_total is negative": 1}
+    assert report.first_at["ecc_sbe_volatile_total is negative"].endswith("neg.csv.gz:11")
+    assert "1 of 120 row(s) rejected" in report.summary()
 
 
-def test_parquet_errors_name_the_row(tmp_path):
+def test_parquet_rejections_name_the_row(tmp_path):
     frame = make_samples()
     frame["gpu_util_ratio"] = frame["gpu_util_ratio"].astype(float)
     frame.loc[3, "gpu_util_ratio"] = 1.7
     path = tmp_path / "ratio.parquet"
     frame.to_parquet(path, index=False)
-    with pytest.raises(SamplesError, match=r"ratio\.parquet: row 3: column 'gpu_util_ratio': 1\.7 is not a ratio"):
+    report = ValidationReport(str(path))
+    assert len(load_samples(path, report=report)) == len(frame) - 1
+    assert report.first_at == {"gpu_util_ratio is not a ratio in 0..1": f"{path}: row 3"}
+
+
+def test_implausible_rows_are_rejected_by_reason_and_counted():
+    """Units and ranges: mW power, kelvin, memory used above total, inf, duplicates, the future."""
+    frame = make_samples(start="2026-11-01T00:00:00Z").astype({"timestamp": "object"})
+    frame["power_watts"] = 300.0
+    frame.loc[0, "power_watts"] = 300_000.0  # milliwatts
+    frame.loc[1, "temperature_celsius"] = 340.0  # kelvin
+    frame.loc[2, "mem_used_bytes"] = 90.0 * 2**30  # above the 80 GiB total
+    frame.loc[3, "sm_clock_mhz"] = float("inf")
+    frame.loc[4, "timestamp"] = pd.Timestamp("2199-01-01T00:00:00Z")
+    frame.loc[5, "timestamp"] = "2300-01-01T00:00:00Z"  # beyond pandas' range: still one reason
+    duplicate = frame.iloc[[6]]
+    frame = pd.concat([frame, duplicate], ignore_index=True)
+    report = ValidationReport("probe")
+    kept = coerce(frame, report=report, now=pd.Timestamp("2026-11-30T00:00:00Z"))
+    assert report.rows_in == len(frame) and report.rejected_total == 7 and len(kept) == len(frame) - 7
+    assert report.rejected["timestamp in the future (after now + 5 min)"] == 2
+    assert set(report.rejected) == {
+        "timestamp in the future (after now + 5 min)", "sm_clock_mhz is infinite",
+        "power_watts above twice the model's maximum (milliwatts?)", "temperature_celsius above 130 C (kelvin?)",
+        "mem_used_bytes above mem_total_bytes", "duplicate of an earlier row (same GPU, MIG instance and timestamp)"}
+    assert kept["timestamp"].max() < pd.Timestamp("2026-11-02T00:00:00Z")
+
+
+def test_rejections_without_a_report_are_one_warning(caplog):
+    frame = make_samples()
+    frame.loc[[1, 2], "temperature_celsius"] = 300.0
+    with caplog.at_level("WARNING", logger="gpuwarden.store"):
+        kept = coerce(frame)
+    assert len(kept) == len(frame) - 2
+    assert len(caplog.records) == 1 and "2 of 120 row(s) rejected" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("empty.csv", b"", "the file is empty"),
+    ("binary.csv", bytes(range(256)) * 4, "not a (text|readable) CSV file"),
+    ("latin1.csv", b"timestamp,node\n\xff\xfe\xfd,x\n", "not a text CSV file"),
+    ("fake.csv.gz", b"timestamp,node\n1,2\n", "not a readable gzip file"),
+    ("fake.parquet", b"PAR1 not really", "not a readable Parquet file"),
+    ("folder.csv", None, "is a directory"),
+])
+def test_unreadable_files_are_one_samples_error(tmp_path, name, content, expected):
+    path = tmp_path / name
+    path.mkdir() if content is None else path.write_bytes(content)
+    with pytest.raises(SamplesError, match=expected) as error:
         load_samples(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
 def test_required_column_empty_and_unknown_suffix(tmp_path):
@@ -224,3 +284,22 @@ def test_store_read_arrow_is_read_before_pandas(tmp_path):
     assert day["timestamp"].min() == pd.Timestamp("2026-11-02T00:00:00Z") and len(day) == 60 * 4
     before = store.read(None, "2026-11-02")
     assert before["timestamp"].max() == pd.Timestamp("2026-11-01T23:59:00Z") and len(before) == 60 * 4
+
+
+def test_a_reader_mixin_validates_rows_it_did_not_coerce():
+    """Prometheus rows never pass coerce; the mixin drops the implausible ones and counts them."""
+    from gpuwarden.store.sources import ValidatedReads
+
+    class Raw:
+        def read(self, start=None, end=None, columns=None):
+            frame = make_samples(steps=3)[["timestamp", "gpu_uuid", "model", "power_watts", "temperature_celsius"]].copy()
+            frame.loc[0, "temperature_celsius"] = 310.0
+            frame.loc[1, "power_watts"] = 450_000.0
+            return frame
+
+    class Checked(ValidatedReads, Raw):
+        validation_name = "probe"
+
+    source = Checked()
+    assert len(source.read()) == 3 * 4 - 2
+    assert source.validation.rejected_total == 2 and isinstance(source, Raw)

@@ -1,9 +1,16 @@
-"""Argument parsing that fails the way a user expects: one line naming the problem, exit 2."""
+"""Argument parsing that fails the way a user expects: one line naming the problem, exit 2.
+
+Every number flag goes through :func:`number` (finite, inside a stated range), so ``nan``,
+``inf``, ``1e12`` or ``-1`` where they make no sense are refused at parse time instead of
+spinning, overflowing or dividing by zero later.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 
@@ -15,44 +22,70 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _number(text: str, kind: type, minimum: float, inclusive: bool):
-    """Parse ``text`` as ``kind`` (int or float) that is >= (or >) ``minimum``, or explain why not."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if value < minimum or (value == minimum and not inclusive):
-        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
-        what = "an integer" if kind is int else "a number"
-        reason = "is negative" if value < 0 else "is not allowed"
-        raise argparse.ArgumentTypeError(f"{text!r} {reason}; expected {what} {bound}")
-    return value
+def number(kind: type, minimum: float | None = None, maximum: float | None = None, *,
+           above: bool = False) -> Callable[[str], int | float]:
+    """A parser for ``kind`` (int or float) in ``minimum..maximum`` (``above``: strictly greater
+    than ``minimum``). Non-finite values are always refused. The message states what is allowed."""
+    what = "an integer" if kind is int else "a number"
+
+    def show(bound: float) -> str:
+        return f"{int(bound):d}" if kind is int or float(bound).is_integer() and abs(bound) < 1e15 else f"{bound:g}"
+
+    low = "" if minimum is None else (f"> {show(minimum)}" if above else f">= {show(minimum)}")
+    allowed = " and ".join(part for part in (low, "" if maximum is None else f"<= {show(maximum)}") if part)
+    expected = f"expected {what}" + (f" {allowed}" if allowed else "")
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text.strip())
+        except (ValueError, OverflowError):
+            value = None
+            if kind is int:
+                try:  # 1e3 or 8.0 are integers written as numbers
+                    as_float = float(text)
+                except ValueError:
+                    as_float = math.nan
+                if math.isfinite(as_float) and as_float.is_integer():
+                    value = int(as_float)
+            if value is None:
+                raise argparse.ArgumentTypeError(f"{text!r} is not {what}; {expected}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; {expected}")
+        too_low = minimum is not None and (value < minimum or (above and value == minimum))
+        if too_low or (maximum is not None and value > maximum):
+            reason = "is negative" if value < 0 and (minimum or 0) >= 0 else "is out of range"
+            raise argparse.ArgumentTypeError(f"{text!r} {reason}; {expected}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} in range"  # argparse names the type in some messages
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return _number(text, int, 0, inclusive=True)
-
-
-def positive_int(text: str) -> int:
-    return _number(text, int, 1, inclusive=True)
-
-
-def positive_float(text: str) -> float:
-    return _number(text, float, 0, inclusive=False)
-
-
-def non_negative_float(text: str) -> float:
-    return _number(text, float, 0, inclusive=True)
+# The common shapes; a flag with its own sensible ceiling calls ``number`` directly.
+non_negative_int = number(int, 0, 10**9)
+positive_int = number(int, 1, 10**9)
+positive_float = number(float, 0, 1e9, above=True)
+non_negative_float = number(float, 0, 1e9)
+seed = number(int, 0, 2**32 - 1)
+port = number(int, 1, 65535)
 
 
 def host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
+    host, sep, port_text = text.rpartition(":")
     if not sep:
-        host, port = "127.0.0.1", text
+        host, port_text = "127.0.0.1", text
     try:
-        number = int(port)
+        value = int(port_text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT") from None
-    if not 0 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"port {number} is not in 0..65535")
-    return host or "127.0.0.1", number
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9400)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is not in 0..65535")
+    return host.strip("[]") or "127.0.0.1", value
+
+
+def plain(docstring: str | None) -> str:
+    """A module docstring as help text: no reStructuredText markup, argparse shows as written."""
+    import re
+
+    text = (docstring or "").replace("``", "")
+    return re.sub(r":(?:class|func|meth|mod):`~?([^`]+)`", r"\1", text).strip()

@@ -2,88 +2,187 @@
 
 simulated fleet -> backfill a week into the embedded store (progress bar) -> serve exporter
 metrics for every simulated node on localhost -> keep stepping the fleet while the embedded
-scraper reads /metrics into the store -> open the dashboard. ``--headless --duration S`` does the same without the dashboard and prints a
-summary. Ctrl-C stops everything and prints the same summary.
+scraper reads /metrics into the store -> open the dashboard. ``--headless --duration S`` does the
+same without the dashboard and prints a summary. Ctrl-C or SIGTERM stops everything and prints the
+same summary.
+
+The demo only ever deletes data it made: it marks the store it fills (a marker file), starts a
+marked store afresh, and refuses a store holding samples it did not make unless ``--reset`` is
+given. It checks its ports before it touches the store. The simulated week ends an hour before
+now, so reports over the demo store see it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections import Counter
-import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import webbrowser
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from tqdm import tqdm
-
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
-from gpuwarden.analytics.health import scan
-from gpuwarden.analytics.inventory import Inventory
-from gpuwarden.analytics.summary import headline, headline_lines
-from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
-from gpuwarden.exporter import ExporterService
-from gpuwarden.sim import Simulation
-from gpuwarden.sim.backend import SimGpuBackend
-from gpuwarden.sim.cluster import SimCluster
-from gpuwarden.store import LocalStore
-from gpuwarden.store.scraper import Scraper
-
-from .args import host_port, non_negative_float, positive_float, positive_int
+from .args import host_port, number, plain, port
 from .simconfig import add_sim_options, sim_config_from
+from .storemark import (
+    DEFAULT_STORE,
+    STORE_PARTS,
+    demo_running_on,
+    is_demo_store,
+    mark_demo_store,
+    store_has_data,
+)
 
-DEMO_FAULT_SCALE = 25.0
+if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when it parses
+    from gpuwarden.actuator import Reconciler
+    from gpuwarden.exporter import ExporterService
+    from gpuwarden.sim import Simulation
+    from gpuwarden.sim.cluster import SimCluster
+    from gpuwarden.store import LocalStore
+    from gpuwarden.store.scraper import Scraper
+
+DEMO_FAULT_SCALE = 25.0  # published rates give about one fault per simulated week on 512 GPUs
 RECONCILE_INTERVAL_S = 30.0  # wall seconds between actuator rounds (30 simulated minutes at the default pace)
-HEALTH_WINDOW = pd.Timedelta(hours=6)  # samples each health scan reads  # published rates give about one fault per simulated week on 512 GPUs
+HEALTH_WINDOW_HOURS = 6.0  # samples each health scan reads
+DEMO_LEAD_HOURS = 1.0  # the backfill ends this long before now: an hour of live demo stays in the past
+SUMMARY_ROWS = 5  # findings and actions listed in the summary; the rest are counted
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the whole pipeline on the embedded simulated fleet",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--headless", action="store_true", help="no dashboard; print a summary and exit")
-    parser.add_argument("--duration", type=non_negative_float,
-                        help="seconds to run live after the backfill (default: until Ctrl-C; 60 with --headless)")
-    parser.add_argument("--days", type=non_negative_float, default=7.0, help="days of history to backfill (default 7)")
-    parser.add_argument("--store", type=Path, default=Path(".gpuwarden/demo-store"),
-                        help="embedded store directory; the demo starts it afresh (default .gpuwarden/demo-store)")
+    parser.add_argument("--duration", type=number(float, 0, 7 * 86400),
+                        help="seconds to run live after the backfill, 0..604800 (default: until Ctrl-C; 60 with --headless)")
+    parser.add_argument("--days", type=number(float, 0, 31), default=7.0,
+                        help="days of history to backfill, 0..31 (default 7)")
+    parser.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                        help=f"embedded store directory (default {DEFAULT_STORE}); a store the demo made is "
+                             "started afresh, one holding other samples is refused unless --reset")
+    parser.add_argument("--reset", action="store_true",
+                        help="delete the samples and audit log in --store even if the demo did not make them")
     parser.add_argument("--exporter-listen", type=host_port, default=("127.0.0.1", 9400),
                         help="HOST:PORT for the simulated nodes' /metrics (port 0 picks a free one; default 127.0.0.1:9400)")
-    parser.add_argument("--dashboard-port", type=positive_int, default=8501, help="Streamlit port (default 8501)")
-    parser.add_argument("--step-interval", type=positive_float, default=1.0,
-                        help="wall seconds between live simulated steps (default 1)")
+    parser.add_argument("--dashboard-port", type=port, default=8501, help="Streamlit port, 1..65535 (default 8501)")
+    parser.add_argument("--step-interval", type=number(float, 0.01, 3600), default=1.0,
+                        help="wall seconds between live simulated steps, 0.01..3600 (default 1)")
     parser.add_argument("--no-browser", action="store_true", help="print the dashboard URL without opening a browser")
     add_sim_options(parser, fault_scale_default=DEMO_FAULT_SCALE)
     parser.set_defaults(run=run)
 
 
+class DemoError(RuntimeError):
+    """A reason the demo cannot start (a port taken, a store it must not delete): one line, exit 2."""
+
+
+class Stopped(Exception):
+    """SIGTERM: stop like Ctrl-C does (the summary is still printed)."""
+
+
+def _stop(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def port_free(host: str, port_number: int) -> bool:
+    """Whether a server could listen on ``host:port_number`` now (as the exporter would bind it)."""
+    if port_number == 0:
+        return True
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port_number))
+        return True
+    except OSError:
+        return False
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Everything that can stop the demo, checked before it touches anything."""
+    host, exporter_port = args.exporter_listen
+    if not port_free(host, exporter_port):
+        raise DemoError(f"--exporter-listen {host}:{exporter_port}: the port is in use; choose another "
+                        "(port 0 picks a free one)")
+    if not args.headless and not port_free("127.0.0.1", args.dashboard_port):
+        raise DemoError(f"--dashboard-port {args.dashboard_port}: the port is in use; choose another")
+    if args.store.exists() and not args.store.is_dir():
+        raise DemoError(f"--store {args.store}: is a file; expected a directory")
+    running = demo_running_on(args.store) if is_demo_store(args.store) else None
+    if running is not None:
+        raise DemoError(f"--store {args.store}: another demo (pid {running}) is using it; give this one another --store")
+    if store_has_data(args.store) and not is_demo_store(args.store) and not args.reset:
+        raise DemoError(f"--store {args.store}: holds samples the demo did not make; the demo will not delete them. "
+                        "Use another --store, or --reset to delete them")
+
+
+def reset_store(root: Path) -> None:
+    """Delete what a store holds (only the store's own parts, never other files in the folder)."""
+    import shutil
+
+    for part in STORE_PARTS:
+        target = root / part
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    mark_demo_store(root)
+
+
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     config = sim_config_from(args)
+    if not args.config:  # the simulated week ends just before now (a config file's start is kept)
+        end = pd.Timestamp.now(tz="UTC").floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
+        config = config.replace(start=(end - pd.Timedelta(days=args.days)).to_pydatetime())
+    try:
+        preflight(args)
+    except DemoError as error:
+        print(f"gpuwarden demo: error: {error}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _run(args, config)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, config) -> int:
+    from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+    from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
+    from gpuwarden.exporter import ExporterService
+    from gpuwarden.sim import Simulation
+    from gpuwarden.sim.backend import SimGpuBackend
+    from gpuwarden.sim.cluster import SimCluster
+    from gpuwarden.store import LocalStore
+    from gpuwarden.store.scraper import Scraper
+
     duration = args.duration if args.duration is not None else (60.0 if args.headless else None)
     print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
           f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
     simulation = Simulation(config)
     cluster = SimCluster(simulation)
-    store = LocalStore(args.store)
-    store.clear()
-    backfill(simulation, store, args.days)
-
-    host, port = args.exporter_listen
-    exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval), host=host, port=port)
+    reset_store(args.store)
+    store = LocalStore(args.store, clock=lambda: simulation.now)  # the demo's clock is simulated
+    host, exporter_port = args.exporter_listen
+    exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval),
+                               host=host, port=exporter_port)
     dashboard: subprocess.Popen | None = None
     started = time.monotonic()
     return_code = 0
     scraper: Scraper | None = None
     reconciler: Reconciler | None = None
+    series = 0
     try:
+        backfill(simulation, store, args.days)
         exporter.start()
         exporter.collect_now()
         reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, audit=AuditLog(audit_path(args.store))),
@@ -107,27 +206,35 @@ def run(args: argparse.Namespace) -> int:
                           attribution=owners, clock=lambda: simulation.now)
         reconciler.start()
         live(simulation, exporter, scraper, owners, store, args.step_interval, duration)
-    except KeyboardInterrupt:
-        print("\nstopping...", flush=True)
+    except (KeyboardInterrupt, Stopped) as stop:
+        print(f"\nstopping ({stop or 'Ctrl-C'})...", flush=True)
+        return_code = 130 if isinstance(stop, KeyboardInterrupt) else 143
     except DashboardError as error:
         print(f"gpuwarden demo: error: {error}", file=sys.stderr)
         return_code = 2
     finally:
-        if reconciler is not None:
-            reconciler.stop()
-        series = count_series(exporter.url) if exporter.port else 0
-        exporter.stop()
-        if dashboard is not None:
-            dashboard.terminate()
-            try:
-                dashboard.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                dashboard.kill()
-    print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper, reconciler)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the summary short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if reconciler is not None:
+                reconciler.stop()
+            series = count_series(exporter.url) if exporter.port else 0
+            exporter.stop()
+            if dashboard is not None:
+                dashboard.terminate()
+                try:
+                    dashboard.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    dashboard.kill()
+            print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper, reconciler)
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return return_code
 
 
 def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
+    from tqdm import tqdm
+
     steps = int(round(days * 86400 / simulation.config.step_seconds))
     chunk = max(1, int(6 * 3600 / simulation.config.step_seconds))  # six simulated hours per write
     with tqdm(total=steps, desc="backfill", unit="step", file=sys.stdout, mininterval=0.5,
@@ -173,14 +280,19 @@ class HealthScan:
 
     def __init__(self, store: LocalStore, simulation: Simulation) -> None:
         self.store = store
+        self.now = lambda: simulation.now
         self.pools = {node.name: node.pool for node in simulation.nodes}
         self.last: list = []
 
     def __call__(self, snapshot) -> list:
-        span = self.store.time_range()
-        if span is None:
-            return []
-        self.last = scan(self.store.read(span[1] - HEALTH_WINDOW), pools=self.pools)
+        import pandas as pd
+
+        from gpuwarden.analytics.health import scan
+
+        # The window ends at the fleet's clock, never at the newest sample.
+        end = pd.Timestamp(self.now())
+        start = end - pd.Timedelta(hours=HEALTH_WINDOW_HOURS)
+        self.last = scan(self.store.read(start, end + pd.Timedelta(seconds=1)), pools=self.pools)
         return self.last
 
 
@@ -237,6 +349,9 @@ def count_series(url: str) -> int:
 
 def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float,
                   scraper: Scraper | None = None, reconciler: Reconciler | None = None) -> None:
+    from gpuwarden.analytics.inventory import Inventory
+    from gpuwarden.analytics.summary import headline, headline_lines
+
     summary = simulation.summary()
     truth = simulation.ground_truth()
     span = store.time_range()
@@ -254,17 +369,22 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
     if scraper is not None:
         print(f"embedded scraper: {scraper.scrapes} scrapes of /metrics, {scraper.rows_written:,} rows into the store")
     print(f"live run:         {live_seconds:.0f} s")
-    for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
-        print(line)
+    if span is not None:
+        for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
+            print(line)
     if reconciler is not None and reconciler.rounds:
         last = reconciler.rounds[-1]
         findings = reconciler.find.last
         by_severity = Counter(f.severity.value for f in findings)
-        print(f"health findings:  {len(findings)} in the last {HEALTH_WINDOW.total_seconds() / 3600:g} h "
+        print(f"health findings:  {len(findings)} in the last {HEALTH_WINDOW_HOURS:g} h "
               + ("(" + ", ".join(f"{k} {v}" for k, v in sorted(by_severity.items())) + ")" if findings else ""))
-        for finding in findings[:5]:
+        for finding in findings[:SUMMARY_ROWS]:
             print(f"                  {finding.severity.value:8} {finding.kind} on {finding.node} {finding.gpu_uuid or ''}")
-        print(f"planned actions:  {len(last.plan.actions)} (observe mode: none applied; "
-              f"{len(reconciler.rounds)} reconcile round(s))")
-        for planned in last.plan.actions[:5]:
+        if len(findings) > SUMMARY_ROWS:
+            print(f"                  ...and {len(findings) - SUMMARY_ROWS} more ('gpuwarden health scan' lists them all)")
+        actions = last.plan.actions
+        print(f"planned actions:  {len(actions)} (observe mode: none applied; {len(reconciler.rounds)} reconcile round(s))")
+        for planned in actions[:SUMMARY_ROWS]:
             print(f"                  {planned.action.kind.value} {planned.action.target}: {planned.action.reason}")
+        if len(actions) > SUMMARY_ROWS:
+            print(f"                  ...and {len(actions) - SUMMARY_ROWS} more (the audit log lists them all)")

@@ -12,17 +12,35 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuwarden.exporter.main import ExporterError, add_arguments, build_backend, build_service, node_name, serve
-from gpuwarden.sim import Simulation
-from gpuwarden.sim.backend import SimGpuBackend
+from gpuwarden.exporter.main import (
+    ExporterError,
+    add_arguments,
+    build_backend,
+    build_service,
+    node_name,
+    serve,
+)
 
+from .args import number, plain
 from .simconfig import add_sim_options, sim_config_from
+
+# Ceilings for the exporter's number flags (its own parser checks only the sign): a NaN or
+# infinite interval would spin the collection loop; 1e8 replayed GPUs would never start.
+_BOUNDS = {
+    "interval": number(float, 0.05, 3600),
+    "watchdog": number(float, 0.05, 86400),
+    "replay_gpus": number(int, 1, 1024),
+    "replay_mig": number(int, 0, 7),
+}
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("exporter", help="serve GPU metrics for Prometheus", description=__doc__,
+    parser = subparsers.add_parser("exporter", help="serve GPU metrics for Prometheus", description=plain(__doc__),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    for action in parser._actions:
+        if action.dest in _BOUNDS:
+            action.type = _BOUNDS[action.dest]
     add_sim_options(parser)
     parser.set_defaults(run=run)
 
@@ -39,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
+    from gpuwarden.sim import Simulation
+    from gpuwarden.sim.backend import SimGpuBackend
+
     simulation = Simulation(sim_config_from(args))
     simulation.step()
     nodes = [args.node_name] if args.node_name else None

@@ -14,13 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger, build_report
-from gpuwarden.analytics.params import AnalyticsError
-from gpuwarden.analytics.render import FORMATS, render
-from gpuwarden.analytics.reports import REPORT_KINDS
-
-from .args import non_negative_int
+from .args import number
+from .output import FORMATS
 from .sources import add_source_options, duration, open_window
+
+# Kept here so that parsing needs no analytics import; a test checks it matches analytics.reports.
+REPORT_KINDS = ("idle", "efficiency", "cost", "chargeback")
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -43,13 +42,13 @@ def add_parser(subparsers) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     output.add_argument("--table", help="only this table (csv: which table to write; default the report's main table)")
-    output.add_argument("--limit", type=non_negative_int, default=20,
+    output.add_argument("--limit", type=number(int, 0, 10**7), default=20,
                         help="rows per table for table/markdown (default 20; 0 = all)")
     output.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     pricing = parser.add_argument_group("pricing and classification")
     pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
     pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
-    pricing.add_argument("--hoard-grace", type=duration, default=IdleParams().hoard_grace,
+    pricing.add_argument("--hoard-grace", type=duration, default="30m",
                          help="idle longer than this while holding memory is hoarding (default 30m)")
     pricing.add_argument("--reclaim", type=_fractions, default=(0.25, 0.5, 1.0),
                          help="cost report: reclaim what-if fractions of idle GPU-hours (default 0.25,0.5,1)")
@@ -59,6 +58,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuwarden.analytics import (
+        IdleParams,
+        Inventory,
+        PriceBook,
+        build_ledger,
+        build_report,
+    )
+    from gpuwarden.analytics.params import AnalyticsError
+    from gpuwarden.analytics.render import render
+
     window = open_window(args)
     price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
     inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
@@ -73,4 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(text)
     else:
         sys.stdout.write(text)
+    if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
+        sys.stdout.flush()
+        print(window.note, file=sys.stderr)
     return 0

@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from gpuwarden.sim import Simulation
-from gpuwarden.store import LocalStore, write_samples
-
-from .args import positive_float
+from .args import number
 from .simconfig import add_sim_options, sim_config_from
+from .storemark import adopt_store
+
+MAX_DAYS = 366
 
 
 def add_parser(subparsers) -> None:
@@ -22,7 +22,8 @@ def add_parser(subparsers) -> None:
         description="Run the simulated fleet for --days and write its fleet samples to --out (.csv, .csv.gz, "
                     ".parquet) or into --store; the injected faults go to --ground-truth, never into the samples.",
     )
-    generate.add_argument("--days", type=positive_float, default=1.0, help="simulated days to record (default 1)")
+    generate.add_argument("--days", type=number(float, 0, MAX_DAYS, above=True), default=1.0,
+                          help=f"simulated days to record, up to {MAX_DAYS} (default 1)")
     target = generate.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", type=Path, help="samples file (.csv, .csv.gz or .parquet)")
     target.add_argument("--store", type=Path, help="append into this embedded store directory")
@@ -33,15 +34,24 @@ def add_parser(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from gpuwarden.sim import Simulation
+    from gpuwarden.store import LocalStore, SamplesError, write_samples
+
+    for flag, path in (("--out", args.out), ("--ground-truth", args.ground_truth)):
+        if path is not None and not str(path).lower().endswith((".csv", ".csv.gz", ".parquet")):
+            raise SamplesError(f"{flag} {path}: unknown file type; expected .csv, .csv.gz or .parquet")
+        if path is not None and path.is_dir():
+            raise SamplesError(f"{flag} {path}: is a directory; expected a file name")
     config = sim_config_from(args)
     started = time.perf_counter()
     simulation = Simulation(config)
     steps = int(round(args.days * 86400 / config.step_seconds))
     rows = 0
     if args.store:
-        store = LocalStore(args.store)
+        store = LocalStore(args.store, clock=lambda: simulation.now)  # simulated samples, simulated clock
         for frame in simulation.iter_chunks(steps):
             rows += store.append(frame)
+        adopt_store(args.store)
     else:
         import pandas as pd
 

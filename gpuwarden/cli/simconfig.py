@@ -5,29 +5,34 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuwarden.sim import SimConfig
+from .args import non_negative_int, number, seed
 
-from .args import non_negative_float, non_negative_int, positive_int
+MAX_NODES = 4096  # a simulated fleet larger than this does not fit a laptop's memory
+MAX_FAULT_SCALE = 1000.0  # beyond this every GPU fails every step; the simulation only spins
 
 
 def add_sim_options(parser: argparse.ArgumentParser, fault_scale_default: float = 1.0) -> None:
     group = parser.add_argument_group("simulated fleet")
     group.add_argument("--config", type=Path, help="YAML file of simulation settings (keys of SimConfig)")
-    group.add_argument("--seed", type=int, help="random seed (an integer); same seed, same fleet and samples")
-    group.add_argument("--nodes", type=positive_int, help="number of GPU nodes (default 64)")
-    group.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node, 1..8 (default 8)")
-    group.add_argument("--step-seconds", type=positive_int, help="simulated seconds per sample (default 60)")
-    group.add_argument("--warmup-days", type=non_negative_float, help="days simulated before recording starts (default 1)")
+    group.add_argument("--seed", type=seed, help="random seed, 0..4294967295; same seed, same fleet and samples")
+    group.add_argument("--nodes", type=number(int, 1, MAX_NODES), help=f"number of GPU nodes, 1..{MAX_NODES} (default 64)")
+    group.add_argument("--gpus-per-node", type=number(int, 1, 1000), help="GPUs per node, 1..8 (default 8)")
+    group.add_argument("--step-seconds", type=number(int, 1, 3600), help="simulated seconds per sample, 1..3600 (default 60)")
+    group.add_argument("--warmup-days", type=number(float, 0, 30),
+                       help="days simulated before recording starts, 0..30 (default 1)")
     group.add_argument(
-        "--fault-scale", type=non_negative_float,
-        help=f"multiplier on published hardware fault rates (default {fault_scale_default:g})",
+        "--fault-scale", type=number(float, 0, MAX_FAULT_SCALE),
+        help=f"multiplier on published hardware fault rates, 0..{MAX_FAULT_SCALE:g} (default {fault_scale_default:g})",
     )
     parser.set_defaults(fault_scale_default=fault_scale_default)
     group.add_argument("--data-dir", type=Path, help="where the real traces live (default ../shared/data)")
     group.add_argument("--max-training-gpus", type=non_negative_int, help=argparse.SUPPRESS)
 
 
-def sim_config_from(args: argparse.Namespace) -> SimConfig:
+def sim_config_from(args: argparse.Namespace):
+    """The SimConfig the options describe (imports the simulator only now: ``--help`` stays fast)."""
+    from gpuwarden.sim import SimConfig
+
     config = SimConfig.from_yaml(args.config) if args.config else SimConfig()
     overrides = {
         "seed": args.seed,

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from gpuwarden.fleet.traces import default_data_dir
+from .args import number, seed
+from .output import FORMATS, emit, render_rows
 
-from .args import positive_int
+PLACEMENT_POLICIES = ("random", "bestfit", "fgd", "gpuwarden")  # checked against the replay at run time
+QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
+
+
+def _choices(allowed: tuple[str, ...]):
+    """A comma-separated list of names from ``allowed``, or a one-line error naming them."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(x.strip() for x in text.split(",") if x.strip())
+        unknown = [x for x in names if x not in allowed]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"{(unknown or [text])[0]!r} is not a policy; choose from {', '.join(allowed)} (comma-separated)")
+        return names
+    return parse
 
 
 def add_parser(subparsers) -> None:
@@ -21,25 +34,28 @@ def add_parser(subparsers) -> None:
 
     placement = commands.add_parser(
         "placement", help="openb placement replay (FGD paper protocol)",
-        description="Place openb pods with the FGD paper's protocol (130%% arrived milli-GPU, no departures) "
+        description="Place openb pods with the FGD paper's protocol (130% arrived milli-GPU, no departures) "
                     "and report the GPU allocation ratio per list and policy, beside the published results.")
     placement.add_argument("--lists", default="default",
                            help="comma-separated pod lists, or 'all' for the paper's 17 (default: default)")
-    placement.add_argument("--policies", default="random,bestfit,fgd,gpuwarden", help="comma-separated policies")
-    placement.add_argument("--seeds", type=positive_int, default=10, help="seeds from 42 (default 10: 42-51)")
-    placement.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1))
+    placement.add_argument("--policies", type=_choices(PLACEMENT_POLICIES), default=",".join(PLACEMENT_POLICIES),
+                           help=f"comma-separated policies from {', '.join(PLACEMENT_POLICIES)} (default all)")
+    placement.add_argument("--seeds", type=number(int, 1, 1000), default=10, help="seeds from 42, 1..1000 (default 10: 42-51)")
+    placement.add_argument("--workers", type=number(int, 1, 256), default=min(2, os.cpu_count() or 1),
+                           help="worker processes, 1..256 (default: 2 or the CPU count if less)")
     _common(placement)
     placement.set_defaults(run=run_placement)
 
     queue = commands.add_parser(
         "queue", help="Philly queue replay: fifo, kueue, tiresias, gpuwarden",
         description="Replay a slice of the Philly trace through four queue policies on one cluster.")
-    queue.add_argument("--start", default="2017-10-09", help="slice start (UTC date)")
-    queue.add_argument("--end", default="2017-10-16", help="slice end (UTC date, exclusive)")
-    queue.add_argument("--nodes", type=positive_int, default=16, help="8-GPU nodes (default 16)")
-    queue.add_argument("--max-jobs", type=positive_int, default=4000,
+    queue.add_argument("--start", type=_date, default="2017-10-09", help="slice start (UTC date)")
+    queue.add_argument("--end", type=_date, default="2017-10-16", help="slice end (UTC date, exclusive)")
+    queue.add_argument("--nodes", type=number(int, 1, 4096), default=16, help="8-GPU nodes, 1..4096 (default 16)")
+    queue.add_argument("--max-jobs", type=number(int, 1, 10**6), default=4000,
                        help="only the first N jobs of the slice (default 4000)")
-    queue.add_argument("--policies", default="fifo,kueue,tiresias,gpuwarden")
+    queue.add_argument("--policies", type=_choices(QUEUE_POLICIES), default=",".join(QUEUE_POLICIES),
+                       help=f"comma-separated policies from {', '.join(QUEUE_POLICIES)} (default all)")
     queue.add_argument("--trace", type=Path, help="a Philly-format CSV instead of the bundled trace "
                                                   "(columns timestamp,duration,num_gpus,cluster; must be time-ordered)")
     _common(queue)
@@ -48,49 +64,49 @@ def add_parser(subparsers) -> None:
     mixed = commands.add_parser("mixed", help="mixed inference + training on simulated H100/H200",
                                 description="Naive whole-GPU first fit vs MIG- and topology-aware placement, "
                                             "same workload, same run.")
-    mixed.add_argument("--hours", type=float, default=72.0)
-    mixed.add_argument("--seed", type=int, default=42)
+    mixed.add_argument("--hours", type=number(float, 1, 24 * 366), default=72.0,
+                       help="simulated hours, 1..8784 (default 72)")
+    mixed.add_argument("--seed", type=seed, default=42, help="random seed, 0..4294967295 (default 42)")
     _common(mixed)
     mixed.set_defaults(run=run_mixed)
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 
+def _date(text: str) -> str:
+    from .sources import timestamp
+
+    timestamp(text)  # a one-line error for anything that is not a date
+    return text.strip()
+
+
 def _common(parser) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="trace folder (default ../shared/data)")
-    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    parser.add_argument("--output", "-o", type=Path, help="write to this file instead of standard output")
+    parser.add_argument("--wide", action="store_true", help="do not fit tables to 120 columns")
 
 
 def _emit(args, rows: list[dict], note: str = "") -> None:
-    if args.format == "json":
-        print(json.dumps(rows, indent=2, default=str))
-        return
-    if not rows:
-        print("(no rows)")
-        return
-    columns = list(rows[0])
-    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
-    if note:
-        print(note)
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 100 else f"{value:,.0f}"
-    if isinstance(value, dict):
-        return ";".join(f"{k}={v}" for k, v in value.items())
-    return str(value)
+    emit(args, render_rows(rows, args.format, wide=args.wide, note=note if args.format in ("table", "markdown") else ""))
 
 
 def run_placement(args: argparse.Namespace) -> int:
-    from gpuwarden.scheduling.replay_openb import OPENB_LISTS, load_published, replay_openb, summarise
+    from gpuwarden.fleet.traces import default_data_dir
+    from gpuwarden.scheduling.replay_openb import (
+        OPENB_LISTS,
+        load_published,
+        replay_openb,
+        summarise,
+    )
 
     data_dir = args.data_dir or default_data_dir()
     lists = OPENB_LISTS if args.lists == "all" else tuple(x for x in args.lists.split(",") if x)
-    policies = tuple(x for x in args.policies.split(",") if x)
+    policies = args.policies
+    unknown = [x for x in lists if x not in OPENB_LISTS]
+    if unknown:
+        from gpuwarden.fleet.traces import TraceError
+
+        raise TraceError(f"--lists: {unknown[0]!r} is not an openb pod list; choose from {', '.join(OPENB_LISTS)} or 'all'")
     started = time.perf_counter()
     results = replay_openb(data_dir, lists, policies, tuple(range(42, 42 + args.seeds)), workers=args.workers)
     table = summarise(results, load_published(data_dir))
@@ -101,11 +117,16 @@ def run_placement(args: argparse.Namespace) -> int:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay, run_queue_replay_file
+    from gpuwarden.fleet.traces import default_data_dir
+    from gpuwarden.scheduling.replay_queue import (
+        QueueSlice,
+        run_queue_replay,
+        run_queue_replay_file,
+    )
 
     data_dir = args.data_dir or default_data_dir()
     spec = QueueSlice(start=args.start, end=args.end, nodes=args.nodes, max_jobs=args.max_jobs)
-    policies = tuple(x for x in args.policies.split(",") if x)
+    policies = args.policies
     started = time.perf_counter()
     if args.trace:
         results = run_queue_replay_file(args.trace, data_dir, spec, policies)
@@ -118,7 +139,8 @@ def run_queue(args: argparse.Namespace) -> int:
 
 
 def run_mixed(args: argparse.Namespace) -> int:
-    from gpuwarden.scheduling.replay_mixed import MixedSpec, run_mixed as replay
+    from gpuwarden.scheduling.replay_mixed import MixedSpec
+    from gpuwarden.scheduling.replay_mixed import run_mixed as replay
 
     rows = replay(MixedSpec(hours=args.hours, seed=args.seed))
     _emit(args, rows)

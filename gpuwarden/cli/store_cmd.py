@@ -1,14 +1,18 @@
-"""``gpuwarden store``: inspect, load and read the embedded store; print the samples schema."""
+"""``gpuwarden store``: inspect, load, read, check and repair the embedded store; print the samples schema."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from gpuwarden.fleet import SAMPLE_COLUMNS
-from gpuwarden.store import LocalStore, load_samples, schema_markdown, write_samples
+from .output import add_output_options, emit, render_record, render_rows
+from .sources import timestamp
+from .storemark import DEFAULT_STORE, adopt_store
 
-DEFAULT_STORE = Path(".gpuwarden/demo-store")
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
 
 
 def add_parser(subparsers) -> None:
@@ -16,23 +20,44 @@ def add_parser(subparsers) -> None:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
 
     info = commands.add_parser("info", help="rows, files, size and time range of a store", description="Show what a store holds.")
-    info.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
+    _store_option(info)
+    add_output_options(info)
     info.set_defaults(run=run_info)
 
-    load = commands.add_parser("load", help="validate fleet samples files and append them to a store",
-                               description="Validate CSV / Parquet fleet samples files and append them to a store. "
-                                           "A bad file is rejected whole, naming the line or row and the column.")
+    load = commands.add_parser(
+        "load", help="validate fleet samples files and append them to a store",
+        description="Validate CSV / Parquet fleet samples files and append them to a store, all files or none. "
+                    "A malformed file is rejected whole, naming the line or row and the column; implausible rows "
+                    "(units, ranges, future timestamps, duplicates) are rejected and counted by reason; rows the "
+                    "store already holds are not added again.")
     load.add_argument("files", type=Path, nargs="+", help="samples files (.csv, .csv.gz, .parquet)")
-    load.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
+    _store_option(load)
+    load.add_argument("--strict", action="store_true", help="refuse the load (exit 2) if any row is rejected")
     load.set_defaults(run=run_load)
 
     read = commands.add_parser("read", help="write a time range of samples to a file",
                                description="Read samples with SINCE <= timestamp < UNTIL (UTC, ISO-8601) into a file.")
-    read.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
-    read.add_argument("--since", help="start time, ISO-8601 (default: the first sample)")
-    read.add_argument("--until", help="end time, ISO-8601, exclusive (default: after the last sample)")
+    _store_option(read)
+    read.add_argument("--since", type=timestamp, help="start time, ISO-8601 (default: the first sample)")
+    read.add_argument("--until", type=timestamp, help="end time, ISO-8601, exclusive (default: after the last sample)")
     read.add_argument("--out", type=Path, required=True, help="output file (.csv, .csv.gz, .parquet)")
     read.set_defaults(run=run_read)
+
+    check = commands.add_parser(
+        "check", help="find unreadable files, leftovers of interrupted writes and duplicate rows",
+        description="Check a store without changing it. Exit 0 when healthy, 1 when 'gpuwarden store repair' "
+                    "has something to do.")
+    _store_option(check)
+    add_output_options(check)
+    check.set_defaults(run=run_check)
+
+    repair = commands.add_parser(
+        "repair", help="finish or undo interrupted writes, quarantine unreadable files, drop duplicates",
+        description="Repair a store: complete committed operations and delete uncommitted leftovers, move "
+                    "unreadable files to STORE/quarantine/, and remove duplicate rows.")
+    _store_option(repair)
+    add_output_options(repair)
+    repair.set_defaults(run=run_repair)
 
     schema = commands.add_parser("schema", help="print the fleet samples schema", description="Print the fleet samples schema.")
     schema.add_argument("--format", choices=["markdown", "csv"], default="markdown", help="output format (default markdown)")
@@ -40,31 +65,114 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 
+def _existing_store(path: Path):
+    from gpuwarden.store import LocalStore, SamplesError
+
+    if path.exists() and not path.is_dir():
+        raise SamplesError(f"{path}: is a file; expected a store directory")
+    return LocalStore(path)
+
+
 def run_info(args: argparse.Namespace) -> int:
-    store = LocalStore(args.store)
+    store = _existing_store(args.store)
     span = store.time_range()
-    print(f"store:  {store.root}")
-    print(f"rows:   {store.row_count():,} in {store.file_count()} file(s), {store.size_bytes() / 2**20:.1f} MiB")
-    print("range:  " + (f"{span[0].isoformat()} .. {span[1].isoformat()}" if span else "empty"))
+    record = {
+        "store": str(store.root), "rows": store.row_count(), "files": store.file_count(),
+        "size_bytes": store.size_bytes(),
+        "first_sample": span[0].isoformat() if span else None, "last_sample": span[1].isoformat() if span else None,
+        "quarantined_files": sum(1 for p in store.quarantine_dir.rglob("*.parquet")) if store.quarantine_dir.exists() else 0,
+    }
+    if args.format == "table":
+        text = (f"store:  {store.root}\n"
+                f"rows:   {record['rows']:,} in {record['files']} file(s), {record['size_bytes'] / 2**20:.1f} MiB\n"
+                "range:  " + (f"{record['first_sample']} .. {record['last_sample']}" if span else "empty") + "\n"
+                + (f"note:   {record['quarantined_files']} unreadable file(s) set aside in {store.quarantine_dir}\n"
+                   if record["quarantined_files"] else ""))
+    else:
+        text = render_record(record, args.format)
+    emit(args, text)
     return 0
 
 
 def run_load(args: argparse.Namespace) -> int:
-    store = LocalStore(args.store)
-    frames = [(path, load_samples(path)) for path in args.files]  # validate every file before writing any
-    for path, frame in frames:
-        print(f"{path}: {store.append(frame, validate=False):,} rows appended")
+    import pandas as pd
+
+    from gpuwarden.store import SamplesError, ValidationReport, load_samples
+
+    store = _existing_store(args.store)
+    frames, reports = [], []
+    for path in args.files:  # validate every file before writing any
+        report = ValidationReport(str(path))
+        frames.append(load_samples(path, report=report))
+        reports.append(report)
+    rejected = sum(r.rejected_total for r in reports)
+    if rejected and args.strict:
+        first = next(r for r in reports if r.rejected)
+        raise SamplesError(f"--strict: {rejected:,} row(s) rejected, nothing was loaded; {first.summary()}")
+    for report in reports:
+        if report.rejected:
+            print(f"gpuwarden: warning: {report.summary()}", file=sys.stderr)
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    written = store.append(frame, validate=len(frames) > 1, source="the files together")  # one operation: all or nothing
+    adopt_store(args.store)  # the store now holds data the demo did not make
+    held = store.last_append.already_stored
+    more = store.last_append.report.rejected_total if store.last_append.report else 0  # duplicates across files
+    print(f"{written:,} rows appended to {args.store} from {len(args.files)} file(s)"
+          + (f"; {held:,} already stored (not added again)" if held else "")
+          + (f"; {rejected + more:,} rejected (see the warnings)" if rejected + more else ""))
     return 0
 
 
 def run_read(args: argparse.Namespace) -> int:
-    frame = LocalStore(args.store).read(args.since, args.until)
+    from gpuwarden.store import SamplesError, write_samples
+
+    if not args.out.parent.is_dir():
+        raise SamplesError(f"--out {args.out}: the folder {args.out.parent} does not exist")
+    frame = _existing_store(args.store).read(args.since, args.until)
     write_samples(frame, args.out)
     print(f"{len(frame):,} rows -> {args.out}")
     return 0
 
 
+def run_check(args: argparse.Namespace) -> int:
+    result = _existing_store(args.store).check()
+    record = {
+        "store": str(args.store), "healthy": result.ok, "files": result.files, "rows": result.rows,
+        "unreadable_files": [str(p) for p in result.corrupt], "temporary_files_left": [str(p) for p in result.stale_tmp],
+        "interrupted_operations": [str(p) for p in result.pending_ops], "duplicate_rows": result.duplicate_rows,
+        "quarantined_files": [str(p) for p in result.quarantined],
+    }
+    if args.format == "table":
+        lines = [f"store:      {args.store}", f"rows:       {result.rows:,} in {result.files} readable file(s)"]
+        lines += [f"unreadable: {p}" for p in result.corrupt]
+        lines += [f"leftover:   {p} (an interrupted write)" for p in result.stale_tmp + result.pending_ops]
+        if result.duplicate_rows:
+            lines.append(f"duplicates: {result.duplicate_rows:,} row(s)")
+        if result.quarantined:
+            lines.append(f"quarantine: {len(result.quarantined)} file(s) set aside earlier under {args.store}/quarantine")
+        lines.append("healthy" if result.ok else "needs repair: run 'gpuwarden store repair'")
+        text = "\n".join(lines) + "\n"
+    else:
+        text = render_record(record, args.format)
+    emit(args, text)
+    return 0 if result.ok else 1
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    store = _existing_store(args.store)
+    before = store.check()
+    result = store.repair()
+    record = {"store": str(args.store), "interrupted_operations_finished": len(before.pending_ops),
+              "temporary_files_removed": len(before.stale_tmp), "files_quarantined": result["quarantined"],
+              "duplicate_rows_removed": result["duplicates_removed"], "rows": store.row_count()}
+    emit(args, render_record(record, args.format) if args.format != "csv" else render_rows([record], "csv"))
+    return 0
+
+
 def run_schema(args: argparse.Namespace) -> int:
+    from gpuwarden.fleet import SAMPLE_COLUMNS
+    from gpuwarden.store import schema_markdown
+
     if args.format == "markdown":
         print(schema_markdown(), end="")
     else:

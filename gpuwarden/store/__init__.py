@@ -2,6 +2,6 @@
 
 from .local import LocalStore
 from .sources import FileSource, SamplesSource
-from .schema import PANDAS_DTYPES, SamplesError, coerce, empty_samples, load_samples, schema_markdown, write_samples
+from .schema import PANDAS_DTYPES, SamplesError, ValidationReport, coerce, empty_samples, load_samples, schema_markdown, write_samples
 
-__all__ = ["FileSource", "LocalStore", "SamplesSource", "PANDAS_DTYPES", "SamplesError", "coerce", "empty_samples", "load_samples", "schema_markdown", "write_samples"]
+__all__ = ["FileSource", "LocalStore", "SamplesSource", "PANDAS_DTYPES", "SamplesError", "ValidationReport", "coerce", "empty_samples", "load_samples", "schema_markdown", "write_samples"]

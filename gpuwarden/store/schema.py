@@ -10,10 +10,24 @@ The columns themselves are declared in :mod:`gpuwarden.fleet.samples` (and docum
 ``coerce`` turns any frame that has the columns into that shape; ``load_samples`` reads a user's
 file and rejects a bad one with the file name, the line (CSV) or row (Parquet), the column, and
 what was expected.
+
+Beyond the types, ``coerce`` checks that each row is plausible and rejects the rows that are not,
+counting each by reason in a :class:`ValidationReport` (never kept silently, never dropped
+silently): a non-finite number, a negative quantity, a ratio outside 0..1, power above twice the
+model's maximum board power (milliwatts, most likely), a temperature above 130 C (kelvin, most
+likely), memory used above total, a timestamp more than ``FUTURE_SKEW`` after now (a clock or a
+file from the future would otherwise hide every newer finding), and a repeated (GPU, MIG
+instance, timestamp). Malformed files (a missing column, a value that does not parse) are still
+rejected whole, naming the line.
 """
 
 from __future__ import annotations
 
+import gzip
+import logging
+import re
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +46,67 @@ _NULLABLE = {column.name: column.nullable for column in SAMPLE_COLUMNS}
 # Quantities that cannot be negative; a negative value is bad input, not a measurement.
 _NON_NEGATIVE = [c.name for c in SAMPLE_COLUMNS if c.kind in ("int", "float")]
 _RATIOS = [name for name in SAMPLE_COLUMN_NAMES if name.endswith("_ratio")]
+_FLOATS = [c.name for c in SAMPLE_COLUMNS if c.kind == "float"]
+
+
+log = logging.getLogger("gpuwarden.store")
+# One sample's identity: a repeated key is a duplicate row.
+KEY_COLUMNS = ("gpu_uuid", "mig_instance", "timestamp")
+# How far past "now" a sample may be (clocks drift; a scrape is stamped by the scraper).
+FUTURE_SKEW = pd.Timedelta(minutes=5)
+FUTURE_REASON = f"timestamp in the future (after now + {FUTURE_SKEW.total_seconds() / 60:g} min)"
+MAX_TEMPERATURE_CELSIUS = 130.0
+# Maximum board power by model family (first match in this order); power above twice it is a unit
+# error (mW), not a reading. Families cover data centre GPUs; anything else gets the last value.
+_MAX_BOARD_WATTS = (("GB200", 1200.0), ("B200", 1200.0), ("B100", 1000.0), ("H200", 1000.0), ("H100", 700.0),
+                    ("H800", 700.0), ("GH200", 1000.0), ("A100", 500.0), ("A800", 500.0), ("L40", 350.0), ("L4", 75.0),
+                    ("A40", 300.0), ("A30", 165.0), ("A10", 150.0), ("V100", 350.0), ("T4", 70.0), ("MI300", 750.0))
+DEFAULT_MAX_BOARD_WATTS = 1200.0
+_YEAR = re.compile(r"^\s*\+?(\d{4,})-")
+
+
+def max_board_watts(model: str) -> float:
+    upper = str(model).upper()
+    return next((watts for family, watts in _MAX_BOARD_WATTS if family in upper), DEFAULT_MAX_BOARD_WATTS)
+
+
+@dataclass
+class ValidationReport:
+    """Rows rejected by ``coerce``, by reason, with where the first of each was."""
+
+    source: str = "samples"
+    rows_in: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    first_at: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def rows_kept(self) -> int:
+        return self.rows_in - self.rejected_total
+
+    def add(self, reason: str, count: int, where: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + count
+        self.first_at.setdefault(reason, where)
+
+    def merge(self, other: ValidationReport) -> None:
+        self.rows_in += other.rows_in
+        for reason, count in other.rejected.items():
+            self.add(reason, count, other.first_at[reason])
+
+    def summary(self) -> str:
+        """One line: how many rows were rejected and why (empty when none were)."""
+        if not self.rejected:
+            return ""
+        reasons = "; ".join(f"{reason}: {count:,} (first at {self.first_at[reason]})"
+                            for reason, count in sorted(self.rejected.items(), key=lambda item: -item[1]))
+        return f"{self.source}: {self.rejected_total:,} of {self.rows_in:,} row(s) rejected - {reasons}"
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "rows_in": self.rows_in, "rows_kept": self.rows_kept,
+                "rejected": dict(self.rejected), "first_at": dict(self.first_at)}
 
 
 class SamplesError(ValueError):
@@ -48,12 +123,27 @@ def _where(source: str, row_position: int, line_offset: int | None) -> str:
     return f"{source}:{row_position + line_offset}"
 
 
-def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None = None) -> pd.DataFrame:
-    """Return ``frame`` with exactly the schema's columns, in order, with the schema's dtypes.
+def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None = None,
+           report: ValidationReport | None = None, now: pd.Timestamp | None = None) -> pd.DataFrame:
+    """Return ``frame`` with exactly the schema's columns, in order, with the schema's dtypes,
+    without the rows that fail validation (see the module docstring).
 
     ``line_offset`` maps a row position to a file line (2 for a CSV with a header) so errors can
-    name the line; without it errors name the row.
+    name the line; without it errors name the row. Rejected rows are counted in ``report``; with
+    no ``report`` given they are logged as one warning. ``now`` (default: the wall clock) bounds
+    timestamps.
     """
+    own_report = report is None
+    report = ValidationReport(source) if report is None else report
+    report.rows_in += len(frame)
+    rejected = np.zeros(len(frame), dtype=bool)
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        new = mask & ~rejected
+        if new.any():
+            report.add(reason, int(new.sum()), _where(source, int(np.flatnonzero(new)[0]), line_offset))
+            rejected[:] |= new
+
     # A nullable column a file does not carry was not measured: it reads as null, not as an error.
     missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns and not _NULLABLE[name]]
     if missing:
@@ -67,6 +157,13 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
             out[name] = pd.Series(pd.array([None] * len(frame), dtype="object"), index=frame.index).astype(PANDAS_DTYPES[name])
             continue
         raw = frame[name]
+        if name == "timestamp" and (raw.dtype == object or pd.api.types.is_string_dtype(raw.dtype)):
+            # Beyond pandas' range (after 2262): a future timestamp, not a malformed one.
+            far = raw.astype(str).str.extract(_YEAR, expand=False).astype(float).to_numpy() > 2261
+            far &= raw.notna().to_numpy()
+            if far.any():
+                reject(far, FUTURE_REASON)
+                raw = raw.where(~far, "1970-01-01T00:00:00Z")
         # Already typed (the simulator, the store): skip parsing; the checks below still apply.
         values = raw if str(raw.dtype) == PANDAS_DTYPES[name] else _parse(raw, name, source, line_offset)
         if not _NULLABLE[name] and values.isna().any():
@@ -74,23 +171,77 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
             raise SamplesError(f"{_where(source, position, line_offset)}: column {name!r} is empty; it is required")
         out[name] = values
     result = pd.DataFrame(out)
-    for name in _NON_NEGATIVE:
-        negative = (result[name] < 0).fillna(False).to_numpy(dtype=bool)
-        if negative.any():
-            position = int(np.flatnonzero(negative)[0])
-            raise SamplesError(
-                f"{_where(source, position, line_offset)}: column {name!r}: {result[name].iloc[position]} "
-                "is negative; expected a value >= 0"
-            )
-    for name in _RATIOS:
-        too_big = (result[name] > 1.0 + 1e-9).fillna(False).to_numpy(dtype=bool)
-        if too_big.any():
-            position = int(np.flatnonzero(too_big)[0])
-            raise SamplesError(
-                f"{_where(source, position, line_offset)}: column {name!r}: {result[name].iloc[position]} "
-                "is not a ratio; expected a value in 0..1"
-            )
+    if len(result):
+        _validate_rows(result, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
+    if rejected.any():
+        result = result[~rejected]
+        if own_report:
+            log.warning("%s", report.summary())
     return result
+
+
+def _flag(values: pd.Series) -> np.ndarray:
+    return values.fillna(False).to_numpy(dtype=bool)
+
+
+def _validate_rows(result: pd.DataFrame, reject, now: pd.Timestamp) -> None:
+    """Mark implausible rows (see the module docstring) through ``reject(mask, reason)``. Works on
+    any subset of the columns (a reader may ask for a few); a check whose columns are absent is skipped."""
+    now = now.tz_localize("UTC") if now.tzinfo is None else now.tz_convert("UTC")
+    has = set(result.columns)
+    if "timestamp" in has:
+        reject((result["timestamp"] > now + FUTURE_SKEW).to_numpy(dtype=bool), FUTURE_REASON)
+    for name in _FLOATS:
+        if name in has:
+            values = result[name].to_numpy(dtype="float64", na_value=np.nan)
+            reject(np.isinf(values), f"{name} is infinite")
+    for name in _NON_NEGATIVE:
+        if name in has:
+            reject(_flag(result[name] < 0), f"{name} is negative")
+    for name in _RATIOS:
+        if name in has:
+            reject(_flag(result[name] > 1.0 + 1e-9), f"{name} is not a ratio in 0..1")
+    if {"power_watts", "model"} <= has and result["power_watts"].notna().any():
+        limits = result["model"].map(lambda m: 2 * max_board_watts(m)).astype("float64")
+        reject(_flag(result["power_watts"] > limits), "power_watts above twice the model's maximum (milliwatts?)")
+    if "temperature_celsius" in has:
+        reject(_flag(result["temperature_celsius"] > MAX_TEMPERATURE_CELSIUS),
+               f"temperature_celsius above {MAX_TEMPERATURE_CELSIUS:g} C (kelvin?)")
+    if {"mem_used_bytes", "mem_total_bytes"} <= has:
+        reject(_flag(result["mem_used_bytes"] > result["mem_total_bytes"] * 1.001), "mem_used_bytes above mem_total_bytes")
+    if {"gpu_uuid", "timestamp"} <= has:
+        mig = (result["mig_instance"].astype(object).where(result["mig_instance"].notna(), "").astype(str).to_numpy()
+               if "mig_instance" in has else np.full(len(result), ""))
+        keys = pd.MultiIndex.from_arrays([
+            result["gpu_uuid"].astype(str).to_numpy(), mig,
+            result["timestamp"].dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64),
+        ])
+        reject(keys.duplicated(), "duplicate of an earlier row (same GPU, MIG instance and timestamp)")
+
+
+def validate_rows(frame: pd.DataFrame, source: str = "samples", report: ValidationReport | None = None,
+                  now: pd.Timestamp | None = None) -> pd.DataFrame:
+    """``frame`` (already typed, any subset of the columns) without its implausible rows, each
+    counted in ``report`` (or logged as one warning when no report is given). For readers whose
+    rows did not come through :func:`coerce` (Prometheus)."""
+    own_report = report is None
+    report = ValidationReport(source) if report is None else report
+    report.rows_in += len(frame)
+    rejected = np.zeros(len(frame), dtype=bool)
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        new = mask & ~rejected
+        if new.any():
+            report.add(reason, int(new.sum()), _where(source, int(np.flatnonzero(new)[0]), None))
+            rejected[:] |= new
+
+    if len(frame):
+        _validate_rows(frame, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
+    if not rejected.any():
+        return frame
+    if own_report:
+        log.warning("%s", report.summary())
+    return frame[~rejected]
 
 
 def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> pd.Series:
@@ -121,25 +272,51 @@ def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> p
     return values.astype(PANDAS_DTYPES[name])
 
 
-def load_samples(path: str | Path) -> pd.DataFrame:
-    """Read fleet samples from a ``.csv`` (optionally ``.gz``) or ``.parquet`` file."""
+def load_samples(path: str | Path, report: ValidationReport | None = None, now: pd.Timestamp | None = None) -> pd.DataFrame:
+    """Read fleet samples from a ``.csv`` (optionally ``.gz``) or ``.parquet`` file.
+
+    Every way a file can be unreadable (missing, a directory, empty, binary, not really gzip, not
+    really Parquet) is one :class:`SamplesError` naming the file. Rows that fail validation are
+    counted in ``report`` (see :func:`coerce`)."""
     path = Path(path)
     if not path.exists():
         raise SamplesError(f"{path}: no such file")
+    if path.is_dir():
+        raise SamplesError(f"{path}: is a directory; expected a .csv, .csv.gz or .parquet file")
     suffixes = "".join(path.suffixes[-2:]).lower()
+    report = ValidationReport(str(path)) if report is None else report
     if path.suffix.lower() == ".parquet":
         try:
             frame = pd.read_parquet(path)
         except Exception as error:  # pyarrow raises several types for a corrupt file
-            raise SamplesError(f"{path}: not a readable Parquet file ({error})") from None
-        return coerce(frame, source=str(path))
+            raise SamplesError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
+        return _checked(coerce(frame, source=str(path), report=report, now=now), report)
     if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):
         try:
-            frame = pd.read_csv(path, dtype=str, keep_default_na=True)
-        except pd.errors.ParserError as error:
-            raise SamplesError(f"{path}: not a readable CSV file ({error})") from None
-        return coerce(frame, source=str(path), line_offset=2)
+            frame = pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
+        except pd.errors.EmptyDataError:
+            raise SamplesError(f"{path}: the file is empty; expected a header line and fleet samples rows") from None
+        except UnicodeDecodeError as error:
+            raise SamplesError(f"{path}: not a text CSV file (byte {error.start} is not UTF-8)") from None
+        except (gzip.BadGzipFile, zlib.error, EOFError) as error:
+            raise SamplesError(f"{path}: not a readable gzip file ({_first_line(error)})") from None
+        except (pd.errors.ParserError, ValueError) as error:
+            raise SamplesError(f"{path}: not a readable CSV file ({_first_line(error)})") from None
+        except OSError as error:
+            raise SamplesError(f"{path}: cannot read ({error.strerror or _first_line(error)})") from None
+        return _checked(coerce(frame, source=str(path), line_offset=2, report=report, now=now), report)
     raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
+def _checked(frame: pd.DataFrame, report: ValidationReport) -> pd.DataFrame:
+    if report.rows_in and frame.empty and report.rejected:
+        raise SamplesError(f"every row was rejected - {report.summary()}")
+    return frame
 
 
 def write_samples(frame: pd.DataFrame, path: str | Path) -> None:

@@ -7,14 +7,15 @@ fleet samples table (``start <= timestamp < end``) and ``time_range()``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
 from .local import LocalStore, _utc
-from .schema import load_samples
+from .schema import ValidationReport, load_samples, validate_rows
 
 
 @runtime_checkable
@@ -49,4 +50,25 @@ class FileSource:
         return self._frame["timestamp"].min(), self._frame["timestamp"].max()
 
 
-__all__ = ["FileSource", "LocalStore", "SamplesSource"]
+class ValidatedReads:
+    """A mixin for a source whose rows did not pass :func:`~gpuwarden.store.schema.coerce` on the
+    way in (Prometheus): ``read`` drops implausible rows, counts them in ``validation`` and logs one
+    warning per read that rejected any. Mixed in (not wrapped) so the source keeps its type and
+    its other methods."""
+
+    def read(self, start=None, end=None, columns=None) -> pd.DataFrame:
+        frame = super().read(start, end, columns)
+        name = getattr(self, "validation_name", type(self).__name__)
+        report = ValidationReport(name)
+        kept = validate_rows(frame, name, report)
+        if report.rejected:
+            import logging
+
+            logging.getLogger("gpuwarden.store").warning("%s", report.summary())
+        if not hasattr(self, "validation"):
+            self.validation = ValidationReport(name)
+        self.validation.merge(report)
+        return kept
+
+
+__all__ = ["FileSource", "LocalStore", "SamplesSource", "ValidatedReads"]
