@@ -192,8 +192,9 @@ def _run(args: argparse.Namespace, config) -> int:
               f"{len(first.plan.actions)} action(s); audit log {audit_path(args.store)}", flush=True)
         print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
         if not args.headless:
+            # On a laptop the person running the demo is its approver (no sign-in).
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE)
+                                         stderr=subprocess.PIPE, local_approver=os.environ.get("USER") or "demo")
             url = dashboard_url("127.0.0.1", args.dashboard_port)
             wait_for_dashboard(dashboard, url, args.dashboard_port)
             print(f"dashboard: {url}")
@@ -293,6 +294,10 @@ class HealthScan:
         end = pd.Timestamp(self.now())
         start = end - pd.Timedelta(hours=HEALTH_WINDOW_HOURS)
         self.last = scan(self.store.read(start, end + pd.Timedelta(seconds=1)), pools=self.pools)
+        # The dashboard's Queue & quotas and portal pages read the snapshot the actuator planned on.
+        from gpuwarden.dashboards import cluster_state
+
+        cluster_state.write_snapshot(Path(self.store.root) / "cluster", snapshot)
         return self.last
 
 
