@@ -280,9 +280,10 @@ def SHARED_PODS(uuids: list[str]) -> list[tuple[str, str, str, str, list[str]]]:
 
 
 def gpu_memory_mib(backend, index: int) -> tuple[float, float]:
-    """(used, free) MiB the recorded GPU reports at the next read (NVML must be initialised)."""
+    """(used, free) MiB the recorded GPU reports at the next read (NVML must be initialised), as
+    the v2 memory call counts them: the driver-reserved memory in neither."""
     recorded = backend.recorded
-    info = recorded.nvmlDeviceGetMemoryInfo(recorded.nvmlDeviceGetHandleByIndex(index))
+    info = recorded.nvmlDeviceGetMemoryInfo(recorded.nvmlDeviceGetHandleByIndex(index), recorded.nvmlMemory_v2)
     return info.used / MIB, info.free / MIB
 
 
@@ -291,6 +292,7 @@ def test_time_sliced_gpu_pods_carry_their_own_fb_used_and_gpu_wide_values_over_g
     recorded = backend.recorded
     uuids = [recorded.gpu_uuid(i) for i in range(2)]
     recorded.processes[0] = [(101, 100 * MIB), (102, 50 * MIB), (201, 200 * MIB), (301, 25 * MIB)]
+    recorded.cursor = next(i for i, row in enumerate(recorded.rows) if row.phase == "idle_memory_hoarded_64g")
     socket_path = str(socket_dir / "kubelet.sock")
     with Kubelet(socket_path) as kubelet:
         kubelet.pods = SHARED_PODS(uuids)
