@@ -62,9 +62,9 @@ class NaiveExporter(ExporterService):
     """Reads the backend (and the kubelet) on every scrape, then renders (with the same fast
     renderer, so the ratio is only the cost of reading on the scrape path): no snapshot."""
 
-    def render_metrics(self) -> bytes:
+    def metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool]:
         self.collect_now()
-        return self.collector.render()
+        return self.collector.render(), False
 
 
 def scrape_times(url: str, count: int) -> list[float]:

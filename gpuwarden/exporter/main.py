@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from .nvml import NvmlBackend, NvmlUnavailable
@@ -40,13 +40,14 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
+    """A finite number > 0: ``nan`` and ``inf`` would make the collection loop spin or never run."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a number > 0")
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a finite number > 0 (seconds)")
         return value
     return parse
 
@@ -138,8 +139,14 @@ def build_service(args: argparse.Namespace, backend: Any, *, node: str) -> Expor
 def serve(service: ExporterService, *, tick: Callable[[], None] | None = None, stop: threading.Event | None = None) -> int:
     """Start, print where, and run until SIGTERM / Ctrl-C (or ``stop``); ``tick`` runs every interval."""
     stop = stop or threading.Event()
+
+    def on_sigterm(*_: object) -> None:
+        if stop.is_set():  # a second SIGTERM while shutting down: go now
+            os._exit(128 + signal.SIGTERM)
+        stop.set()
+
     try:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread (tests)
         pass
     try:
@@ -155,11 +162,22 @@ def serve(service: ExporterService, *, tick: Callable[[], None] | None = None, s
     except KeyboardInterrupt:
         pass
     finally:
-        service.stop()
-        close = getattr(service.backend, "close", None)
-        if close is not None:
-            close()
+        service.stop(timeout=2.0)
+        _close_within(service.backend, seconds=2.0)
     return 0
+
+
+def _close_within(backend: Any, seconds: float) -> None:
+    """Close the backend, but never wait on it longer than ``seconds``: a hung NVML call must not
+    keep a SIGTERM'd exporter alive (the process exits and the driver frees what it held)."""
+    close = getattr(backend, "close", None)
+    if close is None:
+        return
+    closer = threading.Thread(target=close, name="gpuwarden-exporter-close", daemon=True)
+    closer.start()
+    closer.join(seconds)
+    if closer.is_alive():
+        log.warning("backend close did not return within %gs; exiting without it", seconds)
 
 
 class _Parser(argparse.ArgumentParser):
