@@ -545,12 +545,16 @@ def test_mps_clients_are_listed_with_their_own_memory(make_backend):
     recorded = backend.query.nvml
     recorded.processes[0] = [(900, 700 * 1024**2)]  # the MPS server
     recorded.mps_processes[0] = [(101, 300 * 1024**2), (102, 400 * 1024**2)]
-    gpu0, gpu1 = backend.read()
+    gpu0, _ = backend.read()
     assert dict(gpu0.processes) == {900: 700 * 1024**2, 101: 300 * 1024**2, 102: 400 * 1024**2}
     assert backend.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 2
-    recorded.mps_processes[1] = NVML_ERROR_NOT_SUPPORTED
+    # no compute process on GPU 1: no MPS server, so its clients are not asked for
     backend2 = make_backend(gpus=2)
-    backend2.query.nvml.mps_processes[0] = 3  # NVML_ERROR_NOT_SUPPORTED: asked once, then never again
+    backend2.query.nvml.processes[0] = [(900, 700 * 1024**2)]
+    backend2.query.nvml.processes[1] = [(901, 700 * 1024**2)]
+    backend2.query.nvml.mps_processes[0] = NVML_ERROR_NOT_SUPPORTED  # asked once, then never again
     backend2.read()
     backend2.read()
-    assert backend2.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 3
+    assert backend2.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 3  # GPU 0 once, GPU 1 twice
+    gpu0, _ = backend2.read()
+    assert dict(gpu0.processes) == {900: 700 * 1024**2}

@@ -294,7 +294,7 @@ class XidWatcher:
     """A daemon thread waiting on one NVML event set for XID events of all GPUs."""
 
     def __init__(self, query: NvmlQuery, tracker: XidTracker, clock: Callable[[], float] = time.time,
-                 wait_ms: int = 1000):
+                 wait_ms: int = 5000):
         self.query = query
         self.tracker = tracker
         self.clock = clock
@@ -356,10 +356,16 @@ class XidWatcher:
         log.info("xid event thread stopped")
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread. It may sit in a long event wait: it is given ``timeout`` seconds (or
+        less where the wait ends sooner), then left to exit on its own, holding its event set."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(min(timeout, 0.5, self.wait_ms / 1000 + 0.1))  # never hold a SIGTERM for a whole wait
+            if thread.is_alive():
+                log.debug("xid event thread still in its wait; leaving it to end with the process")
+                self._event_set = NA
+                return
         if self._event_set is not NA:
             try:
                 self.query("nvmlEventSetFree", self._event_set)
@@ -437,7 +443,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node: str, *, nvml: Any = None, clock: Callable[[], float] = time.time,
-                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 1000, processes: bool = True):
+                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 5000, processes: bool = True):
         self.node = node
         self.processes_enabled = processes
         self.query = NvmlQuery(nvml)
@@ -561,7 +567,7 @@ class NvmlBackend:
             out[pid] = used
         # Under MPS the compute list shows the MPS server; NVML lists its clients (the pods' own
         # processes, each with its memory) separately. A client is kept once, with its own figure.
-        if gpu.uuid not in self._mps_unsupported:
+        if out and gpu.uuid not in self._mps_unsupported:  # no process at all: no MPS server, no client
             clients = self.query("nvmlDeviceGetMPSComputeRunningProcesses", gpu.handle, device=gpu.uuid)
             if clients is NA:
                 self._mps_unsupported.add(gpu.uuid)

@@ -94,6 +94,7 @@ class ExporterService:
         self._last_success_monotonic: float | None = None
         self._logged_errors: set[str] = set()
         self._stop = threading.Event()
+        self._watchdog_wake = threading.Event()
         self._server = None
         self._collect_thread: threading.Thread | None = None
         self._watchdog_thread: threading.Thread | None = None
@@ -117,6 +118,7 @@ class ExporterService:
         attempt = next(self._attempts)
         started = time.perf_counter()
         self._in_flight_since = time.monotonic()
+        self._watchdog_wake.set()  # the watchdog sleeps until this collection could count as hung
         pods_ok: bool | None = None
         try:
             try:
@@ -194,9 +196,27 @@ class ExporterService:
                     log.warning("watchdog: %s; serving the last snapshot marked stale", reason)
         return stale
 
+    def _watchdog_delay(self) -> float | None:
+        """Seconds until the watchdog's answer could change; None: not before a collection starts.
+
+        The watchdog sleeps until then instead of polling: an idle exporter wakes only around its
+        collections (a periodic poll was one of the wake-ups behind issue 15's CPU figure)."""
+        now = time.monotonic()
+        since, last = self._in_flight_since, self._last_success_monotonic
+        deadlines = []
+        if since is not None:
+            deadlines.append(since + self.watchdog_seconds)
+        if last is not None:
+            deadlines.append(last + STALE_AFTER_INTERVALS * self.interval_seconds)
+        future = [d for d in deadlines if d > now]
+        return max(0.005, min(future) - now + 0.005) if future else None
+
     def _watchdog_loop(self) -> None:
-        period = max(0.01, min(5.0, self.watchdog_seconds / 4, self.interval_seconds / 2))
-        while not self._stop.wait(period):
+        while not self._stop.is_set():
+            self._watchdog_wake.wait(self._watchdog_delay())
+            self._watchdog_wake.clear()
+            if self._stop.is_set():
+                break
             self.check_watchdog()
 
     def _log_error_once(self, message: str) -> None:
@@ -300,6 +320,7 @@ class ExporterService:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop collecting and serving, close the socket; safe to call twice."""
         self._stop.set()
+        self._watchdog_wake.set()
         server, self._server = self._server, None
         if server is not None:
             server.stop(timeout)
