@@ -272,6 +272,12 @@ class ExporterService:
         tail = self._age_text(snapshot)
         return body + (gzip.compress(tail, compresslevel=1, mtime=0) if tail else b""), True
 
+    def cached_metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool] | None:
+        """:meth:`metrics_response` when the snapshot's bytes are ready (no render); else None."""
+        snapshot = self.collector.snapshot
+        cached = (self._gzipped if accepts_gzip else self._rendered)[0]
+        return self.metrics_response(accepts_gzip) if cached is snapshot else None
+
     def ready(self) -> tuple[bool, str]:
         """Readiness: ready once the first collection attempt has landed, and ready from then on,
         stale or not (staleness is in ``/metrics``; liveness is ``/healthz``)."""
@@ -307,7 +313,8 @@ class ExporterService:
         if self._server is not None:
             raise RuntimeError("ExporterService already started")
         self._stop.clear()
-        self._server = make_server(self.host, self.port, self.metrics_response, self.health, self.ready, self.http_limits)
+        self._server = make_server(self.host, self.port, self.metrics_response, self.health, self.ready, self.http_limits,
+                                   cached_metrics=self.cached_metrics_response)
         self.port = self._server.server_address[1]
         self._collect_thread = threading.Thread(target=self._collect_loop, name="gpuwarden-exporter-collect", daemon=True)
         self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)

@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 log = logging.getLogger("gpuwarden.exporter.http")
 
 Metrics = Callable[[bool], "tuple[bytes, bool]"]  # (accepts gzip) -> (body, body is gzip)
+CachedMetrics = Callable[[bool], "tuple[bytes, bool] | None"]  # the same, or None when it would render
 Probe = Callable[[], "tuple[bool, str]"]  # -> (ok, reason)
 
 _TEXT = "text/plain; charset=utf-8"
@@ -68,8 +69,10 @@ def accepts_gzip(header: str | None) -> bool:
 class ExporterHttpServer:
     """Bind on construction (port 0 picks a free port); :meth:`start` serves in a thread."""
 
-    def __init__(self, host: str, port: int, metrics: Metrics, health: Probe, ready: Probe, limits: Limits = Limits()):
+    def __init__(self, host: str, port: int, metrics: Metrics, health: Probe, ready: Probe, limits: Limits = Limits(),
+                 cached_metrics: CachedMetrics | None = None):
         self.metrics, self.health, self.ready, self.limits = metrics, health, ready, limits
+        self.cached_metrics = cached_metrics
         self._socket = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                             backlog=limits.backlog)
         self.server_address = self._socket.getsockname()[:2]
@@ -137,8 +140,9 @@ class ExporterHttpServer:
             timeout = self.limits.header_timeout
             while True:
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(timeout):
+                        head = await reader.readuntil(b"\r\n\r\n")
+                except TimeoutError:
                     log.debug("http %s: no whole request within %.0fs; closed", peer, timeout)
                     return
                 except asyncio.IncompleteReadError:
@@ -150,7 +154,7 @@ class ExporterHttpServer:
                 if not keep_alive:
                     return
                 timeout = self.limits.idle_timeout
-        except (ConnectionError, asyncio.TimeoutError) as error:
+        except (ConnectionError, TimeoutError) as error:
             log.debug("http %s: client went away (%s)", peer, type(error).__name__)
         except asyncio.CancelledError:
             pass
@@ -186,7 +190,11 @@ class ExporterHttpServer:
         loop = asyncio.get_running_loop()
         encoding = None
         if path == "/metrics":
-            body, gzipped = await loop.run_in_executor(self._pool, self.metrics, gzip_ok)
+            # Served in the loop when the snapshot's bytes are ready; a render goes to a worker.
+            answer = self.cached_metrics(gzip_ok) if self.cached_metrics is not None else None
+            if answer is None:
+                answer = await loop.run_in_executor(self._pool, self.metrics, gzip_ok)
+            body, gzipped = answer
             status, content_type, encoding = 200, CONTENT_TYPE_PLAIN_0_0_4, "gzip" if gzipped else None
         elif path in ("/healthz", "/readyz"):
             ok, reason = await loop.run_in_executor(self._pool, self.health if path == "/healthz" else self.ready)
@@ -213,10 +221,11 @@ class ExporterHttpServer:
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:
             writer.write(body)
-        await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+        async with asyncio.timeout(self.limits.write_timeout):
+            await writer.drain()
 
 
 def make_server(host: str, port: int, metrics: Metrics, health: Probe, ready: Probe,
-                limits: Limits = Limits()) -> ExporterHttpServer:
+                limits: Limits = Limits(), cached_metrics: CachedMetrics | None = None) -> ExporterHttpServer:
     """Bind (port 0 picks a free port) without serving yet; call ``start()``."""
-    return ExporterHttpServer(host, port, metrics, health, ready, limits)
+    return ExporterHttpServer(host, port, metrics, health, ready, limits, cached_metrics)
