@@ -10,6 +10,7 @@ import http.client
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -239,3 +240,33 @@ def test_sigterm_stops_the_exporter_process(data_dir):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped_after_the_write_timeout(started):
+    readings = [h100(i) for i in range(640)]  # ~5 MiB: more than loopback's largest send buffer (4 MiB)
+    service = started(FakeBackend(readings), http_limits=Limits(write_timeout=0.3))
+    wait_for(lambda: service.snapshot.success, what="first collection")
+    assert len(service.render_metrics()) > 4.5 * 2**20
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a tiny window: the answer cannot all be sent
+    sock.connect(("127.0.0.1", service.port))
+    try:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 3)  # pipelined, never read
+        wait_for(lambda: service._server.open_connections == 1, what="connection open")
+        wait_for(lambda: service._server.open_connections == 0, what="dropped after the write timeout")
+    finally:
+        sock.close()
+    assert request(service, "/healthz")[0] == 200
+
+
+def test_pipelined_requests_are_answered_in_order(started):
+    service = started(FakeBackend([h100(0)]))
+    wait_for(lambda: service.snapshot.success, what="first collection")
+    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
+    assert statuses == [b"200", b"404", b"200"]

@@ -37,7 +37,8 @@ CachedMetrics = Callable[[bool], "tuple[bytes, bool] | None"]  # the same, or No
 Probe = Callable[[], "tuple[bool, str]"]  # -> (ok, reason)
 
 _TEXT = "text/plain; charset=utf-8"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 _MAX_HEAD_BYTES = 16384
 
 
@@ -80,7 +81,7 @@ class ExporterHttpServer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="gpuwarden-exporter-http-worker")
-        self._tasks: set[asyncio.Task] = set()
+        self._connections: set[_Connection] = set()
         self.open_connections = 0
         self.refused_connections = 0
 
@@ -96,16 +97,14 @@ class ExporterHttpServer:
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
-            server = loop.run_until_complete(asyncio.start_server(
-                self._connection, sock=self._socket, backlog=self.limits.backlog, limit=_MAX_HEAD_BYTES))
+            server = loop.run_until_complete(loop.create_server(lambda: _Connection(self), sock=self._socket,
+                                                                backlog=self.limits.backlog))
             self._started.set()
             loop.run_forever()
             server.close()
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+            for connection in list(self._connections):
+                connection.abort()
+            loop.run_until_complete(asyncio.sleep(0))  # let the aborted connections say goodbye
         finally:
             self._started.set()
             loop.close()
@@ -124,105 +123,207 @@ class ExporterHttpServer:
         self._socket.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # -- one connection -------------------------------------------------------------------------
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if self.open_connections >= self.limits.max_connections:
-            self.refused_connections += 1
-            log.debug("refusing a connection: %d open (limit %d)", self.open_connections, self.limits.max_connections)
-            writer.transport.abort()
-            return
-        self.open_connections += 1
-        if task is not None:
-            self._tasks.add(task)
-        peer = writer.get_extra_info("peername")
-        try:
-            timeout = self.limits.header_timeout
-            while True:
-                try:
-                    async with asyncio.timeout(timeout):
-                        head = await reader.readuntil(b"\r\n\r\n")
-                except TimeoutError:
-                    log.debug("http %s: no whole request within %.0fs; closed", peer, timeout)
-                    return
-                except asyncio.IncompleteReadError:
-                    return  # the client closed (between requests: the normal end of keep-alive)
-                except asyncio.LimitOverrunError:
-                    await self._send(writer, 400, b"request head too large\n", _TEXT, close=True)
-                    return
-                keep_alive = await self._answer(head, writer)
-                if not keep_alive:
-                    return
-                timeout = self.limits.idle_timeout
-        except (ConnectionError, TimeoutError) as error:
-            log.debug("http %s: client went away (%s)", peer, type(error).__name__)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self.open_connections -= 1
-            if task is not None:
-                self._tasks.discard(task)
-            writer.close()
-
-    async def _answer(self, head: bytes, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; whether the connection stays open."""
+    # -- requests -------------------------------------------------------------------------------
+    def handle(self, connection: _Connection, head: bytes) -> None:
+        """Answer one request head (in the loop); slow answers go to a worker thread."""
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            await self._send(writer, 400, b"bad request line\n", _TEXT, close=True)
-            return False
+            connection.respond(400, b"bad request line\n", _TEXT, close=True)
+            return
         method, target, version = parts
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if sep:
                 headers[name.strip().lower()] = value.strip()
-        connection = headers.get("connection", "").lower()
-        keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        conn_header = headers.get("connection", "").lower()
+        keep_alive = "close" not in conn_header if version == "HTTP/1.1" else "keep-alive" in conn_header
         if headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers:
-            await self._send(writer, 400, b"a request body is not accepted\n", _TEXT, close=True)
-            return False
+            connection.respond(400, b"a request body is not accepted\n", _TEXT, close=True)
+            return
         if method not in ("GET", "HEAD"):
-            await self._send(writer, 405, b"only GET and HEAD\n", _TEXT, close=not keep_alive, allow=True)
-            return keep_alive
+            connection.respond(405, b"only GET and HEAD\n", _TEXT, close=not keep_alive, allow=True)
+            return
         path = urlsplit(target).path
-        gzip_ok = accepts_gzip(headers.get("accept-encoding"))
-        loop = asyncio.get_running_loop()
-        encoding = None
+        head_only = method == "HEAD"
         if path == "/metrics":
+            gzip_ok = accepts_gzip(headers.get("accept-encoding"))
             # Served in the loop when the snapshot's bytes are ready; a render goes to a worker.
             answer = self.cached_metrics(gzip_ok) if self.cached_metrics is not None else None
-            if answer is None:
-                answer = await loop.run_in_executor(self._pool, self.metrics, gzip_ok)
-            body, gzipped = answer
-            status, content_type, encoding = 200, CONTENT_TYPE_PLAIN_0_0_4, "gzip" if gzipped else None
+            if answer is not None:
+                self._metrics_answer(connection, answer, keep_alive, head_only)
+            else:
+                self._in_worker(connection, lambda: self.metrics(gzip_ok),
+                                lambda answer: self._metrics_answer(connection, answer, keep_alive, head_only))
         elif path in ("/healthz", "/readyz"):
-            ok, reason = await loop.run_in_executor(self._pool, self.health if path == "/healthz" else self.ready)
-            status, body, content_type = 200 if ok else 503, f"{reason}\n".encode(), _TEXT
-        elif path == "/":
-            status, body, content_type = 200, b"gpuwarden exporter: /metrics /healthz (liveness) /readyz (readiness)\n", _TEXT
-        else:
-            status, body, content_type = 404, b"not found\n", _TEXT
-        await self._send(writer, status, body, content_type, close=not keep_alive, encoding=encoding,
-                         head_only=method == "HEAD")
-        log.debug("http %s %s -> %d (%d bytes%s)", method, path, status, len(body), ", gzip" if encoding else "")
-        return keep_alive
+            probe = self.health if path == "/healthz" else self.ready
 
-    async def _send(self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str, *, close: bool,
-                    encoding: str | None = None, head_only: bool = False, allow: bool = False) -> None:
+            def probed(result: tuple[bool, str]) -> None:
+                ok, reason = result
+                connection.respond(200 if ok else 503, f"{reason}\n".encode(), _TEXT, close=not keep_alive,
+                                   head_only=head_only)
+
+            self._in_worker(connection, probe, probed)
+        elif path == "/":
+            connection.respond(200, b"gpuwarden exporter: /metrics /healthz (liveness) /readyz (readiness)\n", _TEXT,
+                               close=not keep_alive, head_only=head_only)
+        else:
+            connection.respond(404, b"not found\n", _TEXT, close=not keep_alive, head_only=head_only)
+
+    @staticmethod
+    def _metrics_answer(connection: _Connection, answer: tuple[bytes, bool], keep_alive: bool, head_only: bool) -> None:
+        body, gzipped = answer
+        connection.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4, close=not keep_alive,
+                           encoding="gzip" if gzipped else None, head_only=head_only)
+
+    def _in_worker(self, connection: _Connection, call: Callable[[], object], then: Callable[[object], None]) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, call)
+
+        def done(finished: asyncio.Future) -> None:
+            if connection.closed:
+                return
+            if finished.cancelled() or finished.exception() is not None:
+                log.warning("http answer failed: %r", None if finished.cancelled() else finished.exception())
+                connection.respond(500, b"internal error\n", _TEXT, close=True)
+                return
+            then(finished.result())
+
+        future.add_done_callback(done)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: request heads in, answers out, each step under a timer.
+
+    The write buffer limits are zero, so asyncio says (pause/resume_writing) whenever an answer
+    could not be written at once and when it has drained: a client that stops reading is dropped
+    after ``write_timeout``."""
+
+    def __init__(self, server: ExporterHttpServer):
+        self.server = server
+        self.limits = server.limits
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+        self.busy = False  # a request is being answered
+        self.writing = False  # an answer is still in the write buffer
+        self.closing = False  # close once the answer is written
+        self.closed = False
+        self.peer: object = None
+
+    # -- asyncio callbacks ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        if server.open_connections >= self.limits.max_connections:
+            server.refused_connections += 1
+            log.debug("refusing a connection: %d open (limit %d)", server.open_connections, self.limits.max_connections)
+            self.closed = True
+            transport.abort()
+            return
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        transport.set_write_buffer_limits(high=0, low=0)
+        server.open_connections += 1
+        server._connections.add(self)
+        self._arm(self.limits.header_timeout, "no whole request head in time")
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.busy:
+            self._next_request()
+
+    def eof_received(self) -> bool:
+        if self.busy:  # answer the request in flight, then close
+            self.closing = True
+            return True
+        return False
+
+    def pause_writing(self) -> None:
+        self.writing = True
+        self._arm(self.limits.write_timeout, "answer not read in time")
+
+    def resume_writing(self) -> None:
+        self.writing = False
+        self._after_answer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None or self.closed:
+            self.closed = True
+            return
+        self.closed = True
+        self._cancel_timer()
+        self.server.open_connections -= 1
+        self.server._connections.discard(self)
+        if exc is not None:
+            log.debug("http %s: client went away (%s)", self.peer, type(exc).__name__)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _next_request(self) -> None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > _MAX_HEAD_BYTES:
+                self.busy = True
+                self.respond(400, b"request head too large\n", _TEXT, close=True)
+            return
+        head = bytes(self.buffer[:end + 4])
+        del self.buffer[:end + 4]
+        self.busy = True
+        self._cancel_timer()
+        self.server.handle(self, head)
+
+    def respond(self, status: int, body: bytes, content_type: str, *, close: bool, encoding: str | None = None,
+                head_only: bool = False, allow: bool = False) -> None:
+        transport = self.transport
+        if self.closed or transport is None:
+            return
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}", "Server: gpuwarden-exporter",
                  f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
         if encoding:
             lines += [f"Content-Encoding: {encoding}", "Vary: Accept-Encoding"]
         if allow:
             lines.append("Allow: GET, HEAD")
-        if close:
+        if close or self.closing:
             lines.append("Connection: close")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:
-            writer.write(body)
-        async with asyncio.timeout(self.limits.write_timeout):
-            await writer.drain()
+            transport.write(body)
+        log.debug("http %s -> %d (%d bytes%s)", self.peer, status, len(body), ", gzip" if encoding else "")
+        self.closing = self.closing or close
+        self.busy = False
+        if not self.writing:
+            self._after_answer()
+
+    def _after_answer(self) -> None:
+        """The answer has left the write buffer (or is leaving it): close, or wait for the next request."""
+        if self.closed or self.busy or self.transport is None:
+            return
+        if self.closing:
+            self._cancel_timer()
+            self.transport.close()  # flushes what is left, then connection_lost
+            return
+        self._arm(self.limits.idle_timeout, "idle")
+        if self.buffer:
+            self._next_request()  # a pipelined request
+
+    def _arm(self, seconds: float, why: str) -> None:
+        self._cancel_timer()
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(seconds, self._expire, why)
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expire(self, why: str) -> None:
+        log.debug("http %s: %s; closed", self.peer, why)
+        self.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
 
 
 def make_server(host: str, port: int, metrics: Metrics, health: Probe, ready: Probe,
