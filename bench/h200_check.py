@@ -84,7 +84,7 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_QUERY) -> dict[int, d
         if len(row) != len(fields):
             raise ValueError(f"nvidia-smi line {number}: {len(row)} cells, expected {len(fields)} ({', '.join(fields)})")
         values: dict[str, float | None] = {}
-        for name, cell in zip(fields, row):
+        for name, cell in zip(fields, row, strict=True):
             cell = cell.strip()
             try:
                 number_value = float(cell)

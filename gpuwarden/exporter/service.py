@@ -33,7 +33,7 @@ from gpuwarden.fleet import GpuBackend, GpuReading
 from gpuwarden.fleet.catalogue import MetricSpec
 from .collector import GpuCollector
 from .snapshot import ExporterSnapshot
-from .web import Limits, make_server
+from .web import ExporterHttpServer, Limits, make_server
 
 log = logging.getLogger("gpuwarden.exporter")
 
@@ -95,7 +95,7 @@ class ExporterService:
         self._logged_errors: set[str] = set()
         self._stop = threading.Event()
         self._watchdog_wake = threading.Event()
-        self._server = None
+        self._server: ExporterHttpServer | None = None
         self._collect_thread: threading.Thread | None = None
         self._watchdog_thread: threading.Thread | None = None
         self._in_flight_since: float | None = None  # monotonic start of the running collection

@@ -25,7 +25,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -40,6 +40,7 @@ _TEXT = "text/plain; charset=utf-8"
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
             503: "Service Unavailable"}
 _MAX_HEAD_BYTES = 16384
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ class ExporterHttpServer:
         connection.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4, close=not keep_alive,
                            encoding="gzip" if gzipped else None, head_only=head_only)
 
-    def _in_worker(self, connection: _Connection, call: Callable[[], object], then: Callable[[object], None]) -> None:
+    def _in_worker(self, connection: _Connection, call: Callable[[], _T], then: Callable[[_T], None]) -> None:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, call)
 
@@ -215,13 +216,13 @@ class _Connection(asyncio.Protocol):
     # -- asyncio callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self.server
+        assert isinstance(transport, asyncio.Transport)
         if server.open_connections >= self.limits.max_connections:
             server.refused_connections += 1
             log.debug("refusing a connection: %d open (limit %d)", server.open_connections, self.limits.max_connections)
             self.closed = True
             transport.abort()
             return
-        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
         transport.set_write_buffer_limits(high=0, low=0)
