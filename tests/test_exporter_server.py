@@ -270,3 +270,12 @@ def test_pipelined_requests_are_answered_in_order(started):
             received += chunk
     statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
     assert statuses == [b"200", b"404", b"200"]
+
+
+@pytest.mark.parametrize("flag", ["--replay-gpus=100000000", "--replay-gpus=1e8", "--replay-mig=8", "--replay-gpus=-1"])
+def test_replay_counts_are_bounded_one_line_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        exporter_main(["--backend", "replay", flag, "--listen", "127.0.0.1:0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag.split("=")[0] in err[0] and "expected an integer 0.." in err[0]

@@ -52,10 +52,13 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return int(text)
+def _count(limit: int) -> Callable[[str], int]:
+    """An integer 0..limit: a replay of 10**8 GPUs would never finish its first collection."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer 0..{limit}")
+        return int(text)
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BACKENDS, default_backend: str = "nvml") -> None:
@@ -80,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BAC
     replay = parser.add_argument_group("replay backend")
     replay.add_argument("--replay-trace", default=None, help="phase trace CSV (default <data>/h200/phase_trace.csv)")
     replay.add_argument("--replay-probe", default=None, help="NVML probe JSON (default <data>/h200/nvml_probe.json)")
-    replay.add_argument("--replay-gpus", type=_count, default=1, help="GPUs to play from the recorded one (default 1)")
-    replay.add_argument("--replay-mig", type=_count, default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
+    replay.add_argument("--replay-gpus", type=_count(1024), default=1, help="GPUs to play from the recorded one (default 1)")
+    replay.add_argument("--replay-mig", type=_count(7), default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
     replay.add_argument("--replay-mig-profile", default="1g.18gb", help="profile of the replayed MIG instances (default 1g.18gb)")
     replay.add_argument("--replay-latency", action="store_true", help="make each NVML call cost its recorded H200 median")
 
