@@ -558,3 +558,22 @@ def test_mps_clients_are_listed_with_their_own_memory(make_backend):
     assert backend2.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 3  # GPU 0 once, GPU 1 twice
     gpu0, _ = backend2.read()
     assert dict(gpu0.processes) == {900: 700 * 1024**2}
+
+
+def test_a_device_without_v2_memory_keeps_its_v1_figures(make_backend):
+    import pynvml
+
+    backend = make_backend(gpus=1, mig_profiles=["1g.18gb"] * 2)
+    recorded = backend.query.nvml
+
+    def before_call(name, handle):
+        if name == "nvmlDeviceGetMemoryInfo_v2" and handle is not None and handle.mig_slot is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    recorded.before_call = before_call
+    readings = backend.read()
+    whole = next(r for r in readings if r.mig_instance_id is None)
+    migs = [r for r in readings if r.mig_instance_id is not None]
+    assert "mem_reserved_bytes" in whole.values  # the GPU itself still reads v2
+    assert all("mem_used_bytes" in r.values and "mem_reserved_bytes" not in r.values for r in migs)
+    assert whole.values["nvml_errors_total"] == 0

@@ -614,12 +614,15 @@ class NvmlBackend:
         memory: Any = MISSING
         if self._memory_v2 and version is not None:
             memory = q("nvmlDeviceGetMemoryInfo", handle, version, device=key, missing=MISSING)
-        if memory is MISSING:
+        if memory is NA:  # v2 NotSupported on this device (a MIG instance, say): its v1 figures, quietly
+            memory = MISSING
+        elif memory is MISSING:
             if self._memory_v2:
                 self._memory_v2 = False
                 log.warning("nvml: nvmlDeviceGetMemoryInfo_v2 is not available (driver or nvidia-ml-py too old); "
                             "reading v1, whose used memory includes the driver-reserved memory and no "
                             "DCGM_FI_DEV_FB_RESERVED is exported")
+        if memory is MISSING:
             memory = q("nvmlDeviceGetMemoryInfo", handle, device=key)
             if memory is not NA:
                 for name, value in (("mem_used_bytes", memory.used), ("mem_total_bytes", memory.total)):
