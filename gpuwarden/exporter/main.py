@@ -159,9 +159,10 @@ def serve(service: ExporterService, *, tick: Callable[[], None] | None = None, s
     print(f"serving {service.url} (backend {getattr(service.backend, 'name', '?')}, node {service.node_name or '-'}, "
           f"interval {service.interval_seconds:g}s); Ctrl-C stops", flush=True)
     try:
-        while not stop.wait(service.interval_seconds):
-            if tick is not None:
-                tick()
+        if tick is None:
+            stop.wait()  # no periodic wake-up: SIGTERM's handler or Ctrl-C ends the wait
+        while tick is not None and not stop.wait(service.interval_seconds):
+            tick()
     except KeyboardInterrupt:
         pass
     finally:

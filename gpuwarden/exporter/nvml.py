@@ -294,7 +294,7 @@ class XidWatcher:
     """A daemon thread waiting on one NVML event set for XID events of all GPUs."""
 
     def __init__(self, query: NvmlQuery, tracker: XidTracker, clock: Callable[[], float] = time.time,
-                 wait_ms: int = 5000):
+                 wait_ms: int = 15000):
         self.query = query
         self.tracker = tracker
         self.clock = clock
@@ -443,7 +443,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node: str, *, nvml: Any = None, clock: Callable[[], float] = time.time,
-                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 5000, processes: bool = True):
+                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 15000, processes: bool = True):
         self.node = node
         self.processes_enabled = processes
         self.query = NvmlQuery(nvml)

@@ -569,7 +569,7 @@ class ReplayBackend(NvmlBackend):
 
     def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
-                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 5000,
+                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 15000,
                  processes: bool = True):
         rows = load_trace(trace)
         self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)

@@ -38,6 +38,7 @@ from .web import ExporterHttpServer, Limits, make_server
 log = logging.getLogger("gpuwarden.exporter")
 
 STALE_AFTER_INTERVALS = 3
+QUICK_RENDER_READINGS = 4  # up to this many GPUs/MIG instances a render stays in the HTTP loop (< ~1 ms)
 DEFAULT_WATCHDOG_SECONDS = 10.0
 _MAX_REMEMBERED_ERRORS = 256
 
@@ -272,11 +273,15 @@ class ExporterService:
         tail = self._age_text(snapshot)
         return body + (gzip.compress(tail, compresslevel=1, mtime=0) if tail else b""), True
 
-    def cached_metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool] | None:
-        """:meth:`metrics_response` when the snapshot's bytes are ready (no render); else None."""
+    def quick_metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool] | None:
+        """:meth:`metrics_response` when it is quick (the snapshot's bytes are ready, or the
+        snapshot is small enough to render in about a millisecond); None when a render would hold
+        the HTTP loop longer (the server then renders in a worker thread)."""
         snapshot = self.collector.snapshot
         cached = (self._gzipped if accepts_gzip else self._rendered)[0]
-        return self.metrics_response(accepts_gzip) if cached is snapshot else None
+        if cached is snapshot or len(snapshot.readings) <= QUICK_RENDER_READINGS:
+            return self.metrics_response(accepts_gzip)
+        return None
 
     def ready(self) -> tuple[bool, str]:
         """Readiness: ready once the first collection attempt has landed, and ready from then on,
@@ -314,7 +319,7 @@ class ExporterService:
             raise RuntimeError("ExporterService already started")
         self._stop.clear()
         self._server = make_server(self.host, self.port, self.metrics_response, self.health, self.ready, self.http_limits,
-                                   cached_metrics=self.cached_metrics_response)
+                                   quick_metrics=self.quick_metrics_response)
         self.port = self._server.server_address[1]
         self._collect_thread = threading.Thread(target=self._collect_loop, name="gpuwarden-exporter-collect", daemon=True)
         self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)

@@ -33,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 log = logging.getLogger("gpuwarden.exporter.http")
 
 Metrics = Callable[[bool], "tuple[bytes, bool]"]  # (accepts gzip) -> (body, body is gzip)
-CachedMetrics = Callable[[bool], "tuple[bytes, bool] | None"]  # the same, or None when it would render
+QuickMetrics = Callable[[bool], "tuple[bytes, bool] | None"]  # the same, or None when it would be slow
 Probe = Callable[[], "tuple[bool, str]"]  # -> (ok, reason)
 
 _TEXT = "text/plain; charset=utf-8"
@@ -72,9 +72,9 @@ class ExporterHttpServer:
     """Bind on construction (port 0 picks a free port); :meth:`start` serves in a thread."""
 
     def __init__(self, host: str, port: int, metrics: Metrics, health: Probe, ready: Probe, limits: Limits = Limits(),
-                 cached_metrics: CachedMetrics | None = None):
+                 quick_metrics: QuickMetrics | None = None):
         self.metrics, self.health, self.ready, self.limits = metrics, health, ready, limits
-        self.cached_metrics = cached_metrics
+        self.quick_metrics = quick_metrics
         self._socket = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                             backlog=limits.backlog)
         self.server_address = self._socket.getsockname()[:2]
@@ -150,8 +150,8 @@ class ExporterHttpServer:
         head_only = method == "HEAD"
         if path == "/metrics":
             gzip_ok = accepts_gzip(headers.get("accept-encoding"))
-            # Served in the loop when the snapshot's bytes are ready; a render goes to a worker.
-            answer = self.cached_metrics(gzip_ok) if self.cached_metrics is not None else None
+            # Served in the loop when quick (bytes ready, or a small render); a long render goes to a worker.
+            answer = self.quick_metrics(gzip_ok) if self.quick_metrics is not None else None
             if answer is not None:
                 self._metrics_answer(connection, answer, keep_alive, head_only)
             else:
@@ -328,6 +328,6 @@ class _Connection(asyncio.Protocol):
 
 
 def make_server(host: str, port: int, metrics: Metrics, health: Probe, ready: Probe,
-                limits: Limits = Limits(), cached_metrics: CachedMetrics | None = None) -> ExporterHttpServer:
+                limits: Limits = Limits(), quick_metrics: QuickMetrics | None = None) -> ExporterHttpServer:
     """Bind (port 0 picks a free port) without serving yet; call ``start()``."""
-    return ExporterHttpServer(host, port, metrics, health, ready, limits, cached_metrics)
+    return ExporterHttpServer(host, port, metrics, health, ready, limits, quick_metrics)
