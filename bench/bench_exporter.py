@@ -153,18 +153,32 @@ def bench_render(data: Path, mig: int, scrapes: int, latency: bool, socket_dir: 
 
 
 def bench_collection(data: Path, gpus: int = 8, rounds: int = 40) -> dict:
-    """Median collection time per GPU, the recorded costs charged, against the NVML floor."""
+    """Median collection time per GPU, the recorded costs charged, against the NVML floor: the
+    recorded medians of one batched field-values call and one GPM sample (3.21 ms), and the same
+    two calls timed through the same replay in the same run (sleeping 3 ms overshoots on a loaded
+    machine; that overshoot is in both, so their ratio is the exporter's own overhead)."""
+    from gpuwarden.exporter.nvml import _FIELD_IDS
+
     backend = ReplayBackend("bench-node", data / "h200" / "phase_trace.csv", data / "h200" / "nvml_probe.json",
                             gpus=gpus, latency=True, xid_wait_ms=1000)
     try:
         backend.read()
-        per_gpu = []
+        recorded = backend.recorded
+        handle = recorded.nvmlDeviceGetHandleByIndex(0)
+        sample = recorded.nvmlGpmSampleAlloc()
+        per_gpu, floor_timed = [], []
         for _ in range(rounds):
             readings = backend.read()
             per_gpu.extend(r.values["collection_seconds"] for r in readings if "collection_seconds" in r.values)
-        cost = backend.recorded.latency_s
-        floor = cost["nvmlDeviceGetFieldValues"] + cost["nvmlGpmSampleGet"]
-        return {"per_gpu": statistics.median(per_gpu), "floor": floor}
+            for _ in range(gpus):
+                started = time.perf_counter()
+                recorded.nvmlDeviceGetFieldValues(handle, _FIELD_IDS)
+                recorded.nvmlGpmSampleGet(handle, sample)
+                floor_timed.append(time.perf_counter() - started)
+        recorded.nvmlGpmSampleFree(sample)
+        cost = recorded.latency_s
+        return {"per_gpu": statistics.median(per_gpu), "floor": cost["nvmlDeviceGetFieldValues"] + cost["nvmlGpmSampleGet"],
+                "floor_timed": statistics.median(floor_timed)}
     finally:
         backend.close()
 
@@ -292,11 +306,13 @@ def main() -> int:
                     ok &= good
                     print(f"    target p50 < 2 ms and >= 10x: {'PASS' if good else 'FAIL'}")
         c = bench_collection(data)
-        good = c["per_gpu"] <= 1.5 * c["floor"]
+        good = c["per_gpu"] <= 1.5 * c["floor_timed"]
         ok &= good
-        print(f"collection, 8 replayed GPUs, recorded NVML costs: {c['per_gpu'] * 1e3:.2f} ms per GPU (median), NVML floor "
-              f"{c['floor'] * 1e3:.2f} ms (batched field values + GPM sample): {c['per_gpu'] / c['floor']:.2f}x "
-              f"({'PASS' if good else 'FAIL'} against <= 1.5x; the H200 measured 6.0 ms before issue 15)")
+        print(f"collection, 8 replayed GPUs, recorded NVML costs: {c['per_gpu'] * 1e3:.2f} ms per GPU (median); NVML floor "
+              f"(batched field values + GPM sample) {c['floor'] * 1e3:.2f} ms recorded, {c['floor_timed'] * 1e3:.2f} ms as "
+              f"charged in this run: {c['per_gpu'] / c['floor_timed']:.2f}x the charged floor, "
+              f"{c['per_gpu'] / c['floor']:.2f}x the recorded one ({'PASS' if good else 'FAIL'} against <= 1.5x the charged "
+              f"floor; the H200 measured 6.0 ms per GPU before issue 15)")
         print(f"exporter process at the default 15 s interval, scraped every 15 s, recorded H200 NVML costs, "
               f"{args.cpu_seconds:g} s window, CPU from /proc/PID/stat (10 ms ticks, exited threads included):")
         roots = {"this": ROOT}
