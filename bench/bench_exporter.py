@@ -340,7 +340,7 @@ def main() -> int:
         socket_path = os.path.join(socket_dir, "kubelet-process.sock")
         server = kubelet(socket_path, [])
         try:
-            q = bench_processes(data, min(20.0, args.cpu_seconds), socket_path, True, 8, {"this": ROOT})["this"]
+            q = bench_processes(data, args.cpu_seconds / 2, socket_path, True, 8, {"this": ROOT})["this"]
         finally:
             server.stop(0)
         print(f"  8 GPUs with a kubelet socket (grpc loaded): RSS {q['rss']:.1f} MiB, CPU {q['cpu_pct']:.4f}%")
