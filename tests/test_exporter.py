@@ -403,3 +403,34 @@ def test_fast_text_render_is_byte_identical_to_prometheus_client():
     text = render_text(snapshot, collector.catalogue)
     assert text == generate_latest(registry)
     assert b'xid="999"' in text and b'reason="hw_thermal_slowdown"' in text and b'\\"ird\\\\pod\\nname' in text
+
+
+def test_sim_backend_passes_reserved_memory_and_nvlink_counters_through():
+    """The simulated fleet's backend hands every samples column the simulator fills to the exporter;
+    a column it leaves null (NaN) stays an absent series."""
+    import math
+
+    import pandas as pd
+
+    from gpuwarden.fleet import METRIC_COLUMN_NAMES
+    from gpuwarden.sim.backend import SimGpuBackend
+
+    row = {name: math.nan for name in METRIC_COLUMN_NAMES}
+    row.update(node="node-a", gpu_uuid="GPU-sim-0", gpu_index=0, model="NVIDIA H100 80GB HBM3", mig_instance=None,
+               namespace="ml", pod="train-0", gpu_util_ratio=0.5, power_watts=300.0, mem_used_bytes=10 * GIB,
+               mem_total_bytes=80 * GIB, mem_reserved_bytes=512 * MIB, nvlink_crc_flit_errors_total=4,
+               nvlink_replay_errors_total=1)
+    other = {**row, "gpu_uuid": "GPU-sim-1", "gpu_index": 1, "pod": "train-1", "mem_reserved_bytes": math.nan,
+             "nvlink_crc_flit_errors_total": math.nan, "nvlink_replay_errors_total": math.nan}
+    simulation = type("Sim", (), {"lock": threading.Lock(), "latest": pd.DataFrame([row, other])})()
+    readings = SimGpuBackend(simulation).read()
+    registry, _ = fresh(readings)
+    first, second = readings
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_RESERVED", labels_of(first)) == 512
+    assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels_of(first)) == 4
+    assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", labels_of(first)) == 1
+    assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", labels_of(first)) is None
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels_of(first)) == 80 * 1024 - 10 * 1024 - 512
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_RESERVED", labels_of(second)) is None
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels_of(second)) == 70 * 1024
+    assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels_of(second)) is None

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.exporter import ExporterService, ExporterSnapshot, GpuCollector
-from gpuwarden.exporter.nvml import NA, NvmlBackend, NvmlQuery, NvmlUnavailable, mig_profile_from_name
+from gpuwarden.exporter.nvml import NA, NVML_ERROR_NOT_SUPPORTED, NvmlBackend, NvmlQuery, NvmlUnavailable, mig_profile_from_name
 from gpuwarden.exporter.replay import RecordedNvml, ReplayBackend, ReplayError, load_probe, load_trace
 from gpuwarden.fleet import TRACKED_XIDS, GpuBackend
 
@@ -83,7 +83,10 @@ def test_backend_implements_the_protocol_and_reads_the_recorded_h200(make_backen
     assert backend.driver_version() == probe["driver"]["value"]
     v = gpu.values
     assert v["mem_total_bytes"] == device["memory"]["value"]["total"]
-    assert v["mem_used_bytes"] == row["mem_used_mib"] * 1024**2
+    # v2 memory: the trace's v1 "used" less the driver-reserved memory (the whole of it at idle)
+    reserved = device["memory"]["value"]["used"]
+    assert v["mem_reserved_bytes"] == reserved
+    assert v["mem_used_bytes"] == max(0, row["mem_used_mib"] * 1024**2 - reserved)
     assert v["power_watts"] == pytest.approx(row["power_w"], abs=1e-3)
     assert v["temperature_celsius"] == row["temp_c"] and v["sm_clock_mhz"] == row["sm_clock_mhz"]
     assert v["mem_clock_mhz"] == row["mem_clock_mhz"]
@@ -425,3 +428,152 @@ def test_hung_nvml_call_never_blocks_metrics_and_marks_the_collection_stale(make
     finally:
         release.set()
         service.stop()
+
+
+# -- memory v2, NVLink, MIG XIDs, MPS (issue 15) ----------------------------------------------
+
+
+def smi_fb_memory_mib(data_dir: Path) -> dict[str, float]:
+    """The "FB Memory Usage" block of the recorded ``nvidia-smi -q`` of the idle H200."""
+    lines = (data_dir / "h200" / "nvidia-smi-q.txt").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "FB Memory Usage")
+    out = {}
+    for line in lines[start + 1:start + 5]:
+        key, _, value = line.partition(":")
+        out[key.strip()] = float(value.split()[0])
+    return out
+
+
+def test_v2_memory_matches_nvidia_smi_and_exports_reserved(make_backend, data_dir, h200):
+    backend = make_backend()
+    (gpu,) = backend.read()  # row 0: idle, no process
+    smi = smi_fb_memory_mib(data_dir)
+    mib = {key: gpu.values[key] / 1024**2 for key in ("mem_total_bytes", "mem_reserved_bytes", "mem_used_bytes", "mem_free_bytes")}
+    assert mib["mem_total_bytes"] == pytest.approx(smi["Total"], abs=1)
+    assert mib["mem_reserved_bytes"] == pytest.approx(smi["Reserved"], abs=1)
+    assert mib["mem_used_bytes"] == pytest.approx(smi["Used"], abs=1)  # 0, where v1 said 615 MiB
+    assert mib["mem_free_bytes"] == pytest.approx(smi["Free"], abs=1)
+    assert gpu.values["mem_total_bytes"] == sum(gpu.values[k] for k in ("mem_reserved_bytes", "mem_used_bytes", "mem_free_bytes"))
+    registry = render([gpu])
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_RESERVED", labels(gpu)) == pytest.approx(smi["Reserved"], abs=1)
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_USED", labels(gpu)) == pytest.approx(0, abs=1)
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels(gpu)) == pytest.approx(smi["Free"], abs=1)
+    # hoarding: used is the trace's v1 figure less the reserved memory (the issue's 66,868 -> 66,253 MiB)
+    rows = h200[1]
+    backend.query.nvml.cursor = row_of(rows, "idle_memory_hoarded_64g")
+    (gpu,) = backend.read()
+    v1_mib = rows[row_of(rows, "idle_memory_hoarded_64g")].values["mem_used_mib"]
+    assert gpu.values["mem_used_bytes"] / 1024**2 == pytest.approx(v1_mib - gpu.values["mem_reserved_bytes"] / 1024**2)
+    assert backend.query.calls["nvmlDeviceGetMemoryInfo"] == 2
+
+
+def test_v1_memory_fallback_where_v2_is_missing_logged_once(make_backend, caplog, h200):
+    backend = make_backend()
+    backend.query.nvml.memory_v2 = False  # an older driver: nvmlDeviceGetMemoryInfo_v2 not found
+    with caplog.at_level(logging.WARNING, logger="gpuwarden.exporter.nvml"):
+        (gpu,) = backend.read()
+        backend.read()
+    assert "mem_reserved_bytes" not in gpu.values and "mem_free_bytes" not in gpu.values
+    assert gpu.values["mem_used_bytes"] == h200[1][0].values["mem_used_mib"] * 1024**2  # v1: reserved counted as used
+    assert sum("nvmlDeviceGetMemoryInfo_v2 is not available" in r.getMessage() for r in caplog.records) == 1
+    registry = render([gpu])
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_RESERVED", labels(gpu)) is None  # absent, not 0
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels(gpu)) is not None  # derived total - used
+    assert backend.query.calls["nvmlDeviceGetMemoryInfo"] == 3  # v2 tried once, then v1 only
+    assert gpu.values["nvml_errors_total"] == 0
+
+
+NVLINK = {38: "nvlink_crc_flit_errors_total", 45: "nvlink_crc_data_errors_total", 52: "nvlink_replay_errors_total",
+          59: "nvlink_recovery_errors_total"}
+
+
+def test_nvlink_counters_absent_where_not_supported_and_read_in_the_one_batched_call(make_backend):
+    backend = make_backend()
+    (gpu,) = backend.read()  # the recorded H200 (PCIe, no NVLink): every NVLink field is NotSupported
+    assert not set(NVLINK.values()) & set(gpu.values)
+    assert render([gpu]).get_sample_value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels(gpu)) is None
+    assert gpu.values["nvml_errors_total"] == 0  # NotSupported is no error
+    assert backend.query.calls["nvmlDeviceGetFieldValues"] == 1
+
+
+def test_nvlink_counters_exported_under_dcgm_names(make_backend, h200):
+    probe = copy.deepcopy(h200[0])
+    fields = probe["device0"]["field_values"]
+    counts = {38: 3, 45: 0, 52: 17, 59: 2}
+    for name, entry in fields.items():
+        if entry["id"] in counts:
+            fields[name] = {"id": entry["id"], "ok": True, "type": 3, "value": counts[entry["id"]]}
+    backend = make_backend(gpus=2, probe=probe)
+    readings = backend.read()
+    assert backend.query.calls["nvmlDeviceGetFieldValues"] == 2  # still one batched call per GPU
+    registry = render(readings)
+    for gpu in readings:
+        for field_id, key in NVLINK.items():
+            assert gpu.values[key] == counts[field_id]
+        assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels(gpu)) == 3
+        assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", labels(gpu)) == 0
+        assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", labels(gpu)) == 17
+        assert registry.get_sample_value("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", labels(gpu)) == 2
+
+
+def test_xid_on_a_mig_instance_counts_on_the_instance_and_the_parent(make_backend):
+    backend = make_backend(gpus=1, mig_profiles=["1g.18gb"] * 2)
+    backend.read()
+    recorded = backend.query.nvml
+    recorded.inject_xid(0, 43, gpu_instance=8)  # NVML names GPU instance 8
+    recorded.inject_xid(0, 48)  # no instance named: the parent only
+
+    def landed():
+        readings = backend.read()
+        parent = next(r for r in readings if r.mig_instance_id is None)
+        return parent.values.get("xid_43_total") == 1 and parent.values["xid_48_total"] == 1 and readings
+
+    readings = wait_for(landed, what="both xids")
+    by_instance = {r.mig_instance_id: r for r in readings}
+    assert by_instance[8].values["xid_43_total"] == 1 and by_instance[8].values["xid_48_total"] == 0
+    assert by_instance[8].values["xid_last_code"] == 43
+    assert by_instance[7].values["xid_43_total"] == 0 and by_instance[7].values["xid_last_code"] == 0
+    registry = render(readings)
+    assert registry.get_sample_value("gpuwarden_xid_errors_total", labels(by_instance[8], xid="43")) == 1
+    assert registry.get_sample_value("gpuwarden_xid_errors_total", labels(by_instance[7], xid="43")) == 0
+    assert registry.get_sample_value("gpuwarden_xid_errors_total", labels(by_instance[None], xid="43")) == 1
+    assert registry.get_sample_value("DCGM_FI_DEV_XID_ERRORS", labels(by_instance[None])) == 48
+
+
+def test_mps_clients_are_listed_with_their_own_memory(make_backend):
+    backend = make_backend(gpus=2)
+    recorded = backend.query.nvml
+    recorded.processes[0] = [(900, 700 * 1024**2)]  # the MPS server
+    recorded.mps_processes[0] = [(101, 300 * 1024**2), (102, 400 * 1024**2)]
+    gpu0, _ = backend.read()
+    assert dict(gpu0.processes) == {900: 700 * 1024**2, 101: 300 * 1024**2, 102: 400 * 1024**2}
+    assert backend.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 2
+    # no compute process on GPU 1: no MPS server, so its clients are not asked for
+    backend2 = make_backend(gpus=2)
+    backend2.query.nvml.processes[0] = [(900, 700 * 1024**2)]
+    backend2.query.nvml.processes[1] = [(901, 700 * 1024**2)]
+    backend2.query.nvml.mps_processes[0] = NVML_ERROR_NOT_SUPPORTED  # asked once, then never again
+    backend2.read()
+    backend2.read()
+    assert backend2.query.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 3  # GPU 0 once, GPU 1 twice
+    gpu0, _ = backend2.read()
+    assert dict(gpu0.processes) == {900: 700 * 1024**2}
+
+
+def test_a_device_without_v2_memory_keeps_its_v1_figures(make_backend):
+    import pynvml
+
+    backend = make_backend(gpus=1, mig_profiles=["1g.18gb"] * 2)
+    recorded = backend.query.nvml
+
+    def before_call(name, handle):
+        if name == "nvmlDeviceGetMemoryInfo_v2" and handle is not None and handle.mig_slot is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    recorded.before_call = before_call
+    readings = backend.read()
+    whole = next(r for r in readings if r.mig_instance_id is None)
+    migs = [r for r in readings if r.mig_instance_id is not None]
+    assert "mem_reserved_bytes" in whole.values  # the GPU itself still reads v2
+    assert all("mem_used_bytes" in r.values and "mem_reserved_bytes" not in r.values for r in migs)
+    assert whole.values["nvml_errors_total"] == 0

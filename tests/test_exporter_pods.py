@@ -280,9 +280,10 @@ def SHARED_PODS(uuids: list[str]) -> list[tuple[str, str, str, str, list[str]]]:
 
 
 def gpu_memory_mib(backend, index: int) -> tuple[float, float]:
-    """(used, free) MiB the recorded GPU reports at the next read (NVML must be initialised)."""
+    """(used, free) MiB the recorded GPU reports at the next read (NVML must be initialised), as
+    the v2 memory call counts them: the driver-reserved memory in neither."""
     recorded = backend.recorded
-    info = recorded.nvmlDeviceGetMemoryInfo(recorded.nvmlDeviceGetHandleByIndex(index))
+    info = recorded.nvmlDeviceGetMemoryInfo(recorded.nvmlDeviceGetHandleByIndex(index), recorded.nvmlMemory_v2)
     return info.used / MIB, info.free / MIB
 
 
@@ -291,6 +292,7 @@ def test_time_sliced_gpu_pods_carry_their_own_fb_used_and_gpu_wide_values_over_g
     recorded = backend.recorded
     uuids = [recorded.gpu_uuid(i) for i in range(2)]
     recorded.processes[0] = [(101, 100 * MIB), (102, 50 * MIB), (201, 200 * MIB), (301, 25 * MIB)]
+    recorded.cursor = next(i for i, row in enumerate(recorded.rows) if row.phase == "idle_memory_hoarded_64g")
     socket_path = str(socket_dir / "kubelet.sock")
     with Kubelet(socket_path) as kubelet:
         kubelet.pods = SHARED_PODS(uuids)
@@ -416,3 +418,25 @@ def test_exporter_flags_wire_per_pod_memory(replay, tmp_path):
     assert (memory.proc_root, memory.kubelet_root) == (str(tmp_path / "proc"), str(tmp_path / "kubelet"))
     off = build_service(parser.parse_args(["--proc-root", "none"]), backend, node="node-a")
     assert off.attributor is not None and off.attributor.memory is None
+
+
+def test_mps_clients_split_the_gpu_memory_among_their_pods(socket_dir, replay, host):
+    """Under MPS NVML's compute list shows only the MPS server (a host daemon here, pid 301); the
+    clients, listed by nvmlDeviceGetMPSComputeRunningProcesses, carry each pod's own memory."""
+    backend = replay(gpus=2)
+    recorded = backend.recorded
+    uuids = [recorded.gpu_uuid(i) for i in range(2)]
+    recorded.cursor = next(i for i, row in enumerate(recorded.rows) if row.phase == "idle_memory_hoarded_64g")
+    recorded.processes[0] = [(301, 900 * MIB)]  # nvidia-cuda-mps-server
+    recorded.mps_processes[0] = [(101, 100 * MIB), (102, 60 * MIB), (201, 300 * MIB)]
+    socket_path = str(socket_dir / "kubelet.sock")
+    with Kubelet(socket_path) as kubelet:
+        kubelet.pods = SHARED_PODS(uuids)
+        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+        service.collect_now()
+        assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 160.0, "infer-b": 300.0, "infer-c": 0.0}
+        assert by_pod(service, "gpuwarden_pod_fb_used_attributed") == {"infer-a": 1, "infer-b": 1, "infer-c": 1}
+        recorded.mps_processes[0] = []  # the clients ended; the server stays
+        service.collect_now()
+        assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 0.0, "infer-b": 0.0, "infer-c": 0.0}
+        attributor.close()

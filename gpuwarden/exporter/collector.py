@@ -56,7 +56,8 @@ def _source(reading: GpuReading, column: str) -> float | None:
         total, used = values.get("mem_total_bytes"), values.get("mem_used_bytes")
         if not (_present(total) and _present(used)):
             return None
-        return float(total) - float(used)  # type: ignore[arg-type]
+        reserved = values.get("mem_reserved_bytes")  # v2 semantics: reserved is neither used nor free
+        return float(total) - float(used) - (float(reserved) if _present(reserved) else 0.0)  # type: ignore[arg-type]
     value = values.get(column)
     return float(value) if _present(value) else None  # type: ignore[arg-type]
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from .nvml import NvmlBackend, NvmlUnavailable
@@ -40,21 +40,25 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
+    """A finite number > 0: ``nan`` and ``inf`` would make the collection loop spin or never run."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a number > 0")
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a finite number > 0 (seconds)")
         return value
     return parse
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return int(text)
+def _count(limit: int) -> Callable[[str], int]:
+    """An integer 0..limit: a replay of 10**8 GPUs would never finish its first collection."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer 0..{limit}")
+        return int(text)
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BACKENDS, default_backend: str = "nvml") -> None:
@@ -79,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BAC
     replay = parser.add_argument_group("replay backend")
     replay.add_argument("--replay-trace", default=None, help="phase trace CSV (default <data>/h200/phase_trace.csv)")
     replay.add_argument("--replay-probe", default=None, help="NVML probe JSON (default <data>/h200/nvml_probe.json)")
-    replay.add_argument("--replay-gpus", type=_count, default=1, help="GPUs to play from the recorded one (default 1)")
-    replay.add_argument("--replay-mig", type=_count, default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
+    replay.add_argument("--replay-gpus", type=_count(1024), default=1, help="GPUs to play from the recorded one (default 1)")
+    replay.add_argument("--replay-mig", type=_count(7), default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
     replay.add_argument("--replay-mig-profile", default="1g.18gb", help="profile of the replayed MIG instances (default 1g.18gb)")
     replay.add_argument("--replay-latency", action="store_true", help="make each NVML call cost its recorded H200 median")
 
@@ -138,8 +142,14 @@ def build_service(args: argparse.Namespace, backend: Any, *, node: str) -> Expor
 def serve(service: ExporterService, *, tick: Callable[[], None] | None = None, stop: threading.Event | None = None) -> int:
     """Start, print where, and run until SIGTERM / Ctrl-C (or ``stop``); ``tick`` runs every interval."""
     stop = stop or threading.Event()
+
+    def on_sigterm(*_: object) -> None:
+        if stop.is_set():  # a second SIGTERM while shutting down: go now
+            os._exit(128 + signal.SIGTERM)
+        stop.set()
+
     try:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread (tests)
         pass
     try:
@@ -149,17 +159,29 @@ def serve(service: ExporterService, *, tick: Callable[[], None] | None = None, s
     print(f"serving {service.url} (backend {getattr(service.backend, 'name', '?')}, node {service.node_name or '-'}, "
           f"interval {service.interval_seconds:g}s); Ctrl-C stops", flush=True)
     try:
-        while not stop.wait(service.interval_seconds):
-            if tick is not None:
-                tick()
+        if tick is None:
+            stop.wait()  # no periodic wake-up: SIGTERM's handler or Ctrl-C ends the wait
+        while tick is not None and not stop.wait(service.interval_seconds):
+            tick()
     except KeyboardInterrupt:
         pass
     finally:
-        service.stop()
-        close = getattr(service.backend, "close", None)
-        if close is not None:
-            close()
+        service.stop(timeout=2.0)
+        _close_within(service.backend, seconds=2.0)
     return 0
+
+
+def _close_within(backend: Any, seconds: float) -> None:
+    """Close the backend, but never wait on it longer than ``seconds``: a hung NVML call must not
+    keep a SIGTERM'd exporter alive (the process exits and the driver frees what it held)."""
+    close = getattr(backend, "close", None)
+    if close is None:
+        return
+    closer = threading.Thread(target=close, name="gpuwarden-exporter-close", daemon=True)
+    closer.start()
+    closer.join(seconds)
+    if closer.is_alive():
+        log.warning("backend close did not return within %gs; exiting without it", seconds)
 
 
 class _Parser(argparse.ArgumentParser):

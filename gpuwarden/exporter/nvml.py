@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from gpuwarden.fleet import TRACKED_XIDS, GpuReading
 
@@ -43,6 +43,8 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_NO_INSTANCE = 0xFFFFFFFF  # event data gpuInstanceId / computeInstanceId when no MIG instance is named
 
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
@@ -61,7 +63,14 @@ FIELDS: dict[int, tuple[str, float]] = {
     144: ("remapped_rows_pending", 1.0),  # NVML_FI_DEV_REMAPPED_PENDING
     145: ("remapped_rows_failure", 1.0),  # NVML_FI_DEV_REMAPPED_FAILURE
     230: ("recovery_action", 1.0),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    # NVLink error counters, each already summed over the GPU's links by the driver; NotSupported on a
+    # GPU without NVLink (the recorded H200), which leaves the series absent.
+    38: ("nvlink_crc_flit_errors_total", 1.0),  # NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+    45: ("nvlink_crc_data_errors_total", 1.0),  # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
+    52: ("nvlink_replay_errors_total", 1.0),  # NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+    59: ("nvlink_recovery_errors_total", 1.0),  # NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
 }
+_FIELD_IDS = list(FIELDS)
 
 # GPM metric ids (percent 0-100 in NVML) -> values key (ratio 0-1, as DCGM's PROF fields).
 GPM_METRICS: dict[int, str] = {
@@ -101,6 +110,13 @@ NA: Any = _NotAvailable()
 
 class NvmlUnavailable(RuntimeError):
     """NVML could not be initialised: no driver, no library, or no permission."""
+
+
+class _Missing:
+    """What :class:`NvmlQuery` returns for ``missing=`` callers when this NVML lacks the function."""
+
+
+MISSING: Any = _Missing()
 
 
 class GpuLost(Exception):
@@ -183,13 +199,17 @@ class NvmlQuery:
             self.errors[device] = self.errors.get(device, 0) + 1
 
     def __call__(self, name: str, *args: Any, device: str | None = None, default: Any = NA,
-                 expected: Iterable[int] = ()) -> Any:
+                 expected: Iterable[int] = (), missing: Any = None) -> Any:
+        """``missing``: returned instead of ``default`` (and not logged) when this library or driver
+        lacks the function, so that a caller can fall back to an older call."""
         if name in FORBIDDEN_CALLS:
             raise ValueError(f"{name} must not be called on the collection path")
         self.init()
         nvml = self.nvml
         function = getattr(nvml, name, None)
         if function is None:
+            if missing is not None:
+                return missing
             self._once((name, "missing"), logging.WARNING, "nvml: %s is unknown to this nvidia-ml-py; treated as unsupported", name)
             return default
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -203,6 +223,8 @@ class NvmlQuery:
             if code in self.QUIET or code in expected:
                 self._once((name, code), logging.DEBUG, "nvml: %s -> %s (absent)", name, error)
                 return default
+            if missing is not None and code in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                return missing
             if code == NVML_ERROR_FUNCTION_NOT_FOUND:
                 self._once((name, code), logging.WARNING, "nvml: %s is not in this driver's NVML; treated as unsupported", name)
                 return default
@@ -222,41 +244,49 @@ class _XidState:
 
 
 class XidTracker:
-    """Monotonic XID counters per GPU UUID and code, with the time each code was last seen."""
+    """Monotonic XID counters per GPU UUID and code, with the time each code was last seen.
+
+    An XID NVML attributes to a MIG instance (event data ``gpuInstanceId``) counts on the parent GPU
+    and on that instance; the instance's series start from 0 like the parent's when it is watched."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._gpus: dict[str, _XidState] = {}
+        self._gpus: dict[tuple[str, int | None], _XidState] = {}
         self._watched: set[str] = set()
 
     def watch(self, uuid: str) -> None:
         """The GPU delivers XID events: its tracked codes are exported from 0 on."""
         with self._lock:
             self._watched.add(uuid)
-            self._gpus.setdefault(uuid, _XidState())
+            self._gpus.setdefault((uuid, None), _XidState())
 
-    def record(self, uuid: str, code: int, when: float) -> None:
+    def record(self, uuid: str, code: int, when: float, gpu_instance: int | None = None) -> None:
         with self._lock:
-            state = self._gpus.setdefault(uuid, _XidState())
-            state.counts[code] = state.counts.get(code, 0) + 1
-            state.last_seen[code] = when
-            state.last_code = code
+            keys = [(uuid, None)] if gpu_instance is None else [(uuid, None), (uuid, gpu_instance)]
+            for key in keys:
+                state = self._gpus.setdefault(key, _XidState())
+                state.counts[code] = state.counts.get(code, 0) + 1
+                state.last_seen[code] = when
+                state.last_code = code
 
-    def values(self, uuid: str) -> dict[str, float]:
-        """``xid_<code>_total``, ``xid_<code>_last_seen_timestamp_seconds`` and ``xid_last_code``."""
+    def values(self, uuid: str, gpu_instance: int | None = None) -> dict[str, float]:
+        """``xid_<code>_total``, ``xid_<code>_last_seen_timestamp_seconds`` and ``xid_last_code`` of
+        a GPU, or of one of its MIG instances (``gpu_instance``)."""
         with self._lock:
-            state = self._gpus.get(uuid)
-            if state is None:
+            state = self._gpus.get((uuid, gpu_instance))
+            watched = uuid in self._watched
+            if state is None and not watched:
                 return {}
             out: dict[str, float] = {}
-            if uuid in self._watched:
+            if watched:
                 out.update({f"xid_{code}_total": 0.0 for code in TRACKED_XIDS})
-                out["xid_last_code"] = float(state.last_code or 0)
-            elif state.last_code is not None:
-                out["xid_last_code"] = float(state.last_code)
-            for code, count in state.counts.items():
-                out[f"xid_{code}_total"] = float(count)
-                out[f"xid_{code}_last_seen_timestamp_seconds"] = state.last_seen[code]
+                out["xid_last_code"] = float(state.last_code or 0) if state else 0.0
+            elif state.last_code is not None:  # type: ignore[union-attr]
+                out["xid_last_code"] = float(state.last_code)  # type: ignore[union-attr]
+            if state is not None:
+                for code, count in state.counts.items():
+                    out[f"xid_{code}_total"] = float(count)
+                    out[f"xid_{code}_last_seen_timestamp_seconds"] = state.last_seen[code]
             return out
 
 
@@ -264,7 +294,7 @@ class XidWatcher:
     """A daemon thread waiting on one NVML event set for XID events of all GPUs."""
 
     def __init__(self, query: NvmlQuery, tracker: XidTracker, clock: Callable[[], float] = time.time,
-                 wait_ms: int = 1000):
+                 wait_ms: int = 15000):
         self.query = query
         self.tracker = tracker
         self.clock = clock
@@ -318,15 +348,24 @@ class XidWatcher:
             except GpuLost:
                 uuid = ""
             code = int(data.eventData)
-            self.tracker.record(uuid, code, self.clock())
-            log.warning("xid %d on %s", code, uuid or "an unknown GPU")
+            instance = getattr(data, "gpuInstanceId", NVML_NO_INSTANCE)
+            instance = None if not isinstance(instance, int) or instance == NVML_NO_INSTANCE else instance
+            self.tracker.record(uuid, code, self.clock(), instance)
+            log.warning("xid %d on %s%s", code, uuid or "an unknown GPU",
+                        "" if instance is None else f" (MIG GPU instance {instance})")
         log.info("xid event thread stopped")
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread. It may sit in a long event wait: it is given ``timeout`` seconds (or
+        less where the wait ends sooner), then left to exit on its own, holding its event set."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(min(timeout, 0.5, self.wait_ms / 1000 + 0.1))  # never hold a SIGTERM for a whole wait
+            if thread.is_alive():
+                log.debug("xid event thread still in its wait; leaving it to end with the process")
+                self._event_set = NA
+                return
         if self._event_set is not NA:
             try:
                 self.query("nvmlEventSetFree", self._event_set)
@@ -377,6 +416,17 @@ def _field_value(entry: Any) -> float | None:
     return None if raw is None else _number(getattr(union, raw))
 
 
+def _processes(procs: Iterable[Any]) -> Iterator[tuple[int, float | None]]:
+    """(pid, used bytes or None where NVML cannot tell) of an NVML process list."""
+    for proc in procs:
+        pid = getattr(proc, "pid", None)
+        if not isinstance(pid, int) or pid <= 0:
+            continue
+        used = _number(getattr(proc, "usedGpuMemory", None))
+        known = used is not None and 0 <= used < 2**63  # 2**64-1 is NVML_VALUE_NOT_AVAILABLE
+        yield pid, used if known else None
+
+
 def mig_profile_from_name(name: str) -> str | None:
     """``NVIDIA H100 80GB HBM3 MIG 1g.10gb`` -> ``1g.10gb``."""
     match = _MIG_PROFILE.search(name.rsplit("MIG", 1)[-1])
@@ -393,7 +443,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node: str, *, nvml: Any = None, clock: Callable[[], float] = time.time,
-                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 1000, processes: bool = True):
+                 xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 15000, processes: bool = True):
         self.node = node
         self.processes_enabled = processes
         self.query = NvmlQuery(nvml)
@@ -405,6 +455,8 @@ class NvmlBackend:
         self._mig_windows: dict[tuple[str, int], _GpmWindow] = {}
         self._driver: str | None = None
         self._lock = threading.Lock()
+        self._memory_v2 = True  # until this NVML turns out to lack nvmlDeviceGetMemoryInfo_v2
+        self._mps_unsupported: set[str] = set()  # GPUs whose MPS process listing is NotSupported
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> "NvmlBackend":
@@ -510,15 +562,19 @@ class NvmlBackend:
         procs = self.query("nvmlDeviceGetComputeRunningProcesses", gpu.handle, device=gpu.uuid)
         if procs is NA:
             return None
-        out = []
-        for proc in procs:
-            pid = getattr(proc, "pid", None)
-            if not isinstance(pid, int) or pid <= 0:
-                continue
-            used = _number(getattr(proc, "usedGpuMemory", None))
-            known = used is not None and 0 <= used < 2**63  # 2**64-1 is NVML_VALUE_NOT_AVAILABLE
-            out.append((pid, used if known else None))
-        return tuple(out)
+        out: dict[int, float | None] = {}
+        for pid, used in _processes(procs):
+            out[pid] = used
+        # Under MPS the compute list shows the MPS server; NVML lists its clients (the pods' own
+        # processes, each with its memory) separately. A client is kept once, with its own figure.
+        if out and gpu.uuid not in self._mps_unsupported:  # no process at all: no MPS server, no client
+            clients = self.query("nvmlDeviceGetMPSComputeRunningProcesses", gpu.handle, device=gpu.uuid)
+            if clients is NA:
+                self._mps_unsupported.add(gpu.uuid)
+            else:
+                for pid, used in _processes(clients):
+                    out[pid] = used
+        return tuple(out.items())
 
     def _read_values(self, gpu: _Gpu) -> tuple[dict[str, float], list[GpuReading]]:
         q, h, key = self.query, gpu.handle, gpu.uuid
@@ -533,10 +589,7 @@ class NvmlBackend:
         if util is not NA:
             put("gpu_util_ratio", util.gpu, 0.01)
             put("mem_copy_util_ratio", util.memory, 0.01)
-        memory = q("nvmlDeviceGetMemoryInfo", h, device=key)
-        if memory is not NA:
-            put("mem_used_bytes", memory.used)
-            put("mem_total_bytes", memory.total)
+        self._read_memory(h, key, values)
         put("power_watts", q("nvmlDeviceGetPowerUsage", h, device=key), 1e-3)
         put("temperature_celsius", q("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU, device=key))
         put("sm_clock_mhz", q("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM, device=key))
@@ -550,8 +603,43 @@ class NvmlBackend:
         values["nvml_errors_total"] = float(self.query.errors.get(key, 0))
         return values, migs
 
+    def _read_memory(self, handle: Any, key: str, values: dict[str, float]) -> None:
+        """Framebuffer memory as nvidia-smi and DCGM count it.
+
+        ``nvmlDeviceGetMemoryInfo_v2`` splits the driver-reserved memory out of "used" (615 MiB on
+        an idle H200); the v1 call counts it as used, so every idle GPU would look as if it held
+        memory. Where this driver or nvidia-ml-py lacks v2, v1 is read instead, logged once."""
+        q = self.query
+        version = getattr(q.nvml, "nvmlMemory_v2", None)
+        memory: Any = MISSING
+        if self._memory_v2 and version is not None:
+            memory = q("nvmlDeviceGetMemoryInfo", handle, version, device=key, missing=MISSING)
+        if memory is NA:  # v2 NotSupported on this device (a MIG instance, say): its v1 figures, quietly
+            memory = MISSING
+        elif memory is MISSING:
+            if self._memory_v2:
+                self._memory_v2 = False
+                log.warning("nvml: nvmlDeviceGetMemoryInfo_v2 is not available (driver or nvidia-ml-py too old); "
+                            "reading v1, whose used memory includes the driver-reserved memory and no "
+                            "DCGM_FI_DEV_FB_RESERVED is exported")
+        if memory is MISSING:
+            memory = q("nvmlDeviceGetMemoryInfo", handle, device=key)
+            if memory is not NA:
+                for name, value in (("mem_used_bytes", memory.used), ("mem_total_bytes", memory.total)):
+                    number = _number(value)
+                    if number is not None:
+                        values[name] = number
+            return
+        if memory is NA:
+            return
+        for name, value in (("mem_used_bytes", memory.used), ("mem_total_bytes", memory.total),
+                            ("mem_reserved_bytes", memory.reserved), ("mem_free_bytes", memory.free)):
+            number = _number(value)
+            if number is not None:
+                values[name] = number
+
     def _read_fields(self, gpu: _Gpu, values: dict[str, float]) -> None:
-        entries = self.query("nvmlDeviceGetFieldValues", gpu.handle, list(FIELDS), device=gpu.uuid)
+        entries = self.query("nvmlDeviceGetFieldValues", gpu.handle, _FIELD_IDS, device=gpu.uuid)
         if entries is NA:
             return
         for entry in entries:
@@ -625,16 +713,15 @@ class NvmlBackend:
             instance = q("nvmlDeviceGetGpuInstanceId", handle, device=key)
             name = _text(q("nvmlDeviceGetName", handle, device=key, default=""))
             values: dict[str, float] = {}
-            memory = q("nvmlDeviceGetMemoryInfo", handle, device=key)
-            if memory is not NA:
-                values["mem_used_bytes"] = float(memory.used)
-                values["mem_total_bytes"] = float(memory.total)
+            self._read_memory(handle, key, values)
             util = q("nvmlDeviceGetUtilizationRates", handle, device=key)  # NotSupported on MIG today
             if util is not NA:
                 values["gpu_util_ratio"] = float(util.gpu) / 100.0
             if gpu.gpm and instance is not NA:
                 window = self._mig_windows.setdefault((gpu.uuid, int(instance)), _GpmWindow())
                 values.update(self._gpm(gpu, window, int(instance)))
+            if instance is not NA:
+                values.update(self.xids.values(gpu.uuid, int(instance)))
             readings.append(GpuReading(
                 node=self.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, model=gpu.model, pci_bus_id=gpu.pci_bus_id,
                 mig_instance_id=None if instance is NA else int(instance), mig_profile=mig_profile_from_name(name),

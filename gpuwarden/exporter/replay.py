@@ -53,6 +53,7 @@ _GPM_COLUMNS = {1: "gpm_graphics_util", 2: "gpm_sm_util", 3: "gpm_sm_occupancy",
 LATENCY_FUNCTIONS = {
     "utilization": "nvmlDeviceGetUtilizationRates",
     "memory": "nvmlDeviceGetMemoryInfo",
+    "memory_v2": "nvmlDeviceGetMemoryInfo_v2",  # not in the probe: costed as v1 (same driver path)
     "power": "nvmlDeviceGetPowerUsage",
     "temperature": "nvmlDeviceGetTemperature",
     "clock_sm": "nvmlDeviceGetClockInfo",
@@ -177,6 +178,8 @@ class RecordedNvml:
         self.cursor = 0
         self.lost: set[int] = set()
         self.processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}
+        self.mps_processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}  # MPS clients, as processes
+        self.memory_v2 = True  # False: nvmlDeviceGetMemoryInfo_v2 is missing, as on an older driver
         self.latency_s: dict[str, float] = {}
         if latency:
             for key, function in LATENCY_FUNCTIONS.items():
@@ -184,6 +187,9 @@ class RecordedNvml:
                 if median is not None:
                     self.latency_s[function] = float(median) / 1e6
             self.latency_s.setdefault("nvmlGpmMigSampleGet", self.latency_s.get("nvmlGpmSampleGet", 0.0))
+            self.latency_s.setdefault("nvmlDeviceGetMemoryInfo_v2", self.latency_s.get("nvmlDeviceGetMemoryInfo", 0.0))
+            self.latency_s.setdefault("nvmlDeviceGetMPSComputeRunningProcesses",
+                                      self.latency_s.get("nvmlDeviceGetComputeRunningProcesses", 0.0))
         self._spin = spin or _spin
         self._fields = {entry["id"]: entry for entry in self.device.get("field_values", {}).values()}
         self._tokens = itertools.count(0x1000, 0x10)
@@ -293,15 +299,39 @@ class RecordedNvml:
         match = re.search(r"(\d+)gb", self.mig_profiles[slot])
         return int(match.group(1)) * 1000**3 if match else 0
 
-    def nvmlDeviceGetMemoryInfo(self, handle: RecordedHandle) -> SimpleNamespace:
-        self._enter("nvmlDeviceGetMemoryInfo", handle)
+    def reserved_bytes(self) -> int:
+        """Driver-reserved framebuffer memory, as ``nvmlDeviceGetMemoryInfo_v2`` reports it.
+
+        A probe with a ``memory_v2`` answer gives it; otherwise it is the v1 "used" of the probe,
+        which was recorded with no process on the GPU (``procs`` empty), so all of it was the
+        driver's: 615.1 MiB, which the recorded ``nvidia-smi -q`` shows as Reserved 616 MiB, Used 0."""
+        recorded = self.device.get("memory_v2")
+        if recorded and recorded.get("ok"):
+            return int(recorded["value"]["reserved"])
+        return int(self._static("memory")["used"])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: RecordedHandle, version: int | None = None) -> SimpleNamespace:
+        """v1 (``version`` None): used includes the reserved memory, as NVML's v1 call does; v2
+        (``version=pynvml.nvmlMemory_v2``): used without it, and ``reserved`` besides. With
+        ``memory_v2 = False`` the v2 function is missing, as on an older driver."""
+        if version:
+            self._enter("nvmlDeviceGetMemoryInfo_v2", handle)
+            if not self.memory_v2:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        else:
+            self._enter("nvmlDeviceGetMemoryInfo", handle)
         memory = self._static("memory")
         used = int(self._value(handle, "mem_used_mib") * MIB) if self.rows[0].values else int(memory["used"])
         total = int(memory["total"])
+        reserved = self.reserved_bytes()
         if handle.mig_slot is not None:
             total = self._mig_total(handle.mig_slot)
             used = min(total, used // max(1, len(self.mig_profiles)))
-        return SimpleNamespace(total=total, used=used, free=total - used)
+            reserved = 0
+        if not version:
+            return SimpleNamespace(total=total, used=used, free=total - used)
+        used = max(0, used - reserved)
+        return SimpleNamespace(version=version, total=total, reserved=reserved, used=used, free=total - reserved - used)
 
     def nvmlDeviceGetUtilizationRates(self, handle: RecordedHandle) -> SimpleNamespace:
         self._enter("nvmlDeviceGetUtilizationRates", handle)
@@ -377,6 +407,15 @@ class RecordedNvml:
         used = int(self._value(handle, "mem_used_mib") * MIB)
         return [SimpleNamespace(pid=40000 + 100 * handle.index + k, usedGpuMemory=used // max(1, count))
                 for k in range(count)]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: RecordedHandle) -> list[SimpleNamespace]:
+        """The MPS clients of ``mps_processes[index]`` (none by default: the H200 ran without MPS)."""
+        self._enter("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        injected = self.mps_processes.get(handle.index, ())
+        if isinstance(injected, int):
+            raise pynvml.NVMLError(injected)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                for pid, used in injected]
 
     # -- MIG ------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, handle: RecordedHandle) -> list[int]:
@@ -530,7 +569,7 @@ class ReplayBackend(NvmlBackend):
 
     def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
-                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 1000,
+                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 15000,
                  processes: bool = True):
         rows = load_trace(trace)
         self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)

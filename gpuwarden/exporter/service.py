@@ -9,30 +9,36 @@ once and reused by every scrape of it). Each step is named in the debug log.
 The watchdog never touches the backend: when a collection has run longer than
 ``watchdog_seconds`` (a hung NVML call), or none has succeeded for ``STALE_AFTER_INTERVALS``
 intervals, it swaps in the same readings marked stale (``gpuwarden_exporter_collection_stale``)
-and ``/healthz`` answers 503; ``/metrics`` keeps answering from memory.
+and ``/healthz`` (liveness) answers 503; ``/metrics`` keeps answering from memory and ``/readyz``
+(readiness) stays 200, so a stale exporter shows up in Prometheus as stale rather than dropping out
+of its targets. Every scrape carries ``gpuwarden_exporter_snapshot_age_seconds``.
 """
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import logging
+import math
 import threading
 import time
 from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from gpuwarden.fleet import GpuBackend, GpuReading
 
 from gpuwarden.fleet.catalogue import MetricSpec
 from .collector import GpuCollector
 from .snapshot import ExporterSnapshot
-from .web import make_server
+from .web import ExporterHttpServer, Limits, make_server
 
 log = logging.getLogger("gpuwarden.exporter")
 
 STALE_AFTER_INTERVALS = 3
+QUICK_RENDER_READINGS = 4  # up to this many GPUs/MIG instances a render stays in the HTTP loop (< ~1 ms)
 DEFAULT_WATCHDOG_SECONDS = 10.0
 _MAX_REMEMBERED_ERRORS = 256
 
@@ -66,11 +72,12 @@ class ExporterService:
         node_name: str = "",
         attributor: Attributor | None = None,
         watchdog_seconds: float | None = None,
+        http_limits: Limits | None = None,
     ):
-        if interval_seconds <= 0:
-            raise ValueError("interval_seconds must be positive")
-        if watchdog_seconds is not None and watchdog_seconds <= 0:
-            raise ValueError("watchdog_seconds must be positive")
+        if not (math.isfinite(interval_seconds) and interval_seconds > 0):
+            raise ValueError("interval_seconds must be a finite number > 0")
+        if watchdog_seconds is not None and not (math.isfinite(watchdog_seconds) and watchdog_seconds > 0):
+            raise ValueError("watchdog_seconds must be a finite number > 0")
         self.backend = backend
         self.interval_seconds = float(interval_seconds)
         self.host = host
@@ -88,13 +95,15 @@ class ExporterService:
         self._last_success_monotonic: float | None = None
         self._logged_errors: set[str] = set()
         self._stop = threading.Event()
-        self._server = None
-        self._server_thread: threading.Thread | None = None
+        self._watchdog_wake = threading.Event()
+        self._server: ExporterHttpServer | None = None
         self._collect_thread: threading.Thread | None = None
         self._watchdog_thread: threading.Thread | None = None
         self._in_flight_since: float | None = None  # monotonic start of the running collection
         self._hang_logged = False
         self._rendered: tuple[ExporterSnapshot | None, bytes] = (None, b"")
+        self._gzipped: tuple[ExporterSnapshot | None, bytes] = (None, b"")
+        self.http_limits = http_limits or Limits()
 
     # -- collection ------------------------------------------------------------------------
     @property
@@ -110,6 +119,7 @@ class ExporterService:
         attempt = next(self._attempts)
         started = time.perf_counter()
         self._in_flight_since = time.monotonic()
+        self._watchdog_wake.set()  # the watchdog sleeps until this collection could count as hung
         pods_ok: bool | None = None
         try:
             try:
@@ -187,9 +197,27 @@ class ExporterService:
                     log.warning("watchdog: %s; serving the last snapshot marked stale", reason)
         return stale
 
+    def _watchdog_delay(self) -> float | None:
+        """Seconds until the watchdog's answer could change; None: not before a collection starts.
+
+        The watchdog sleeps until then instead of polling: an idle exporter wakes only around its
+        collections (a periodic poll was one of the wake-ups behind issue 15's CPU figure)."""
+        now = time.monotonic()
+        since, last = self._in_flight_since, self._last_success_monotonic
+        deadlines = []
+        if since is not None:
+            deadlines.append(since + self.watchdog_seconds)
+        if last is not None:
+            deadlines.append(last + STALE_AFTER_INTERVALS * self.interval_seconds)
+        future = [d for d in deadlines if d > now]
+        return max(0.005, min(future) - now + 0.005) if future else None
+
     def _watchdog_loop(self) -> None:
-        period = max(0.01, min(5.0, self.watchdog_seconds / 4, self.interval_seconds / 2))
-        while not self._stop.wait(period):
+        while not self._stop.is_set():
+            self._watchdog_wake.wait(self._watchdog_delay())
+            self._watchdog_wake.clear()
+            if self._stop.is_set():
+                break
             self.check_watchdog()
 
     def _log_error_once(self, message: str) -> None:
@@ -206,17 +234,62 @@ class ExporterService:
             self._stop.wait(self.interval_seconds)
 
     # -- serving ---------------------------------------------------------------------------
-    def render_metrics(self) -> bytes:
-        """The text exposition of the current snapshot (what ``/metrics`` returns).
-
-        Rendered once per snapshot: scrapes of the same snapshot reuse the bytes."""
-        snapshot = self.collector.snapshot
+    def _snapshot_text(self, snapshot: ExporterSnapshot) -> bytes:
+        """The text of one snapshot, rendered once and reused by every scrape of it."""
         cached, body = self._rendered
         if cached is snapshot:
             return body
         body = self.collector.render()
         self._rendered = (snapshot, body)
         return body
+
+    def _age_text(self, snapshot: ExporterSnapshot) -> bytes:
+        """The one series computed per scrape: how old the served GPU readings are."""
+        last = snapshot.last_success_timestamp_seconds
+        if last is None:
+            return b""
+        node = (snapshot.node or "").replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+        age = max(0.0, self._clock() - last)
+        return (f"# HELP gpuwarden_exporter_snapshot_age_seconds Seconds since the served GPU readings were collected "
+                f"(grows while the exporter is stale).\n# TYPE gpuwarden_exporter_snapshot_age_seconds gauge\n"
+                f'gpuwarden_exporter_snapshot_age_seconds{{node="{node}"}} {floatToGoString(age)}\n').encode()
+
+    def render_metrics(self) -> bytes:
+        """The text exposition of the current snapshot plus its age (what ``/metrics`` returns)."""
+        snapshot = self.collector.snapshot
+        return self._snapshot_text(snapshot) + self._age_text(snapshot)
+
+    def metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool]:
+        """``/metrics``: (body, whether it is gzip). The compressed snapshot text is cached like
+        the text; the age series is a second gzip member (RFC 1952 allows several; Go's reader,
+        which Prometheus uses, reads them all)."""
+        snapshot = self.collector.snapshot
+        if not accepts_gzip:
+            return self._snapshot_text(snapshot) + self._age_text(snapshot), False
+        cached, body = self._gzipped
+        if cached is not snapshot:
+            body = gzip.compress(self._snapshot_text(snapshot), compresslevel=6, mtime=0)
+            self._gzipped = (snapshot, body)
+        tail = self._age_text(snapshot)
+        return body + (gzip.compress(tail, compresslevel=1, mtime=0) if tail else b""), True
+
+    def quick_metrics_response(self, accepts_gzip: bool) -> tuple[bytes, bool] | None:
+        """:meth:`metrics_response` when it is quick (the snapshot's bytes are ready, or the
+        snapshot is small enough to render in about a millisecond); None when a render would hold
+        the HTTP loop longer (the server then renders in a worker thread)."""
+        snapshot = self.collector.snapshot
+        cached = (self._gzipped if accepts_gzip else self._rendered)[0]
+        if cached is snapshot or len(snapshot.readings) <= QUICK_RENDER_READINGS:
+            return self.metrics_response(accepts_gzip)
+        return None
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: ready once the first collection attempt has landed, and ready from then on,
+        stale or not (staleness is in ``/metrics``; liveness is ``/healthz``)."""
+        if self._applied_attempt == 0:
+            return False, "no collection yet"
+        live, _ = self.health()
+        return True, "ready" if live else "ready (stale)"
 
     def health(self) -> tuple[bool, str]:
         """``(True, "ok")`` while the last successful collection is younger than 3 intervals and
@@ -245,14 +318,12 @@ class ExporterService:
         if self._server is not None:
             raise RuntimeError("ExporterService already started")
         self._stop.clear()
-        self._server = make_server(self.host, self.port, self.render_metrics, self.health)
+        self._server = make_server(self.host, self.port, self.metrics_response, self.health, self.ready, self.http_limits,
+                                   quick_metrics=self.quick_metrics_response)
         self.port = self._server.server_address[1]
-        self._server_thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.5}, name="gpuwarden-exporter-http", daemon=True
-        )
         self._collect_thread = threading.Thread(target=self._collect_loop, name="gpuwarden-exporter-collect", daemon=True)
         self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)
-        self._server_thread.start()
+        self._server.start()
         self._collect_thread.start()
         self._watchdog_thread.start()
         log.info("exporter serving %s (backend=%s, interval=%.3gs)", self.url, getattr(self.backend, "name", "?"), self.interval_seconds)
@@ -261,16 +332,16 @@ class ExporterService:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop collecting and serving, close the socket; safe to call twice."""
         self._stop.set()
+        self._watchdog_wake.set()
         server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        for thread in (self._server_thread, self._watchdog_thread, self._collect_thread):
+            server.stop(timeout)
+        for thread in (self._watchdog_thread, self._collect_thread):
             if thread is not None:
                 thread.join(timeout if thread is not self._collect_thread else min(timeout, 1.0))
                 if thread.is_alive():
                     log.warning("%s still running after stop (a backend read that never returned?)", thread.name)
-        self._server_thread = self._collect_thread = self._watchdog_thread = None
+        self._collect_thread = self._watchdog_thread = None
         log.info("exporter stopped")
 
     def __enter__(self) -> "ExporterService":

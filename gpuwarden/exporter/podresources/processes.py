@@ -236,7 +236,7 @@ def split_values(reading: GpuReading, own: float | None) -> dict[str, float]:
     (``pod_memory_attributed`` 1), the GPU's otherwise (0); FB_FREE and the rest stay GPU-wide."""
     values: dict[str, float] = dict(reading.values)
     used, total = values.get("mem_used_bytes"), values.get("mem_total_bytes")
-    if used is not None and total is not None:
+    if used is not None and total is not None and "mem_free_bytes" not in values:  # v2 memory gives free itself
         values["mem_free_bytes"] = float(total) - float(used)
     if own is None:
         values["pod_memory_attributed"] = 0.0
