@@ -237,9 +237,10 @@ def format_findings(findings: list[Finding], start, end, rows: int) -> str:
 
 # -- eval ----------------------------------------------------------------------------------------
 def simulate_and_score(seed: int, days: float, nodes: int = 64, rate: float = DEFAULT_RATE, data_dir: Path | None = None,
-                       config=None, progress=None) -> EvalReport:
+                       config=None, progress=None, noise: bool = True, attribution: str = "mixed") -> EvalReport:
     """One harness run: simulate, scan day by day (with context), score against the ground truth."""
-    sim_config = SimConfig(seed=seed, nodes=nodes, data_dir=data_dir, counts_overrides={kind: rate for kind in KINDS})
+    sim_config = SimConfig(seed=seed, nodes=nodes, data_dir=data_dir, counts_overrides={kind: rate for kind in KINDS},
+                           background_noise=noise, attribution=attribution)
     simulation = Simulation(sim_config)
     scanner = StreamingScanner(config)
     start = simulation.now + pd.Timedelta(seconds=sim_config.step_seconds)
@@ -254,34 +255,55 @@ def simulate_and_score(seed: int, days: float, nodes: int = 64, rate: float = DE
 
 def run_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    if args.json is not None:  # deprecated alias
+        args.format, args.output = "json", args.json
     tuned = sorted(set(args.seed) & set(TUNING_SEEDS))
     reports = []
     for seed in args.seed:
         reports.append(simulate_and_score(seed, args.days, args.nodes, args.rate, args.data_dir,
-                                          progress=lambda m: print(m, file=sys.stderr)))
+                                          progress=lambda m: print(m, file=sys.stderr),
+                                          noise=args.noise == "on", attribution=args.attribution))
     report = combine(reports) if len(reports) > 1 else reports[0]
-    print(f"health evaluation: seeds {', '.join(map(str, args.seed))} x {args.days:g} days x {args.nodes * 8} GPUs, "
-          f"every fault kind at {args.rate:g} per GPU-day ({time.perf_counter() - started:.0f} s)")
-    print(f"thresholds tuned on seeds {', '.join(map(str, TUNING_SEEDS))}; "
-          + (f"WARNING: seed(s) {', '.join(map(str, tuned))} were used for tuning" if tuned else "these seeds were not used for tuning"))
-    print()
-    print(report.format())
-    if args.json:
-        args.json.write_text(json.dumps(report_dict(report, args), indent=2, default=str))
-    return 0
+    head = (f"health evaluation: seeds {', '.join(map(str, args.seed))} x {args.days:g} days x {args.nodes * 8} GPUs, "
+            f"every fault kind at {args.rate:g} per GPU-day, noise {args.noise}, attribution {args.attribution} "
+            f"({time.perf_counter() - started:.0f} s)\n"
+            f"thresholds tuned on seeds {', '.join(map(str, TUNING_SEEDS))}; "
+            + (f"WARNING: seed(s) {', '.join(map(str, tuned))} were used for tuning" if tuned else "these seeds were not used for tuning"))
+    if args.format == "json":
+        text = json.dumps(report_dict(report, args), indent=2, default=str) + "\n"
+    elif args.format == "csv":
+        text = report.table.reset_index(names="fault_kind").to_csv(index=False)
+    elif args.format == "markdown":
+        table = report.table.reset_index(names="fault_kind")
+        lines = [f"# {head.splitlines()[0]}", "", head.splitlines()[1], "",
+                 "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+        lines += ["| " + " | ".join("" if pd.isna(v) else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row) + " |"
+                  for row in table.itertuples(index=False)]
+        lines += ["", "targets:"] + [f"- {'MET' if ok else 'MISS'} {t}: {m} (target {g})" for t, g, m, ok in report.targets()]
+        text = "\n".join(lines) + "\n"
+    else:
+        text = head + "\n\n" + report.format() + "\n"
+    return write_output(text, args.output)
 
 
 def report_dict(report: EvalReport, args: argparse.Namespace | None = None) -> dict:
     table = report.table.reset_index(names="fault_kind")
     return {
+        "schema_version": SCHEMA_VERSION, "report": "health_eval",
         "seeds": getattr(args, "seed", None), "days": getattr(args, "days", None), "nodes": getattr(args, "nodes", None),
+        "noise": getattr(args, "noise", None), "attribution": getattr(args, "attribution", None),
         "tuning_seeds": list(TUNING_SEEDS), "gpu_days": report.gpu_days,
         "table": json.loads(table.to_json(orient="records")),
         "false_cordons": len(report.false_cordons),
         "false_cordons_per_1000_gpu_days": report.false_cordons_per_1000_gpu_days,
         "missed_fatal_xids": report.missed_fatal_xids,
+        "pooled_f1": _number(report.overall["f1"]), "median_lead_minutes": _number(report.overall["median_lead_minutes"]),
         "targets": [{"target": t, "goal": g, "measured": m, "met": bool(ok)} for t, g, m, ok in report.targets()],
     }
+
+
+def _number(value) -> float | None:
+    return None if pd.isna(value) else round(float(value), 4)
 
 
 # -- titan ---------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ class HealthConfig:
     own_history_lag_s: float = 3600.0
     peer_rate_quantile: float = 0.75
     own_prior_hours: float = 2.0
+    # Without this much own history a GPU could be a steadily noisy one: it then needs this many
+    # more decades of improbability against its peers alone.
+    own_min_history_hours: float = 3.0
+    no_history_extra_decades: float = 6.0
     # cooling: temperature no load, ambient or node-mates explain, against the GPU's own history
     cooling_window_s: float = 1800.0
     cooling_history_hours: int = 6
@@ -291,6 +295,7 @@ def _burst(b: _Builder, events: np.ndarray, windows: tuple[float, ...], alpha: f
         mu = hours_now * np.maximum(peer_rate[rows], own_rate)
         with np.errstate(divide="ignore"):
             logp = np.log10(np.maximum(poisson.sf(count[rows] - 1, np.maximum(mu, 1e-12)), 1e-300))
+        logp = np.where(before_hours >= c.own_min_history_hours, logp, np.minimum(logp + c.no_history_extra_decades, 0.0))
         best[rows] = np.minimum(best[rows], logp)
     return best, detector, counts
 
@@ -445,7 +450,7 @@ def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int) -
     """Per row: the median of the GPU's hourly means over the ``history_hours`` hours before the
     current hour (at least 3 of them; NaN otherwise). Causal: the current hour is never included."""
     ts, gpu = s["ts"], s["gpu"]
-    hour = (ts - ts.min()) // (3600 * _NS)
+    hour = ts // (3600 * _NS) - ts.min() // (3600 * _NS)  # clock hours: chunked scans see the same cells
     n_gpu, n_hour = int(gpu.max()) + 1, int(hour.max()) + 1
     cell = gpu * n_hour + hour
     valid = np.isfinite(values)
