@@ -83,8 +83,11 @@ class GpuSeries:
     def window_start(self, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
         """Index of the first row of each row's trailing window (never before its GPU's first row,
         nor before ``floor`` when given, e.g. the last counter reset)."""
-        start = np.searchsorted(self.key, self.key - int(seconds * _NS_PER_S), side="right")
-        start = np.maximum(start, self.first)
+        cache = self.__dict__.setdefault("_starts", {})
+        start = cache.get(seconds)
+        if start is None:  # the same few window lengths come back many times
+            start = np.searchsorted(self.key, self.key - int(seconds * _NS_PER_S), side="right")
+            start = cache[seconds] = np.maximum(start, self.first)
         return start if floor is None else np.maximum(start, floor)
 
     def window_sum(self, values: np.ndarray, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
