@@ -344,6 +344,9 @@ class _DeviceIds:
         state = (load * 5 + band) * n_profiles + profile  # MIG instances against the same profile
         n_models, n_pools = int(model.max(initial=0)) + 1, int(pool.max(initial=0)) + 1
         self.group_key = ((ts_code * n_models + model) * n_pools + pool) * (640 * n_profiles) + state
+        # Where the fine group is too small: the same model, pool and activity (active or not).
+        coarse = (np.nan_to_num(util) >= ACTIVE_UTIL) * n_profiles + profile
+        self.coarse_key = ((ts_code * n_models + model) * n_pools + pool) * (10 * n_profiles) + coarse
         self.has_pod = pod >= 0
         self.pod_key = np.where(self.has_pod, ts_code * (int(pod.max(initial=0)) + 2) + pod, -1)
 
@@ -363,6 +366,12 @@ class _DeviceIds:
         median = groups.transform("median").to_numpy()
         fill = np.isnan(reference) & (size >= self.MIN_GROUP)
         reference[fill] = median[fill]
+        if np.isnan(reference).any():
+            coarse = series.groupby(self.coarse_key, sort=False)
+            size = coarse.transform("count").to_numpy()
+            median = coarse.transform("median").to_numpy()
+            fill = np.isnan(reference) & (size >= self.MIN_GROUP)
+            reference[fill] = median[fill]
         return reference
 
 

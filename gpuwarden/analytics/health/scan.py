@@ -70,7 +70,7 @@ class HealthConfig:
     # Without this much own history a GPU could be a steadily noisy one: it then needs this many
     # more decades of improbability against its peers alone.
     own_min_history_hours: float = 3.0
-    no_history_extra_decades: float = 6.0
+    no_history_extra_decades: float = 10.0
     # cooling: temperature no load, ambient or node-mates explain, against the GPU's own history
     cooling_window_s: float = 1800.0
     cooling_history_hours: int = 6
@@ -98,11 +98,13 @@ DEFAULT_CONFIG = HealthConfig()
 
 
 def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config: HealthConfig | None = None,
-         pools: Mapping[str, str] | None = None) -> list[Finding]:
+         pools: Mapping[str, str] | None = None, report_from: datetime | pd.Timestamp | None = None) -> list[Finding]:
     """Findings over the fleet samples in ``frame`` up to ``now`` (default: the newest sample).
 
     ``pools`` maps node name -> node pool for peer grouping (default: the node name without a
-    trailing ``-<number>``). Returns findings sorted by severity (critical first), then time.
+    trailing ``-<number>``). ``report_from``: samples before it are context only (a streaming scan
+    already judged them with more history); conditions there raise no finding of their own.
+    Returns findings sorted by severity (critical first), then time.
     """
     config = config or DEFAULT_CONFIG
     if frame is None or len(frame) == 0:
@@ -118,6 +120,9 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
         return []
     now_ns = int(series["ts"].max()) if now is None else int(cutoff.value)
     builder = _Builder(series, config, now_ns)
+    if report_from is not None:
+        builder.report_from_ns = int(pd.Timestamp(report_from).tz_convert("UTC").value) if pd.Timestamp(report_from).tzinfo \
+            else int(pd.Timestamp(report_from).tz_localize("UTC").value)
     _xid_rules(builder)
     _state_rules(builder)
     _hbm(builder)
@@ -135,6 +140,7 @@ class _Builder:
         self.s = series
         self.config = config
         self.now_ns = now_ns
+        self.report_from_ns: int | None = None
         self.findings: list[Finding] = []
 
     def groups(self) -> np.ndarray:
@@ -151,6 +157,8 @@ class _Builder:
     def episodes(self, flag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows where ``flag`` holds, and the start (into those rows) of each episode."""
         idx = np.flatnonzero(flag)
+        if self.report_from_ns is not None and idx.size:
+            idx = idx[self.s["ts"][idx] >= self.report_from_ns]
         if idx.size == 0:
             return idx, idx
         ts, gpu = self.s["ts"][idx], self.s["gpu"][idx]
@@ -288,9 +296,10 @@ def _burst(b: _Builder, events: np.ndarray, windows: tuple[float, ...], alpha: f
             continue
         hours_now = s.window_hours(window, floor)[rows]
         # The GPU's own rate before this window (and a lag): a steadily noisy GPU is not a burst.
+        # (across counter resets: a driver reload does not make a noisy link quiet)
         lag = window + c.own_history_lag_s
-        before = s.window_sum(hit, 1e9, floor)[rows] - s.window_sum(hit, lag, floor)[rows]
-        before_hours = np.maximum(s.window_hours(1e9, floor)[rows] - lag / 3600.0, 0.0)
+        before = s.window_sum(hit, 1e9)[rows] - s.window_sum(hit, lag)[rows]
+        before_hours = np.maximum(s.window_hours(1e9)[rows] - lag / 3600.0, 0.0)
         own_rate = (before + peer_rate[rows] * c.own_prior_hours) / (before_hours + c.own_prior_hours)
         mu = hours_now * np.maximum(peer_rate[rows], own_rate)
         with np.errstate(divide="ignore"):
@@ -544,7 +553,8 @@ class StreamingScanner:
 
     def feed(self, chunk: pd.DataFrame) -> list[Finding]:
         frame = chunk if self._tail is None else pd.concat([self._tail, chunk], ignore_index=True)
-        found = scan(frame, config=self.config, pools=self.pools)
+        report_from = None if self._tail is None or self._tail.empty else pd.to_datetime(chunk["timestamp"], utc=True).min()
+        found = scan(frame, config=self.config, pools=self.pools, report_from=report_from)
         self.log.merge(found)
         newest = pd.to_datetime(frame["timestamp"], utc=True).max()
         self._tail = frame[pd.to_datetime(frame["timestamp"], utc=True) > newest - self.context]
