@@ -141,10 +141,36 @@ def _mig_profiles(column: pd.Series) -> np.ndarray:
     return np.where(codes >= 0, profile_codes[np.maximum(codes, 0)] if len(labels) else 0, 0).astype(np.int64)
 
 
+def _reorder(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``, without the gather for a column that holds one value (unmeasured, or a
+    counter that never moved): most XID columns, on most days."""
+    if values.size and (values == values[0]).all() if not np.isnan(values[0]) else np.isnan(values).all():
+        return _constant(float(values[0]), order.size)
+    return values[order]
+
+
+def _constant(value: float, size: int) -> np.ndarray:
+    """A read-only array of one value, shared (allocating fresh memory is a real cost at 10 M rows)."""
+    key = (np.nan if np.isnan(value) else value, size)
+    cached = _CONSTANTS.get(key) if not np.isnan(value) else _CONSTANTS.get(("nan", size))
+    if cached is None:
+        cached = np.full(size, value)
+        cached.flags.writeable = False
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        _CONSTANTS[("nan", size) if np.isnan(value) else key] = cached
+    return cached
+
+
+_CONSTANTS: dict[tuple, np.ndarray] = {}
+
+
 def _floats(frame: pd.DataFrame, name: str) -> np.ndarray:
     if name not in frame.columns:
-        return np.full(len(frame), np.nan)
+        return _constant(np.nan, len(frame))
     column = frame[name]
+    if column.dtype.kind in "iub" and not isinstance(column.dtype, np.dtype) and column.isna().all():
+        return _constant(np.nan, len(frame))  # a nullable column nobody measured
     if isinstance(column.dtype, np.dtype) and column.dtype.kind in "fiu":
         return column.to_numpy(dtype=float)
     if column.dtype.kind in "fiub":  # nullable extension ints: pd.NA -> NaN (never an error, never 0)
@@ -204,7 +230,7 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
     # Sort by (gpu, time) and collapse rows that share both (the MIG instances of one GPU).
     order = np.lexsort((ts, gpu))
     ts, gpu, node, model, pool = ts[order], gpu[order], node[order], model[order], pool[order]
-    device = {name: values[order] for name, values in device.items()}
+    device = {name: _reorder(values, order) for name, values in device.items()}
     new_row = np.r_[True, (gpu[1:] != gpu[:-1]) | (ts[1:] != ts[:-1])] if ts.size else np.zeros(0, dtype=bool)
     starts = np.flatnonzero(new_row)
     cols: dict[str, np.ndarray] = {}
@@ -409,8 +435,8 @@ def _add_increments(series: GpuSeries) -> None:
     any_reset = np.zeros(len(series), dtype=bool)
     for name in COUNTERS:
         values = cols[name]
-        if values.size and not np.isnan(values[0]) and (values == values[0]).all():
-            cols[f"inc_{name}"] = np.zeros(values.size)  # never changed: no events, no resets
+        if values.size == 0 or (values == values[0]).all() or np.isnan(values).all():
+            cols[f"inc_{name}"] = _constant(0.0, values.size)  # never changed or never measured: no events
             continue
         inc, reset = counter_increments(values, series.first)
         cols[f"inc_{name}"] = inc
