@@ -92,6 +92,9 @@ class HealthConfig:
     straggler_min_scale: float = 0.025
     straggler_max_power_excess: float = 0.05  # log power vs peers: a slower clock at more power is load
     dbe_explained_within_s: float = 300.0
+    # Early warnings recommend a cordon only once sustained this long (before that: a taint).
+    cordon_after_s: float = 1800.0
+    straggler_cordon_after_s: float = 2700.0
 
 
 DEFAULT_CONFIG = HealthConfig()
@@ -167,8 +170,11 @@ class _Builder:
         return idx, np.flatnonzero(new)
 
     def emit(self, kind: str, flag: np.ndarray, severity: Severity, action: ActionKind | None,
-             evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float]) -> None:
-        """One finding per episode of ``flag``; ``evidence`` and ``confidence`` see the episode's rows."""
+             evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float],
+             sustain_s: float = 0.0) -> None:
+        """One finding per episode of ``flag``; ``evidence`` and ``confidence`` see the episode's rows.
+        With ``sustain_s``, a cordon is recommended only once the episode has lasted that long; a
+        shorter one only taints (noise is brief, wear persists)."""
         idx, starts = self.episodes(flag)
         if idx.size == 0:
             return
@@ -181,9 +187,15 @@ class _Builder:
             details["active"] = bool(last >= self.now_ns - int(self.config.active_within_s * _NS))
             details["model"] = str(s.models[s["model"][rows[0]]])
             details["pool"] = str(s.pools[s["pool"][rows[0]]])
+            recommended = action
+            if sustain_s and action in (ActionKind.CORDON, ActionKind.DRAIN):
+                lasted_s = (last - first) / _NS
+                details["sustained_minutes"] = round(lasted_s / 60.0, 1)
+                if lasted_s < sustain_s:
+                    recommended = ActionKind.TAINT
             self.findings.append(Finding(
                 kind=kind, severity=severity, node=str(s.nodes[s["node"][rows[-1]]]),
-                gpu_uuid=str(s.gpus[s["gpu"][rows[0]]]), evidence=details, recommended_action=action,
+                gpu_uuid=str(s.gpus[s["gpu"][rows[0]]]), evidence=details, recommended_action=recommended,
                 confidence=float(np.clip(confidence(rows), 0.0, 1.0)),
                 first_seen=pd.Timestamp(first, tz="UTC").to_pydatetime(),
                 last_seen=pd.Timestamp(last, tz="UTC").to_pydatetime(),
@@ -335,7 +347,7 @@ def _hbm(b: _Builder) -> None:
                "recovery": recovery,
                "note": "single-bit ECC errors and correctable remaps above the peer baseline and the GPU's own "
                        "history: a double-bit error or a remap failure may follow"},
-           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0))
+           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
 
 
 def _nvlink(b: _Builder) -> None:
@@ -361,7 +373,7 @@ def _nvlink(b: _Builder) -> None:
                "log10_p": best[rows].min(), "recovery": recovery,
                "note": "NVLink errors climbing above the peer baseline and the GPU's own history: "
                        "an NVLink fault (XID 74) often follows"},
-           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0))
+           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
 
 
 def _pcie(b: _Builder) -> None:
@@ -386,7 +398,7 @@ def _pcie(b: _Builder) -> None:
                    "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(), "recovery": recovery,
                    "note": ("sustained replay storm: check the link / riser / slot" if kind == "pcie-replay-storm"
                             else "PCIe replays climbing: a GPU falling off the bus (XID 79) often follows")},
-               lambda rows: 0.5 + 0.05 * (-score[rows].min() - 6.0))
+               lambda rows: 0.5 + 0.05 * (-score[rows].min() - 6.0), sustain_s=c.cordon_after_s)
 
 
 def _window_max(s: GpuSeries, values: np.ndarray, seconds: float) -> np.ndarray:
@@ -505,7 +517,7 @@ def _straggler(b: _Builder) -> None:
                          "deviation_in_thresholds": -score[rows].min(), "peer_group": b.group_label(int(groups[rows[0]])),
                          "recovery": recovery,
                          "note": "slower than its peers with no throttle reason and no XID: it slows every gang it joins"},
-           lambda rows: 0.5 + 0.2 * (-score[rows].min() - 1.0))
+           lambda rows: 0.5 + 0.2 * (-score[rows].min() - 1.0), sustain_s=c.straggler_cordon_after_s)
 
 
 class FindingLog:
