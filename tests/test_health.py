@@ -206,12 +206,12 @@ def test_mig_instances_are_one_gpu():
 
 # -- early warning -------------------------------------------------------------------------------
 def test_sbe_burst_is_hbm_degrading_with_a_trend():
-    frame = fleet(120)
-    rows = at(frame, 2, 60)
-    frame.loc[rows, "ecc_sbe_volatile_total"] = np.arange(rows.sum()) * 2  # 2 per minute from minute 60
+    frame = fleet(360)  # 5 quiet hours first: the GPU's own history says it is normally quiet
+    rows = at(frame, 2, 300)
+    frame.loc[rows, "ecc_sbe_volatile_total"] = np.arange(rows.sum()) * 2  # 2 per minute from minute 300
     finding = only(scan(frame), "hbm-degrading")
     assert finding.recommended_action == ActionKind.CORDON
-    assert START + pd.Timedelta(minutes=60) < finding.first_seen <= START + pd.Timedelta(minutes=75)
+    assert START + pd.Timedelta(minutes=300) < finding.first_seen <= START + pd.Timedelta(minutes=310)
     assert finding.evidence["log10_p"] < -6 and finding.evidence["sbe_errors"] > 50
 
 

@@ -70,12 +70,12 @@ class HealthConfig:
     # Without this much own history a GPU could be a steadily noisy one: it then needs this many
     # more decades of improbability against its peers alone.
     own_min_history_hours: float = 3.0
-    no_history_extra_decades: float = 10.0
+    no_history_extra_decades: float = 14.0
     # cooling: temperature no load, ambient or node-mates explain, against the GPU's own history
     cooling_window_s: float = 1800.0
     cooling_history_hours: int = 6
     cooling_excess_celsius: float = 8.0
-    cooling_excess_no_history_celsius: float = 12.0
+    cooling_excess_no_history_celsius: float = 18.0
     cooling_min_samples: int = 10
     # throttle share (hardware thermal / power brake / hardware slowdown)
     throttle_window_s: float = 600.0
