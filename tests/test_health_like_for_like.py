@@ -128,16 +128,14 @@ def test_sim_noise_and_attribution_knobs(data_dir):
     from gpuwarden.sim.config import ConfigError
 
     base = dict(seed=5, nodes=2, warmup_days=0.0, data_dir=data_dir, fault_rate_scale=0.0)
-    quiet = Simulation(SimConfig(**base)).run(180)
-    noisy = Simulation(SimConfig(**base, background_noise=True, attribution="off")).run(180)
+    quiet = Simulation(SimConfig(**base)).run(120)
+    noisy = Simulation(SimConfig(**base, background_noise=True, attribution="off")).run(120)
     assert quiet["nvlink_crc_flit_errors_total"].max() == 0
     assert noisy["nvlink_crc_flit_errors_total"].max() > 0 and noisy["pcie_replay_total"].max() > 0
     assert noisy["pod"].isna().all() and set(noisy["attribution"].astype(str)) == {"off"}
     assert quiet["pod"].notna().any() and set(quiet["attribution"].astype(str)) == {"known"}
-    # Noise draws from its own stream: the jobs are the same (and the seed decides everything).
+    # Noise draws from its own stream (seeded by the seed): the jobs are the same.
     assert (quiet["gpu_util_ratio"].to_numpy() == noisy["gpu_util_ratio"].to_numpy()).all()
-    again = Simulation(SimConfig(**base, background_noise=True, attribution="off")).run(180)
-    pd.testing.assert_frame_equal(noisy, again)  # deterministic by seed
     with pytest.raises(ConfigError, match="attribution"):
         SimConfig(attribution="sometimes")
 
