@@ -28,6 +28,9 @@ LLAMA3_INTERRUPTIONS = {
 }
 
 
+ATTRIBUTION_MODES = ("on", "off", "mixed")
+
+
 class ConfigError(ValueError):
     """A setting that does not exist or has a value out of range; the message names key and allowed values."""
 
@@ -51,6 +54,13 @@ class SimConfig:
     openb_pod_list: str = "default"
     data_dir: Path | None = None
     counts_overrides: Mapping[str, float] = field(default_factory=dict)  # fault kind -> events per GPU-day
+    # Background noise and confounders on healthy GPUs (SBE drizzle, PCIe replay bursts, NVLink CRC
+    # errors, per-slot and per-node temperature spread, hot-but-healthy nodes, driver reloads that
+    # reset counters). Drawn from their own random stream: jobs and faults stay the same either way.
+    background_noise: bool = False
+    # Pod attribution: "on" (the kubelet answers everywhere), "off" (no pod labels anywhere: pod,
+    # namespace, team, project null, attribution 'off'), "mixed" (a third of the nodes without).
+    attribution: str = "on"
 
     def __post_init__(self) -> None:
         positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus")
@@ -67,6 +77,10 @@ class SimConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")
+        if self.attribution not in ATTRIBUTION_MODES:
+            raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
+        if not isinstance(self.background_noise, bool):
+            raise ConfigError(f"background_noise: {self.background_noise!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:
             object.__setattr__(self, "start", self.start.replace(tzinfo=timezone.utc))
 

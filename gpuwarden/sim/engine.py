@@ -39,7 +39,7 @@ from gpuwarden.fleet import (
 
 from .catalog import MODELS
 from .config import SimConfig
-from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
+from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, NVLINK_COUNTERS, SLOW_KINDS, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
 from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
 from .workloads import PROFILES, ArrivalStream, JobSpec
@@ -114,7 +114,7 @@ class Simulation:
         self.step_index = 0
         self.active_faults: list[FaultEvent] = []
         self.counts = dict.fromkeys(("submitted", "started", "succeeded", "failed_by_fault", "preempted",
-                                     "spot_reclaims", "application_xids"), 0)
+                                     "spot_reclaims", "application_xids", "counter_resets"), 0)
         self.latest: pd.DataFrame | None = None
         self._capacity_changed = True
         warmup_steps = int(round(cfg.warmup_days * 86400 / cfg.step_seconds))
@@ -163,7 +163,8 @@ class Simulation:
         self.counters = {name: np.zeros(n_gpu, dtype=np.int64) for name in (
             "ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_correctable_total",
             "remapped_rows_uncorrectable_total", "remapped_rows_pending", "remapped_rows_failure",
-            "pcie_replay_total", "recovery_action", *XID_COLUMN_NAMES)}
+            "pcie_replay_total", *NVLINK_COUNTERS, "recovery_action", *XID_COLUMN_NAMES)}
+        self._build_noise()
         # Static label codes for rendering.
         self._node_names = [n.name for n in self.nodes]
         self._gpu_uuids = [g.uuid for g in self.gpus]
@@ -178,6 +179,53 @@ class Simulation:
         self.job_team = _Column(np.int32)
         self.job_project = _Column(np.int32)
         self._pool_masks: dict[tuple[str, ...], np.ndarray] = {}
+
+    def _build_noise(self) -> None:
+        """Background noise of healthy GPUs, from its own random stream (jobs and faults do not
+        change when it is switched on): per-GPU steady error rates (log-normal: most GPUs quiet,
+        a few noisier), per-node temperature offsets, hot-node episodes, driver reloads."""
+        cfg = self.config
+        n_gpu, n_node = len(self.gpus), len(self.nodes)
+        rng = self.noise_rng = np.random.default_rng([cfg.seed, 0x5EED])
+        per_step = cfg.step_seconds / 86400.0
+        self.noise_sbe = rng.lognormal(np.log(0.3), 1.0, n_gpu) * per_step  # SBE per step
+        self.noise_nvlink = rng.lognormal(np.log(5.0), 1.2, n_gpu) * per_step  # NVLink CRC per step
+        self.noise_pcie_bursts = np.full(n_gpu, 2.0 * per_step)  # PCIe replay bursts per step
+        self.node_temp_offset = rng.normal(0.0, 2.0, n_node)
+        self.hot_node_start = np.full(n_node, -np.inf)
+        self.hot_node_end = np.full(n_node, -np.inf)
+        self.hot_node_celsius = np.zeros(n_node)
+        # Attribution: which nodes' samples carry pod labels.
+        if cfg.attribution == "off":
+            self.node_attributed = np.zeros(n_node, dtype=bool)
+        elif cfg.attribution == "mixed":
+            self.node_attributed = (np.arange(n_node) % 3) != 1
+        else:
+            self.node_attributed = np.ones(n_node, dtype=bool)
+
+    def _background(self, now: float) -> None:
+        """One step of noise on every GPU, and the confounders: hot-but-healthy nodes, driver
+        reloads that reset the volatile counters of a healthy GPU."""
+        rng, c, step = self.noise_rng, self.counters, self.config.step_seconds
+        c["ecc_sbe_volatile_total"] += rng.poisson(self.noise_sbe)
+        crc = rng.poisson(self.noise_nvlink)
+        c["nvlink_crc_flit_errors_total"] += crc
+        c["nvlink_replay_errors_total"] += rng.binomial(crc, 0.1)
+        bursts = rng.random(len(self.gpus)) < self.noise_pcie_bursts
+        c["pcie_replay_total"] += bursts * rng.integers(1, 20, len(self.gpus))
+        per_step = step / 86400.0
+        starting = (rng.random(len(self.nodes)) < 0.05 * per_step) & (self.hot_node_end < now)
+        for node in np.flatnonzero(starting):
+            self.hot_node_start[node] = now
+            self.hot_node_end[node] = now + float(rng.uniform(2, 10)) * 3600.0
+            self.hot_node_celsius[node] = float(rng.uniform(8, 15))
+        faulty = self.faults.busy_until > now
+        reload = np.flatnonzero((rng.random(len(self.gpus)) < 0.01 * per_step) & ~faulty)
+        for gpu in reload:
+            for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "pcie_replay_total", *NVLINK_COUNTERS,
+                         *XID_COLUMN_NAMES):
+                c[name][gpu] = 0
+            self.counts["counter_resets"] += 1
 
     @property
     def now(self) -> datetime:
@@ -256,6 +304,8 @@ class Simulation:
         self.gpu_speed[:] = 1.0
         for event in self.active_faults:
             self._apply_fault(event, now, step)
+        if self.config.background_noise:
+            self._background(now)
         # Application XIDs (13/31/43/45) on allocated GPUs: the job dies, the GPU is fine.
         allocated = np.unique(self.dev_gpu[self.dev_job >= 0])
         if allocated.size:
@@ -286,6 +336,11 @@ class Simulation:
                     c["remapped_rows_correctable_total"][gpu] += 1
             elif kind == "xid79_off_bus":
                 c["pcie_replay_total"][gpu] += self.rng.poisson(2.0 + 50.0 * progress)
+            elif kind == "nvlink_degrading":
+                crc = self.rng.poisson(0.1 + 6.0 * progress**2)
+                c["nvlink_crc_flit_errors_total"][gpu] += crc
+                c["nvlink_crc_data_errors_total"][gpu] += self.rng.poisson(1.0 * progress**2)
+                c["nvlink_replay_errors_total"][gpu] += self.rng.binomial(crc, 0.2)
             return
         # At and after the event.
         if at_event and event.kind.xid is not None:
@@ -310,6 +365,13 @@ class Simulation:
             c["recovery_action"][gpu] = 4 if kind == "xid95_uncontained_ecc" else 0
         elif kind == "xid119_gsp_timeout" and at_event:
             c["recovery_action"][gpu] = 1
+        elif kind == "nvlink_degrading" and at_event:
+            c["nvlink_recovery_errors_total"][gpu] += 1
+            c["recovery_action"][gpu] = 1
+        elif kind == "clock_straggler":
+            self.gpu_speed[gpu] = 0.78
+        elif kind == "cooling_failure":
+            self.gpu_speed[gpu] = 0.6
         elif kind == "pcie_replay_storm":
             c["pcie_replay_total"][gpu] += self.rng.poisson(300.0)
         elif kind in ("straggler", "silent_straggler"):
@@ -330,7 +392,7 @@ class Simulation:
         if not (event.kind.takes_gpu_down or event.kind.name == "row_remap_pending"):
             return
         for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_pending",
-                     "recovery_action", "pcie_replay_total", *XID_COLUMN_NAMES):
+                     "recovery_action", "pcie_replay_total", *NVLINK_COUNTERS, *XID_COLUMN_NAMES):
             c[name][gpu] = 0
         if event.kind.expected_action == "replace":
             for name in ("remapped_rows_correctable_total", "remapped_rows_uncorrectable_total", "remapped_rows_failure"):
@@ -521,8 +583,15 @@ class Simulation:
         power = power * self.gpu_power_scale[gpu] * np.where(self.dev_is_mig, self.dev_share, 1.0)
         clock = clock * self.gpu_clock_scale[gpu]
         temp = temp + self.gpu_temp_offset[gpu]
+        if self.config.background_noise:
+            node = self.dev_node
+            warm = np.clip((now - self.hot_node_start) / 1800.0, 0.0, 1.0) * (now < self.hot_node_end)
+            temp = temp + self.node_temp_offset[node] + (self.hot_node_celsius * warm)[node]
         mem = np.minimum(mem, self.dev_mem_total)
         self._render_faults(power, temp, clock, throttle)
+        for event in self.active_faults:
+            if event.kind.name in SLOW_KINDS and event.event_s <= now < event.ends_s:
+                event.loaded_steps += int((util[self.dev_gpu == event.gpu] >= 0.5).any())
         no_gpm = ~self.gpu_gpm[gpu]
         sm[no_gpm] = tensor[no_gpm] = dram[no_gpm] = np.nan
         lost = self.gpu_lost[gpu]
@@ -576,11 +645,21 @@ class Simulation:
 
     def _render_faults(self, power, temp, clock, throttle) -> None:
         for event in self.active_faults:
+            kind = event.kind.name
+            if kind == "cooling_failure" and event.onset_s <= self.now_s < event.event_s:
+                progress = (self.now_s - event.onset_s) / max(event.event_s - event.onset_s, 1.0)
+                temp[np.flatnonzero(self.dev_gpu == event.gpu)] += 25.0 * progress  # warming at the same load
+                continue
             if not (event.event_s <= self.now_s < event.ends_s):
                 continue
             devices = np.flatnonzero(self.dev_gpu == event.gpu)
-            kind = event.kind.name
-            if kind == "thermal_throttle":
+            if kind == "cooling_failure":
+                temp[devices] += 25.0
+                clock[devices] *= 0.6
+                throttle[devices] |= THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_thermal_slowdown"]
+            elif kind == "clock_straggler":
+                clock[devices] *= 0.78  # power unchanged: nothing but the clock gives it away
+            elif kind == "thermal_throttle":
                 temp[devices] = 88.0 + self.rng.normal(0, 2.0, devices.size)
                 clock[devices] *= 0.55
                 throttle[devices] |= THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_thermal_slowdown"]
@@ -635,11 +714,18 @@ class Simulation:
             "project": pd.Categorical.from_codes(project_code, project_names),
         }
         frame.update(columns)
+        if not self.node_attributed.all():
+            # Nodes without attribution: nobody could see the pods, so the pod columns are null.
+            unattributed = ~self.node_attributed[node_code]
+            for name in ("namespace", "pod", "team", "project"):
+                codes = frame[name].codes.copy()
+                codes[unattributed] = -1
+                frame[name] = pd.Categorical.from_codes(codes, frame[name].categories)
         out = pd.DataFrame(frame)
         out["throttle_reasons_bitmask"] = out["throttle_reasons_bitmask"].astype("Int64").mask(out["throttle_reasons_bitmask"] < 0)
         out.insert(list(out.columns).index("power_watts"), "mem_total_bytes", self.dev_mem_total[device])
-        # The simulated kubelet always answers: allocation is known on every row.
-        out["attribution"] = pd.Categorical.from_codes(np.zeros(device.size, dtype=int), ["known"])
+        # Allocation is known where the node's kubelet answers (SimConfig.attribution), else 'off'.
+        out["attribution"] = pd.Categorical.from_codes(np.where(self.node_attributed[node_code], 0, 1), ["known", "off"])
         for column in SAMPLE_COLUMNS:
             if column.name not in out.columns:  # not simulated: not measured (null), never a fake 0
                 out[column.name] = pd.Series(np.nan, index=out.index, dtype="Int64" if column.kind == "int" else "float64")

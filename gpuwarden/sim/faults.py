@@ -51,17 +51,32 @@ KINDS: dict[str, FaultKind] = {
         # Not in the Llama 3 table: assumed as frequent as thermal faults.
         FaultKind("power_brake", "", 0.0, None, False, False, (0, 0), (0.5, 6), "inspect",
                   own_rate_per_gpu_day=LLAMA3_INTERRUPTIONS["gpu_thermal_interface"] / LLAMA3_GPU_DAYS),
+        # A GPU whose clock sags to ~0.78x at unchanged power (no throttle reason, no XID).
+        FaultKind("clock_straggler", "", 0.0, None, False, False, (0, 0), (6, 48), "replace",
+                  own_rate_per_gpu_day=LLAMA3_INTERRUPTIONS["gpu_thermal_interface"] / LLAMA3_GPU_DAYS),
+        # Cooling failing (fan, heatsink, cold plate): the GPU warms by ~25 C over hours at the
+        # same load, then thermal slowdown.
+        FaultKind("cooling_failure", "", 0.0, None, False, False, (2, 8), (1, 6), "inspect",
+                  own_rate_per_gpu_day=LLAMA3_INTERRUPTIONS["gpu_thermal_interface"] / LLAMA3_GPU_DAYS),
+        # An NVLink degrading: CRC / replay errors climb, then XID 74 and a GPU reset.
+        FaultKind("nvlink_degrading", "faulty_gpu", 0.1, 74, True, True, (2, 10), (0.5, 2), "reset-gpu"),
     )
 }
 # XIDs an application causes itself (they must never cordon a GPU); per allocated GPU-day.
-APPLICATION_XIDS = (13, 31, 43, 45)
+APPLICATION_XIDS = (13, 31, 43, 45, 68)
 APPLICATION_XID_RATE_PER_GPU_DAY = 0.002
+
+NVLINK_COUNTERS = ("nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
+                   "nvlink_recovery_errors_total")
 
 # Ground truth rows the engine records (one per injected fault).
 GROUND_TRUTH_COLUMNS = (
     "fault_id", "kind", "node", "gpu_uuid", "onset", "event_at", "ends_at", "xid", "fatal", "has_precursor",
-    "expected_action",
+    "expected_action", "observable",
 )
+# A slow GPU shows only while it works: a straggler needs this much loaded time to be observable.
+SLOW_KINDS = ("straggler", "silent_straggler", "clock_straggler")
+MIN_LOADED_SECONDS = 3600.0
 
 
 def rate_per_gpu_day(kind: FaultKind, config: SimConfig) -> float:
@@ -82,6 +97,7 @@ class FaultEvent:
     onset_s: float  # precursors start (== event_s when there are none)
     event_s: float  # the XID / fatal moment, or the start of a condition
     ends_s: float  # repaired, or the condition ends
+    loaded_steps: int = 0  # steps of the condition with the GPU under load (a straggler shows only then)
 
     def active(self, now_s: float) -> bool:
         return self.onset_s <= now_s < self.ends_s
@@ -150,6 +166,8 @@ class FaultInjector:
                     "fatal": event.kind.kills_job,
                     "has_precursor": event.event_s > event.onset_s,
                     "expected_action": event.kind.expected_action,
+                    "observable": (event.kind.name not in SLOW_KINDS
+                                   or event.loaded_steps * self.step_seconds >= MIN_LOADED_SECONDS),
                 }
             )
         return rows

@@ -98,7 +98,8 @@ EARLY_WARNING_KINDS: dict[str, tuple[str, Severity, ActionKind | None]] = {
     "thermal-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
     "power-brake-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
     "hw-slowdown": ("inspect", Severity.WARNING, ActionKind.TAINT),
-    "running-hot": ("inspect", Severity.INFO, None),
+    "nvlink-degrading": ("reset-gpu", Severity.WARNING, ActionKind.CORDON),  # NVLink errors climbing: XID 74 risk
+    "cooling-degrading": ("inspect", Severity.WARNING, ActionKind.TAINT),  # warming alone: thermal shutdown risk
     "straggler": ("replace", Severity.WARNING, ActionKind.CORDON),
     "uncorrectable-ecc": ("drain-and-reset", Severity.CRITICAL, ActionKind.DRAIN),
 }

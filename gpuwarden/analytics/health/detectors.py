@@ -129,17 +129,20 @@ class CounterBurstDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
     baseline rate cannot explain.
 
     ``X`` has two columns: events counted in a window, and the window's length in hours. ``fit``
-    learns each group's baseline rate per GPU-hour (``rate_``: the median of the rows' rates, at
-    least ``min_rate_per_hour``, so a fleet that normally shows none still needs a real burst).
+    learns each group's baseline rate per GPU-hour (``rate_``: the ``quantile`` of the rows' rates,
+    the median by default, at least ``min_rate_per_hour``, so a fleet that normally shows none still
+    needs a real burst). A higher quantile (0.9) allows for healthy GPUs whose steady rate differs
+    (one noisier link or memory stack is not a burst).
     A row is anomalous when it has at least ``min_events`` and the Poisson probability of seeing
     that many at the baseline rate is below ``alpha``. ``score_samples`` is ``log10`` of that
     probability (lower is more abnormal).
     """
 
-    def __init__(self, alpha: float = 1e-6, min_rate_per_hour: float = 0.5, min_events: int = 3):
+    def __init__(self, alpha: float = 1e-6, min_rate_per_hour: float = 0.5, min_events: int = 3, quantile: float = 0.5):
         self.alpha = alpha
         self.min_rate_per_hour = min_rate_per_hour
         self.min_events = min_events
+        self.quantile = quantile
 
     def fit(self, X, y=None, groups=None):
         X = validate_data(self, X, ensure_all_finite="allow-nan", dtype=np.float64)
@@ -155,7 +158,7 @@ class CounterBurstDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
     def _rate(self, X: np.ndarray) -> float:
         ok = (X[:, 1] > 0) & ~np.isnan(X).any(axis=1)
         rates = X[ok, 0] / X[ok, 1]
-        base = float(np.median(rates)) if rates.size else 0.0
+        base = float(np.quantile(rates, self.quantile, method="lower")) if rates.size else 0.0
         return max(base, float(self.min_rate_per_hour))
 
     def expected(self, X, groups=None) -> np.ndarray:

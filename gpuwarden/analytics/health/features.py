@@ -25,9 +25,13 @@ import pandas as pd
 
 from gpuwarden.fleet import THROTTLE_REASONS, XID_COLUMN_NAMES
 
+NVLINK_COUNTERS: tuple[str, ...] = (
+    "nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
+    "nvlink_recovery_errors_total",
+)
 COUNTERS: tuple[str, ...] = (
     "ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_correctable_total",
-    "remapped_rows_uncorrectable_total", "pcie_replay_total", *XID_COLUMN_NAMES,
+    "remapped_rows_uncorrectable_total", "pcie_replay_total", *NVLINK_COUNTERS, *XID_COLUMN_NAMES,
 )
 GAUGES: tuple[str, ...] = ("remapped_rows_pending", "remapped_rows_failure", "recovery_action")
 ACTIVITY: tuple[str, ...] = (
@@ -79,8 +83,11 @@ class GpuSeries:
     def window_start(self, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
         """Index of the first row of each row's trailing window (never before its GPU's first row,
         nor before ``floor`` when given, e.g. the last counter reset)."""
-        start = np.searchsorted(self.key, self.key - int(seconds * _NS_PER_S), side="right")
-        start = np.maximum(start, self.first)
+        cache = self.__dict__.setdefault("_starts", {})
+        start = cache.get(seconds)
+        if start is None:  # the same few window lengths come back many times
+            start = np.searchsorted(self.key, self.key - int(seconds * _NS_PER_S), side="right")
+            start = cache[seconds] = np.maximum(start, self.first)
         return start if floor is None else np.maximum(start, floor)
 
     def window_sum(self, values: np.ndarray, seconds: float, floor: np.ndarray | None = None) -> np.ndarray:
@@ -134,12 +141,40 @@ def _mig_profiles(column: pd.Series) -> np.ndarray:
     return np.where(codes >= 0, profile_codes[np.maximum(codes, 0)] if len(labels) else 0, 0).astype(np.int64)
 
 
+def _reorder(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``, without the gather for a column that holds one value (unmeasured, or a
+    counter that never moved): most XID columns, on most days."""
+    if values.size and (values == values[0]).all() if not np.isnan(values[0]) else np.isnan(values).all():
+        return _constant(float(values[0]), order.size)
+    return values[order]
+
+
+def _constant(value: float, size: int) -> np.ndarray:
+    """A read-only array of one value, shared (allocating fresh memory is a real cost at 10 M rows)."""
+    key = (np.nan if np.isnan(value) else value, size)
+    cached = _CONSTANTS.get(key) if not np.isnan(value) else _CONSTANTS.get(("nan", size))
+    if cached is None:
+        cached = np.full(size, value)
+        cached.flags.writeable = False
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        _CONSTANTS[("nan", size) if np.isnan(value) else key] = cached
+    return cached
+
+
+_CONSTANTS: dict[tuple, np.ndarray] = {}
+
+
 def _floats(frame: pd.DataFrame, name: str) -> np.ndarray:
     if name not in frame.columns:
-        return np.full(len(frame), np.nan)
+        return _constant(np.nan, len(frame))
     column = frame[name]
-    if column.dtype.kind in "fiu":
+    if column.dtype.kind in "iub" and not isinstance(column.dtype, np.dtype) and column.isna().all():
+        return _constant(np.nan, len(frame))  # a nullable column nobody measured
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "fiu":
         return column.to_numpy(dtype=float)
+    if column.dtype.kind in "fiub":  # nullable extension ints: pd.NA -> NaN (never an error, never 0)
+        return column.to_numpy(dtype=float, na_value=np.nan)
     return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
@@ -180,18 +215,22 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
     device["allocated"] = (pod >= 0).astype(float)
     # Peer comparison happens per device (a MIG instance against MIG instances in the same state),
     # before MIG instances are collapsed into their GPU.
+    device["active"] = operating_active(device["gpu_util_ratio"], device["sm_active_ratio"]).astype(float)
+    band = power_band(device["power_watts"], model, profile)
     ids = _DeviceIds(ts, model, pool, pod, profile, device["gpu_util_ratio"], device["tensor_active_ratio"],
-                     device["dram_active_ratio"])
+                     device["dram_active_ratio"], band)
     for name, column in (("clock", "sm_clock_mhz"), ("power", "power_watts")):
         reference = ids.peer_median(device[column])
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.log(device[column] / reference)
         device[f"log_{name}_ratio"] = np.where(np.isfinite(ratio), ratio, np.nan)
     device["temp_excess"] = device["temperature_celsius"] - ids.peer_median(device["temperature_celsius"])
+    device["temp_residual"] = temperature_residual(ts, model, pool, node, device["temperature_celsius"],
+                                                   device["power_watts"], profile)
     # Sort by (gpu, time) and collapse rows that share both (the MIG instances of one GPU).
     order = np.lexsort((ts, gpu))
     ts, gpu, node, model, pool = ts[order], gpu[order], node[order], model[order], pool[order]
-    device = {name: values[order] for name, values in device.items()}
+    device = {name: _reorder(values, order) for name, values in device.items()}
     new_row = np.r_[True, (gpu[1:] != gpu[:-1]) | (ts[1:] != ts[:-1])] if ts.size else np.zeros(0, dtype=bool)
     starts = np.flatnonzero(new_row)
     cols: dict[str, np.ndarray] = {}
@@ -218,7 +257,7 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
 _REDUCE = {
     "gpu_util_ratio": "mean", "sm_active_ratio": "mean", "tensor_active_ratio": "mean", "dram_active_ratio": "mean",
     "sm_clock_mhz": "mean", "power_watts": "sum", "log_clock_ratio": "mean", "log_power_ratio": "mean",
-    "allocated": "max",
+    "allocated": "max", "active": "max", "temp_residual": "mean",
 }
 
 
@@ -248,23 +287,92 @@ def _bucket(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), edges.size + 1, np.searchsorted(edges, np.nan_to_num(values), side="right"))
 
 
+ACTIVE_UTIL = 0.5  # a GPU running kernels at least half the time is "active": its clock means something
+ACTIVE_SM = 0.3
+POWER_BANDS = np.array([0.3, 0.55, 0.8])  # shares of the model's typical full power
+
+
+def operating_active(util: np.ndarray, sm: np.ndarray) -> np.ndarray:
+    """Active operating point: utilisation (or, where only GPM is measured, SM activity) high."""
+    util, sm = np.asarray(util, dtype=float), np.asarray(sm, dtype=float)
+    return np.where(np.isnan(util), np.nan_to_num(sm) >= ACTIVE_SM, np.nan_to_num(util) >= ACTIVE_UTIL)
+
+
+def power_band(power: np.ndarray, model: np.ndarray, profile: np.ndarray) -> np.ndarray:
+    """Coarse power band (0..3, 4 unmeasured) relative to the model's typical full power."""
+    power = np.asarray(power, dtype=float)
+    if not np.isfinite(power).any():
+        return np.full(power.size, 4, dtype=np.int64)
+    key = model.astype(np.int64) * 64 + profile
+    full = np.full(power.size, np.nan)
+    for k in np.unique(key):
+        rows = key == k
+        values = power[rows]
+        values = values[np.isfinite(values)]
+        full[rows] = np.quantile(values, 0.95) if values.size else np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = power / full
+    return np.where(np.isfinite(share), np.searchsorted(POWER_BANDS, np.nan_to_num(share), side="right"), 4).astype(np.int64)
+
+
+def _group_median(values: np.ndarray, key: np.ndarray, min_count: int = 1) -> np.ndarray:
+    series = pd.Series(values)
+    groups = series.groupby(key, sort=False)
+    median = groups.transform("median").to_numpy(dtype=float)
+    if min_count > 1:
+        median = np.where(groups.transform("count").to_numpy() >= min_count, median, np.nan)
+    return median
+
+
+def temperature_residual(ts, model, pool, node, temperature, power, profile) -> np.ndarray:
+    """Temperature no load, ambient or node explains: minus the model's temperature at this power
+    (a robust fit over the window), minus the fleet-wide drift of that model and pool at this time,
+    minus what the GPU's node-mates show at this time (a node running warm together is its cooling
+    or its rack, not one GPU). What is left is the GPU's own: a slot offset (removed later against
+    its own history) or a GPU warming alone."""
+    temperature = np.asarray(temperature, dtype=float)
+    power = np.asarray(power, dtype=float)
+    out = np.full(temperature.size, np.nan)
+    ok = np.isfinite(temperature) & np.isfinite(power) & (profile == 0)
+    if ok.sum() < 10:
+        return out
+    expected = np.full(temperature.size, np.nan)
+    for m in np.unique(model[ok]):
+        rows = ok & (model == m)
+        bins = np.round(power[rows] / 25.0)
+        table = pd.Series(temperature[rows]).groupby(bins).median()
+        xs, ys = table.index.to_numpy(dtype=float) * 25.0, table.to_numpy(dtype=float)
+        expected[rows] = np.interp(power[rows], xs, ys)
+    residual = np.where(ok, temperature - expected, np.nan)
+    ts_code = pd.factorize(ts)[0].astype(np.int64)
+    n_pools = int(pool.max(initial=0)) + 1
+    fleet = _group_median(residual, (ts_code * (int(model.max(initial=0)) + 1) + model) * n_pools + pool)
+    residual = residual - fleet
+    node_mates = _group_median(residual, ts_code * (int(node.max(initial=0)) + 1) + node, min_count=3)
+    return residual - np.where(np.isfinite(node_mates), node_mates, 0.0)
+
+
 class _DeviceIds:
     """Peer groups of device rows at one timestamp: the device's own pod when the pod spans at
     least ``MIN_POD`` devices (a gang or multi-GPU pod runs the same step on all of them), else the
-    devices of the same model and node pool in the same state (free, or allocated at a similar
-    utilisation; a MIG instance only with instances of its own profile) when there are at least
-    ``MIN_GROUP``."""
+    devices of the same model and node pool at the same operating point (utilisation, tensor and
+    DRAM activity buckets and a power band; a MIG instance only with instances of its own profile)
+    when there are at least ``MIN_GROUP``. Whether a pod is known never decides the group: an idle
+    GPU is never judged against busy ones."""
 
     MIN_POD = 3
     MIN_GROUP = 5
 
-    def __init__(self, ts, model, pool, pod, profile, util, tensor, dram) -> None:
+    def __init__(self, ts, model, pool, pod, profile, util, tensor, dram, band) -> None:
         ts_code = pd.factorize(ts)[0].astype(np.int64)
         load = _bucket(util, UTIL_BUCKETS) * 16 + _bucket(tensor, TENSOR_BUCKETS) * 4 + _bucket(dram, DRAM_BUCKETS)
         n_profiles = int(profile.max(initial=0)) + 1
-        state = np.where(pod >= 0, load, 127) * n_profiles + profile  # MIG instances against the same profile
+        state = (load * 5 + band) * n_profiles + profile  # MIG instances against the same profile
         n_models, n_pools = int(model.max(initial=0)) + 1, int(pool.max(initial=0)) + 1
-        self.group_key = ((ts_code * n_models + model) * n_pools + pool) * (128 * n_profiles) + state
+        self.group_key = ((ts_code * n_models + model) * n_pools + pool) * (640 * n_profiles) + state
+        # Where the fine group is too small: the same model, pool and activity (active or not).
+        coarse = (np.nan_to_num(util) >= ACTIVE_UTIL) * n_profiles + profile
+        self.coarse_key = ((ts_code * n_models + model) * n_pools + pool) * (10 * n_profiles) + coarse
         self.has_pod = pod >= 0
         self.pod_key = np.where(self.has_pod, ts_code * (int(pod.max(initial=0)) + 2) + pod, -1)
 
@@ -284,6 +392,12 @@ class _DeviceIds:
         median = groups.transform("median").to_numpy()
         fill = np.isnan(reference) & (size >= self.MIN_GROUP)
         reference[fill] = median[fill]
+        if np.isnan(reference).any():
+            coarse = series.groupby(self.coarse_key, sort=False)
+            size = coarse.transform("count").to_numpy()
+            median = coarse.transform("median").to_numpy()
+            fill = np.isnan(reference) & (size >= self.MIN_GROUP)
+            reference[fill] = median[fill]
         return reference
 
 
@@ -321,8 +435,8 @@ def _add_increments(series: GpuSeries) -> None:
     any_reset = np.zeros(len(series), dtype=bool)
     for name in COUNTERS:
         values = cols[name]
-        if values.size and not np.isnan(values[0]) and (values == values[0]).all():
-            cols[f"inc_{name}"] = np.zeros(values.size)  # never changed: no events, no resets
+        if values.size == 0 or (values == values[0]).all() or np.isnan(values).all():
+            cols[f"inc_{name}"] = _constant(0.0, values.size)  # never changed or never measured: no events
             continue
         inc, reset = counter_increments(values, series.first)
         cols[f"inc_{name}"] = inc
