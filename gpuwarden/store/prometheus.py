@@ -338,6 +338,8 @@ class PrometheusSource:
         metric_columns = [c for c in wanted if c not in IDENTITY_COLUMN_NAMES]
         # Rows exist where a GPU has series; with only identity columns asked, read a cheap one.
         metrics = self.mapper.metrics_for(metric_columns or ["mem_total_bytes"])
+        if "attribution" in wanted:  # the exporter's gpuwarden_pod_attribution_state, where it serves it
+            metrics += [m for m in self.mapper.state_metrics() if m not in metrics]
         if not metrics:
             return empty_samples()[wanted]
         jobs = [(metric, first, last) for first, last in self._chunks(start_s, end_s, self.step) for metric in metrics]
