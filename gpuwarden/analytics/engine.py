@@ -38,7 +38,7 @@ from .quality import NON_NEGATIVE_COLUMNS, RATIO_COLUMNS, QualityCounts, count_c
 
 COLUMNS: tuple[str, ...] = (
     "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
-    "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
+    "attribution", "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
 )
 REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
 IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
@@ -48,6 +48,7 @@ _MIG = re.compile(r"(?:^|:)(\d+)g\.")
 _S = 1_000_000_000  # ns per second
 
 UNALLOCATED = STATE_CODES["unallocated"]
+IDLE_UNATTRIBUTED = STATE_CODES["idle_unattributed"]
 ALLOCATED_IDLE = STATE_CODES["allocated_idle"]
 HOARDED = STATE_CODES["hoarded"]
 FAKE_BUSY = STATE_CODES["fake_busy"]
@@ -56,6 +57,9 @@ UNDERUTILIZED = STATE_CODES["underutilized"]
 BUSY = STATE_CODES["busy"]
 UNMEASURED = STATE_CODES["unmeasured"]
 N_STATES = len(STATES)
+# Holder codes: >= 0 a pod; NO_POD: known to be unallocated; UNATTRIBUTED: nobody could know.
+NO_POD = -1
+UNATTRIBUTED = -2
 
 
 class _Registry:
@@ -197,7 +201,11 @@ class LedgerBuilder:
         local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
         gauges = sanitize_gauges(frame, self.counts)
         positions = frame.index.to_numpy() if self.keep_rows else None
-        self._add_arrays(ts_ns, local, gauges, positions)
+        if "attribution" in frame.columns:
+            known = (frame["attribution"].astype(object) == "known").to_numpy(dtype=bool)
+        else:
+            known = np.zeros(len(frame), bool)
+        self._add_arrays(ts_ns, local, gauges, positions, known)
 
     def add_arrow(self, table: pa.Table) -> None:
         """:meth:`add` for an Arrow table of fleet samples (e.g. :meth:`LocalStore.read_arrow`), with
@@ -217,15 +225,25 @@ class LedgerBuilder:
         gauges = sanitize_arrays({name: _arrow_floats(table, name) for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS)},
                                  self.counts)
         ts_ns = _arrow_ns(table.column("timestamp"))
-        self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None)
+        if "attribution" in names:
+            column = table.column("attribution")
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            known = pc.fill_null(pc.equal(column.cast(pa.string()), "known"), False).to_numpy(zero_copy_only=False)
+        else:
+            known = np.zeros(n, bool)
+        self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None, np.asarray(known, bool))
 
-    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None) -> None:
+    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None,
+                    known: np.ndarray) -> None:
         bad = (ts_ns == np.iinfo(np.int64).min) | (local["gpu_uuid"][0] < 0)
         any_bad = bool(bad.any())
         if any_bad:
             self.counts.rows_dropped_unidentified += int(bad.sum())
         inst = self._instance_codes(local, bad)
         holder = self._holder_codes(local, bad)
+        # No pod label and attribution not known to have answered: nobody could see the holder.
+        holder[(holder == NO_POD) & ~known] = UNATTRIBUTED
         if any_bad:
             rows = np.flatnonzero(~bad)
             inst, ts_ns, holder = inst[rows], ts_ns[rows], holder[rows]
@@ -364,14 +382,17 @@ class LedgerBuilder:
         act_sum = _window_sum(np.where(has_act, c_act, 0.0), lo)
 
         allocated = c_holder >= 0
+        unattributed = c_holder == UNATTRIBUTED  # classified by activity alone, never "unallocated"
         state = np.full(n, BUSY, np.int8)
         state[act_sum < p.underutilized_below * act_n] = UNDERUTILIZED  # mean activity below the threshold
         state[idle_n >= p.starved_idle_share * count] = STARVED
-        branch = c_idle & (idle_n >= p.idle_window_share * count - 1e-9) & allocated
+        plain_idle = c_idle & (idle_n >= p.idle_window_share * count - 1e-9)
+        branch = plain_idle & allocated
         state[branch] = ALLOCATED_IDLE
+        state[plain_idle & unattributed] = IDLE_UNATTRIBUTED
         state[c_fake & (2 * fake_n >= count)] = FAKE_BUSY
-        state[allocated & ~has_act] = UNMEASURED
-        state[~allocated] = UNALLOCATED
+        state[(allocated | unattributed) & ~has_act] = UNMEASURED
+        state[c_holder == NO_POD] = UNALLOCATED
         branch &= state == ALLOCATED_IDLE
         # Idle stretches: their origin is the start of their first interval; carried rows bring the
         # origin of a stretch that began in an earlier chunk.
@@ -452,10 +473,10 @@ class LedgerBuilder:
         (``np.add.reduceat``), then grouped. Per-row work is kept to durations; the instance's GPU
         share and price are applied to the sums. Rows flagged ``carried`` get the key -1 and their
         sums are dropped."""
-        n_holders = len(self._holders.values) + 1
+        n_holders = len(self._holders.values) + 2  # pods, NO_POD and UNATTRIBUTED
         key = inst * n_holders
         key += holder
-        key += 1
+        key += 2
         key *= N_STATES
         key += state
         if carried is not None:
@@ -496,7 +517,7 @@ class LedgerBuilder:
         size = len(uniques)
         uniques = np.asarray(uniques, dtype=np.int64)
         sums = {name: np.bincount(codes, weights=values, minlength=size) for name, values in runs.items()}
-        part = pd.DataFrame({"inst": uniques // N_STATES // n_holders, "holder": uniques // N_STATES % n_holders - 1,
+        part = pd.DataFrame({"inst": uniques // N_STATES // n_holders, "holder": uniques // N_STATES % n_holders - 2,
                              "state": uniques % N_STATES, **sums})
         self._parts.append(part)
         self.counts.unmeasured_samples += int(part.loc[part["state"] == UNMEASURED, "samples"].sum())
@@ -507,13 +528,15 @@ class LedgerBuilder:
         klass = self._price_class(run_inst)
         n_class = len(self._classes.values)
         base = int(run_bucket.min())
-        key = ((run_bucket - base) * N_STATES + run_state) * n_class + klass
+        run_unattributed = (holder[starts][valid] == UNATTRIBUTED).astype(np.int64)
+        key = (((run_bucket - base) * N_STATES + run_state) * 2 + run_unattributed) * n_class + klass
         codes, uniques = pd.factorize(key)
         size = len(uniques)
         uniques = np.asarray(uniques, dtype=np.int64)
         self._series.append(pd.DataFrame({
-            "bucket_ns": (uniques // n_class // N_STATES + base) * bucket_ns,
-            "state": uniques // n_class % N_STATES, "klass": uniques % n_class,
+            "bucket_ns": (uniques // n_class // 2 // N_STATES + base) * bucket_ns,
+            "state": uniques // n_class // 2 % N_STATES, "unattributed": (uniques // n_class % 2).astype(bool),
+            "klass": uniques % n_class,
             **{name: np.bincount(codes, weights=runs[name], minlength=size) for name in ("dur", "dur_act", "dur_watts")},
         }))
 
@@ -608,6 +631,8 @@ class LedgerBuilder:
             out[column] = [None if h < 0 or holders[h][position] < 0 else registry.values[holders[h][position]]
                            for h in parts["holder"]]
         out["state"] = pd.Categorical.from_codes(parts["state"].astype(int), categories=list(STATES))
+        # False where nobody could see who held the GPU (no pod label, attribution off or failed).
+        out["attributed"] = parts["holder"].to_numpy() != UNATTRIBUTED
         share = meta["share"].reindex(inst).to_numpy(dtype=np.float64)
         price = meta["price_per_hour"].reindex(inst).to_numpy(dtype=np.float64)
         owned = np.asarray(self._inst_meta["owned"], dtype=bool)[inst] if len(inst) else np.zeros(0, bool)
@@ -636,7 +661,7 @@ class LedgerBuilder:
     def _series_table(self) -> pd.DataFrame:
         if not self._series:
             return pd.DataFrame({"bucket": pd.Series(dtype="datetime64[ns, UTC]"), "state": pd.Series(dtype="object"),
-                                 "gpu_hours": [], "used_hours": [], "cost": []})
+                                 "attributed": pd.Series(dtype=bool), "gpu_hours": [], "used_hours": [], "cost": []})
         series = pd.concat(self._series, ignore_index=True)
         classes = self._classes.values
         klass = series["klass"].to_numpy()
@@ -647,11 +672,12 @@ class LedgerBuilder:
         gpu_hours = share * series["dur"].to_numpy() * to_hours
         energy = series["dur_watts"].to_numpy() * to_hours / 1000.0
         work = pd.DataFrame({
-            "bucket_ns": series["bucket_ns"], "state": series["state"], "gpu_hours": gpu_hours,
+            "bucket_ns": series["bucket_ns"], "state": series["state"], "attributed": ~series["unattributed"].to_numpy(),
+            "gpu_hours": gpu_hours,
             "used_hours": share * series["dur_act"].to_numpy() * to_hours,
             "cost": gpu_hours * price + np.where(owned, energy * self.price_book.energy_price_per_kwh(), 0.0),
         })
-        work = work.groupby(["bucket_ns", "state"], sort=True, as_index=False)[["gpu_hours", "used_hours", "cost"]].sum()
+        work = work.groupby(["bucket_ns", "state", "attributed"], sort=True, as_index=False)[["gpu_hours", "used_hours", "cost"]].sum()
         work.insert(0, "bucket", pd.to_datetime(work.pop("bucket_ns"), utc=True))
         work["state"] = pd.Categorical.from_codes(work["state"].astype(int), categories=list(STATES))
         return work
