@@ -459,3 +459,31 @@ def test_unattributed_gpus_are_classified_by_activity_never_unallocated():
     # Attribution known everywhere: nothing unattributed, no note.
     known = idle_report(build_ledger(gpu_rows("GPU-free", "train-h100-000", H100, 0.0, 0.0, 0.6, None, n)))
     assert known.summary["unattributed_share"] == 0 and not any("unattributed" in n for n in known.notes)
+
+
+def test_one_sample_per_gpu_is_valid_and_says_its_interval():
+    frame = pd.concat([gpu_rows("GPU-a", "train-h100-000", H100, 0.9, 0.9, 70.0, "train-1", 1),
+                       gpu_rows("GPU-b", "train-h100-000", H100, 0.0, 0.0, 0.5, None, 1)], ignore_index=True)
+    report = idle_report(build_ledger(frame))  # no interval can be measured: the default, said so
+    assert report.summary["gpu_hours"] == pytest.approx(2 / 60)
+    assert report.ledger.quality["step_assumed"] is True
+    assert any("single sample" in note and "--since" in note for note in report.notes)
+    given = idle_report(build_ledger(frame, params=IdleParams(step="15s")))  # a source's grid: no note
+    assert given.summary["gpu_hours"] == pytest.approx(2 * 15 / 3600) and given.ledger.quality["step_assumed"] is False
+    assert not any("single sample" in note for note in given.notes)
+
+
+def test_a_window_wider_than_the_data_is_trimmed_with_a_note():
+    """``report cost --since 7d`` over two days of data: GPUs averaged over the two days, not seven."""
+    from gpuwarden.analytics import cost_report
+
+    frame = gpu_rows("GPU-a", "infer-a100-000", A100, 0.9, np.nan, 40.0, "svc-1", 2 * 24 * 60, team="beta")
+    end = START + pd.Timedelta(days=2)
+    trimmed = build_ledger(frame, end - pd.Timedelta(days=7), end)
+    report = cost_report(trimmed)
+    assert report.ledger.start == START - pd.Timedelta(minutes=1) and report.ledger.end == end
+    row = report.tables["buy_vs_rent"].set_index("model").loc[A100]
+    assert row["avg_gpus"] == pytest.approx(1.0, rel=1e-3)
+    assert any(note.startswith("window trimmed to the data held") for note in report.notes)
+    exact = cost_report(build_ledger(frame, START, end))
+    assert not any(note.startswith("window trimmed") for note in exact.notes)

@@ -46,6 +46,7 @@ HOLDER = ("namespace", "pod", "team", "project")
 MIG_SLICES = 7
 _MIG = re.compile(r"(?:^|:)(\d+)g\.")
 _S = 1_000_000_000  # ns per second
+DEFAULT_STEP_NS = 60 * _S  # the embedded store's resolution; used when no interval can be measured
 
 UNALLOCATED = STATE_CODES["unallocated"]
 IDLE_UNATTRIBUTED = STATE_CODES["idle_unattributed"]
@@ -147,6 +148,8 @@ class Ledger:
     params: IdleParams
     price_book: PriceBook
     bucket: pd.Timedelta
+    notes: list[str] = field(default_factory=list)
+    """What a reader must know about the window (trimmed to the data, an assumed interval)."""
 
     @property
     def fleet_cost(self) -> float:
@@ -170,6 +173,7 @@ class LedgerBuilder:
         self.keep_rows = keep_rows
         self.price = price
         self.step_ns: int | None = None if self.params.step is None else int(self.params.step.value)
+        self.step_assumed = False
         self.counts = QualityCounts()
         self._strings = {name: _Registry() for name in (*IDENTITY, *HOLDER)}
         self._instances = _Registry()  # (gpu code, mig code) -> instance
@@ -361,10 +365,13 @@ class LedgerBuilder:
         if self.step_ns is None:
             steps = dt[~new_inst & (dt > 0)]
             if len(steps) == 0:
-                raise AnalyticsError("cannot infer the sample interval from a single sample per GPU; "
-                                     "pass IdleParams(step=...)")
-            self.step_ns = int(np.median(steps))
-        step = self.step_ns
+                # One sample per GPU so far: it stands for the default interval (said in a note).
+                self.step_assumed = True
+                step = DEFAULT_STEP_NS
+            else:
+                self.step_ns = step = int(np.median(steps))
+        else:
+            step = self.step_ns
         max_gap = int(p.resolved_max_gap(pd.Timedelta(step, unit="ns")).value)
         gap = ~new_inst & (dt > max_gap)
         seg_start = new_inst | gap
@@ -550,14 +557,31 @@ class LedgerBuilder:
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None) -> Ledger:
-        step = pd.Timedelta(self.step_ns or 60 * _S, unit="ns")
+        step = pd.Timedelta(self.step_ns or DEFAULT_STEP_NS, unit="ns")
         params = replace(self.params, step=step, max_gap=self.params.resolved_max_gap(step))
         instances = self._instance_table()
-        if start is None:
-            start = instances["first_seen"].min() if len(instances) else pd.Timestamp(0, tz="UTC")
-        if end is None:
-            end = (instances["last_seen"].max() + step) if len(instances) else start
+        notes: list[str] = []
+        if self.step_assumed and self.step_ns is None:
+            notes.append(f"every GPU has a single sample in the window, so each stands for {step.total_seconds():g} s "
+                         "(the default interval); widen the window (--since) for a measured one")
+        requested = (start, end)
+        if len(instances):
+            # The window covered by data: its first sample stands for one step before it, its last
+            # ends one step after. A window asked wider (--since 7d over 2 days) is trimmed, so
+            # averages over time (GPUs in the inventory, buy vs rent) are not diluted by empty days.
+            covered_start = instances["first_seen"].min() - step
+            covered_end = instances["last_seen"].max() + step
+            if start is None or pd.Timestamp(start) < covered_start:
+                start = covered_start if start is not None else instances["first_seen"].min()
+            if end is None or pd.Timestamp(end) > covered_end:
+                end = covered_end
+        else:
+            start = start if start is not None else pd.Timestamp(0, tz="UTC")
+            end = end if end is not None else start
         start, end = pd.Timestamp(start), pd.Timestamp(end)
+        if requested[0] is not None and requested[1] is not None and (start, end) != tuple(pd.Timestamp(t) for t in requested):
+            notes.append(f"window trimmed to the data held: asked {_iso(requested[0])} to {_iso(requested[1])}, "
+                         f"reported {_iso(start)} to {_iso(end)} ({(end - start).total_seconds() / 3600:.2f} h)")
         rows = self._ledger_rows(instances)
         series = self._series_table()
         late = instances[instances["first_seen"] > start + params.max_gap]
@@ -577,7 +601,8 @@ class LedgerBuilder:
             "gpus_leaving_early": sorted(set(early["gpu_uuid"].astype(str))),
             "step_seconds": step.total_seconds(),
         }
-        ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket)
+        quality["step_assumed"] = bool(self.step_assumed and self.step_ns is None)
+        ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket, notes)
         if self.keep_rows:
             ledger.classified = self._classified(instances)  # type: ignore[attr-defined]
         return ledger
@@ -781,6 +806,10 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
         cursor = boundary
 
 
+def _iso(value) -> str:
+    return pd.Timestamp(value).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _utc(value) -> pd.Timestamp | None:
     if value is None:
         return None
@@ -795,9 +824,14 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
 
     ``data`` is a DataFrame of fleet samples or a samples source (``read(start, end, columns)`` and
     ``time_range()``, e.g. :class:`~gpuwarden.store.LocalStore`), which is read ``chunk`` at a time
-    with only the columns analytics needs. ``price=False`` skips pricing (for traces of GPU models no
+    with only the columns analytics needs. A source with a ``sample_interval`` (Prometheus reads on
+    a grid) gives the interval, so one sample per GPU is enough; otherwise it is the median interval. ``price=False`` skips pricing (for traces of GPU models no
     price book knows); costs are then 0.
     """
+    params = params or IdleParams()
+    interval = getattr(data, "sample_interval", None)  # a source that knows its grid (Prometheus) says so
+    if params.step is None and interval is not None:
+        params = replace(params, step=pd.Timedelta(interval))
     builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     start, end = _utc(start), _utc(end)
     if isinstance(data, pd.DataFrame):

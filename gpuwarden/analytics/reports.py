@@ -77,6 +77,10 @@ class Report:
     main: str
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # The ledger's notes (window trimmed to the data, an assumed interval) come first.
+        self.notes = [*getattr(self.ledger, "notes", []), *self.notes]
+
     def to_dict(self) -> dict:
         """JSON-ready: plain floats, ints, strings, None; timestamps as ISO-8601 UTC."""
         ledger = self.ledger

@@ -317,6 +317,11 @@ class PrometheusSource:
     def _selector(self, metric: str) -> str:
         return f"{metric}{{{self.selector}}}" if self.selector else metric
 
+    @property
+    def sample_interval(self) -> pd.Timedelta:
+        """The grid of :meth:`read`: what one row stands for (analytics uses it as the step)."""
+        return pd.Timedelta(seconds=self.step)
+
     # -- SamplesSource -------------------------------------------------------------------------
     def read(self, start: datetime | str | None = None, end: datetime | str | None = None,
              columns: Sequence[str] | None = None) -> pd.DataFrame:
