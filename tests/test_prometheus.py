@@ -27,6 +27,7 @@ import pytest
 from polling import wait_for as _wait_for
 import yaml
 
+from gpuwarden.analytics import IdleParams
 from gpuwarden.cli.sources import add_source_options, open_window
 from gpuwarden.exporter import ExporterService
 from gpuwarden.fleet import IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES
@@ -109,14 +110,21 @@ class PrometheusServer:
 
 
 def fast_rules(tmp: Path) -> list[Path]:
-    """The shipped rule files with 1 s group intervals, so rule series appear within seconds."""
+    """The shipped rules at 1 s evaluations (the recording rules generated for a 1 s interval and
+    5 s rollups, so that their seconds stay seconds), so rule series appear within seconds."""
+    from gpuwarden.analytics.promrules import render_recording_rules
+
     out = []
     for path in sorted((ROOT / "rules").glob("*.rules.yml")):
-        rules = yaml.safe_load(path.read_text())
-        for group in rules["groups"]:
-            group["interval"] = "1s"
         target = tmp / path.name
-        target.write_text(yaml.safe_dump(rules))
+        if "recording" in path.name:
+            # A 30 s hoarding grace keeps the 1 s state rule's look-back at 31 evaluations.
+            target.write_text(render_recording_rules(IdleParams(hoard_grace="30s"), interval_seconds=1, rollup_seconds=5))
+        else:
+            rules = yaml.safe_load(path.read_text())
+            for group in rules["groups"]:
+                group["interval"] = "1s"
+            target.write_text(yaml.safe_dump(rules))
         out.append(target)
     return out
 
@@ -165,7 +173,7 @@ def stack(fleet, tmp_path_factory):
         store = LocalStore(tmp / "store")
         scraper = Scraper([exporter.url], store, interval_seconds=1.0, cluster="sim").start()
         wait_for(server.ready, 30, "prometheus /-/ready")
-        source = PrometheusSource(server.url, step=1, lookback="2s", timeout=5, retries=1, backoff=0.05)
+        source = PrometheusSource(server.url, step=1, lookback="2s", timeout=15, retries=1, backoff=0.05)
         devices = len(fleet.latest)
         wait_for(lambda: source.query("count(DCGM_FI_DEV_FB_USED)") and
                  int(float(source.query("count(DCGM_FI_DEV_FB_USED)")[0]["value"][1])) == devices,
@@ -262,8 +270,10 @@ def test_recording_rules_and_rollup(stack):
     # The fleet is static, so each GPU is idle for all or none of a window; the rollup (pushed into
     # PromQL, from the rules and from raw series) says so per GPU and per namespace.
     latest = fleet.latest
-    sm = latest["sm_active_ratio"]
-    idle = np.where(sm.notna(), sm < 0.05, latest["gpu_util_ratio"] < 0.05)
+    sm, util = latest["sm_active_ratio"], latest["gpu_util_ratio"]
+    params = IdleParams()  # the rules are generated from the classifier's parameters
+    fake = sm.notna() & (sm < params.idle_activity) & (util >= params.fake_busy_util)
+    idle = np.where(sm.notna(), sm < params.idle_activity, util < params.idle_activity) & ~fake
     expected_idle = dict(zip(device_keys(latest), idle))
     end = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(seconds=1)
     start = end - pd.Timedelta(seconds=4)

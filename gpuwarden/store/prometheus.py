@@ -51,11 +51,14 @@ log = logging.getLogger("gpuwarden.store.prometheus")
 # Prometheus refuses query_range results of more than 11,000 points per series.
 MAX_POINTS_PER_SERIES = 11_000
 
-# Idle: SM activity below 5% where GPM measures it, else NVML utilisation below 5%. Fake-busy:
-# NVML says a kernel ran (utilisation > 0) while SMs did nothing (activity < 1%). The recording
-# rules in rules/gpuwarden-recording.rules.yml record exactly these (a test keeps them equal).
-IDLE_EXPR = "(DCGM_FI_PROF_SM_ACTIVE < bool 0.05) or (DCGM_FI_DEV_GPU_UTIL < bool 5)"
-FAKE_BUSY_EXPR = "(DCGM_FI_DEV_GPU_UTIL > bool 0) * (DCGM_FI_PROF_SM_ACTIVE < bool 0.01)"
+# Idle: no kernels running (activity, i.e. SM activity where GPM measures it else NVML
+# utilisation, below 2%), fake-busy excluded; fake-busy: NVML utilisation >= 10% while SM activity
+# < 2%. These are gpuwarden.analytics.promrules.raw_expressions() for the default IdleParams, the
+# thresholds the recording rules and the analytics share (tests/test_rules.py keeps them equal;
+# the store may not import analytics).
+IDLE_EXPR = ("((DCGM_FI_PROF_SM_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100) < bool 0.02) * (1 - (((DCGM_FI_PROF_SM_ACTIVE < bool 0.02)"
+             " * (DCGM_FI_DEV_GPU_UTIL >= bool 10)) or (DCGM_FI_PROF_SM_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100) * 0))")
+FAKE_BUSY_EXPR = "(DCGM_FI_PROF_SM_ACTIVE < bool 0.02) * (DCGM_FI_DEV_GPU_UTIL >= bool 10)"
 # Hoarded memory: framebuffer bytes held by an allocated GPU while it is idle (FB_USED is MiB).
 HOARDED_EXPR = 'DCGM_FI_DEV_FB_USED{pod!=""} * 1048576 * gpu:gpuwarden_allocated_idle:bool'
 
