@@ -19,7 +19,9 @@ bucket, state). Every report in :mod:`gpuwarden.analytics.reports` is a groupby 
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Iterator
@@ -35,6 +37,12 @@ from .inventory import Inventory
 from .params import STATE_CODES, STATES, AnalyticsError, IdleParams
 from .pricebook import PriceBook
 from .quality import NON_NEGATIVE_COLUMNS, RATIO_COLUMNS, QualityCounts, count_counter_resets, sanitize_arrays, sanitize_gauges
+
+log = logging.getLogger("gpuwarden.analytics")
+
+# Reading raw samples instead of the recording-rule rollups: how much slower, measured by
+# bench/bench_rollup.py (1,000 GPUs x 30 days; see docs/scale.md).
+RAW_READ_SLOWDOWN = "roughly 50x"
 
 COLUMNS: tuple[str, ...] = (
     "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
@@ -174,6 +182,7 @@ class LedgerBuilder:
         self.price = price
         self.step_ns: int | None = None if self.params.step is None else int(self.params.step.value)
         self.step_assumed = False
+        self.fallback_note: str | None = None
         self.counts = QualityCounts()
         self._strings = {name: _Registry() for name in (*IDENTITY, *HOLDER)}
         self._instances = _Registry()  # (gpu code, mig code) -> instance
@@ -446,6 +455,51 @@ class LedgerBuilder:
                 "duration_seconds": dur[mine] / _S, "activity": c_act[mine], "sm_measured": measured_rows[mine],
             }))
 
+    def add_rollup(self, frame: pd.DataFrame, resolution: pd.Timedelta) -> None:
+        """Rows already classified by the recording rules (``PrometheusSource.read_state_rollup``):
+        per bucket, GPU, holder and state, the seconds, used seconds, energy and memory held. They
+        go into the same sums as classified samples, so every report reads them unchanged."""
+        self.counts.rows_read += len(frame)
+        if frame.empty:
+            return
+        self.step_ns = int(pd.Timedelta(resolution).value)
+        local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
+        state = frame["state"].astype(object).map(STATE_CODES).to_numpy(dtype="float64", na_value=np.nan)
+        bad = (local["gpu_uuid"][0] < 0) | np.isnan(state)
+        if bad.any():
+            self.counts.rows_dropped_unidentified += int(bad.sum())
+        inst = self._instance_codes(local, bad)
+        holder = self._holder_codes(local, bad)
+        state = np.nan_to_num(state, nan=UNALLOCATED).astype(np.int8)
+        # The rules called it unallocated only where attribution answered; any other pod-less row
+        # was classified by activity alone.
+        holder[(holder == NO_POD) & (state != UNALLOCATED)] = UNATTRIBUTED
+        keep = np.flatnonzero(~bad)
+        ts = pd.DatetimeIndex(frame["timestamp"]).as_unit("ns").asi8[keep]
+        inst, holder, state = inst[keep], holder[keep], state[keep]
+        seconds = frame["seconds"].to_numpy(dtype=np.float64)[keep]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_second = {name: frame[name].to_numpy(dtype=np.float64)[keep] / seconds
+                          for name in ("used_seconds", "energy_joules", "memory_byte_seconds")}
+        order = np.lexsort((ts, inst))
+        inst, ts, holder, state, seconds = inst[order], ts[order], holder[order], state[order], seconds[order]
+        per_second = {name: values[order] for name, values in per_second.items()}
+        samples = np.maximum(np.round(seconds * _S / self.step_ns), 1).astype(np.int64)
+        self._aggregate(inst, ts, holder, state, seconds * _S, np.zeros(len(inst), np.int64), per_second["used_seconds"],
+                        np.ones(len(inst), bool), per_second["memory_byte_seconds"], per_second["energy_joules"])
+        # First and last sample of each instance: a bucket's first rollup ends one rollup after its
+        # start; its last ends at the bucket's end at the latest.
+        bucket_ns = int(self.bucket.value)
+        table = pd.DataFrame({"inst": inst, "ts": ts, "samples": samples}).groupby("inst").agg(
+            first=("ts", "min"), last=("ts", "max"), samples=("samples", "sum"))
+        for code, first, last, count in zip(table.index.tolist(), table["first"].tolist(), table["last"].tolist(),
+                                            table["samples"].tolist()):
+            first, last = first + self.step_ns, last + bucket_ns - self.step_ns
+            self._inst_first[code] = min(self._inst_first[code], first)
+            self._inst_last[code] = max(self._inst_last[code], last)
+            self._inst_samples[code] += count
+            self._inst_sm[code] += count
+
     def _update_instances(self, inst, ts, measured, group_start, carried=None) -> None:
         """First and last timestamps and sample counts per instance; rows are sorted by (instance,
         time) and ``group_start`` is where each instance's rows begin (carried rows first)."""
@@ -560,7 +614,7 @@ class LedgerBuilder:
         step = pd.Timedelta(self.step_ns or DEFAULT_STEP_NS, unit="ns")
         params = replace(self.params, step=step, max_gap=self.params.resolved_max_gap(step))
         instances = self._instance_table()
-        notes: list[str] = []
+        notes: list[str] = [self.fallback_note] if self.fallback_note else []
         if self.step_assumed and self.step_ns is None:
             notes.append(f"every GPU has a single sample in the window, so each stands for {step.total_seconds():g} s "
                          "(the default interval); widen the window (--since) for a measured one")
@@ -600,6 +654,7 @@ class LedgerBuilder:
             "gpus_appearing_late": sorted(set(late["gpu_uuid"].astype(str))),
             "gpus_leaving_early": sorted(set(early["gpu_uuid"].astype(str))),
             "step_seconds": step.total_seconds(),
+            "source": "samples",
         }
         quality["step_assumed"] = bool(self.step_assumed and self.step_ns is None)
         ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket, notes)
@@ -817,6 +872,33 @@ def _utc(value) -> pd.Timestamp | None:
     return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
+def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger | None:
+    """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
+    read_start, read_end = start, end
+    if start is None or end is None:
+        span = source.time_range()
+        if span is None:
+            return None
+        read_start = start if start is not None else _utc(span[0])
+        read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
+    started = time.perf_counter()
+    frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
+    if frame is None:
+        message = ("no gpuwarden recording-rule rollups (gpu:gpuwarden_state_seconds:5m) in this window: reading raw "
+                   f"samples instead, {RAW_READ_SLOWDOWN} slower over long windows; load rules/gpuwarden-recording.rules.yml "
+                   "into Prometheus (see docs/prometheus.md)")
+        log.warning(message)
+        builder.fallback_note = message
+        return None
+    builder.add_rollup(frame, source.rollup_resolution)
+    ledger = builder.finish(start, end)
+    ledger.notes.append(f"read from the recording-rule rollups ({len(frame):,} rows at "
+                        f"{source.rollup_resolution.total_seconds() / 60:g}-minute resolution, summed per "
+                        f"{builder.bucket.total_seconds() / 3600:g} h) in {time.perf_counter() - started:.1f} s; no raw sample read")
+    ledger.quality["source"] = "rollup"
+    return ledger
+
+
 def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
                  params: IdleParams | None = None, bucket: str | pd.Timedelta = "1h",
                  chunk: str | pd.Timedelta = "1D", keep_rows: bool = False, price: bool = True) -> Ledger:
@@ -834,6 +916,11 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
         params = replace(params, step=pd.Timedelta(interval))
     builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     start, end = _utc(start), _utc(end)
+    if not isinstance(data, pd.DataFrame) and not keep_rows and getattr(data, "rollups", False) \
+            and callable(getattr(data, "read_state_rollup", None)):
+        ledger = _ledger_from_rollups(data, builder, start, end)
+        if ledger is not None:
+            return ledger
     if isinstance(data, pd.DataFrame):
         if "timestamp" not in data.columns:
             raise AnalyticsError("fleet samples lack column timestamp")

@@ -80,6 +80,17 @@ def _with_matchers(expr: str, matchers: str) -> str:
     return " ".join(out)
 
 
+# The 5-minute rollups of the generated recording rules (gpuwarden.analytics.promrules.ROLLUP_METRICS;
+# tests/test_rules.py keeps the two equal): one series per GPU, holder pod and state.
+STATE_ROLLUPS = {
+    "seconds": "gpu:gpuwarden_state_seconds:5m",
+    "used_seconds": "gpu:gpuwarden_used_seconds:5m",
+    "energy_joules": "gpu:gpuwarden_energy_joules:5m",
+    "memory_byte_seconds": "gpu:gpuwarden_memory_byte_seconds:5m",
+}
+_STATE_ROLLUP_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE",
+                        "namespace", "pod", "team", "project", "state")
+
 _ROLLUP_GPU_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE", "namespace", "pod")
 
 
@@ -168,6 +179,8 @@ class PrometheusSource:
         rule_interval: float | str = "1m",
         history: float | str = "400d",
         lookback: float | str | None = None,
+        rollups: bool = True,
+        rollup_interval: float | str = "5m",
     ) -> None:
         if not url or "://" not in url:
             raise PrometheusError(f"--prometheus-url {url!r} is not a URL; expected e.g. http://prometheus:9090")
@@ -191,6 +204,9 @@ class PrometheusSource:
         self.max_backoff = float(max_backoff)
         self.concurrency = max(1, int(concurrency))
         self.rule_interval = _seconds(rule_interval)
+        # Reports read the recording-rule rollups (gpu:gpuwarden_*:5m) where they exist.
+        self.rollups = bool(rollups)
+        self.rollup_interval = _seconds(rollup_interval)
         self.history = _seconds(history)
         self._headers = {"Accept": "application/json", "User-Agent": "gpuwarden"}
         if bearer_token_file is not None:
@@ -428,6 +444,81 @@ class PrometheusSource:
         return [v for v in values if not math.isnan(v)]
 
     # -- aggregation pushed into Prometheus ------------------------------------------------------
+    @property
+    def rollup_resolution(self) -> pd.Timedelta:
+        return pd.Timedelta(seconds=self.rollup_interval)
+
+    def read_state_rollup(self, start: datetime | str, end: datetime | str, bucket: float | str = "1h") -> pd.DataFrame | None:
+        """The idle taxonomy per GPU, holder and state, summed per ``bucket`` from the recording
+        rules' 5-minute rollups (``gpu:gpuwarden_state_seconds:5m{state=...}`` and friends); None
+        when Prometheus holds no rollup series in the window (the rules are not loaded).
+
+        Columns: ``timestamp`` (bucket start, buckets aligned to multiples of ``bucket``), the
+        identity columns, ``state``, ``seconds``, ``used_seconds`` (seconds x activity),
+        ``energy_joules``, ``memory_byte_seconds``. No raw sample leaves Prometheus.
+        """
+        bucket_s = _seconds(bucket)
+        start_s, end_s = self._epoch(start), self._epoch(end)
+        first_end = math.floor(start_s / bucket_s) * bucket_s + bucket_s  # the bucket holding start
+        window = _promql_duration(bucket_s - 0.001)
+        grouping = ", ".join(_STATE_ROLLUP_LABELS)
+        started = time.perf_counter()
+        parts: dict[str, list] = {figure: [] for figure in STATE_ROLLUPS}
+        keys: dict[tuple, int] = {}
+        points = 0
+        for figure, metric in STATE_ROLLUPS.items():
+            promql = f"sum by ({grouping}) (sum_over_time({self._selector(metric)}[{window}]))"
+            for first, last in self._chunks(first_end, end_s + bucket_s, bucket_s):
+                for series in self._matrix(promql, first, last, bucket_s):
+                    values = series.get("values") or []
+                    if not values:
+                        continue
+                    labels = series.get("metric", {})
+                    key = tuple(labels.get(label, "") for label in _STATE_ROLLUP_LABELS)
+                    code = keys.setdefault(key, len(keys))
+                    stamps = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values)) - bucket_s
+                    numbers = np.array([v[1] for v in values], dtype=np.float64)
+                    parts[figure].append((np.full(len(values), code, np.int64), np.round(stamps).astype(np.int64), numbers))
+                    points += len(values)
+            if figure == "seconds" and not parts["seconds"]:
+                return None  # no rollups: the caller reads raw samples
+        frame = self._state_rollup_frame(parts, list(keys))
+        log.info("prometheus rollup read: %d points -> %d rows in %.2fs", points, len(frame), time.perf_counter() - started)
+        return frame
+
+    def _state_rollup_frame(self, parts: dict[str, list], keys: list[tuple]) -> pd.DataFrame:
+        def table(figure: str) -> pd.DataFrame:
+            chunks = parts[figure]
+            if not chunks:
+                return pd.DataFrame({"key": np.empty(0, np.int64), "t": np.empty(0, np.int64), figure: np.empty(0)})
+            return pd.DataFrame({"key": np.concatenate([c[0] for c in chunks]), "t": np.concatenate([c[1] for c in chunks]),
+                                 figure: np.concatenate([c[2] for c in chunks])})
+
+        merged = table("seconds")
+        for figure in ("used_seconds", "energy_joules", "memory_byte_seconds"):
+            merged = merged.merge(table(figure).groupby(["key", "t"], as_index=False).sum(), on=["key", "t"], how="left")
+        merged = merged[merged["seconds"] > 0]
+        identities = []
+        for key in keys:
+            labels = dict(zip(_STATE_ROLLUP_LABELS, key))
+            identities.append(self.mapper.identity(labels))
+        valid = np.array([identity is not None for identity in identities] + [False], dtype=bool)
+        codes = merged["key"].to_numpy()
+        merged = merged[valid[codes]]
+        codes = merged["key"].to_numpy()
+        out: dict[str, object] = {"timestamp": pd.to_datetime(merged["t"].to_numpy() * 1_000_000_000, utc=True)}
+        for position, name in enumerate(IDENTITY_COLUMN_NAMES[1:]):
+            per_key = [identity[position] if identity is not None else None for identity in identities]
+            if name == "attribution":  # a rollup row is classified already: pod-less rows say which
+                continue
+            values = np.asarray(per_key, dtype=object)[codes] if len(codes) else np.empty(0, dtype=object)
+            out[name] = pd.array(values, dtype="Int64") if name == "gpu_index" else pd.Categorical(values)
+        state_index = _STATE_ROLLUP_LABELS.index("state")
+        out["state"] = pd.Categorical(np.asarray([k[state_index] for k in keys], dtype=object)[codes] if len(codes) else [])
+        for figure in STATE_ROLLUPS:
+            out[figure] = merged[figure].fillna(0.0).to_numpy(dtype=np.float64)
+        return pd.DataFrame(out).sort_values("timestamp", kind="stable", ignore_index=True)
+
     def read_rollup(self, start: datetime | str, end: datetime | str, step: float | str = "1h",
                     by: str = "gpu", use_rules: bool = True) -> pd.DataFrame:
         """GPU-seconds per window of ``step`` for every GPU (``by="gpu"``) or namespace
