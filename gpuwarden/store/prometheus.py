@@ -403,23 +403,47 @@ class PrometheusSource:
         anchor = self._anchor()
         if anchor is None:
             return None
+        span = self._span(anchor)
+        if span is None and self.rollups:  # rollups only (raw samples expired or never kept)
+            span = self._span(self._selector(STATE_ROLLUPS["seconds"]))
+        return span
+
+    def _span(self, anchor: str) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+        """Oldest and newest sample of ``anchor``: the days holding data (one ``count(last_over_time
+        (x[1d]))`` range query over ``history``), then the 5-minute slot inside the first and last
+        day, then 15 s steps inside that slot. Each step costs one pass over the series, so a
+        30-day, 100,000-series store answers in seconds (an hourly subquery over 400 days did not)."""
         series = f"timestamp({anchor})"
         now = time.time()
-        coarse = 3600.0
-        window = _promql_duration(math.ceil(self.history / coarse) * coarse)
-        newest_coarse = self._scalar(f"max(max_over_time({series}[{window}:1h]))", now)
-        oldest_coarse = self._scalar(f"min(min_over_time({series}[{window}:1h]))", now)
         live = self._scalar(f"max({series})", now)
-        if newest_coarse is None and live is None:
+        days = self._active_steps(anchor, now - self.history, now, 86400.0)
+        if not days and live is None:
             return None
         newest = live
         if newest is None:
-            values = self._range_values(f"max({series})", newest_coarse, newest_coarse + coarse + 300, 15.0)
-            newest = max(values) if values else newest_coarse
-        oldest = oldest_coarse if oldest_coarse is not None else newest
-        values = self._range_values(f"min({series})", oldest - coarse - 300, oldest, 15.0)
-        oldest = min(values) if values else oldest
-        return pd.Timestamp(oldest, unit="s", tz="UTC"), pd.Timestamp(newest, unit="s", tz="UTC")
+            slots = self._active_steps(anchor, days[-1] - 86400.0, days[-1], 300.0)
+            slot = slots[-1] if slots else days[-1]
+            values = self._range_values(f"max({series})", slot - 300.0, slot + 300.0, 15.0)
+            newest = max(values) if values else slot
+        first_day = days[0] if days else newest
+        slots = self._active_steps(anchor, first_day - 86400.0, first_day, 300.0)
+        first = slots[0] if slots else first_day
+        values = self._range_values(f"min({series})", first - 300.0, first + 15.0, 15.0)
+        oldest = min(values) if values else first - 300.0
+        return pd.Timestamp(min(oldest, newest), unit="s", tz="UTC"), pd.Timestamp(newest, unit="s", tz="UTC")
+
+    def _active_steps(self, anchor: str, start: float, end: float, step: float) -> list[float]:
+        """Grid times t (multiples of ``step``, first >= start, last >= end) whose (t - step, t]
+        holds a sample of ``anchor``."""
+        first = math.floor(start / step) * step + step
+        last = math.ceil(end / step) * step
+        found: list[float] = []
+        while first <= last:
+            upper = min(last, first + (MAX_POINTS_PER_SERIES - 2) * step)
+            for result in self._matrix(f"count(last_over_time({anchor}[{_promql_duration(step - 0.001)}]))", first, upper, step):
+                found.extend(float(t) for t, v in result.get("values", []) if float(v) > 0)
+            first = upper + step
+        return sorted(found)
 
     def _anchor(self) -> str | None:
         """A metric every GPU has (FB_USED: memory is measured even where activity is not)."""
