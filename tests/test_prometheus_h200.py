@@ -24,7 +24,7 @@ from gpuwarden.exporter.replay import ReplayBackend
 from gpuwarden.store.prometheus import PrometheusSource
 from test_prometheus import PrometheusServer, wait_for
 
-SERVE_SECONDS = {"compute_bf16_matmul": 7.0, "idle_no_process": 8.0}
+SERVE_SECONDS = {"compute_bf16_matmul": 6.0, "idle_no_process": 7.5}
 
 
 def _hold(exporter: ExporterService, backend: ReplayBackend, rows: range, seconds: float) -> None:
