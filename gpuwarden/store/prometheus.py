@@ -310,15 +310,17 @@ class PrometheusSource:
             return float(value)
         return _utc(value).value / 1e9
 
-    def _chunks(self, start: float, end: float, step: float, inclusive: bool = False) -> list[tuple[float, float]]:
-        """Grid-aligned [first, last] evaluation times covering [start, end) (or [start, end])."""
+    def _chunks(self, start: float, end: float, step: float, inclusive: bool = False,
+                chunk: float | None = None) -> list[tuple[float, float]]:
+        """Grid-aligned [first, last] evaluation times covering [start, end) (or [start, end]),
+        at most ``chunk`` (default: the source's) and 11,000 points each."""
         first = math.ceil(start / step - 1e-9) * step
         last = math.floor(end / step + 1e-9) * step
         if not inclusive and last >= end - 1e-9:
             last -= step
         if last < first:
             return []
-        per_chunk = max(1, min(MAX_POINTS_PER_SERIES - 1, int(self.chunk // step)))
+        per_chunk = max(1, min(MAX_POINTS_PER_SERIES - 1, int((chunk or self.chunk) // step)))
         chunks = []
         while first <= last + 1e-9:
             upper = min(last, first + (per_chunk - 1) * step)
@@ -490,21 +492,31 @@ class PrometheusSource:
         parts: dict[str, list] = {figure: [] for figure in STATE_ROLLUPS}
         keys: dict[tuple, int] = {}
         points = 0
-        for figure, metric in STATE_ROLLUPS.items():
-            promql = f"sum by ({grouping}) (sum_over_time({self._selector(metric)}[{window}]))"
-            for first, last in self._chunks(first_end, end_s + bucket_s, bucket_s):
-                for series in self._matrix(promql, first, last, bucket_s):
-                    values = series.get("values") or []
-                    if not values:
-                        continue
-                    labels = series.get("metric", {})
-                    key = tuple(labels.get(label, "") for label in _STATE_ROLLUP_LABELS)
-                    code = keys.setdefault(key, len(keys))
-                    stamps = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values)) - bucket_s
-                    numbers = np.array([v[1] for v in values], dtype=np.float64)
-                    parts[figure].append((np.full(len(values), code, np.int64), np.round(stamps).astype(np.int64), numbers))
-                    points += len(values)
-            if figure == "seconds" and not parts["seconds"]:
+        # Requests of a week each (hourly points are few), several at once.
+        chunks = self._chunks(first_end, end_s + bucket_s, bucket_s, chunk=max(self.chunk, 7 * 86400.0))
+
+        def fetch(job: tuple[str, float, float]) -> tuple[str, list[dict]]:
+            figure, first, last = job
+            promql = f"sum by ({grouping}) (sum_over_time({self._selector(STATE_ROLLUPS[figure])}[{window}]))"
+            return figure, self._matrix(promql, first, last, bucket_s)
+
+        for figures in (["seconds"], ["used_seconds", "energy_joules", "memory_byte_seconds"]):
+            jobs = [(figure, first, last) for figure in figures for first, last in chunks]
+            with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(jobs)))) as pool:
+                for figure, found in pool.map(fetch, jobs):
+                    for series in found:
+                        values = series.get("values") or []
+                        if not values:
+                            continue
+                        labels = series.get("metric", {})
+                        key = tuple(labels.get(label, "") for label in _STATE_ROLLUP_LABELS)
+                        code = keys.setdefault(key, len(keys))
+                        stamps = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values)) - bucket_s
+                        numbers = np.array([v[1] for v in values], dtype=np.float64)
+                        parts[figure].append((np.full(len(values), code, np.int64), np.round(stamps).astype(np.int64),
+                                              numbers))
+                        points += len(values)
+            if figures == ["seconds"] and not parts["seconds"]:
                 return None  # no rollups: the caller reads raw samples
         frame = self._state_rollup_frame(parts, list(keys))
         log.info("prometheus rollup read: %d points -> %d rows in %.2fs", points, len(frame), time.perf_counter() - started)
