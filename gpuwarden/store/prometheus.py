@@ -411,23 +411,34 @@ class PrometheusSource:
         return span
 
     def _span(self, anchor: str) -> tuple[pd.Timestamp, pd.Timestamp] | None:
-        """Oldest and newest sample of ``anchor``: the days holding data (one ``count(last_over_time
-        (x[1d]))`` range query over ``history``), then the 5-minute slot inside the first and last
-        day, then 15 s steps inside that slot. Each step costs one pass over the series, so a
-        30-day, 100,000-series store answers in seconds (an hourly subquery over 400 days did not)."""
+        """Oldest and newest sample of ``anchor``, with queries that read little: the newest by
+        looking back 1 h, 1 d, 7 d, ... from now (``count(last_over_time(x[W]))``), then the 5-minute
+        slot inside that window; the oldest from an instant ``count(x)`` at each day of the history
+        (seeks, not a full read), then the 5-minute slot inside the first day; then 15 s steps inside
+        each slot. A 30-day store of 100,000 series answers in seconds."""
         series = f"timestamp({anchor})"
         now = time.time()
-        live = self._scalar(f"max({series})", now)
-        days = self._active_steps(anchor, now - self.history, now, 86400.0)
-        if not days and live is None:
-            return None
-        newest = live
+        newest = self._scalar(f"max({series})", now)
         if newest is None:
-            slots = self._active_steps(anchor, days[-1] - 86400.0, days[-1], 300.0)
-            slot = slots[-1] if slots else days[-1]
-            values = self._range_values(f"max({series})", slot - 300.0, slot + 300.0, 15.0)
-            newest = max(values) if values else slot
-        first_day = days[0] if days else newest
+            for look in (3600.0, 86400.0, 7 * 86400.0, 31 * 86400.0, self.history):
+                if not self._scalar(f"count(last_over_time({anchor}[{_promql_duration(look)}]))", now):
+                    continue
+                slots = self._active_steps(anchor, now - look, now, max(300.0, look / 2000))
+                if slots and look > 3600.0:  # narrow a long window to its last day, then 5 minutes
+                    slots = self._active_steps(anchor, slots[-1] - max(300.0, look / 2000), slots[-1], 300.0) or slots
+                slot = slots[-1] if slots else now
+                values = self._range_values(f"max({series})", slot - 300.0, slot + 300.0, 15.0)
+                newest = max(values) if values else slot
+                break
+            if newest is None:
+                return None
+        first_day = newest
+        try:
+            days = [float(t) for result in self._matrix(f"count({anchor})", math.floor((newest - self.history) / 86400) * 86400,
+                                                           newest, 86400.0) for t, v in result.get("values", [])]
+            first_day = min(days) if days else newest
+        except PrometheusQueryError:
+            pass  # too big to scan here: the oldest day with a sample at midnight is a bound
         slots = self._active_steps(anchor, first_day - 86400.0, first_day, 300.0)
         first = slots[0] if slots else first_day
         values = self._range_values(f"min({series})", first - 300.0, first + 15.0, 15.0)
