@@ -40,9 +40,10 @@ from .quality import NON_NEGATIVE_COLUMNS, RATIO_COLUMNS, QualityCounts, count_c
 
 log = logging.getLogger("gpuwarden.analytics")
 
-# Reading raw samples instead of the recording-rule rollups: how much slower, measured by
-# bench/bench_rollup.py (1,000 GPUs x 30 days; see docs/scale.md).
-RAW_READ_SLOWDOWN = "roughly 50x"
+# Reading raw samples instead of the recording-rule rollups: points read per GPU-day at the
+# default 60 s step, ~16 metric families x 1,440, against 4 rollup figures x 24 hours x ~1.3
+# states a GPU visits per hour (docs/scale.md).
+RAW_READ_SLOWDOWN = "about 180x more points to read, so"
 
 COLUMNS: tuple[str, ...] = (
     "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
@@ -885,7 +886,7 @@ def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger |
     frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
     if frame is None:
         message = ("no gpuwarden recording-rule rollups (gpu:gpuwarden_state_seconds:5m) in this window: reading raw "
-                   f"samples instead, {RAW_READ_SLOWDOWN} slower over long windows; load rules/gpuwarden-recording.rules.yml "
+                   f"samples instead ({RAW_READ_SLOWDOWN} far slower over long windows); load rules/gpuwarden-recording.rules.yml "
                    "into Prometheus (see docs/prometheus.md)")
         log.warning(message)
         builder.fallback_note = message
