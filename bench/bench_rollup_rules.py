@@ -53,6 +53,7 @@ def main() -> int:
     exporter = ExporterService(SimGpuBackend(sim), interval_seconds=15, host="127.0.0.1", port=0).start()
     process = None
     try:
+        exporter.collect_now()  # the first collection may still be running
         with urllib.request.urlopen(exporter.url, timeout=60) as response:
             page = response.read()
         series = sum(1 for line in page.decode().splitlines() if line and not line.startswith("#"))
