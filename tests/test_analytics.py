@@ -35,8 +35,9 @@ GIB = 2**30
 
 
 def gpu_rows(uuid: str, node: str, model: str, util, sm, mem_gib, pod=None, minutes=None, team="alpha",
-             power=None, start=START, mig=None) -> pd.DataFrame:
-    """One GPU's samples at 60 s: scalars or per-minute arrays; ``pod`` a name, None, or an array."""
+             power=None, start=START, mig=None, attribution="known") -> pd.DataFrame:
+    """One GPU's samples at 60 s: scalars or per-minute arrays; ``pod`` a name, None, or an array;
+    ``attribution`` known | off | failed | None (not recorded)."""
     n = minutes if minutes is not None else len(np.atleast_1d(util))
     def arr(value, dtype=object):
         out = np.empty(n, dtype=dtype)
@@ -49,7 +50,7 @@ def gpu_rows(uuid: str, node: str, model: str, util, sm, mem_gib, pod=None, minu
         timestamp=start + pd.to_timedelta(np.arange(n) * 60, unit="s"), cluster="c1", node=node, gpu_uuid=uuid,
         gpu_index=0, model=model, mig_instance=mig, pod=pods,
         namespace=np.where(allocated, f"ns-{team}", None), team=np.where(allocated, team, None),
-        project=np.where(allocated, f"{team}-p", None),
+        project=np.where(allocated, f"{team}-p", None), attribution=arr(attribution),
         gpu_util_ratio=arr(util, float), sm_active_ratio=arr(sm, float), mem_used_bytes=arr(mem_gib, float) * GIB,
         mem_total_bytes=80.0 * GIB, power_watts=arr(300.0 if power is None else power, float),
     )
@@ -347,9 +348,11 @@ def test_headline_for_the_demo(sim_frame, tmp_path):
     store.append(sim_frame)
     figures = headline(store)
     assert set(figures) == {"window_start", "window_end", "currency", "gpus", "gpu_hours", "allocated_gpu_hours",
-                            "efficiency_score", "fleet_cost", "idle_gpu_hours", "idle_cost", "idle_gpu_hours_by_reason",
+                            "unattributed_gpu_hours", "unattributed_share", "efficiency_score", "fleet_cost", "idle_gpu_hours", "idle_cost", "idle_gpu_hours_by_reason",
                             "idle_cost_by_reason", "hoarding_pods", "gpus_gpu_util_fallback"}
-    assert set(figures["idle_cost_by_reason"]) == {"unallocated", "allocated_idle", "hoarded", "fake_busy", "starved"}
+    assert set(figures["idle_cost_by_reason"]) == {"unallocated", "idle_unattributed", "allocated_idle", "hoarded",
+                                                   "fake_busy", "starved"}
+    assert figures["unattributed_gpu_hours"] == 0  # the simulator knows every holder
     assert sum(figures["idle_gpu_hours_by_reason"].values()) == pytest.approx(figures["idle_gpu_hours"])
     other = headline(sim_frame)  # the store and the frame agree
     for key, value in figures.items():
@@ -413,3 +416,74 @@ def test_arrow_input_gives_the_same_ledger_as_pandas(sim_frame, taxonomy):
     assert pandas_ledger.quality["counter_resets"]["xid_79_total"] > 0
     # Per-sample states, by row position (instance codes follow first appearance, so row order may differ).
     pd.testing.assert_frame_equal(arrow_ledger.classified.sort_index(), pandas_ledger.classified.sort_index())
+
+
+def test_unattributed_gpus_are_classified_by_activity_never_unallocated():
+    """No pod label means "free" only where attribution answered; off, failed or not recorded is
+    unknown: the GPU is classified by its activity, and every report says how much was unknown."""
+    n = 60
+    frame = pd.concat([
+        gpu_rows("GPU-free", "train-h100-000", H100, 0.0, 0.0, 0.6, None, n),  # attribution known: free
+        gpu_rows("GPU-off-busy", "train-h100-000", H100, 0.97, 0.96, 70.0, None, n, attribution="off"),
+        gpu_rows("GPU-failed-idle", "train-h100-000", H100, 0.0, 0.0, 60.0, None, n, attribution="failed"),
+        gpu_rows("GPU-null-fake", "train-h100-001", H100, 0.22, 0.0003, 30.0, None, n, attribution=None),
+        gpu_rows("GPU-held", "train-h100-001", H100, 0.9, 0.9, 70.0, "train-1", n, attribution=None),
+    ], ignore_index=True)
+    ledger = build_ledger(frame)
+    assert states_of(ledger, "GPU-free") == {"unallocated": 60}
+    assert states_of(ledger, "GPU-off-busy") == {"busy": 60}
+    assert states_of(ledger, "GPU-failed-idle") == {"idle_unattributed": 60}  # never hoarded: nobody holds it
+    assert states_of(ledger, "GPU-null-fake") == {"fake_busy": 60}
+    assert states_of(ledger, "GPU-held") == {"busy": 60}  # a pod label proves attribution answered
+    # The row-by-row reference agrees.
+    reference = states_by_gpu(frame).groupby(["gpu_uuid", "state"])["gpu_hours"].sum()
+    engine = ledger.rows.groupby([ledger.rows["gpu_uuid"].astype(str), ledger.rows["state"].astype(str)])["gpu_hours"].sum()
+    assert engine[engine > 0].to_dict() == pytest.approx(reference[reference > 0].to_dict())
+
+    report = idle_report(ledger)
+    assert report.summary["unattributed_gpu_hours"] == pytest.approx(3.0)
+    assert report.summary["unattributed_share"] == pytest.approx(3 / 5)
+    assert report.summary["allocated_gpu_hours"] == pytest.approx(1.0)  # unattributed time is not allocated
+    assert report.summary["efficiency_score"] == pytest.approx(0.9)
+    assert any("60.0% of GPU-hours are unattributed" in note for note in report.notes)
+    from gpuwarden.analytics import build_report
+
+    for kind in ("efficiency", "cost", "chargeback"):
+        other = build_report(kind, ledger)
+        assert other.summary["unattributed_share"] == pytest.approx(3 / 5), kind
+        assert any("unattributed" in note for note in other.notes), kind
+    for policy in ("separate", "proportional"):
+        table = chargeback(ledger, unallocated=policy)
+        assert table["cost"].sum() == pytest.approx(ledger.fleet_cost)
+        assert table.loc[table["team"] == "(unattributed)", "gpu_hours"].sum() == pytest.approx(3.0), policy
+    # Attribution known everywhere: nothing unattributed, no note.
+    known = idle_report(build_ledger(gpu_rows("GPU-free", "train-h100-000", H100, 0.0, 0.0, 0.6, None, n)))
+    assert known.summary["unattributed_share"] == 0 and not any("unattributed" in n for n in known.notes)
+
+
+def test_one_sample_per_gpu_is_valid_and_says_its_interval():
+    frame = pd.concat([gpu_rows("GPU-a", "train-h100-000", H100, 0.9, 0.9, 70.0, "train-1", 1),
+                       gpu_rows("GPU-b", "train-h100-000", H100, 0.0, 0.0, 0.5, None, 1)], ignore_index=True)
+    report = idle_report(build_ledger(frame))  # no interval can be measured: the default, said so
+    assert report.summary["gpu_hours"] == pytest.approx(2 / 60)
+    assert report.ledger.quality["step_assumed"] is True
+    assert any("single sample" in note and "--since" in note for note in report.notes)
+    given = idle_report(build_ledger(frame, params=IdleParams(step="15s")))  # a source's grid: no note
+    assert given.summary["gpu_hours"] == pytest.approx(2 * 15 / 3600) and given.ledger.quality["step_assumed"] is False
+    assert not any("single sample" in note for note in given.notes)
+
+
+def test_a_window_wider_than_the_data_is_trimmed_with_a_note():
+    """``report cost --since 7d`` over two days of data: GPUs averaged over the two days, not seven."""
+    from gpuwarden.analytics import cost_report
+
+    frame = gpu_rows("GPU-a", "infer-a100-000", A100, 0.9, np.nan, 40.0, "svc-1", 2 * 24 * 60, team="beta")
+    end = START + pd.Timedelta(days=2)
+    trimmed = build_ledger(frame, end - pd.Timedelta(days=7), end)
+    report = cost_report(trimmed)
+    assert report.ledger.start == START - pd.Timedelta(minutes=1) and report.ledger.end == end
+    row = report.tables["buy_vs_rent"].set_index("model").loc[A100]
+    assert row["avg_gpus"] == pytest.approx(1.0, rel=1e-3)
+    assert any(note.startswith("window trimmed to the data held") for note in report.notes)
+    exact = cost_report(build_ledger(frame, START, end))
+    assert not any(note.startswith("window trimmed") for note in exact.notes)

@@ -49,7 +49,31 @@ def _rules(kind: str) -> dict[str, dict]:
 
 def test_rule_files_exist():
     assert {p.name for p in RULE_FILES} == {"gpuwarden-recording.rules.yml", "gpuwarden-alerts.rules.yml"}
-    assert {p.name for p in TEST_FILES} == {"recording.test.yml", "alerts.test.yml"}
+    assert {p.name for p in TEST_FILES} == {"recording.test.yml", "alerts.test.yml", "state.test.yml"}
+
+
+def test_recording_rules_are_generated_from_the_analytics_parameters():
+    """One definition of idle: the committed rules, their helm copy and the generator agree byte
+    for byte, and the state test's expectations are what the engine computes today."""
+    from gpuwarden.analytics.promrules import HELM_COPY, RULE_FILE, render_recording_rules
+    from rules_scenario import render as render_state_test
+
+    text = render_recording_rules()
+    assert (ROOT / RULE_FILE).read_text() == text, "run: python -m gpuwarden.analytics.promrules --write"
+    assert (ROOT / HELM_COPY).read_bytes() == (ROOT / RULE_FILE).read_bytes()
+    assert (ROOT / "helm/gpuwarden/files/rules/gpuwarden-alerts.rules.yml").read_bytes() == \
+        (RULES / "gpuwarden-alerts.rules.yml").read_bytes()
+    assert (RULES / "tests" / "state.test.yml").read_text() == render_state_test(), \
+        "run: python tests/rules_scenario.py > rules/tests/state.test.yml"
+
+
+def test_changed_parameters_change_the_rules():
+    from gpuwarden.analytics import IdleParams
+    from gpuwarden.analytics.promrules import render_recording_rules
+
+    text = render_recording_rules(IdleParams(idle_activity=0.05, fake_busy_util=0.2))
+    assert "DCGM_FI_PROF_SM_ACTIVE < bool 0.05" in text and "DCGM_FI_DEV_GPU_UTIL >= bool 20" in text
+    assert text != render_recording_rules()
 
 
 def test_promtool_check_rules():
@@ -69,9 +93,11 @@ def test_promtool_unit_tests(test_file):
 
 def test_every_recording_rule_is_unit_tested():
     tested = set()
-    for test in yaml.safe_load((RULES / "tests" / "recording.test.yml").read_text())["tests"]:
-        tested |= {case["expr"] for case in test.get("promql_expr_test", [])}
-    assert set(_rules("record")) <= tested
+    for name in ("recording.test.yml", "state.test.yml"):
+        for test in yaml.safe_load((RULES / "tests" / name).read_text())["tests"]:
+            tested |= {case["expr"] for case in test.get("promql_expr_test", [])}
+    internal = {"gpu:gpuwarden_activity:ratio", "gpu:gpuwarden_plain_idle:bool"}  # checked through gpu:gpuwarden_state:code
+    assert set(_rules("record")) - internal <= tested
 
 
 def test_every_alert_has_a_firing_and_a_must_not_fire_case():
@@ -108,13 +134,18 @@ def test_rules_read_metrics_the_exporter_serves():
 
 def test_source_expressions_match_the_recording_rules():
     """read_rollup(use_rules=False) computes what the rules record."""
-    record = {name: " ".join(rule["expr"].split()) for name, rule in _rules("record").items()}
-    assert record["gpu:gpuwarden_idle:bool"] == prom.IDLE_EXPR
-    assert record["gpu:gpuwarden_fake_busy:bool"] == prom.FAKE_BUSY_EXPR
-    assert record["gpu:gpuwarden_hoarded_memory:bytes"] == prom.HOARDED_EXPR
-    intervals = {group.get("interval") for path in RULE_FILES if "recording" in path.name
+    from gpuwarden.analytics.promrules import raw_expressions
+
+    raw = raw_expressions()
+    assert prom.IDLE_EXPR == raw["idle"]
+    assert prom.FAKE_BUSY_EXPR == raw["fake_busy"]
+    assert prom.HOARDED_EXPR == raw["hoarded"]
+    from gpuwarden.analytics.promrules import ROLLUP_METRICS
+
+    assert prom.STATE_ROLLUPS == ROLLUP_METRICS  # what reports read is what the rules record
+    intervals = {group["name"]: group.get("interval") for path in RULE_FILES if "recording" in path.name
                  for group in yaml.safe_load(path.read_text())["groups"]}
-    assert intervals == {"1m"}  # the *_seconds rules multiply by 60, and rule_interval defaults to 1m
+    assert intervals == {"gpuwarden-usage": "1m", "gpuwarden-rollup": "5m"}
     assert prom.PrometheusSource("http://x").rule_interval == 60
 
 

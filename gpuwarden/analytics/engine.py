@@ -19,7 +19,9 @@ bucket, state). Every report in :mod:`gpuwarden.analytics.reports` is a groupby 
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Iterator
@@ -36,9 +38,16 @@ from .params import STATE_CODES, STATES, AnalyticsError, IdleParams
 from .pricebook import PriceBook
 from .quality import NON_NEGATIVE_COLUMNS, RATIO_COLUMNS, QualityCounts, count_counter_resets, sanitize_arrays, sanitize_gauges
 
+log = logging.getLogger("gpuwarden.analytics")
+
+# Reading raw samples instead of the recording-rule rollups: points read per GPU-day at the
+# default 60 s step, ~16 metric families x 1,440, against 4 rollup figures x 24 hours x ~1.3
+# states a GPU visits per hour (docs/scale.md).
+RAW_READ_SLOWDOWN = "about 180x more points to read, so"
+
 COLUMNS: tuple[str, ...] = (
     "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
-    "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
+    "attribution", "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
 )
 REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
 IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
@@ -46,8 +55,10 @@ HOLDER = ("namespace", "pod", "team", "project")
 MIG_SLICES = 7
 _MIG = re.compile(r"(?:^|:)(\d+)g\.")
 _S = 1_000_000_000  # ns per second
+DEFAULT_STEP_NS = 60 * _S  # the embedded store's resolution; used when no interval can be measured
 
 UNALLOCATED = STATE_CODES["unallocated"]
+IDLE_UNATTRIBUTED = STATE_CODES["idle_unattributed"]
 ALLOCATED_IDLE = STATE_CODES["allocated_idle"]
 HOARDED = STATE_CODES["hoarded"]
 FAKE_BUSY = STATE_CODES["fake_busy"]
@@ -56,6 +67,9 @@ UNDERUTILIZED = STATE_CODES["underutilized"]
 BUSY = STATE_CODES["busy"]
 UNMEASURED = STATE_CODES["unmeasured"]
 N_STATES = len(STATES)
+# Holder codes: >= 0 a pod; NO_POD: known to be unallocated; UNATTRIBUTED: nobody could know.
+NO_POD = -1
+UNATTRIBUTED = -2
 
 
 class _Registry:
@@ -143,6 +157,8 @@ class Ledger:
     params: IdleParams
     price_book: PriceBook
     bucket: pd.Timedelta
+    notes: list[str] = field(default_factory=list)
+    """What a reader must know about the window (trimmed to the data, an assumed interval)."""
 
     @property
     def fleet_cost(self) -> float:
@@ -166,6 +182,8 @@ class LedgerBuilder:
         self.keep_rows = keep_rows
         self.price = price
         self.step_ns: int | None = None if self.params.step is None else int(self.params.step.value)
+        self.step_assumed = False
+        self.fallback_note: str | None = None
         self.counts = QualityCounts()
         self._strings = {name: _Registry() for name in (*IDENTITY, *HOLDER)}
         self._instances = _Registry()  # (gpu code, mig code) -> instance
@@ -197,7 +215,11 @@ class LedgerBuilder:
         local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
         gauges = sanitize_gauges(frame, self.counts)
         positions = frame.index.to_numpy() if self.keep_rows else None
-        self._add_arrays(ts_ns, local, gauges, positions)
+        if "attribution" in frame.columns:
+            known = (frame["attribution"].astype(object) == "known").to_numpy(dtype=bool)
+        else:
+            known = np.zeros(len(frame), bool)
+        self._add_arrays(ts_ns, local, gauges, positions, known)
 
     def add_arrow(self, table: pa.Table) -> None:
         """:meth:`add` for an Arrow table of fleet samples (e.g. :meth:`LocalStore.read_arrow`), with
@@ -217,15 +239,25 @@ class LedgerBuilder:
         gauges = sanitize_arrays({name: _arrow_floats(table, name) for name in (*RATIO_COLUMNS, *NON_NEGATIVE_COLUMNS)},
                                  self.counts)
         ts_ns = _arrow_ns(table.column("timestamp"))
-        self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None)
+        if "attribution" in names:
+            column = table.column("attribution")
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            known = pc.fill_null(pc.equal(column.cast(pa.string()), "known"), False).to_numpy(zero_copy_only=False)
+        else:
+            known = np.zeros(n, bool)
+        self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None, np.asarray(known, bool))
 
-    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None) -> None:
+    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None,
+                    known: np.ndarray) -> None:
         bad = (ts_ns == np.iinfo(np.int64).min) | (local["gpu_uuid"][0] < 0)
         any_bad = bool(bad.any())
         if any_bad:
             self.counts.rows_dropped_unidentified += int(bad.sum())
         inst = self._instance_codes(local, bad)
         holder = self._holder_codes(local, bad)
+        # No pod label and attribution not known to have answered: nobody could see the holder.
+        holder[(holder == NO_POD) & ~known] = UNATTRIBUTED
         if any_bad:
             rows = np.flatnonzero(~bad)
             inst, ts_ns, holder = inst[rows], ts_ns[rows], holder[rows]
@@ -343,10 +375,13 @@ class LedgerBuilder:
         if self.step_ns is None:
             steps = dt[~new_inst & (dt > 0)]
             if len(steps) == 0:
-                raise AnalyticsError("cannot infer the sample interval from a single sample per GPU; "
-                                     "pass IdleParams(step=...)")
-            self.step_ns = int(np.median(steps))
-        step = self.step_ns
+                # One sample per GPU so far: it stands for the default interval (said in a note).
+                self.step_assumed = True
+                step = DEFAULT_STEP_NS
+            else:
+                self.step_ns = step = int(np.median(steps))
+        else:
+            step = self.step_ns
         max_gap = int(p.resolved_max_gap(pd.Timedelta(step, unit="ns")).value)
         gap = ~new_inst & (dt > max_gap)
         seg_start = new_inst | gap
@@ -364,14 +399,17 @@ class LedgerBuilder:
         act_sum = _window_sum(np.where(has_act, c_act, 0.0), lo)
 
         allocated = c_holder >= 0
+        unattributed = c_holder == UNATTRIBUTED  # classified by activity alone, never "unallocated"
         state = np.full(n, BUSY, np.int8)
         state[act_sum < p.underutilized_below * act_n] = UNDERUTILIZED  # mean activity below the threshold
         state[idle_n >= p.starved_idle_share * count] = STARVED
-        branch = c_idle & (idle_n >= p.idle_window_share * count - 1e-9) & allocated
+        plain_idle = c_idle & (idle_n >= p.idle_window_share * count - 1e-9)
+        branch = plain_idle & allocated
         state[branch] = ALLOCATED_IDLE
+        state[plain_idle & unattributed] = IDLE_UNATTRIBUTED
         state[c_fake & (2 * fake_n >= count)] = FAKE_BUSY
-        state[allocated & ~has_act] = UNMEASURED
-        state[~allocated] = UNALLOCATED
+        state[(allocated | unattributed) & ~has_act] = UNMEASURED
+        state[c_holder == NO_POD] = UNALLOCATED
         branch &= state == ALLOCATED_IDLE
         # Idle stretches: their origin is the start of their first interval; carried rows bring the
         # origin of a stretch that began in an earlier chunk.
@@ -418,6 +456,51 @@ class LedgerBuilder:
                 "duration_seconds": dur[mine] / _S, "activity": c_act[mine], "sm_measured": measured_rows[mine],
             }))
 
+    def add_rollup(self, frame: pd.DataFrame, resolution: pd.Timedelta) -> None:
+        """Rows already classified by the recording rules (``PrometheusSource.read_state_rollup``):
+        per bucket, GPU, holder and state, the seconds, used seconds, energy and memory held. They
+        go into the same sums as classified samples, so every report reads them unchanged."""
+        self.counts.rows_read += len(frame)
+        if frame.empty:
+            return
+        self.step_ns = int(pd.Timedelta(resolution).value)
+        local = {name: self._strings[name].local(frame, name) for name in (*IDENTITY, *HOLDER)}
+        state = frame["state"].astype(object).map(STATE_CODES).to_numpy(dtype="float64", na_value=np.nan)
+        bad = (local["gpu_uuid"][0] < 0) | np.isnan(state)
+        if bad.any():
+            self.counts.rows_dropped_unidentified += int(bad.sum())
+        inst = self._instance_codes(local, bad)
+        holder = self._holder_codes(local, bad)
+        state = np.nan_to_num(state, nan=UNALLOCATED).astype(np.int8)
+        # The rules called it unallocated only where attribution answered; any other pod-less row
+        # was classified by activity alone.
+        holder[(holder == NO_POD) & (state != UNALLOCATED)] = UNATTRIBUTED
+        keep = np.flatnonzero(~bad)
+        ts = pd.DatetimeIndex(frame["timestamp"]).as_unit("ns").asi8[keep]
+        inst, holder, state = inst[keep], holder[keep], state[keep]
+        seconds = frame["seconds"].to_numpy(dtype=np.float64)[keep]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_second = {name: frame[name].to_numpy(dtype=np.float64)[keep] / seconds
+                          for name in ("used_seconds", "energy_joules", "memory_byte_seconds")}
+        order = np.lexsort((ts, inst))
+        inst, ts, holder, state, seconds = inst[order], ts[order], holder[order], state[order], seconds[order]
+        per_second = {name: values[order] for name, values in per_second.items()}
+        samples = np.maximum(np.round(seconds * _S / self.step_ns), 1).astype(np.int64)
+        self._aggregate(inst, ts, holder, state, seconds * _S, np.zeros(len(inst), np.int64), per_second["used_seconds"],
+                        np.ones(len(inst), bool), per_second["memory_byte_seconds"], per_second["energy_joules"])
+        # First and last sample of each instance: a bucket's first rollup ends one rollup after its
+        # start; its last ends at the bucket's end at the latest.
+        bucket_ns = int(self.bucket.value)
+        table = pd.DataFrame({"inst": inst, "ts": ts, "samples": samples}).groupby("inst").agg(
+            first=("ts", "min"), last=("ts", "max"), samples=("samples", "sum"))
+        for code, first, last, count in zip(table.index.tolist(), table["first"].tolist(), table["last"].tolist(),
+                                            table["samples"].tolist()):
+            first, last = first + self.step_ns, last + bucket_ns - self.step_ns
+            self._inst_first[code] = min(self._inst_first[code], first)
+            self._inst_last[code] = max(self._inst_last[code], last)
+            self._inst_samples[code] += count
+            self._inst_sm[code] += count
+
     def _update_instances(self, inst, ts, measured, group_start, carried=None) -> None:
         """First and last timestamps and sample counts per instance; rows are sorted by (instance,
         time) and ``group_start`` is where each instance's rows begin (carried rows first)."""
@@ -452,10 +535,10 @@ class LedgerBuilder:
         (``np.add.reduceat``), then grouped. Per-row work is kept to durations; the instance's GPU
         share and price are applied to the sums. Rows flagged ``carried`` get the key -1 and their
         sums are dropped."""
-        n_holders = len(self._holders.values) + 1
+        n_holders = len(self._holders.values) + 2  # pods, NO_POD and UNATTRIBUTED
         key = inst * n_holders
         key += holder
-        key += 1
+        key += 2
         key *= N_STATES
         key += state
         if carried is not None:
@@ -496,7 +579,7 @@ class LedgerBuilder:
         size = len(uniques)
         uniques = np.asarray(uniques, dtype=np.int64)
         sums = {name: np.bincount(codes, weights=values, minlength=size) for name, values in runs.items()}
-        part = pd.DataFrame({"inst": uniques // N_STATES // n_holders, "holder": uniques // N_STATES % n_holders - 1,
+        part = pd.DataFrame({"inst": uniques // N_STATES // n_holders, "holder": uniques // N_STATES % n_holders - 2,
                              "state": uniques % N_STATES, **sums})
         self._parts.append(part)
         self.counts.unmeasured_samples += int(part.loc[part["state"] == UNMEASURED, "samples"].sum())
@@ -507,13 +590,15 @@ class LedgerBuilder:
         klass = self._price_class(run_inst)
         n_class = len(self._classes.values)
         base = int(run_bucket.min())
-        key = ((run_bucket - base) * N_STATES + run_state) * n_class + klass
+        run_unattributed = (holder[starts][valid] == UNATTRIBUTED).astype(np.int64)
+        key = (((run_bucket - base) * N_STATES + run_state) * 2 + run_unattributed) * n_class + klass
         codes, uniques = pd.factorize(key)
         size = len(uniques)
         uniques = np.asarray(uniques, dtype=np.int64)
         self._series.append(pd.DataFrame({
-            "bucket_ns": (uniques // n_class // N_STATES + base) * bucket_ns,
-            "state": uniques // n_class % N_STATES, "klass": uniques % n_class,
+            "bucket_ns": (uniques // n_class // 2 // N_STATES + base) * bucket_ns,
+            "state": uniques // n_class // 2 % N_STATES, "unattributed": (uniques // n_class % 2).astype(bool),
+            "klass": uniques % n_class,
             **{name: np.bincount(codes, weights=runs[name], minlength=size) for name in ("dur", "dur_act", "dur_watts")},
         }))
 
@@ -527,14 +612,31 @@ class LedgerBuilder:
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None) -> Ledger:
-        step = pd.Timedelta(self.step_ns or 60 * _S, unit="ns")
+        step = pd.Timedelta(self.step_ns or DEFAULT_STEP_NS, unit="ns")
         params = replace(self.params, step=step, max_gap=self.params.resolved_max_gap(step))
         instances = self._instance_table()
-        if start is None:
-            start = instances["first_seen"].min() if len(instances) else pd.Timestamp(0, tz="UTC")
-        if end is None:
-            end = (instances["last_seen"].max() + step) if len(instances) else start
+        notes: list[str] = [self.fallback_note] if self.fallback_note else []
+        if self.step_assumed and self.step_ns is None:
+            notes.append(f"every GPU has a single sample in the window, so each stands for {step.total_seconds():g} s "
+                         "(the default interval); widen the window (--since) for a measured one")
+        requested = (start, end)
+        if len(instances):
+            # The window covered by data: its first sample stands for one step before it, its last
+            # ends one step after. A window asked wider (--since 7d over 2 days) is trimmed, so
+            # averages over time (GPUs in the inventory, buy vs rent) are not diluted by empty days.
+            covered_start = instances["first_seen"].min() - step
+            covered_end = instances["last_seen"].max() + step
+            if start is None or pd.Timestamp(start) < covered_start:
+                start = covered_start if start is not None else instances["first_seen"].min()
+            if end is None or pd.Timestamp(end) > covered_end:
+                end = covered_end
+        else:
+            start = start if start is not None else pd.Timestamp(0, tz="UTC")
+            end = end if end is not None else start
         start, end = pd.Timestamp(start), pd.Timestamp(end)
+        if requested[0] is not None and requested[1] is not None and (start, end) != tuple(pd.Timestamp(t) for t in requested):
+            notes.append(f"window trimmed to the data held: asked {_iso(requested[0])} to {_iso(requested[1])}, "
+                         f"reported {_iso(start)} to {_iso(end)} ({(end - start).total_seconds() / 3600:.2f} h)")
         rows = self._ledger_rows(instances)
         series = self._series_table()
         late = instances[instances["first_seen"] > start + params.max_gap]
@@ -553,8 +655,10 @@ class LedgerBuilder:
             "gpus_appearing_late": sorted(set(late["gpu_uuid"].astype(str))),
             "gpus_leaving_early": sorted(set(early["gpu_uuid"].astype(str))),
             "step_seconds": step.total_seconds(),
+            "source": "samples",
         }
-        ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket)
+        quality["step_assumed"] = bool(self.step_assumed and self.step_ns is None)
+        ledger = Ledger(start, end, rows, instances, series, quality, params, self.price_book, self.bucket, notes)
         if self.keep_rows:
             ledger.classified = self._classified(instances)  # type: ignore[attr-defined]
         return ledger
@@ -608,6 +712,8 @@ class LedgerBuilder:
             out[column] = [None if h < 0 or holders[h][position] < 0 else registry.values[holders[h][position]]
                            for h in parts["holder"]]
         out["state"] = pd.Categorical.from_codes(parts["state"].astype(int), categories=list(STATES))
+        # False where nobody could see who held the GPU (no pod label, attribution off or failed).
+        out["attributed"] = parts["holder"].to_numpy() != UNATTRIBUTED
         share = meta["share"].reindex(inst).to_numpy(dtype=np.float64)
         price = meta["price_per_hour"].reindex(inst).to_numpy(dtype=np.float64)
         owned = np.asarray(self._inst_meta["owned"], dtype=bool)[inst] if len(inst) else np.zeros(0, bool)
@@ -636,7 +742,7 @@ class LedgerBuilder:
     def _series_table(self) -> pd.DataFrame:
         if not self._series:
             return pd.DataFrame({"bucket": pd.Series(dtype="datetime64[ns, UTC]"), "state": pd.Series(dtype="object"),
-                                 "gpu_hours": [], "used_hours": [], "cost": []})
+                                 "attributed": pd.Series(dtype=bool), "gpu_hours": [], "used_hours": [], "cost": []})
         series = pd.concat(self._series, ignore_index=True)
         classes = self._classes.values
         klass = series["klass"].to_numpy()
@@ -647,11 +753,12 @@ class LedgerBuilder:
         gpu_hours = share * series["dur"].to_numpy() * to_hours
         energy = series["dur_watts"].to_numpy() * to_hours / 1000.0
         work = pd.DataFrame({
-            "bucket_ns": series["bucket_ns"], "state": series["state"], "gpu_hours": gpu_hours,
+            "bucket_ns": series["bucket_ns"], "state": series["state"], "attributed": ~series["unattributed"].to_numpy(),
+            "gpu_hours": gpu_hours,
             "used_hours": share * series["dur_act"].to_numpy() * to_hours,
             "cost": gpu_hours * price + np.where(owned, energy * self.price_book.energy_price_per_kwh(), 0.0),
         })
-        work = work.groupby(["bucket_ns", "state"], sort=True, as_index=False)[["gpu_hours", "used_hours", "cost"]].sum()
+        work = work.groupby(["bucket_ns", "state", "attributed"], sort=True, as_index=False)[["gpu_hours", "used_hours", "cost"]].sum()
         work.insert(0, "bucket", pd.to_datetime(work.pop("bucket_ns"), utc=True))
         work["state"] = pd.Categorical.from_codes(work["state"].astype(int), categories=list(STATES))
         return work
@@ -755,11 +862,42 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
         cursor = boundary
 
 
+def _iso(value) -> str:
+    return pd.Timestamp(value).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _utc(value) -> pd.Timestamp | None:
     if value is None:
         return None
     stamp = pd.Timestamp(value)
     return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+
+
+def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger | None:
+    """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
+    read_start, read_end = start, end
+    if start is None or end is None:
+        span = source.time_range()
+        if span is None:
+            return None
+        read_start = start if start is not None else _utc(span[0])
+        read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
+    started = time.perf_counter()
+    frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
+    if frame is None:
+        message = ("no gpuwarden recording-rule rollups (gpu:gpuwarden_state_seconds:5m) in this window: reading raw "
+                   f"samples instead ({RAW_READ_SLOWDOWN} far slower over long windows); load rules/gpuwarden-recording.rules.yml "
+                   "into Prometheus (see docs/prometheus.md)")
+        log.warning(message)
+        builder.fallback_note = message
+        return None
+    builder.add_rollup(frame, source.rollup_resolution)
+    ledger = builder.finish(start, end)
+    ledger.notes.append(f"read from the recording-rule rollups ({len(frame):,} rows at "
+                        f"{source.rollup_resolution.total_seconds() / 60:g}-minute resolution, summed per "
+                        f"{builder.bucket.total_seconds() / 3600:g} h) in {time.perf_counter() - started:.1f} s; no raw sample read")
+    ledger.quality["source"] = "rollup"
+    return ledger
 
 
 def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
@@ -769,11 +907,21 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
 
     ``data`` is a DataFrame of fleet samples or a samples source (``read(start, end, columns)`` and
     ``time_range()``, e.g. :class:`~gpuwarden.store.LocalStore`), which is read ``chunk`` at a time
-    with only the columns analytics needs. ``price=False`` skips pricing (for traces of GPU models no
+    with only the columns analytics needs. A source with a ``sample_interval`` (Prometheus reads on
+    a grid) gives the interval, so one sample per GPU is enough; otherwise it is the median interval. ``price=False`` skips pricing (for traces of GPU models no
     price book knows); costs are then 0.
     """
+    params = params or IdleParams()
+    interval = getattr(data, "sample_interval", None)  # a source that knows its grid (Prometheus) says so
+    if params.step is None and interval is not None:
+        params = replace(params, step=pd.Timedelta(interval))
     builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     start, end = _utc(start), _utc(end)
+    if not isinstance(data, pd.DataFrame) and not keep_rows and getattr(data, "rollups", False) \
+            and callable(getattr(data, "read_state_rollup", None)):
+        ledger = _ledger_from_rollups(data, builder, start, end)
+        if ledger is not None:
+            return ledger
     if isinstance(data, pd.DataFrame):
         if "timestamp" not in data.columns:
             raise AnalyticsError("fleet samples lack column timestamp")

@@ -4,7 +4,14 @@ Every GPU-interval (one sample of one GPU or MIG instance, standing for the time
 sample) lands in exactly one state:
 
 ``unallocated``
-    no pod holds it (``pod`` is null): capacity nobody asked for, or a fragment too small to use.
+    no pod holds it (``pod`` is null) and attribution is known (``attribution`` is ``known``):
+    capacity nobody asked for, or a fragment too small to use.
+``idle_unattributed``
+    nobody could know who holds it (no pod label and ``attribution`` is ``off``, ``failed`` or not
+    recorded) and no kernels run (the ``allocated_idle`` test, without its hoarding sequel).
+    *Unattributed* GPUs are never called unallocated: they are classified by activity alone into
+    ``idle_unattributed``, ``fake_busy``, ``starved``, ``underutilized``, ``busy`` (or ``unmeasured``), and
+    every report states their share of GPU-hours (``unattributed_share``).
 ``allocated_idle``
     held by a pod, no kernels running (activity below ``idle_activity``), for less than
     ``hoard_grace`` or with little memory in use (a CUDA context alone).
@@ -46,6 +53,7 @@ from gpuwarden.fleet import FleetValueError
 
 class IdleState(str, enum.Enum):
     UNALLOCATED = "unallocated"
+    IDLE_UNATTRIBUTED = "idle_unattributed"  # idle, owner unknown (attribution off or failed)
     ALLOCATED_IDLE = "allocated_idle"
     HOARDED = "hoarded"
     FAKE_BUSY = "fake_busy"
@@ -65,8 +73,9 @@ TAXONOMY: tuple[str, ...] = STATES[:-1]
 STATE_CODES: dict[str, int] = {name: code for code, name in enumerate(STATES)}
 # States in which an allocated GPU does (almost) no useful work: "idle by reason".
 IDLE_REASONS: tuple[str, ...] = ("allocated_idle", "hoarded", "fake_busy", "starved")
-# Idle GPU-hours in the fleet sense: the reasons above plus capacity nobody holds.
-IDLE_STATES: tuple[str, ...] = ("unallocated", *IDLE_REASONS)
+# Idle GPU-hours in the fleet sense: the reasons above plus capacity nobody holds, plus idle
+# GPUs whose holder nobody could see.
+IDLE_STATES: tuple[str, ...] = ("unallocated", "idle_unattributed", *IDLE_REASONS)
 # States whose GPU could be handed to someone else (the reclaim what-if's default).
 RECLAIMABLE_STATES: tuple[str, ...] = ("unallocated", "allocated_idle", "hoarded")
 

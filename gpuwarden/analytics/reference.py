@@ -43,8 +43,11 @@ def classify_gpu(group: pd.DataFrame, params: IdleParams, step_ns: int, max_gap_
     for row in group.itertuples(index=False):
         ts = row.ref_ts
         pod = row.pod if isinstance(row.pod, str) else None
-        holder = None if pod is None else tuple(v if isinstance(v, str) else None
-                                                for v in (row.namespace, pod, row.team, row.project))
+        attribution = getattr(row, "attribution", None)
+        if pod is not None:
+            holder = tuple(v if isinstance(v, str) else None for v in (row.namespace, pod, row.team, row.project))
+        else:  # no pod: known to be free only where attribution answered
+            holder = None if attribution == "known" else "unattributed"
         util = _gauge(row.gpu_util_ratio, True)
         sm = _gauge(row.sm_active_ratio, True)
         measured = not math.isnan(sm)
@@ -61,7 +64,8 @@ def classify_gpu(group: pd.DataFrame, params: IdleParams, step_ns: int, max_gap_
         s_fake = sum(w[1] for w in window) / len(window)
         acts = [w[2] for w in window if not math.isnan(w[2])]
         mean = sum(acts) / len(acts) if acts else _NAN
-        allocated = holder is not None
+        unattributed = holder == "unattributed"
+        allocated = holder is not None and not unattributed
         state = "busy"
         if mean < params.underutilized_below:
             state = "underutilized"
@@ -70,11 +74,13 @@ def classify_gpu(group: pd.DataFrame, params: IdleParams, step_ns: int, max_gap_
         branch = idle and s_idle >= params.idle_window_share and allocated
         if branch:
             state = "allocated_idle"
+        if unattributed and idle and s_idle >= params.idle_window_share:
+            state = "idle_unattributed"
         if fake and s_fake >= 0.5:
             state = "fake_busy"
-        if allocated and math.isnan(act):
+        if (allocated or unattributed) and math.isnan(act):
             state = "unmeasured"
-        if not allocated:
+        if holder is None:
             state = "unallocated"
         branch = branch and state == "allocated_idle"
         if branch:

@@ -6,12 +6,15 @@ its keys are stable and documented in ``gpuwarden/analytics/REPORTS.md``.
 
 Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
 
-- **allocated GPU-hours**: hours a pod held the GPU (every state but ``unallocated``);
+- **allocated GPU-hours**: hours a pod held the GPU (attributed rows in every state but ``unallocated``);
+- **unattributed GPU-hours**: hours nobody could tell whether a pod held the GPU (no pod label and
+  pod attribution off or failed); classified by activity alone, neither allocated nor
+  unallocated; ``unattributed_share`` is their share of all GPU-hours, stated by every report;
 - **used GPU-hours**: GPU-hours times activity, i.e. useful SM-time where GPM measures SM activity,
   NVML utilisation elsewhere (``sm_measured_share`` says how much of the time is SM-measured);
 - **cluster efficiency score**: used GPU-hours over allocated GPU-hours (0..1);
 - **utilisation**: used GPU-hours over all GPU-hours (allocated or not);
-- **idle GPU-hours**: hours in ``unallocated`` plus the idle reasons ``allocated_idle``, ``hoarded``,
+- **idle GPU-hours**: hours in ``unallocated`` and ``idle_unattributed`` plus the idle reasons ``allocated_idle``, ``hoarded``,
   ``fake_busy``, ``starved``; **idle share** is their share of all GPU-hours;
 - **cost**: every GPU-hour in the fleet is priced (cloud GPUs bill whether allocated or not), so the
   fleet cost is the sum over all states and the chargeback rows add up to it exactly.
@@ -34,6 +37,7 @@ from .pricebook import HOURS_PER_MONTH, PriceBookError
 SCHEMA_VERSION = 1
 REPORT_KINDS = ("idle", "efficiency", "cost", "chargeback")
 UNALLOCATED_LABEL = "(unallocated)"
+UNATTRIBUTED_LABEL = "(unattributed)"
 NO_TEAM_LABEL = "(no team)"
 NO_PROJECT_LABEL = "(no project)"
 DEFAULT_RECLAIM_FRACTIONS = (0.25, 0.5, 1.0)
@@ -46,15 +50,15 @@ EFFICIENCY_DIMENSIONS = ("cluster", "pool", "node", "model", "team", "project")
 # The stable JSON layout (schema_version 1), documented in REPORTS.md and checked by the tests.
 TOP_LEVEL_KEYS = ("report", "schema_version", "window", "currency", "summary", "tables", "notes", "quality", "params")
 SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
-    "idle": ("gpus", "gpu_hours", "allocated_gpu_hours", "idle_gpu_hours", "idle_share", "idle_cost", "efficiency_score",
-             "fleet_cost", "idle_gpu_hours_by_reason", "idle_cost_by_reason", "hoarding_pods", "hoarding_pod_min_share",
+    "idle": ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours", "unattributed_share", "idle_gpu_hours",
+             "idle_share", "idle_cost", "efficiency_score", "fleet_cost", "idle_gpu_hours_by_reason", "idle_cost_by_reason", "hoarding_pods", "hoarding_pod_min_share",
              "gpus_sm_active", "gpus_gpu_util_fallback", "gpus_mixed"),
-    "efficiency": ("gpus", "gpu_hours", "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours", "allocation_ratio",
+    "efficiency": ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours", "idle_gpu_hours", "allocation_ratio",
                    "utilisation", "idle_share", "efficiency_score", "sm_measured_share", "queue"),
-    "cost": ("gpus", "gpu_hours", "used_gpu_hours", "fleet_cost", "idle_cost", "idle_cost_share", "energy_kwh",
+    "cost": ("gpus", "gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours", "fleet_cost", "idle_cost", "idle_cost_share", "energy_kwh",
              "cost_per_gpu_hour", "cost_per_used_gpu_hour", "idle_cost_by_reason", "price_book"),
-    "chargeback": ("fleet_cost", "charged_cost", "reconciles", "unallocated_policy", "unallocated_cost", "teams",
-                   "gpu_hours", "charged_gpu_hours"),
+    "chargeback": ("fleet_cost", "charged_cost", "reconciles", "unallocated_policy", "unallocated_cost", "unattributed_cost",
+                   "teams", "gpu_hours", "charged_gpu_hours", "unattributed_gpu_hours", "unattributed_share"),
 }
 TABLE_NAMES: dict[str, tuple[str, ...]] = {
     "idle": ("states", "by_pool", "by_team", "hoarding_pods", "activity_source"),
@@ -72,6 +76,10 @@ class Report:
     tables: dict[str, pd.DataFrame]
     main: str
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # The ledger's notes (window trimmed to the data, an assumed interval) come first.
+        self.notes = [*getattr(self.ledger, "notes", []), *self.notes]
 
     def to_dict(self) -> dict:
         """JSON-ready: plain floats, ints, strings, None; timestamps as ISO-8601 UTC."""
@@ -137,8 +145,25 @@ def _ratio(numerator, denominator):
     return out if out.ndim else float(out)
 
 
+def _attributed(rows: pd.DataFrame) -> pd.Series:
+    if "attributed" not in rows.columns:
+        return pd.Series(True, index=rows.index)
+    return rows["attributed"].astype(bool)
+
+
 def _allocated(rows: pd.DataFrame) -> pd.Series:
-    return rows["state"].astype(str) != "unallocated"
+    """A pod held the GPU: attributed and not unallocated (unattributed time is neither)."""
+    return (rows["state"].astype(str) != "unallocated") & _attributed(rows)
+
+
+def _unattributed_note(totals: dict) -> list[str]:
+    share = totals["unattributed_share"]
+    if not totals["unattributed_gpu_hours"] or not np.isfinite(share):
+        return []
+    return [f"{100 * share:.1f}% of GPU-hours are unattributed (no pod label, and the exporter's pod attribution was "
+            "off or failed): nobody can tell whether a pod held those GPUs, so they are classified by activity alone "
+            "(busy, idle_unattributed, fake_busy, ...), counted as neither allocated nor unallocated, and charged to "
+            f"{UNATTRIBUTED_LABEL}."]
 
 
 def _state_hours(rows: pd.DataFrame, states: Iterable[str], column: str = "gpu_hours") -> float:
@@ -150,9 +175,11 @@ def _labelled(rows: pd.DataFrame) -> pd.DataFrame:
     under ``(no team)``."""
     rows = rows.copy()
     allocated = _allocated(rows).to_numpy()
+    attributed = _attributed(rows).to_numpy()
     for column, missing in (("team", NO_TEAM_LABEL), ("project", NO_PROJECT_LABEL), ("namespace", NO_TEAM_LABEL)):
         values = rows[column].astype(object)
-        rows[column] = np.where(~allocated, UNALLOCATED_LABEL, np.where(values.isna(), missing, values))
+        rows[column] = np.where(~attributed, UNATTRIBUTED_LABEL, np.where(
+            ~allocated, UNALLOCATED_LABEL, np.where(values.isna(), missing, values)))
     return rows
 
 
@@ -166,10 +193,13 @@ def fleet_totals(ledger: Ledger) -> dict:
     idle_hours = _state_hours(rows, IDLE_STATES)
     fleet_cost = float(rows["cost"].sum())
     idle_cost = _state_hours(rows, IDLE_STATES, "cost")
+    unattributed = float(rows.loc[~_attributed(rows), "gpu_hours"].sum())
     return {
         "gpus": int(ledger.instances["gpu_uuid"].nunique()) if len(ledger.instances) else 0,
         "gpu_hours": gpu_hours,
         "allocated_gpu_hours": allocated_hours,
+        "unattributed_gpu_hours": unattributed,
+        "unattributed_share": _ratio(unattributed, gpu_hours),
         "used_gpu_hours": float(rows["used_hours"].sum()),
         "idle_gpu_hours": idle_hours,
         "idle_share": _ratio(idle_hours, gpu_hours),
@@ -268,8 +298,8 @@ def idle_report(ledger: Ledger, hoarding_share: float = HOARDING_POD_SHARE) -> R
     sources = activity_sources(ledger)
     counts = sources.drop_duplicates("gpu_uuid")["activity_source"].value_counts()  # GPUs, not MIG instances
     summary = {
-        **{k: totals[k] for k in ("gpus", "gpu_hours", "allocated_gpu_hours", "idle_gpu_hours", "idle_share", "idle_cost",
-                                  "efficiency_score", "fleet_cost")},
+        **{k: totals[k] for k in ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours", "unattributed_share",
+                                  "idle_gpu_hours", "idle_share", "idle_cost", "efficiency_score", "fleet_cost")},
         "idle_gpu_hours_by_reason": {s: _state_hours(rows, [s]) for s in IDLE_STATES},
         "idle_cost_by_reason": {s: _state_hours(rows, [s], "cost") for s in IDLE_STATES},
         "hoarding_pods": int(len(pods)),
@@ -278,7 +308,7 @@ def idle_report(ledger: Ledger, hoarding_share: float = HOARDING_POD_SHARE) -> R
         "gpus_gpu_util_fallback": int(counts.get("gpu_util_fallback", 0)),
         "gpus_mixed": int(counts.get("mixed", 0)),
     }
-    notes = []
+    notes = _unattributed_note(totals)
     if summary["gpus_gpu_util_fallback"] or summary["gpus_mixed"]:
         notes.append(f"{summary['gpus_gpu_util_fallback'] + summary['gpus_mixed']} GPU(s) lack SM activity (GPM) in some or all "
                      "samples: the classifier fell back to NVML utilisation there (see table activity_source), "
@@ -333,7 +363,7 @@ def over_time(ledger: Ledger) -> pd.DataFrame:
     if series.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
     state = series["state"].astype(str)
-    allocated = (state != "unallocated").to_numpy()
+    allocated = ((state != "unallocated") & _attributed(series)).to_numpy()
     work = pd.DataFrame({
         "bucket": series["bucket"], "gpu_hours": series["gpu_hours"],
         "allocated_gpu_hours": np.where(allocated, series["gpu_hours"], 0.0),
@@ -369,13 +399,15 @@ def efficiency_report(ledger: Ledger, pending: pd.DataFrame | None = None,
     unknown = [d for d in dimensions if d not in EFFICIENCY_DIMENSIONS]
     if unknown:
         raise AnalyticsError(f"unknown dimension(s) {', '.join(unknown)}; allowed: {', '.join(EFFICIENCY_DIMENSIONS)}")
-    summary = {k: totals[k] for k in ("gpus", "gpu_hours", "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
+    summary = {k: totals[k] for k in ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours",
+                                      "unattributed_share", "used_gpu_hours", "idle_gpu_hours",
                                       "allocation_ratio", "utilisation", "idle_share", "efficiency_score",
                                       "sm_measured_share")}
     summary["queue"] = queue_depth(pending, ledger)
     tables = {f"by_{d}": _efficiency_table(rows, d, hours) for d in dimensions}
     tables["over_time"] = over_time(ledger)
-    notes = [] if pending is not None else ["queue depth (pending GPU demand) is not in fleet samples; pass it to "
+    notes = _unattributed_note(totals)
+    notes += [] if pending is not None else ["queue depth (pending GPU demand) is not in fleet samples; pass it to "
                                             "efficiency_report(pending=...) to include it"]
     return Report("efficiency", ledger, summary, tables, f"by_{dimensions[0]}" if dimensions else "over_time", notes)
 
@@ -506,8 +538,8 @@ def _break_even_allocation(capex: float, lifetime_months: float, own_monthly: fl
 def cost_report(ledger: Ledger, reclaim_fractions: Sequence[float] = DEFAULT_RECLAIM_FRACTIONS) -> Report:
     rows = ledger.rows
     totals = fleet_totals(ledger)
-    summary = {k: totals[k] for k in ("gpus", "gpu_hours", "used_gpu_hours", "fleet_cost", "idle_cost", "idle_cost_share",
-                                      "energy_kwh")}
+    summary = {k: totals[k] for k in ("gpus", "gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours",
+                                      "fleet_cost", "idle_cost", "idle_cost_share", "energy_kwh")}
     summary["cost_per_gpu_hour"] = _ratio(totals["fleet_cost"], totals["gpu_hours"])
     summary["cost_per_used_gpu_hour"] = _ratio(totals["fleet_cost"], totals["used_gpu_hours"])
     summary["idle_cost_by_reason"] = {s: _state_hours(rows, [s], "cost") for s in IDLE_STATES}
@@ -521,7 +553,7 @@ def cost_report(ledger: Ledger, reclaim_fractions: Sequence[float] = DEFAULT_REC
         "reclaim": reclaim_whatif(ledger, reclaim_fractions),
         "buy_vs_rent": buy_vs_rent(ledger),
     }
-    return Report("cost", ledger, summary, tables, "by_pool")
+    return Report("cost", ledger, summary, tables, "by_pool", _unattributed_note(totals))
 
 
 # -- chargeback -----------------------------------------------------------------------------------------
@@ -547,23 +579,25 @@ def chargeback(ledger: Ledger, by: Sequence[str] = ("team", "project"), unalloca
         work[f"{reason}_gpu_hours"] = np.where(mask, rows["gpu_hours"], 0.0)
         work[f"{reason}_cost"] = np.where(mask, rows["cost"], 0.0)
     grouped = work.groupby(by, sort=False).sum().reset_index()
-    grouped["efficiency_score"] = np.where(grouped[by[0]] == UNALLOCATED_LABEL, np.nan,
+    grouped["efficiency_score"] = np.where(grouped[by[0]].isin([UNALLOCATED_LABEL, UNATTRIBUTED_LABEL]), np.nan,
                                            _ratio(grouped["used_gpu_hours"], grouped["gpu_hours"]))
     grouped["unallocated_share_cost"] = 0.0
-    if unallocated == "proportional":
+    if unallocated == "proportional":  # unattributed time stays its own row: nobody knows whose it was
         spare = grouped[by[0]] == UNALLOCATED_LABEL
+        holders = ~spare & (grouped[by[0]] != UNATTRIBUTED_LABEL)
         pool_cost = float(grouped.loc[spare, "cost"].sum())
-        held = grouped.loc[~spare, "gpu_hours"]
+        held = grouped.loc[holders, "gpu_hours"]
         if pool_cost and held.sum() > 0:
-            grouped.loc[~spare, "unallocated_share_cost"] = pool_cost * held / held.sum()
-            grouped.loc[~spare, "cost"] += grouped.loc[~spare, "unallocated_share_cost"]
+            grouped.loc[holders, "unallocated_share_cost"] = pool_cost * held / held.sum()
+            grouped.loc[holders, "cost"] += grouped.loc[holders, "unallocated_share_cost"]
             grouped = grouped[~spare].reset_index(drop=True)
     columns = [*by, "gpu_hours", "used_gpu_hours", "idle_gpu_hours", "efficiency_score", "cost", "idle_cost",
                "unallocated_share_cost"]
     columns += [f"{r}_gpu_hours" for r in IDLE_STATES] + [f"{r}_cost" for r in IDLE_STATES]
     grouped = grouped[columns]
-    last = grouped[by[0]] == UNALLOCATED_LABEL
-    ordered = pd.concat([grouped[~last].sort_values(["cost", *by], ascending=[False] + [True] * len(by)), grouped[last]])
+    last = grouped[by[0]].isin([UNATTRIBUTED_LABEL, UNALLOCATED_LABEL])
+    tail = grouped[last].sort_values(by[0], ascending=False)  # (unattributed), then (unallocated)
+    ordered = pd.concat([grouped[~last].sort_values(["cost", *by], ascending=[False] + [True] * len(by)), tail])
     return ordered.reset_index(drop=True)
 
 
@@ -578,11 +612,16 @@ def chargeback_report(ledger: Ledger, unallocated: str = "separate") -> Report:
         "reconciles": bool(abs(charged - fleet_cost) <= 1e-6 * max(1.0, abs(fleet_cost))),
         "unallocated_policy": unallocated,
         "unallocated_cost": _state_hours(ledger.rows, ["unallocated"], "cost"),
-        "teams": int((teams["team"] != UNALLOCATED_LABEL).sum()),
+        "unattributed_cost": float(ledger.rows.loc[~_attributed(ledger.rows), "cost"].sum()),
+        "teams": int((~teams["team"].isin([UNALLOCATED_LABEL, UNATTRIBUTED_LABEL])).sum()),
         "gpu_hours": ledger.gpu_hours,
         "charged_gpu_hours": float(table["gpu_hours"].sum()),
     }
-    return Report("chargeback", ledger, summary, {"by_team_project": table, "by_team": teams}, "by_team_project")
+    totals = fleet_totals(ledger)
+    summary["unattributed_gpu_hours"] = totals["unattributed_gpu_hours"]
+    summary["unattributed_share"] = totals["unattributed_share"]
+    return Report("chargeback", ledger, summary, {"by_team_project": table, "by_team": teams}, "by_team_project",
+                  _unattributed_note(totals))
 
 
 def build_report(kind: str, ledger: Ledger, **options) -> Report:

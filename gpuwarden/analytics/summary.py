@@ -26,7 +26,8 @@ def headline(data, window: Sequence | None = None, price_book: PriceBook | None 
 
     Keys: window_start, window_end, currency, gpus, gpu_hours, allocated_gpu_hours, efficiency_score,
     fleet_cost, idle_gpu_hours, idle_cost, idle_gpu_hours_by_reason, idle_cost_by_reason
-    (reasons: unallocated, allocated_idle, hoarded, fake_busy, starved), hoarding_pods,
+    (reasons: unallocated, idle_unattributed, allocated_idle, hoarded, fake_busy, starved),
+    unattributed_gpu_hours, unattributed_share, hoarding_pods,
     gpus_gpu_util_fallback.
     """
     if isinstance(data, Ledger):
@@ -49,6 +50,8 @@ def headline_from_ledger(ledger: Ledger) -> dict:
         "gpus": totals["gpus"],
         "gpu_hours": totals["gpu_hours"],
         "allocated_gpu_hours": totals["allocated_gpu_hours"],
+        "unattributed_gpu_hours": totals["unattributed_gpu_hours"],
+        "unattributed_share": totals["unattributed_share"],
         "efficiency_score": totals["efficiency_score"],
         "fleet_cost": totals["fleet_cost"],
         "idle_gpu_hours": totals["idle_gpu_hours"],
@@ -73,6 +76,9 @@ def headline_lines(figures: dict) -> list[str]:
     reasons = ", ".join(f"{reason} {hours:,.1f} h / {figures['idle_cost_by_reason'][reason]:,.2f}"
                         for reason, hours in figures["idle_gpu_hours_by_reason"].items() if hours > 0)
     lines.append(f"idle by reason:   {reasons or 'none'}")
+    if figures.get("unattributed_gpu_hours"):
+        lines.append(f"unattributed:     {figures['unattributed_share']:.0%} of GPU-hours (no pod attribution: "
+                     "classified by activity alone, neither allocated nor unallocated)")
     if figures["hoarding_pods"]:
         lines.append(f"hoarding pods:    {figures['hoarding_pods']} (memory held with no activity; see 'gpuwarden report idle')")
     return lines

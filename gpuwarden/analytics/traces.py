@@ -69,6 +69,7 @@ def phase_trace_samples(path: str | Path) -> pd.DataFrame:
         gpu_index=np.zeros(rows, dtype=np.int64), model=["NVIDIA H200"] * rows, mig_instance=[None] * rows,
         namespace=np.where(allocated, "lab", None), pod=np.where(allocated, "phase-trace", None),
         team=np.where(allocated, "lab", None), project=np.where(allocated, "h200-phase-trace", None),
+        attribution=["known"] * rows,  # the trace lists the GPU's processes: "no process" is known
         gpu_util_ratio=trace["gpu_util"] / 100.0, sm_active_ratio=trace["gpm_sm_util"] / 100.0,
         tensor_active_ratio=trace.get("gpm_any_tensor_util", np.nan) / 100.0,
         dram_active_ratio=trace.get("gpm_dram_bw_util", np.nan) / 100.0,
@@ -107,6 +108,7 @@ def genai_samples(data_dir: str | Path) -> pd.DataFrame:
         gpu_uuid=pd.Categorical.from_codes(keys.codes, [f"GPU-genai-{k}" for k in keys.categories]),
         gpu_index=np.zeros(rows, dtype=np.int64), model=[GENAI_MODEL] * rows, mig_instance=[None] * rows,
         namespace=["genai"] * rows, pod=keys, team=["genai"] * rows, project=["inference"] * rows,
+        attribution=["known"] * rows,
         gpu_util_ratio=np.clip(duty.to_numpy(dtype="float64") / 100.0, 0.0, 1.0),
         mem_used_bytes=memory.to_numpy(dtype="float64"), mem_total_bytes=np.full(rows, float(GENAI_MEMORY_TOTAL)),
     )

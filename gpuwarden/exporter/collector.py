@@ -71,9 +71,13 @@ def _family(spec: MetricSpec) -> tuple[Metric, str]:
     return Metric(spec.metric, spec.help, "gauge"), spec.metric
 
 
-def _values(spec: MetricSpec, reading: GpuReading) -> Iterator[tuple[str | None, float]]:
-    """(value of the row's extra label or None, sample value) for one reading."""
-    if spec.transform == "value":
+def _values(spec: MetricSpec, reading: GpuReading, state: str | None = None) -> Iterator[tuple[str | None, float]]:
+    """(value of the row's extra label or None, sample value) for one reading; ``state`` is the
+    snapshot's attribution state (a ``state`` row's label value)."""
+    if spec.transform == "state":
+        if state is not None:
+            yield state, 1.0 * spec.scale
+    elif spec.transform == "value":
         value = _source(reading, spec.source_column)
         if value is not None:
             yield None, value * spec.scale
@@ -92,8 +96,9 @@ def _values(spec: MetricSpec, reading: GpuReading) -> Iterator[tuple[str | None,
                 yield reason, (1.0 if int(mask) & bit else 0.0) * spec.scale
 
 
-def _samples(spec: MetricSpec, reading: GpuReading, labels: Mapping[str, str]) -> Iterator[tuple[dict[str, str], float]]:
-    for extra, value in _values(spec, reading):
+def _samples(spec: MetricSpec, reading: GpuReading, labels: Mapping[str, str],
+             state: str | None = None) -> Iterator[tuple[dict[str, str], float]]:
+    for extra, value in _values(spec, reading, state):
         yield ({**labels, spec.label: extra} if extra is not None else dict(labels)), value
 
 
@@ -104,7 +109,7 @@ def build_families(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) 
     for spec in catalogue:
         family, sample_name = _family(spec)
         for reading, labels in labelled:
-            for sample_labels, value in _samples(spec, reading, labels):
+            for sample_labels, value in _samples(spec, reading, labels, snapshot.attribution):
                 family.add_sample(sample_name, sample_labels, value)
         if family.samples:
             families.append(family)
@@ -170,7 +175,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
         position = bisect.bisect(keys, spec.label) if spec.label else 0
         lines: list[str] = []
         for reading, parts, cache in prepared:
-            values = list(_values(spec, reading))
+            values = list(_values(spec, reading, snapshot.attribution))
             if not values:
                 continue
             if spec.label:

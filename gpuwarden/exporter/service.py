@@ -110,6 +110,15 @@ class ExporterService:
     def snapshot(self) -> ExporterSnapshot:
         return self.collector.snapshot
 
+    def _attribution_state(self, pods_ok: bool | None) -> str:
+        """``gpuwarden_pod_attribution_state``: "known" when the kubelet answered (or the backend
+        labels pods itself, as the simulated fleet does), "failed" when it did not, "off" when no
+        kubelet socket is configured: then an empty pod label means "nobody looked", not "free"."""
+        if self.attributor is not None:
+            return "known" if pods_ok else "failed"
+        labels_pods = getattr(self.backend, "labels_pods", getattr(self.backend, "name", "") == "sim")
+        return "known" if labels_pods else "off"
+
     def collect_now(self) -> ExporterSnapshot:
         """Read the backend once and swap in the result; returns the snapshot now served.
 
@@ -158,6 +167,7 @@ class ExporterService:
                     last_success_timestamp_seconds=now,
                     node=self.node_name,
                     pod_attribution=pods_ok,
+                    attribution=self._attribution_state(pods_ok),
                 )
                 self._last_success_monotonic = time.monotonic()
                 if self._hang_logged:

@@ -25,3 +25,6 @@ class ExporterSnapshot:
     node: str = ""  # the node label of the exporter's own series
     stale: bool = False  # the watchdog found a collection hung, or none succeeded lately
     pod_attribution: bool | None = None  # did the kubelet answer; None: pod attribution is off
+    # Can the pod labels be trusted: "known" (attribution answered, or the backend labels pods
+    # itself), "off" (nobody looked), "failed"; None before any collection (no series served).
+    attribution: str | None = None

@@ -59,7 +59,10 @@ GPU_LABELS: tuple[str, ...] = (
 )
 
 TYPES = ("gauge", "counter")
-TRANSFORMS = ("value", "pattern", "bits")
+TRANSFORMS = ("value", "pattern", "bits", "state")
+# A state row: one series per GPU labelled `label`=<current state>, value 1 (kube-state-metrics style);
+# only the ``attribution`` column (known | off | failed) is such a state.
+STATE_SOURCES: frozenset[str] = frozenset({"attribution"})
 _COLUMNS = ("metric", "type", "source_column", "transform", "label", "scale", "help")
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -76,7 +79,7 @@ class MetricSpec:
     metric: str
     type: str  # gauge | counter
     source_column: str
-    transform: str = "value"  # value | pattern | bits
+    transform: str = "value"  # value | pattern | bits | state
     label: str = ""  # the extra label a pattern or bits row fills
     scale: float = 1.0
     help: str = ""
@@ -111,6 +114,8 @@ def _check(spec: MetricSpec) -> None:
         return
     if not _LABEL.match(spec.label) or spec.label in GPU_LABELS:
         raise ValueError(f"a {spec.transform} row needs a new label name, not {spec.label!r}")
+    if spec.transform == "state" and spec.source_column not in STATE_SOURCES:
+        raise ValueError(f"state rows read one of {sorted(STATE_SOURCES)}, not {spec.source_column!r}")
     if spec.transform == "bits" and spec.source_column != "throttle_reasons_bitmask":
         raise ValueError("bits rows read throttle_reasons_bitmask (the only bitmask column)")
     if spec.transform == "pattern":

@@ -51,11 +51,14 @@ log = logging.getLogger("gpuwarden.store.prometheus")
 # Prometheus refuses query_range results of more than 11,000 points per series.
 MAX_POINTS_PER_SERIES = 11_000
 
-# Idle: SM activity below 5% where GPM measures it, else NVML utilisation below 5%. Fake-busy:
-# NVML says a kernel ran (utilisation > 0) while SMs did nothing (activity < 1%). The recording
-# rules in rules/gpuwarden-recording.rules.yml record exactly these (a test keeps them equal).
-IDLE_EXPR = "(DCGM_FI_PROF_SM_ACTIVE < bool 0.05) or (DCGM_FI_DEV_GPU_UTIL < bool 5)"
-FAKE_BUSY_EXPR = "(DCGM_FI_DEV_GPU_UTIL > bool 0) * (DCGM_FI_PROF_SM_ACTIVE < bool 0.01)"
+# Idle: no kernels running (activity, i.e. SM activity where GPM measures it else NVML
+# utilisation, below 2%), fake-busy excluded; fake-busy: NVML utilisation >= 10% while SM activity
+# < 2%. These are gpuwarden.analytics.promrules.raw_expressions() for the default IdleParams, the
+# thresholds the recording rules and the analytics share (tests/test_rules.py keeps them equal;
+# the store may not import analytics).
+IDLE_EXPR = ("((DCGM_FI_PROF_SM_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100) < bool 0.02) * (1 - (((DCGM_FI_PROF_SM_ACTIVE < bool 0.02)"
+             " * (DCGM_FI_DEV_GPU_UTIL >= bool 10)) or (DCGM_FI_PROF_SM_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100) * 0))")
+FAKE_BUSY_EXPR = "(DCGM_FI_PROF_SM_ACTIVE < bool 0.02) * (DCGM_FI_DEV_GPU_UTIL >= bool 10)"
 # Hoarded memory: framebuffer bytes held by an allocated GPU while it is idle (FB_USED is MiB).
 HOARDED_EXPR = 'DCGM_FI_DEV_FB_USED{pod!=""} * 1048576 * gpu:gpuwarden_allocated_idle:bool'
 
@@ -76,6 +79,17 @@ def _with_matchers(expr: str, matchers: str) -> str:
         out.append(token)
     return " ".join(out)
 
+
+# The 5-minute rollups of the generated recording rules (gpuwarden.analytics.promrules.ROLLUP_METRICS;
+# tests/test_rules.py keeps the two equal): one series per GPU, holder pod and state.
+STATE_ROLLUPS = {
+    "seconds": "gpu:gpuwarden_state_seconds:5m",
+    "used_seconds": "gpu:gpuwarden_used_seconds:5m",
+    "energy_joules": "gpu:gpuwarden_energy_joules:5m",
+    "memory_byte_seconds": "gpu:gpuwarden_memory_byte_seconds:5m",
+}
+_STATE_ROLLUP_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE",
+                        "namespace", "pod", "team", "project", "state")
 
 _ROLLUP_GPU_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE", "namespace", "pod")
 
@@ -165,6 +179,8 @@ class PrometheusSource:
         rule_interval: float | str = "1m",
         history: float | str = "400d",
         lookback: float | str | None = None,
+        rollups: bool = True,
+        rollup_interval: float | str = "5m",
     ) -> None:
         if not url or "://" not in url:
             raise PrometheusError(f"--prometheus-url {url!r} is not a URL; expected e.g. http://prometheus:9090")
@@ -188,6 +204,9 @@ class PrometheusSource:
         self.max_backoff = float(max_backoff)
         self.concurrency = max(1, int(concurrency))
         self.rule_interval = _seconds(rule_interval)
+        # Reports read the recording-rule rollups (gpu:gpuwarden_*:5m) where they exist.
+        self.rollups = bool(rollups)
+        self.rollup_interval = _seconds(rollup_interval)
         self.history = _seconds(history)
         self._headers = {"Accept": "application/json", "User-Agent": "gpuwarden"}
         if bearer_token_file is not None:
@@ -291,15 +310,17 @@ class PrometheusSource:
             return float(value)
         return _utc(value).value / 1e9
 
-    def _chunks(self, start: float, end: float, step: float, inclusive: bool = False) -> list[tuple[float, float]]:
-        """Grid-aligned [first, last] evaluation times covering [start, end) (or [start, end])."""
+    def _chunks(self, start: float, end: float, step: float, inclusive: bool = False,
+                chunk: float | None = None) -> list[tuple[float, float]]:
+        """Grid-aligned [first, last] evaluation times covering [start, end) (or [start, end]),
+        at most ``chunk`` (default: the source's) and 11,000 points each."""
         first = math.ceil(start / step - 1e-9) * step
         last = math.floor(end / step + 1e-9) * step
         if not inclusive and last >= end - 1e-9:
             last -= step
         if last < first:
             return []
-        per_chunk = max(1, min(MAX_POINTS_PER_SERIES - 1, int(self.chunk // step)))
+        per_chunk = max(1, min(MAX_POINTS_PER_SERIES - 1, int((chunk or self.chunk) // step)))
         chunks = []
         while first <= last + 1e-9:
             upper = min(last, first + (per_chunk - 1) * step)
@@ -316,6 +337,11 @@ class PrometheusSource:
 
     def _selector(self, metric: str) -> str:
         return f"{metric}{{{self.selector}}}" if self.selector else metric
+
+    @property
+    def sample_interval(self) -> pd.Timedelta:
+        """The grid of :meth:`read`: what one row stands for (analytics uses it as the step)."""
+        return pd.Timedelta(seconds=self.step)
 
     # -- SamplesSource -------------------------------------------------------------------------
     def read(self, start: datetime | str | None = None, end: datetime | str | None = None,
@@ -338,6 +364,8 @@ class PrometheusSource:
         metric_columns = [c for c in wanted if c not in IDENTITY_COLUMN_NAMES]
         # Rows exist where a GPU has series; with only identity columns asked, read a cheap one.
         metrics = self.mapper.metrics_for(metric_columns or ["mem_total_bytes"])
+        if "attribution" in wanted:  # the exporter's gpuwarden_pod_attribution_state, where it serves it
+            metrics += [m for m in self.mapper.state_metrics() if m not in metrics]
         if not metrics:
             return empty_samples()[wanted]
         jobs = [(metric, first, last) for first, last in self._chunks(start_s, end_s, self.step) for metric in metrics]
@@ -377,23 +405,58 @@ class PrometheusSource:
         anchor = self._anchor()
         if anchor is None:
             return None
+        span = self._span(anchor)
+        if span is None and self.rollups:  # rollups only (raw samples expired or never kept)
+            span = self._span(self._selector(STATE_ROLLUPS["seconds"]))
+        return span
+
+    def _span(self, anchor: str) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+        """Oldest and newest sample of ``anchor``, with queries that read little: the newest by
+        looking back 1 h, 1 d, 7 d, ... from now (``count(last_over_time(x[W]))``), then the 5-minute
+        slot inside that window; the oldest from an instant ``count(x)`` at each day of the history
+        (seeks, not a full read), then the 5-minute slot inside the first day; then 15 s steps inside
+        each slot. A 30-day store of 100,000 series answers in seconds."""
         series = f"timestamp({anchor})"
         now = time.time()
-        coarse = 3600.0
-        window = _promql_duration(math.ceil(self.history / coarse) * coarse)
-        newest_coarse = self._scalar(f"max(max_over_time({series}[{window}:1h]))", now)
-        oldest_coarse = self._scalar(f"min(min_over_time({series}[{window}:1h]))", now)
-        live = self._scalar(f"max({series})", now)
-        if newest_coarse is None and live is None:
-            return None
-        newest = live
+        newest = self._scalar(f"max({series})", now)
         if newest is None:
-            values = self._range_values(f"max({series})", newest_coarse, newest_coarse + coarse + 300, 15.0)
-            newest = max(values) if values else newest_coarse
-        oldest = oldest_coarse if oldest_coarse is not None else newest
-        values = self._range_values(f"min({series})", oldest - coarse - 300, oldest, 15.0)
-        oldest = min(values) if values else oldest
-        return pd.Timestamp(oldest, unit="s", tz="UTC"), pd.Timestamp(newest, unit="s", tz="UTC")
+            for look in (3600.0, 86400.0, 7 * 86400.0, 31 * 86400.0, self.history):
+                if not self._scalar(f"count(last_over_time({anchor}[{_promql_duration(look)}]))", now):
+                    continue
+                slots = self._active_steps(anchor, now - look, now, max(300.0, look / 2000))
+                if slots and look > 3600.0:  # narrow a long window to its last day, then 5 minutes
+                    slots = self._active_steps(anchor, slots[-1] - max(300.0, look / 2000), slots[-1], 300.0) or slots
+                slot = slots[-1] if slots else now
+                values = self._range_values(f"max({series})", slot - 300.0, slot + 300.0, 15.0)
+                newest = max(values) if values else slot
+                break
+            if newest is None:
+                return None
+        first_day = newest
+        try:
+            days = [float(t) for result in self._matrix(f"count({anchor})", math.floor((newest - self.history) / 86400) * 86400,
+                                                           newest, 86400.0) for t, v in result.get("values", [])]
+            first_day = min(days) if days else newest
+        except PrometheusQueryError:
+            pass  # too big to scan here: the oldest day with a sample at midnight is a bound
+        slots = self._active_steps(anchor, first_day - 86400.0, first_day, 300.0)
+        first = slots[0] if slots else first_day
+        values = self._range_values(f"min({series})", first - 300.0, first + 15.0, 15.0)
+        oldest = min(values) if values else first - 300.0
+        return pd.Timestamp(min(oldest, newest), unit="s", tz="UTC"), pd.Timestamp(newest, unit="s", tz="UTC")
+
+    def _active_steps(self, anchor: str, start: float, end: float, step: float) -> list[float]:
+        """Grid times t (multiples of ``step``, first >= start, last >= end) whose (t - step, t]
+        holds a sample of ``anchor``."""
+        first = math.floor(start / step) * step + step
+        last = math.ceil(end / step) * step
+        found: list[float] = []
+        while first <= last:
+            upper = min(last, first + (MAX_POINTS_PER_SERIES - 2) * step)
+            for result in self._matrix(f"count(last_over_time({anchor}[{_promql_duration(step - 0.001)}]))", first, upper, step):
+                found.extend(float(t) for t, v in result.get("values", []) if float(v) > 0)
+            first = upper + step
+        return sorted(found)
 
     def _anchor(self) -> str | None:
         """A metric every GPU has (FB_USED: memory is measured even where activity is not)."""
@@ -418,6 +481,91 @@ class PrometheusSource:
         return [v for v in values if not math.isnan(v)]
 
     # -- aggregation pushed into Prometheus ------------------------------------------------------
+    @property
+    def rollup_resolution(self) -> pd.Timedelta:
+        return pd.Timedelta(seconds=self.rollup_interval)
+
+    def read_state_rollup(self, start: datetime | str, end: datetime | str, bucket: float | str = "1h") -> pd.DataFrame | None:
+        """The idle taxonomy per GPU, holder and state, summed per ``bucket`` from the recording
+        rules' 5-minute rollups (``gpu:gpuwarden_state_seconds:5m{state=...}`` and friends); None
+        when Prometheus holds no rollup series in the window (the rules are not loaded).
+
+        Columns: ``timestamp`` (bucket start, buckets aligned to multiples of ``bucket``), the
+        identity columns, ``state``, ``seconds``, ``used_seconds`` (seconds x activity),
+        ``energy_joules``, ``memory_byte_seconds``. No raw sample leaves Prometheus.
+        """
+        bucket_s = _seconds(bucket)
+        start_s, end_s = self._epoch(start), self._epoch(end)
+        first_end = math.floor(start_s / bucket_s) * bucket_s + bucket_s  # the bucket holding start
+        window = _promql_duration(bucket_s - 0.001)
+        grouping = ", ".join(_STATE_ROLLUP_LABELS)
+        started = time.perf_counter()
+        parts: dict[str, list] = {figure: [] for figure in STATE_ROLLUPS}
+        keys: dict[tuple, int] = {}
+        points = 0
+        # Requests of a week each (hourly points are few), several at once.
+        chunks = self._chunks(first_end, end_s + bucket_s, bucket_s, chunk=max(self.chunk, 7 * 86400.0))
+
+        def fetch(job: tuple[str, float, float]) -> tuple[str, list[dict]]:
+            figure, first, last = job
+            promql = f"sum by ({grouping}) (sum_over_time({self._selector(STATE_ROLLUPS[figure])}[{window}]))"
+            return figure, self._matrix(promql, first, last, bucket_s)
+
+        for figures in (["seconds"], ["used_seconds", "energy_joules", "memory_byte_seconds"]):
+            jobs = [(figure, first, last) for figure in figures for first, last in chunks]
+            with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(jobs)))) as pool:
+                for figure, found in pool.map(fetch, jobs):
+                    for series in found:
+                        values = series.get("values") or []
+                        if not values:
+                            continue
+                        labels = series.get("metric", {})
+                        key = tuple(labels.get(label, "") for label in _STATE_ROLLUP_LABELS)
+                        code = keys.setdefault(key, len(keys))
+                        stamps = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values)) - bucket_s
+                        numbers = np.array([v[1] for v in values], dtype=np.float64)
+                        parts[figure].append((np.full(len(values), code, np.int64), np.round(stamps).astype(np.int64),
+                                              numbers))
+                        points += len(values)
+            if figures == ["seconds"] and not parts["seconds"]:
+                return None  # no rollups: the caller reads raw samples
+        frame = self._state_rollup_frame(parts, list(keys))
+        log.info("prometheus rollup read: %d points -> %d rows in %.2fs", points, len(frame), time.perf_counter() - started)
+        return frame
+
+    def _state_rollup_frame(self, parts: dict[str, list], keys: list[tuple]) -> pd.DataFrame:
+        def table(figure: str) -> pd.DataFrame:
+            chunks = parts[figure]
+            if not chunks:
+                return pd.DataFrame({"key": np.empty(0, np.int64), "t": np.empty(0, np.int64), figure: np.empty(0)})
+            return pd.DataFrame({"key": np.concatenate([c[0] for c in chunks]), "t": np.concatenate([c[1] for c in chunks]),
+                                 figure: np.concatenate([c[2] for c in chunks])})
+
+        merged = table("seconds")
+        for figure in ("used_seconds", "energy_joules", "memory_byte_seconds"):
+            merged = merged.merge(table(figure).groupby(["key", "t"], as_index=False).sum(), on=["key", "t"], how="left")
+        merged = merged[merged["seconds"] > 0]
+        identities = []
+        for key in keys:
+            labels = dict(zip(_STATE_ROLLUP_LABELS, key))
+            identities.append(self.mapper.identity(labels))
+        valid = np.array([identity is not None for identity in identities] + [False], dtype=bool)
+        codes = merged["key"].to_numpy()
+        merged = merged[valid[codes]]
+        codes = merged["key"].to_numpy()
+        out: dict[str, object] = {"timestamp": pd.to_datetime(merged["t"].to_numpy() * 1_000_000_000, utc=True)}
+        for position, name in enumerate(IDENTITY_COLUMN_NAMES[1:]):
+            per_key = [identity[position] if identity is not None else None for identity in identities]
+            if name == "attribution":  # a rollup row is classified already: pod-less rows say which
+                continue
+            values = np.asarray(per_key, dtype=object)[codes] if len(codes) else np.empty(0, dtype=object)
+            out[name] = pd.array(values, dtype="Int64") if name == "gpu_index" else pd.Categorical(values)
+        state_index = _STATE_ROLLUP_LABELS.index("state")
+        out["state"] = pd.Categorical(np.asarray([k[state_index] for k in keys], dtype=object)[codes] if len(codes) else [])
+        for figure in STATE_ROLLUPS:
+            out[figure] = merged[figure].fillna(0.0).to_numpy(dtype=np.float64)
+        return pd.DataFrame(out).sort_values("timestamp", kind="stable", ignore_index=True)
+
     def read_rollup(self, start: datetime | str, end: datetime | str, step: float | str = "1h",
                     by: str = "gpu", use_rules: bool = True) -> pd.DataFrame:
         """GPU-seconds per window of ``step`` for every GPU (``by="gpu"``) or namespace

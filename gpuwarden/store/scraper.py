@@ -18,6 +18,10 @@ prometheus.PrometheusSource` turn the very same series into the very same rows:
   ``team``/``project`` are ``team``/``project`` labels when present, else ``attribution(namespace,
   pod)``; the default attribution charges a pod's namespace as its team (namespace-per-team).
 
+``attribution`` is the ``state`` label of ``gpuwarden_pod_attribution_state`` (known | off |
+failed) where the exporter serves it; without that series a pod label proves attribution answered
+("known") and a GPU without one is null (not recorded; analytics reads it as "off").
+
 ``gpuwarden_gpu_lost`` feeds no column but makes the row exist: a lost GPU is a row of nulls (its
 memory total carried from its other rows), as the simulator and the local store have it. Series
 the catalogue does not name (exporter self-metrics) are ignored.
@@ -38,7 +42,7 @@ import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.fleet import IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
+from gpuwarden.fleet import ATTRIBUTION_STATES, IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
 
 from .local import LocalStore
@@ -48,6 +52,10 @@ log = logging.getLogger("gpuwarden.store.scraper")
 
 Attribution = Callable[[str | None, str | None], "tuple[str | None, str | None]"]
 _MIB_FREE = "mem_free_bytes"
+# Where two attribution states meet in one row (the state changed within a step), the worse wins.
+_STATE_ORDER: tuple[str, ...] = ("known", "off", "failed")
+_STATE_RANK: dict[str, int] = {name: rank for rank, name in enumerate(_STATE_ORDER)}
+assert set(_STATE_ORDER) == set(ATTRIBUTION_STATES)
 
 
 def namespace_is_team(namespace: str | None, pod: str | None) -> tuple[str | None, str | None]:
@@ -57,7 +65,7 @@ def namespace_is_team(namespace: str | None, pod: str | None) -> tuple[str | Non
 
 @dataclass(frozen=True)
 class _Target:
-    kind: str  # value | pattern | bits | mem_free | presence
+    kind: str  # value | pattern | bits | mem_free | presence | state
     spec: MetricSpec
     column: str | None = None
 
@@ -92,6 +100,8 @@ class SeriesMapper:
                 self._targets[spec.metric] = _Target("pattern", spec)
             elif spec.transform == "bits" and spec.source_column == "throttle_reasons_bitmask":
                 self._targets[spec.metric] = _Target("bits", spec, "throttle_reasons_bitmask")
+            elif spec.transform == "state" and spec.source_column == "attribution":
+                self._targets[spec.metric] = _Target("state", spec, "attribution")
         self._identity_cache: dict[tuple, tuple] = {}
 
     # -- which series ---------------------------------------------------------------------------
@@ -114,6 +124,10 @@ class SeriesMapper:
             used = [m for m, t in self._targets.items() if t.column == "mem_used_bytes"]
             names += [m for m in used if m not in names]
         return names
+
+    def state_metrics(self) -> list[str]:
+        """Exported metric names that fill the ``attribution`` column."""
+        return [m for m, t in self._targets.items() if t.kind == "state"]
 
     def column_of(self, metric: str, labels: Mapping[str, str]) -> str | None:
         """The samples column one series feeds (None for bits / derived / unknown)."""
@@ -181,6 +195,7 @@ class FrameAssembler:
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._bits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._presence: list[tuple[np.ndarray, np.ndarray]] = []
+        self._states: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(self, metric: str, labels: Mapping[str, str], times_ns: np.ndarray, values: np.ndarray) -> None:
         target = self.mapper.target(metric)
@@ -198,6 +213,12 @@ class FrameAssembler:
             ids, times_ns, values = ids[ok], times_ns[ok], values[ok]
         if target.kind == "presence":
             self._presence.append((ids, times_ns))
+            return
+        if target.kind == "state":
+            state = labels.get(target.spec.label, "")
+            if state in _STATE_RANK and values.size:
+                live = values >= 0.5  # only the current state's series reads 1
+                self._states.append((ids[live], times_ns[live], np.full(int(live.sum()), _STATE_RANK[state], np.int8)))
             return
         if target.kind == "bits":
             bit = THROTTLE_REASONS.get(labels.get(target.spec.label, ""))
@@ -257,6 +278,8 @@ class FrameAssembler:
             lookup = {v: i for i, v in enumerate(categories)}
             codes = np.array([lookup.get(v, -1) if v is not None else -1 for v in per_identity], dtype=np.int64)
             out[name] = pd.Categorical.from_codes(codes[row_ids], categories=categories)
+        if self._states and "attribution" in out:
+            out["attribution"] = self._attribution(out["attribution"], row_keys, base_times, n_ident)
         for name in METRIC_COLUMN_NAMES:
             array = values.get(name, np.full(n, np.nan))
             out[name] = pd.array(np.round(array), dtype="Float64").astype("Int64") if PANDAS_DTYPES[name] == "Int64" else array
@@ -268,6 +291,26 @@ class FrameAssembler:
             frame["mem_total_bytes"] = known
             frame = frame[frame["mem_total_bytes"].notna()].reset_index(drop=True)
         return frame[wanted]
+
+
+    def _attribution(self, default: pd.Categorical, row_keys: np.ndarray, base_times: np.ndarray, n_ident: int) -> pd.Categorical:
+        """The ``attribution`` column: the exporter's state series where a row has one (state
+        points make no rows of their own), else the identity's default."""
+        rank = np.full(len(row_keys), -1, np.int8)
+        for ids, times, ranks in self._states:
+            where = np.searchsorted(base_times, times)
+            known_time = where < len(base_times)
+            where = np.minimum(where, len(base_times) - 1)
+            known_time &= base_times[where] == times
+            keys = where.astype(np.int64) * n_ident + ids
+            position = np.minimum(np.searchsorted(row_keys, keys), len(row_keys) - 1)
+            hit = known_time & (row_keys[position] == keys)
+            np.maximum.at(rank, position[hit], ranks[hit])
+        fallback = np.asarray(default.astype(object), dtype=object)
+        chosen = np.where(rank >= 0, np.array(_STATE_ORDER, dtype=object)[np.maximum(rank, 0)], fallback)
+        categories = sorted({v for v in chosen if v is not None})
+        lookup = {v: i for i, v in enumerate(categories)}
+        return pd.Categorical.from_codes([lookup[v] if v is not None else -1 for v in chosen], categories=categories)
 
 
 def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -> pd.DataFrame:
