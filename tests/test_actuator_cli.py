@@ -17,6 +17,8 @@ from gpuwarden.cli import main
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, XID_COLUMN_NAMES
 
 START = pd.Timestamp("2026-11-23T00:00:00Z")
+# Windows end at now unless told otherwise; the recorded file ends at START + 30 min.
+UNTIL = ["--until", "2026-11-23T00:30:00Z"]
 
 
 def samples(path, broken_node="gpu-a", minutes=30):
@@ -48,7 +50,7 @@ def api():
 
 
 def test_plan_run_list_undo(api, tmp_path, capsys):
-    common = ["--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
+    common = [*UNTIL, "--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
               api.kubeconfig(tmp_path / "kc.json"), "--audit", str(tmp_path / "audit.jsonl"), "--no-hoarding"]
     assert main(["actuator", "plan", *common]) == 0
     out = capsys.readouterr().out
@@ -73,7 +75,7 @@ def test_plan_run_list_undo(api, tmp_path, capsys):
 
 def test_approve_mode_queues_and_a_person_approves_from_the_command_line(api, tmp_path, capsys):
     audit = tmp_path / "audit.jsonl"
-    args = ["--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
+    args = [*UNTIL, "--source", "file", "--file", str(samples(tmp_path / "s.csv")), "--kubeconfig",
             api.kubeconfig(tmp_path / "kc.json"), "--audit", str(audit), "--no-hoarding", "--max-cordoned-node-ratio", "0.5"]
     assert main(["actuator", "run", "--mode", "approve", "--rounds", "1", "--interval", "0.01", *args]) == 0
     (waiting,) = pending(audit)

@@ -27,6 +27,7 @@ from gpuwarden.analytics.quality import counter_increase
 from gpuwarden.analytics.reference import states_by_gpu
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, FleetValueError, Location, Node, PriceTier, Topology
 from gpuwarden.store import LocalStore, coerce
+from gpuwarden.store.schema import ValidationReport
 
 START = pd.Timestamp("2026-03-02T00:00:00Z")
 H100 = "NVIDIA H100 80GB HBM3"
@@ -194,9 +195,10 @@ def test_negative_and_out_of_range_values_are_not_measurements():
     assert ledger.quality["negative_values"] == {"sm_active_ratio": 1, "power_watts": 1, "mem_used_bytes": 1}
     assert ledger.quality["out_of_range_values"] == {"gpu_util_ratio": 1}
     assert states_of(ledger, "GPU-n") == {"busy": 10}
-    # The store itself refuses such rows when they are written.
-    with pytest.raises(ValueError, match="negative"):
-        coerce(frame)
+    # The store refuses such rows when they are written, and counts each one it rejected.
+    report = ValidationReport()
+    assert len(coerce(frame, report=report)) == len(frame) - 4
+    assert report.rejected_total == 4
 
 
 def test_allocated_samples_without_any_activity_are_unmeasured():

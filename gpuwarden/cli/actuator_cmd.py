@@ -101,7 +101,7 @@ def add_parser(subparsers) -> None:
 
     plan = commands.add_parser("plan", help="one dry round, printed (nothing applied, nothing recorded)")
     _round_options(plan)
-    plan.add_argument("--format", choices=["table", "json"], default="table")
+    plan.add_argument("--format", choices=["table", "json"], default="table", help="output format (default table)")
     plan.set_defaults(run=run_plan)
 
     listing = commands.add_parser("list", help="actions waiting for approval, and recent applied ones")
@@ -113,7 +113,7 @@ def add_parser(subparsers) -> None:
         decision = commands.add_parser(name, help=f"{name} an action waiting for approval")
         decision.add_argument("id", help="approval id (gpuwarden actuator list)")
         decision.add_argument("--by", required=True, help="your name, kept in the audit log")
-        decision.add_argument("--comment", default="")
+        decision.add_argument("--comment", default="", help="why, kept in the audit log beside the decision")
         _audit_option(decision)
         decision.set_defaults(run=lambda args, approve=approve: run_decide(args, approve))
 
@@ -126,7 +126,7 @@ def add_parser(subparsers) -> None:
 
     reset = commands.add_parser("reset", help="close the circuit breaker after a person has looked")
     reset.add_argument("--by", required=True, help="your name, kept in the audit log")
-    reset.add_argument("--comment", default="")
+    reset.add_argument("--comment", default="", help="what was looked at, kept in the audit log")
     _audit_option(reset)
     reset.set_defaults(run=run_reset)
     parser.set_defaults(run=lambda args: parser.print_help() or 2)

@@ -114,10 +114,21 @@ def require_store() -> StoreInfo:
         span = _time_range(path, version)
     except StoreUnreadable as error:
         unreadable(path, str(error))
+    warn_quarantined(path)
     if span is None:
         st.info(f"The store at `{path}` holds no samples yet.\n\n{HOW_TO_FILL}", icon=":material/info:")
         st.stop()
     return StoreInfo(path, span[0], span[1], version)
+
+
+def warn_quarantined(path: str) -> None:
+    """The store moves files it cannot read aside and reads on; say so, so no gap goes unexplained."""
+    moved = sorted(p.name for p in (Path(path) / "quarantine").rglob("*.parquet"))
+    if moved:
+        names = ", ".join(moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
+        st.warning(f"{len(moved)} unreadable store file(s) were moved to `{Path(path) / 'quarantine'}` "
+                   f"({names}); their samples are missing from these pages. `gpuwarden store check` "
+                   "says more.", icon=":material/warning:")
 
 
 def unreadable(path: str, why: str) -> None:

@@ -10,6 +10,7 @@ from gpuwarden.analytics import STATES
 
 STATE_LABELS: dict[str, str] = {
     "unallocated": "Unallocated",
+    "idle_unattributed": "Idle, owner unknown (no pod attribution)",
     "allocated_idle": "Allocated, idle",
     "hoarded": "Hoarded (memory held, idle)",
     "fake_busy": "Fake busy (util without SM activity)",
@@ -21,6 +22,7 @@ STATE_LABELS: dict[str, str] = {
 
 STATE_COLOURS: dict[str, str] = {
     "unallocated": "#9e9e9e",
+    "idle_unattributed": "#757575",
     "allocated_idle": "#e53935",
     "hoarded": "#8e24aa",
     "fake_busy": "#fb8c00",
