@@ -67,16 +67,23 @@ def test_health_scan_cli_reads_a_file_and_prints_table_and_json(simulated, tmp_p
     frame, truth, _ = simulated
     path = tmp_path / "samples.parquet"
     frame.to_parquet(path)
-    assert main(["health", "scan", "--source", "file", "--file", str(path), "--since", "24h", "--all"]) == 0
+    # Windows end at now unless --until says otherwise; this file's samples end at the simulated clock.
+    until = ["--until", (frame["timestamp"].max() + pd.Timedelta(minutes=1)).isoformat()]
+    assert main(["health", "scan", "--source", "file", "--file", str(path), "--since", "24h", *until, "--all"]) == 0
     out = capsys.readouterr().out
     assert "finding(s) over" in out and "ecc-dbe" in out
-    assert main(["health", "scan", "--source", "file", "--file", str(path), "--since", "24h", "--all", "--format", "json"]) == 0
+    assert main(["health", "scan", "--source", "file", "--file", str(path), "--since", "24h", *until, "--all",
+                 "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["schema_version"] == 1 and report["report"] == "health_scan"
     findings = report["findings"]
     assert {"kind", "severity", "node", "gpu_uuid", "recommended_action", "confidence", "first_seen", "last_seen",
             "evidence"} <= set(findings[0])
     assert {f["gpu_uuid"] for f in findings if f["kind"] == "ecc-dbe"} <= set(truth["gpu_uuid"])
+    # Without --since a file is scanned whole, however old it is (how an outside scorer calls it).
+    assert main(["health", "scan", "--source", "file", "--file", str(path), "--all", "--format", "json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert {(f["gpu_uuid"], f["kind"]) for f in findings} <= {(f["gpu_uuid"], f["kind"]) for f in whole["findings"]}
 
 
 def test_health_scan_cli_refuses_prometheus_in_one_line(tmp_path, capsys):

@@ -259,7 +259,10 @@ def test_time_range_and_cli_window(stack):
                               "--prometheus-step", "1s", "--since", "1h"])
     window = open_window(args)
     assert isinstance(window.source, PrometheusSource)
-    assert window.end > newest and window.end - window.start == pd.Timedelta(hours=1)
+    # The window ends at now; asked for an hour of a Prometheus holding seconds, it is trimmed to the
+    # data held and says so.
+    assert window.end > newest and window.start >= oldest - pd.Timedelta(seconds=1)
+    assert window.end - window.start < pd.Timedelta(hours=1) and "trimmed to the data held" in window.note
     assert len(window.source.read(window.start, window.end, columns=["gpu_uuid"])) > 0
 
 
@@ -307,9 +310,10 @@ def test_reports_from_rollups_match_raw_samples(stack):
         found = raw.query("gpu:gpuwarden_state_seconds:5m[10m]")
         per_series = [[float(v[0]) for v in series["values"]] for series in found]
         return per_series if len({s["metric"]["UUID"] for s in found}) == len({*fleet.latest["gpu_uuid"]}) and \
-            min(map(len, per_series)) >= 3 else None
+            min(map(len, per_series)) >= 6 else None
 
-    times = wait_for(rollup_times, 60, "three rollups of every GPU")
+    # Six 5 s rollups: one rule evaluation run late (a loaded machine) moves the total by 1/30, inside 5%.
+    times = wait_for(rollup_times, 90, "six rollups of every GPU")
     first = pd.Timestamp(min(min(t) for t in times) - 5, unit="s", tz="UTC")
     last = pd.Timestamp(max(max(t) for t in times), unit="s", tz="UTC")
     window = (first + pd.Timedelta(milliseconds=1), last + pd.Timedelta(milliseconds=1))  # (first, last]
