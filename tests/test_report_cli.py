@@ -109,3 +109,21 @@ def test_user_errors(capsys, store_dir, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "waste", "--store", store_dir])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("kind", REPORT_KINDS)
+def test_terminal_tables_fit_120_columns_and_show_shares_as_percent(capsys, store_dir, kind):
+    code, out, err = run(capsys, "report", kind, "--store", store_dir)
+    assert code == 0, err
+    assert max(map(len, out.splitlines())) <= 120
+    if kind == "idle":
+        idle_share = next(line for line in out.splitlines() if line.startswith("idle_share "))
+        assert idle_share.rstrip().endswith("%")
+        assert "more column(s) not shown" in out  # by_pool and by_team are wider than a terminal
+        code, wide, _ = run(capsys, "report", kind, "--store", store_dir, "--wide")
+        assert code == 0 and "more column(s) not shown" not in wide
+        assert max(map(len, wide.splitlines())) > 120
+    # JSON keeps the raw 0..1 ratios
+    code, out, _ = run(capsys, "report", kind, "--store", store_dir, "--format", "json")
+    shares = [value for key, value in json.loads(out)["summary"].items() if key.endswith("_share") and value is not None]
+    assert all(0 <= value <= 1 for value in shares)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import textwrap
 
 import pandas as pd
 
@@ -17,9 +18,16 @@ from .params import AnalyticsError
 from .reports import Report
 
 FORMATS = ("table", "json", "csv", "markdown")
+TERMINAL_COLUMNS = 120  # table output fits this width unless the caller asks for it wide
+# Figures that are shares of a whole (0..1 in JSON and CSV) read as percentages in text.
+_PERCENT_NAMES = ("share", "efficiency_score", "utilisation", "allocation_ratio", "cost_share")
 
 
-def _cell(value) -> str:
+def _is_share(name: str) -> bool:
+    return name.endswith(("_share", "_ratio")) or name in _PERCENT_NAMES
+
+
+def _cell(value, name: str = "") -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -27,7 +35,9 @@ def _cell(value) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
-        return f"{value:,.4f}" if abs(value) < 10 else f"{value:,.2f}"
+        if _is_share(name.rsplit(".", 1)[-1]):
+            return f"{value:.1%}"
+        return f"{value:,.2f}"
     if isinstance(value, pd.Timestamp):
         return value.strftime("%Y-%m-%d %H:%M")
     return str(value)
@@ -36,7 +46,7 @@ def _cell(value) -> str:
 def _rows(table: pd.DataFrame, limit: int | None) -> tuple[list[str], list[list[str]], int]:
     shown = table if limit is None else table.head(limit)
     header = [str(c) for c in table.columns]
-    body = [[_cell(v) for v in row] for row in shown.astype(object).itertuples(index=False, name=None)]
+    body = [[_cell(v, h) for v, h in zip(row, header)] for row in shown.astype(object).itertuples(index=False, name=None)]
     return header, body, len(table) - len(shown)
 
 
@@ -47,10 +57,12 @@ def _summary_items(summary: dict, prefix: str = ""):
         elif isinstance(value, list):
             yield f"{prefix}{key}", ", ".join(map(str, value)) or "-"
         else:
-            yield f"{prefix}{key}", _cell(value)
+            yield f"{prefix}{key}", _cell(value, key)
 
 
-def render(report: Report, fmt: str = "table", table: str | None = None, limit: int | None = 20) -> str:
+def render(report: Report, fmt: str = "table", table: str | None = None, limit: int | None = 20,
+           wide: bool = False) -> str:
+    """The report as text; ``table`` output fits :data:`TERMINAL_COLUMNS` unless ``wide``."""
     if fmt not in FORMATS:
         raise AnalyticsError(f"format {fmt!r} is not one of: {', '.join(FORMATS)}")
     if table is not None and table not in report.tables:
@@ -78,18 +90,33 @@ def render(report: Report, fmt: str = "table", table: str | None = None, limit: 
     out += [title, "=" * len(title)]
     items = list(_summary_items(report.summary))
     width = max((len(k) for k, _ in items), default=0)
-    out += [f"{k.ljust(width)}  {v}" for k, v in items]
-    out += [f"note: {note}" for note in report.notes]
+    for key, value in items:
+        line = f"{key.ljust(width)}  {value}"
+        out += [line] if wide else textwrap.wrap(line, TERMINAL_COLUMNS, subsequent_indent=" " * (width + 2))
+    for note in report.notes:
+        out += [f"note: {note}"] if wide else textwrap.wrap(f"note: {note}", TERMINAL_COLUMNS, subsequent_indent="      ")
     for name in names:
         header, body, more = _rows(report.tables[name], limit)
         widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
+        hidden: list[str] = []
+        if not wide:  # keep the leading columns that fit; name the rest
+            keep, used = 0, 0
+            for w in widths:
+                if keep and used + w > TERMINAL_COLUMNS - 2:
+                    break
+                keep, used = keep + 1, used + w + 2
+            hidden = header[keep:]
+            header, widths, body = header[:keep], widths[:keep], [row[:keep] for row in body]
         out += ["", f"[{name}]", "  ".join(h.ljust(w) for h, w in zip(header, widths)),
                 "  ".join("-" * w for w in widths)]
         out += ["  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths)) for row in body]
         if more:
             out.append(f"... {more} more rows (use --format csv or json for all)")
+        if hidden:
+            out += textwrap.wrap(f"... {len(hidden)} more column(s) not shown: {', '.join(hidden)} (use --wide, "
+                                 "or --format csv or json)", TERMINAL_COLUMNS)
     return "\n".join(out) + "\n"
 
 
 def _numeric(text: str) -> bool:
-    return bool(text) and text.replace(",", "").replace(".", "", 1).lstrip("-").isdigit()
+    return bool(text) and text.replace(",", "").replace(".", "", 1).removesuffix("%").lstrip("-").isdigit()

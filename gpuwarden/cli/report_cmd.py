@@ -45,6 +45,7 @@ def add_parser(subparsers) -> None:
     output.add_argument("--limit", type=number(int, 0, 10**7), default=20,
                         help="rows per table for table/markdown (default 20; 0 = all)")
     output.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
+    output.add_argument("--wide", action="store_true", help="table format: every column, not only those that fit 120 columns")
     pricing = parser.add_argument_group("pricing and classification")
     pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
     pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
     options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
     report = build_report(args.kind, ledger, **options.get(args.kind, {}))
-    text = render(report, args.format, args.table, None if args.limit == 0 else args.limit)
+    text = render(report, args.format, args.table, None if args.limit == 0 else args.limit, wide=args.wide)
     if args.output:
         args.output.write_text(text)
     else:
