@@ -132,3 +132,14 @@ def test_titan_concordance_and_location_effect(data_dir):
     assert report.c_index > 0.75
     assert report.hotter_cages_fail_sooner
     assert "concordance index on the held-out half" in report.format()
+
+
+def test_evaluation_of_a_fault_free_run_with_no_findings_is_a_report_not_an_error():
+    """A short run can inject no fault and the scan find nothing (`health eval --days 0.5`)."""
+    from gpuwarden.analytics.health.evaluation import evaluate
+    from gpuwarden.sim.faults import GROUND_TRUTH_COLUMNS
+
+    start = pd.Timestamp("2026-11-23T00:00:00Z")
+    report = evaluate([], pd.DataFrame(columns=list(GROUND_TRUTH_COLUMNS)), start, start + pd.Timedelta(hours=12), 16)
+    assert report.missed_fatal_xids == 0 and report.fatal_xid_faults == 0 and report.false_cordons.empty
+    assert report.faults.empty and report.gpu_days > 0

@@ -164,13 +164,14 @@ def evaluate(findings: Iterable[Finding] | pd.DataFrame, truth: pd.DataFrame, st
     pairs = found.merge(truth, on="gpu_uuid", suffixes=("", "_fault"))
     pairs = pairs[(pairs["first_seen"] <= pairs["ends_at"] + grace) & (pairs["last_seen"] >= pairs["onset"] - grace)]
     pairs = pairs.assign(compatible=[k in FINDING_FAULTS.get(f, ()) for f, k in zip(pairs["kind"], pairs["kind_fault"])])
-    good = pairs[pairs["compatible"]]
+    # astype(bool): an empty list makes an object column, which pandas would read as column labels.
+    good = pairs[pairs["compatible"].astype(bool)]
 
     # Faults: detected, lead time.
     scored = truth[truth["scored"]].copy()
     scored["detected"] = scored["tid"].isin(good["tid"])
     earliest = good[good["first_seen"] >= good["onset"] - grace].groupby("tid")["first_seen"].min()
-    scored["first_seen"] = scored["tid"].map(earliest)
+    scored["first_seen"] = pd.to_datetime(scored["tid"].map(earliest.to_dict()), utc=True)  # NaT where undetected
     lead_ok = scored["has_precursor"].astype(bool) & scored["detected"] & (scored["event_at"] < end)
     lead = (scored["event_at"] - scored["first_seen"]).dt.total_seconds() / 60.0
     scored["lead_minutes"] = np.where(lead_ok, np.clip(lead.fillna(0.0), 0.0, None), np.nan)
@@ -191,7 +192,9 @@ def evaluate(findings: Iterable[Finding] | pd.DataFrame, truth: pd.DataFrame, st
     # Fatal XIDs: the rule of the logged XID must have fired.
     fatal = scored[scored["xid"].notna() & scored["xid"].isin(FATAL_XIDS) & scored["fatal"].astype(bool) & (scored["event_at"] < end)]
     rule_kind = {code: XID_RULES[code].kind for code in FATAL_XIDS}
-    hit = pairs[[rule_kind.get(int(x)) == k if pd.notna(x) else False for x, k in zip(pairs["xid"], pairs["kind"])]]["tid"]
+    rule_fired = np.array([rule_kind.get(int(x)) == k if pd.notna(x) else False for x, k in zip(pairs["xid"], pairs["kind"])],
+                          dtype=bool)
+    hit = pairs.loc[rule_fired, "tid"]
     missed_fatal = int((~fatal["tid"].isin(hit)).sum())
 
     kinds = sorted(set(truth["kind"]) | set(false_pos["charged_to"]) - {"unattributed"}) + (
