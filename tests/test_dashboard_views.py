@@ -45,6 +45,9 @@ def test_formatting_keeps_units_and_few_decimals():
 
 
 def test_every_state_has_one_colour_and_size_orders_them():
+    from gpuwarden.analytics import STATES
+
+    assert set(palette.STATE_COLOURS) == set(STATES) == set(palette.STATE_LABELS), "every state needs a colour and a label"
     assert len(set(palette.STATE_COLOURS.values())) == len(palette.STATE_COLOURS)
     assert palette.by_size({"busy": 1.0, "unallocated": 5.0, "hoarded": 1.0}) == ["unallocated", "hoarded", "busy"]
 
