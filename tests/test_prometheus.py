@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from polling import wait_for as _wait_for
+from servers import ServerProcess, assert_reports_agree
 import yaml
 
 from gpuwarden.analytics import IdleParams
@@ -67,13 +67,12 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
     return _wait_for(condition, timeout, what, interval, tolerate_errors=True)
 
 
-class PrometheusServer:
+class PrometheusServer(ServerProcess):
     """A real Prometheus on 127.0.0.1 with a temp config and TSDB; ``stop()`` always kills it."""
 
     def __init__(self, tmp: Path, targets: list[str], rule_files: list[Path], scrape_interval: str = "1s") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "prometheus.log"
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "rule_files": [str(p) for p in rule_files],
@@ -84,29 +83,10 @@ class PrometheusServer:
             }],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.process = subprocess.Popen(
+        super().__init__(
             [_binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-        )
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            pytest.fail(f"prometheus exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            tmp / "prometheus.log", f"{self.url}/-/ready")
 
 
 FAST_PARAMS = IdleParams(hoard_grace="0s")
@@ -332,16 +312,7 @@ def test_reports_from_rollups_match_raw_samples(stack):
         assert from_rollup.gpu_hours == pytest.approx(from_raw.gpu_hours, rel=0.05)
     assert int(from_rollup.instances["gpu_uuid"].nunique()) == int(from_raw.instances["gpu_uuid"].nunique()) == \
         fleet.latest["gpu_uuid"].nunique()
-    for kind in ("idle", "efficiency", "cost", "chargeback"):
-        a, b = build_report(kind, from_rollup).summary, build_report(kind, from_raw).summary
-        for key in ("idle_share", "efficiency_score", "unattributed_share", "utilisation", "allocation_ratio",
-                    "idle_cost_share", "cost_per_gpu_hour"):
-            if key in a and a[key] is not None and np.isfinite(a[key]):
-                assert a[key] == pytest.approx(b[key], rel=0.01, abs=1e-3), (kind, key)
-        if kind == "idle":
-            for reason, hours in b["idle_gpu_hours_by_reason"].items():
-                assert a["idle_gpu_hours_by_reason"][reason] / a["gpu_hours"] == pytest.approx(
-                    hours / b["gpu_hours"], abs=0.01), reason
+    assert_reports_agree(from_rollup, from_raw)
     teams_raw = build_report("chargeback", from_raw).tables["by_team"].set_index("team")["cost"]
     teams_rollup = build_report("chargeback", from_rollup).tables["by_team"].set_index("team")["cost"]
     assert set(teams_raw.index) == set(teams_rollup.index)

@@ -14,16 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from gpuwarden.analytics import IdleParams, build_ledger, build_report
+from gpuwarden.analytics import IdleParams, build_ledger
 from gpuwarden.analytics.promrules import render_recording_rules
 from gpuwarden.cli import main
 from gpuwarden.exporter import ExporterService
@@ -31,6 +28,7 @@ from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.config import SimConfig
 from gpuwarden.sim.engine import Simulation
 from gpuwarden.store.prometheus import PrometheusSource
+from servers import ServerProcess, assert_reports_agree
 from test_prometheus import free_port, wait_for
 
 PARAMS = IdleParams(hoard_grace="0s")  # as the 1 s rules below: no warm-up on a static fleet
@@ -46,32 +44,6 @@ def _binary(name: str) -> str:
     return path
 
 
-class Process:
-    """A server process with its log; ``stop()`` always ends it."""
-
-    def __init__(self, argv: list[str], log: Path, ready_url: str) -> None:
-        self.log, self.ready_url = log, ready_url
-        self.process = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            pytest.fail(f"{self.log.name}: exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(self.ready_url, timeout=1) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-
-
 @pytest.fixture(scope="module")
 def vm(data_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("victoriametrics")
@@ -79,7 +51,7 @@ def vm(data_dir, tmp_path_factory):
     fleet = Simulation(SimConfig(nodes=2, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
     fleet.step()
     exporter = ExporterService(SimGpuBackend(fleet), interval_seconds=0.5, host="127.0.0.1", port=0).start()
-    processes: list[Process] = []
+    processes: list[ServerProcess] = []
     try:
         target = exporter.url.split("//", 1)[1].rsplit("/metrics", 1)[0]
         (tmp / "scrape.yml").write_text(yaml.safe_dump({"scrape_configs": [{
@@ -87,14 +59,14 @@ def vm(data_dir, tmp_path_factory):
             "static_configs": [{"targets": [target], "labels": {"cluster": "sim"}}]}]}))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        processes.append(Process([
+        processes.append(ServerProcess([
             victoria, f"-storageDataPath={tmp / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
             f"-promscrape.config={tmp / 'scrape.yml'}", "-search.latencyOffset=0s", "-search.disableCache",
             "-loggerLevel=ERROR"], tmp / "victoria-metrics.log", f"{url}/health"))
         wait_for(processes[0].ready, 30, "victoria-metrics /health")
         (tmp / "rules.yml").write_text(render_recording_rules(PARAMS, interval_seconds=1, rollup_seconds=5))
         alert_port = free_port()
-        processes.append(Process([
+        processes.append(ServerProcess([
             vmalert, f"-rule={tmp / 'rules.yml'}", f"-datasource.url={url}", f"-remoteWrite.url={url}",
             f"-httpListenAddr=127.0.0.1:{alert_port}", "-remoteWrite.flushInterval=200ms", "-datasource.queryStep=0s",
             "-loggerLevel=ERROR"], tmp / "vmalert.log", f"http://127.0.0.1:{alert_port}/health"))
@@ -145,12 +117,7 @@ def test_reports_from_vmalert_rollups_match_raw_samples(vm):
     from_raw = build_ledger(raw, *window, params=PARAMS)
     assert from_rollup.quality["source"] == "rollup" and from_raw.quality["source"] == "samples"
     assert set(from_rollup.instances["gpu_uuid"]) == set(from_raw.instances["gpu_uuid"]) == uuids
-    for kind in ("idle", "efficiency", "cost", "chargeback"):
-        a, b = build_report(kind, from_rollup).summary, build_report(kind, from_raw).summary
-        for key in ("idle_share", "efficiency_score", "unattributed_share", "utilisation", "allocation_ratio",
-                    "idle_cost_share", "cost_per_gpu_hour"):
-            if key in a and a[key] is not None and np.isfinite(a[key]):
-                assert a[key] == pytest.approx(b[key], rel=0.01, abs=1e-3), (kind, key)
+    assert_reports_agree(from_rollup, from_raw)
     by_state = {name: ledger.rows.groupby(ledger.rows["state"].astype(str))["gpu_hours"].sum() / ledger.gpu_hours
                 for name, ledger in (("rollup", from_rollup), ("raw", from_raw))}
     shares = pd.concat(by_state, axis=1).fillna(0.0)
