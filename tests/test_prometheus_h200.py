@@ -85,7 +85,7 @@ def test_matmul_is_busy_and_nothing_is_unallocated(h200, capsys, caplog):
     assert summary["unattributed_share"] == pytest.approx(1.0)
     assert any("unattributed" in note for note in report["notes"])
     states = {row["state"]: row["gpu_hours"] for row in report["tables"]["states"]}
-    assert states["busy"] > 0 and states["idle_unattributed"] > 0
+    assert states["busy"] > 0 and states["idle_unattributed"] > 0, states
     # Sample by sample: the matmul phase is busy, the idle phase (once its window is all idle) idle.
     source = h200["source"]
     frame = source.read(h200["served"]["compute_bf16_matmul"][0] - pd.Timedelta(seconds=5), pd.Timestamp.now(tz="UTC"))

@@ -443,6 +443,11 @@ class PrometheusSource:
         first = slots[0] if slots else first_day
         values = self._range_values(f"min({series})", first - 300.0, first + 15.0, 15.0)
         oldest = min(values) if values else first - 300.0
+        # At a 15 s grid, timestamp() gives each series' newest sample at the grid point, which can
+        # be up to 15 s after its first: look again at 1 s around it (a window trimmed to the data
+        # must not cut off its first seconds).
+        fine = self._range_values(f"min({series})", oldest - 15.0, oldest, 1.0)
+        oldest = min([oldest, *fine])
         return pd.Timestamp(min(oldest, newest), unit="s", tz="UTC"), pd.Timestamp(newest, unit="s", tz="UTC")
 
     def _active_steps(self, anchor: str, start: float, end: float, step: float) -> list[float]:
