@@ -133,16 +133,8 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     no ``report`` given they are logged as one warning. ``now`` (default: the wall clock) bounds
     timestamps.
     """
-    own_report = report is None
-    report = ValidationReport(source) if report is None else report
-    report.rows_in += len(frame)
-    rejected = np.zeros(len(frame), dtype=bool)
-
-    def reject(mask: np.ndarray, reason: str) -> None:
-        new = mask & ~rejected
-        if new.any():
-            report.add(reason, int(new.sum()), _where(source, int(np.flatnonzero(new)[0]), line_offset))
-            rejected[:] |= new
+    rejections = _Rejections(frame, source, line_offset, report)
+    reject = rejections.reject
 
     # A nullable column a file does not carry was not measured: it reads as null, not as an error.
     missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns and not _NULLABLE[name]]
@@ -173,11 +165,33 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     result = pd.DataFrame(out)
     if len(result):
         _validate_rows(result, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
-    if rejected.any():
-        result = result[~rejected]
-        if own_report:
-            log.warning("%s", report.summary())
-    return result
+    return rejections.kept(result)
+
+
+class _Rejections:
+    """Rows rejected so far, counted by reason in a :class:`ValidationReport` (its own, logged as
+    one warning, when the caller gave none)."""
+
+    def __init__(self, frame: pd.DataFrame, source: str, line_offset: int | None,
+                 report: ValidationReport | None) -> None:
+        self.own_report = report is None
+        self.report = ValidationReport(source) if report is None else report
+        self.report.rows_in += len(frame)
+        self.source, self.line_offset = source, line_offset
+        self.rejected = np.zeros(len(frame), dtype=bool)
+
+    def reject(self, mask: np.ndarray, reason: str) -> None:
+        new = mask & ~self.rejected
+        if new.any():
+            self.report.add(reason, int(new.sum()), _where(self.source, int(np.flatnonzero(new)[0]), self.line_offset))
+            self.rejected |= new
+
+    def kept(self, frame: pd.DataFrame) -> pd.DataFrame:
+        if not self.rejected.any():
+            return frame
+        if self.own_report:
+            log.warning("%s", self.report.summary())
+        return frame[~self.rejected]
 
 
 def _flag(values: pd.Series) -> np.ndarray:
@@ -224,24 +238,10 @@ def validate_rows(frame: pd.DataFrame, source: str = "samples", report: Validati
     """``frame`` (already typed, any subset of the columns) without its implausible rows, each
     counted in ``report`` (or logged as one warning when no report is given). For readers whose
     rows did not come through :func:`coerce` (Prometheus)."""
-    own_report = report is None
-    report = ValidationReport(source) if report is None else report
-    report.rows_in += len(frame)
-    rejected = np.zeros(len(frame), dtype=bool)
-
-    def reject(mask: np.ndarray, reason: str) -> None:
-        new = mask & ~rejected
-        if new.any():
-            report.add(reason, int(new.sum()), _where(source, int(np.flatnonzero(new)[0]), None))
-            rejected[:] |= new
-
+    rejections = _Rejections(frame, source, None, report)
     if len(frame):
-        _validate_rows(frame, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
-    if not rejected.any():
-        return frame
-    if own_report:
-        log.warning("%s", report.summary())
-    return frame[~rejected]
+        _validate_rows(frame, rejections.reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
+    return rejections.kept(frame)
 
 
 def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> pd.Series:
