@@ -179,14 +179,10 @@ def window_caption(info: StoreInfo, window: Window, extra: str = "") -> None:
 
 
 def bucket_for(span: pd.Timedelta) -> str:
-    """Chart bucket for a window: about 60-150 points whatever its length."""
-    if span <= pd.Timedelta(hours=1):
-        return "1min"
-    if span <= pd.Timedelta(hours=6):
-        return "5min"
-    if span <= pd.Timedelta(hours=24):
-        return "15min"
-    return "1h"
+    """Chart bucket for a window (one rule for every page: :func:`fleet_view.bucket_for`)."""
+    from gpuwarden.dashboards import fleet_view as fv
+
+    return fv.bucket_for(span)
 
 
 # -- cached reads and reports ------------------------------------------------------------------------
