@@ -103,6 +103,8 @@ def render() -> str:
         "rule_files:",
         "  - ../gpuwarden-recording.rules.yml",
         "evaluation_interval: 1m",
+        "# the rollup reads what the usage group records at the same minute: evaluate it first, every run",
+        "group_eval_order: [gpuwarden-usage, gpuwarden-rollup]",
         "tests:",
         "  - interval: 1m",
         "    input_series:",
