@@ -157,7 +157,7 @@ def bench_collection(data: Path, gpus: int = 8, rounds: int = 40) -> dict:
     recorded medians of one batched field-values call and one GPM sample (3.21 ms), and the same
     two calls timed through the same replay in the same run (sleeping 3 ms overshoots on a loaded
     machine; that overshoot is in both, so their ratio is the exporter's own overhead)."""
-    from gpuwarden.exporter.nvml import _FIELD_IDS
+    from gpuwarden.exporter.nvml import FIELD_IDS as _FIELD_IDS
 
     backend = ReplayBackend("bench-node", data / "h200" / "phase_trace.csv", data / "h200" / "nvml_probe.json",
                             gpus=gpus, latency=True, xid_wait_ms=1000)

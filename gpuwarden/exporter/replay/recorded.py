@@ -1,13 +1,11 @@
-"""The replay backend: a recorded H200 answered through the pynvml API.
+"""The recorded NVML: a real H200's answers through the pynvml API.
 
-:class:`RecordedNvml` speaks the part of the ``pynvml`` API that :class:`~.nvml.NvmlBackend`
+:class:`RecordedNvml` speaks the part of the ``pynvml`` API that :class:`~..nvml.NvmlBackend`
 uses. Static answers, and the exact NVML error of every call or field that was NotSupported, come
 from ``nvml_probe.json`` (recorded on a real H200); dynamic values come from one row of
-``phase_trace.csv`` per :meth:`RecordedNvml.advance`. :class:`ReplayBackend` is the real NVML
-backend over it, so a replay exercises the same query layer, field batching, GPM windows and
-NotSupported handling as a real GPU. Optionally every call costs what it cost on the H200
-(``latency=True``: the per-call medians recorded in the probe), which is what the bench's naive
-exporter pays per scrape.
+``phase_trace.csv`` per :meth:`RecordedNvml.advance`. Optionally every call costs what it cost on
+the H200 (``latency=True``: the per-call medians recorded in the probe), which is what the bench's
+naive exporter pays per scrape.
 
 Several GPUs (and MIG instances) can be played from the one recorded GPU: GPU ``i`` plays the trace
 shifted by ``i * rows / gpus`` rows, so the GPUs of a replayed node sit in different phases.
@@ -15,39 +13,26 @@ shifted by ``i * rows / gpus`` rows, so the GPUs of a replayed node sit in diffe
 
 from __future__ import annotations
 
-import csv
-import ctypes
 import itertools
-import json
 import math
-import queue
 import re
-import threading
 import time
 import uuid as uuidlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pynvml  # nvidia-ml-py; importing it does not load libnvidia-ml
 
-from gpuwarden.fleet import GpuReading
-
-from .nvml import NVML_EVENT_TYPE_XID, NvmlBackend
+from .files import TraceRow
+from .state import EventSets, GpmSamples
 
 MIB = 1024**2
 
-# Columns of phase_trace.csv the recorded NVML answers from; every other column but `phase` must
-# be numeric too. NaN is allowed only in GPM columns (the first GPM window has no value).
-TRACE_COLUMNS = (
-    "gpu_util", "mem_util", "mem_used_mib", "power_w", "temp_c", "sm_clock_mhz", "mem_clock_mhz",
-    "clocks_event_reasons", "energy_mj", "n_procs",
-    "gpm_graphics_util", "gpm_sm_util", "gpm_sm_occupancy", "gpm_any_tensor_util", "gpm_dram_bw_util",
-)
-_TEXT_COLUMNS = frozenset({"phase"})
-_GPM_COLUMNS = {1: "gpm_graphics_util", 2: "gpm_sm_util", 3: "gpm_sm_occupancy", 5: "gpm_any_tensor_util",
-                10: "gpm_dram_bw_util"}
+# The trace column each GPM metric id (``nvml.fields.GPM_METRICS``) answers from.
+GPM_COLUMNS = {1: "gpm_graphics_util", 2: "gpm_sm_util", 3: "gpm_sm_occupancy", 5: "gpm_any_tensor_util",
+               10: "gpm_dram_bw_util"}
 
 # Probe latency keys -> the NVML function they timed.
 LATENCY_FUNCTIONS = {
@@ -64,78 +49,6 @@ LATENCY_FUNCTIONS = {
     "energy": "nvmlDeviceGetTotalEnergyConsumption",
     "pcie_throughput": "nvmlDeviceGetPcieThroughput",
 }
-
-
-class ReplayError(ValueError):
-    """A replay file is missing or malformed; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    line: int
-    phase: str
-    values: Mapping[str, float]
-
-
-def load_trace(path: str | Path) -> tuple[TraceRow, ...]:
-    """Read and check a phase trace; a bad row raises :class:`ReplayError` with its line number."""
-    path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as error:
-        raise ReplayError(f"{path}: cannot read the replay trace ({error.strerror or error})") from None
-    rows: list[TraceRow] = []
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if not header:
-            raise ReplayError(f"{path}:1: empty file; expected a header with {', '.join(TRACE_COLUMNS)}")
-        header = [h.strip() for h in header]
-        missing = [c for c in TRACE_COLUMNS if c not in header]
-        if missing:
-            raise ReplayError(f"{path}:1: missing column(s) {', '.join(missing)}")
-        for line, cells in enumerate(reader, start=2):
-            if not cells or all(not c.strip() for c in cells):
-                continue
-            if len(cells) != len(header):
-                raise ReplayError(f"{path}:{line}: {len(cells)} fields, expected {len(header)}")
-            values: dict[str, float] = {}
-            phase = ""
-            for name, cell in zip(header, cells):
-                if name in _TEXT_COLUMNS:
-                    phase = cell
-                    continue
-                try:
-                    number = float(cell)
-                except ValueError:
-                    raise ReplayError(f"{path}:{line}: column {name!r}: {cell!r} is not a number") from None
-                if math.isinf(number) or (math.isnan(number) and not name.startswith("gpm_")):
-                    raise ReplayError(f"{path}:{line}: column {name!r}: {cell!r} is not a finite number")
-                if not math.isnan(number) and number < 0 and name != "t":
-                    raise ReplayError(f"{path}:{line}: column {name!r}: {cell!r} is negative")
-                values[name] = number
-            rows.append(TraceRow(line, phase, values))
-    if not rows:
-        raise ReplayError(f"{path}: no data rows")
-    return tuple(rows)
-
-
-def load_probe(path: str | Path) -> dict[str, Any]:
-    """Read ``nvml_probe.json``: ``driver`` and ``device0`` answers are required."""
-    path = Path(path)
-    try:
-        probe = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ReplayError(f"{path}: cannot read the NVML probe ({error.strerror or error})") from None
-    except json.JSONDecodeError as error:
-        raise ReplayError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    for key in ("driver", "device0"):
-        if not isinstance(probe, dict) or key not in probe:
-            raise ReplayError(f"{path}: missing {key!r}; expected an nvml_probe.json recording")
-    for key in ("name", "uuid", "memory"):
-        if not probe["device0"].get(key, {}).get("ok"):
-            raise ReplayError(f"{path}: device0.{key} must be a recorded value")
-    return probe
 
 
 _ERROR_CODES = {cls.__name__: code for code, cls in pynvml.NVMLError._valClassMapping.items()}
@@ -192,11 +105,9 @@ class RecordedNvml:
                                       self.latency_s.get("nvmlDeviceGetComputeRunningProcesses", 0.0))
         self._spin = spin or _spin
         self._fields = {entry["id"]: entry for entry in self.device.get("field_values", {}).values()}
-        self._tokens = itertools.count(0x1000, 0x10)
-        self._samples: dict[int, tuple[int, int | None, TraceRow | None]] = {}
-        self._event_sets: dict[int, queue.Queue] = {}
-        self._registered: dict[int, set[int]] = {}  # event set -> GPU indices
-        self._lock = threading.Lock()
+        tokens = itertools.count(0x1000, 0x10)  # GPM sample and event set handles, never 0 (a null pointer)
+        self._gpm = GpmSamples(tokens)
+        self._events = EventSets(tokens)
         self.initialised = False
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -446,25 +357,16 @@ class RecordedNvml:
 
     def nvmlGpmSampleAlloc(self) -> Any:
         self._enter("nvmlGpmSampleAlloc")
-        token = next(self._tokens)
-        with self._lock:
-            self._samples[token] = (-1, None, None)
-        return ctypes.cast(ctypes.c_void_p(token), pynvml.c_nvmlGpmSample_t)
+        return self._gpm.alloc()
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:
         self._enter("nvmlGpmSampleFree")
-        with self._lock:
-            self._samples.pop(_token(sample), None)
+        self._gpm.free(sample)
 
     def _take(self, handle: RecordedHandle, instance: int | None, sample: Any) -> Any:
         if not self._static("gpm_support").get("isSupportedDevice"):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        token = _token(sample)
-        with self._lock:
-            if token not in self._samples:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            self._samples[token] = (handle.index, instance, self.row(handle.index))
-        return sample
+        return self._gpm.fill(sample, handle.index, instance, self.row(handle.index).values)
 
     def nvmlGpmSampleGet(self, handle: RecordedHandle, sample: Any) -> Any:
         self._enter("nvmlGpmSampleGet", handle)
@@ -476,22 +378,7 @@ class RecordedNvml:
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
-        with self._lock:
-            first = self._samples.get(_token(request.sample1))
-            second = self._samples.get(_token(request.sample2))
-        if first is None or second is None or first[2] is None or second[2] is None or first[:2] != second[:2]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        row = second[2]
-        for i in range(int(request.numMetrics)):
-            metric = request.metrics[i]
-            column = _GPM_COLUMNS.get(int(metric.metricId))
-            value = row.values.get(column) if column else None
-            if value is None:
-                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                continue
-            metric.nvmlReturn = pynvml.NVML_SUCCESS
-            metric.value = value  # NaN (no window yet) stays NaN, as NVML returns it
-        return request
+        return self._gpm.metrics(request, GPM_COLUMNS)
 
     # -- events ---------------------------------------------------------------------------------
     def nvmlDeviceGetSupportedEventTypes(self, handle: RecordedHandle) -> int:
@@ -500,52 +387,27 @@ class RecordedNvml:
 
     def nvmlEventSetCreate(self) -> int:
         self._enter("nvmlEventSetCreate")
-        token = next(self._tokens)
-        with self._lock:
-            self._event_sets[token] = queue.Queue()
-            self._registered[token] = set()
-        return token
+        return self._events.create()
 
     def nvmlDeviceRegisterEvents(self, handle: RecordedHandle, event_types: int, event_set: int) -> None:
         self._enter("nvmlDeviceRegisterEvents", handle)
         if not int(self._static("supported_events")) & event_types:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        with self._lock:
-            self._registered[event_set].add(handle.index)
+        self._events.register(event_set, handle.index)
 
     def nvmlEventSetWait_v2(self, event_set: int, timeout_ms: int) -> SimpleNamespace:
         self._enter("nvmlEventSetWait_v2")
-        events = self._event_sets.get(event_set)
-        if events is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        try:
-            return events.get(timeout=timeout_ms / 1000)
-        except queue.Empty:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+        return self._events.wait(event_set, timeout_ms)
 
     def nvmlEventSetWait(self, event_set: int, timeout_ms: int) -> SimpleNamespace:
         return self.nvmlEventSetWait_v2(event_set, timeout_ms)
 
     def nvmlEventSetFree(self, event_set: int) -> None:
-        with self._lock:
-            self._event_sets.pop(event_set, None)
-            self._registered.pop(event_set, None)
+        self._events.free(event_set)
 
     def inject_xid(self, index: int, code: int, gpu_instance: int = 0xFFFFFFFF) -> int:
         """Deliver XID ``code`` of GPU ``index`` to every event set registered for it; returns how many."""
-        delivered = 0
-        with self._lock:
-            for event_set, indices in self._registered.items():
-                if index in indices:
-                    self._event_sets[event_set].put(SimpleNamespace(
-                        device=RecordedHandle(index), eventType=NVML_EVENT_TYPE_XID, eventData=code,
-                        gpuInstanceId=gpu_instance, computeInstanceId=0xFFFFFFFF))
-                    delivered += 1
-        return delivered
-
-
-def _token(sample: Any) -> int | None:
-    return ctypes.cast(sample, ctypes.c_void_p).value
+        return self._events.deliver_xid(RecordedHandle(index), index, code, gpu_instance)
 
 
 def _spin(seconds: float) -> None:
@@ -556,36 +418,3 @@ def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-class ReplayBackend(NvmlBackend):
-    """The NVML backend over a recorded H200: plays one trace row per collection.
-
-    ``gpus`` GPUs (each shifted along the trace), each with ``mig_profiles`` MIG instances when
-    given; ``latency=True`` makes each NVML call cost its recorded median on the H200.
-    """
-
-    name = "replay"
-
-    def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
-                 mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
-                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 15000,
-                 processes: bool = True):
-        rows = load_trace(trace)
-        self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)
-        self.loop = loop
-        self.plays = 0
-        super().__init__(node, nvml=self.recorded, clock=clock, xid_events=xid_events, xid_wait_ms=xid_wait_ms,
-                         processes=processes)
-
-    def read(self) -> tuple[GpuReading, ...]:
-        readings = super().read()
-        self.plays += 1
-        if self.loop or self.recorded.cursor + 1 < len(self.recorded.rows):
-            self.recorded.advance()
-        return readings
-
-    @property
-    def phase(self) -> str:
-        """The phase GPU 0 plays next."""
-        return self.recorded.row(0).phase
