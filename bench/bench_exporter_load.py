@@ -28,7 +28,6 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench_exporter import PREVIOUS_DESIGN_REV, previous_design, start_exporter  # noqa: E402
 
 from gpuwarden.fleet.paths import default_data_dir  # noqa: E402
+from gpuwarden.fleet.processes import stop_process  # noqa: E402
 
 
 def scrape_once(port: int, timeout: float = 30.0) -> float:
@@ -171,11 +171,7 @@ def main() -> int:
                 result["slowloris"] = slowloris(process.pid, port, args.slowloris, args.hold)
                 results[name] = result
             finally:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+                stop_process(process)
     ok = True
     for mode, title in (("paced", f"each scraping every {args.period * 1e3:g} ms ({args.clients / args.period:.0f}/s offered)"),
                         ("closed", "each scraping back to back (a closed loop: the server saturated)")):

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuwarden.fleet.processes import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -271,12 +272,6 @@ def environment_problem() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     """CPU the whole process used, exited threads included (``/proc/PID/stat``, 10 ms ticks)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -376,11 +371,7 @@ def run_one(name: str, args: argparse.Namespace) -> tuple[list[Pair], dict[str, 
         cpu_1s = 100 * (cpu_seconds(exporter.pid) - cpu0) / (time.monotonic() - t0)
         rss = rss_mib(exporter.pid)
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
+        stop_process(exporter)
     cpu_15s = idle_cpu(name, args.idle_cpu_seconds, env) if args.idle_cpu_seconds > 0 else None
     series = sum(1 for line in last_body.splitlines() if line and not line.startswith("#"))
     costs = {"scrape_p50_ms": statistics.median(scrapes) * 1e3 if scrapes else None, "cpu_pct_1s": cpu_1s,
@@ -404,11 +395,7 @@ def idle_cpu(name: str, seconds: float, env: dict[str, str]) -> float:
             time.sleep(min(15.0, max(0.0, seconds - (time.monotonic() - t0))))
         return 100 * (cpu_seconds(process.pid) - cpu0) / (time.monotonic() - t0)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
 
 
 def main(argv: list[str] | None = None) -> int:

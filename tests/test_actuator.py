@@ -3,10 +3,10 @@ modes, safety limits, the audit log, and a plan interrupted by an error."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from polling import tick, wait_for
 
 from gpuwarden.actuator import (
     Actuator,
@@ -19,6 +19,7 @@ from gpuwarden.actuator import (
     plan_from_findings,
 )
 from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, Severity
+from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.cluster import SimCluster
 
@@ -182,15 +183,16 @@ def test_reconciler_runs_rounds_on_a_schedule_in_observe_mode(cluster):
         seen.append(snapshot.taken_at)
         return [finding(a)]
 
+    clock = FakeClock()
     reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=1.0)), find,
-                            interval_seconds=0.05).start()
+                            interval_seconds=60, clock=clock).start()
     try:
-        deadline = time.monotonic() + 10
-        while len(reconciler.rounds) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        for rounds in (1, 2):  # each minute on the fake clock is one round
+            tick(clock, 60)
+            wait_for(lambda: len(reconciler.rounds) == rounds, what=f"reconcile round {rounds}")  # noqa: B023
     finally:
         reconciler.stop()
-    assert len(reconciler.rounds) >= 2
+    assert len(reconciler.rounds) == 2
     assert [e.outcome for e in reconciler.rounds[0].entries] == [Outcome.PLANNED]
     assert all(r.entries == () and len(r.plan.actions) == 1 for r in reconciler.rounds[1:])  # recorded once
     assert a not in cluster.snapshot().cordoned

@@ -6,18 +6,19 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np
 import pandas as pd
 import pytest
+from polling import wait_for
 from streamlit.testing.v1 import AppTest
 
 from gpuwarden.dashboards import STORE_ENV
 from gpuwarden.dashboards import fleet_view as fv
 from gpuwarden.dashboards.launch import APP_PATH, dashboard_command, dashboard_url, launch_dashboard
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES
+from gpuwarden.fleet.processes import stop_process
 from gpuwarden.store import LocalStore, coerce
 
 START = pd.Timestamp("2025-03-01T00:00:00Z")
@@ -268,21 +269,14 @@ def _free_port() -> int:
 def test_launch_dashboard_serves(store_dir):
     port = _free_port()
     process = launch_dashboard(store_dir, port=port, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def health() -> bytes:
+        assert process.poll() is None, process.stderr.read().decode()
+        with urllib.request.urlopen(f"{dashboard_url(port=port)}/_stcore/health", timeout=1) as response:
+            return response.read()
+
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert process.poll() is None, process.stderr.read().decode()
-            try:
-                with urllib.request.urlopen(f"{dashboard_url(port=port)}/_stcore/health", timeout=1) as response:
-                    assert response.read() == b"ok"
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "dashboard did not become healthy in 20 s"
-                time.sleep(0.2)
+        assert wait_for(health, timeout=20, what="the dashboard's health check", interval=0.2,
+                        tolerate_errors=True) == b"ok"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from polling import wait_for
+from polling import tick, wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,6 +26,7 @@ from gpuwarden.exporter import ExporterService, ExporterSnapshot, GpuCollector, 
 from gpuwarden.fleet.catalogue import GPU_LABELS, CatalogueError
 from gpuwarden.exporter.collector import gpu_labels
 from gpuwarden.fleet import THROTTLE_REASONS, GpuBackend, GpuReading
+from gpuwarden.fleet.clock import FakeClock
 
 DRIVER = "550.90.07"
 SELF = {"node": "node-a"}  # the exporter's own series carry the node label too
@@ -202,24 +203,17 @@ def test_labels_follow_dcgm_exporter():
 def test_values_are_converted_to_dcgm_units():
     gpu = h100()
     registry, _ = fresh([gpu])
-    value = registry.get_sample_value
     labels = labels_of(gpu)
-    assert value("DCGM_FI_DEV_GPU_UTIL", labels) == pytest.approx(22.0)
-    assert value("DCGM_FI_DEV_FB_USED", labels) == 10 * 1024
-    assert value("DCGM_FI_DEV_FB_FREE", labels) == 70 * 1024
-    assert value("DCGM_FI_DEV_GPU_TEMP", labels) == 61.0
-    assert value("DCGM_FI_DEV_POWER_USAGE", labels) == 312.5
-    assert value("DCGM_FI_DEV_SM_CLOCK", labels) == 1980.0
-    assert value("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", labels) == 7
-    assert value("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", labels) == 3
-    assert value("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", labels) == 0
-    assert value("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", labels) == 1
-    assert value("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", labels) == 0
-    assert value("DCGM_FI_DEV_ROW_REMAP_PENDING", labels) == 0
-    assert value("DCGM_FI_DEV_ROW_REMAP_FAILURE", labels) == 0
-    assert value("gpuwarden_gpu_recovery_action", labels) == 0
-    assert value("gpuwarden_gpu_lost", labels) == 0
-    assert value("gpuwarden_exporter_gpus", SELF) == 1
+    expected = {  # series -> value in DCGM's unit (MiB, W, MHz, percent, counts)
+        "DCGM_FI_DEV_GPU_UTIL": 22.0, "DCGM_FI_DEV_FB_USED": 10 * 1024, "DCGM_FI_DEV_FB_FREE": 70 * 1024,
+        "DCGM_FI_DEV_GPU_TEMP": 61.0, "DCGM_FI_DEV_POWER_USAGE": 312.5, "DCGM_FI_DEV_SM_CLOCK": 1980.0,
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 7, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 3, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 1, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": 0, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0, "gpuwarden_gpu_recovery_action": 0,
+        "gpuwarden_gpu_lost": 0,
+    }
+    assert {name: registry.get_sample_value(name, labels) for name in expected} == pytest.approx(expected)
+    assert registry.get_sample_value("gpuwarden_exporter_gpus", SELF) == 1
 
 
 def test_absent_key_gives_absent_series_never_zero():
@@ -355,6 +349,37 @@ def test_failing_backend_keeps_old_snapshot_and_reports_failure(service_factory,
     assert scrape(service)[("gpuwarden_exporter_last_collection_success", SELF_KEY)] == 1
 
 
+def test_health_goes_stale_three_intervals_after_the_last_success_on_the_injected_clock():
+    clock = FakeClock(1_800_000_000.0)
+    backend = FakeBackend([h100()])
+    service = ExporterService(backend, interval_seconds=15, port=0, clock=clock)
+    assert service.health() == (False, "no successful collection yet")
+    assert service.collect_now().timestamp_seconds == 1_800_000_000.0
+    backend.error = RuntimeError("NVML_ERROR_UNKNOWN")
+    clock.advance(45)  # three intervals: still within the limit
+    assert service.collect_now().timestamp_seconds == 1_800_000_045.0
+    assert service.health() == (True, "ok")
+    clock.advance(1)
+    live, reason = service.health()
+    assert not live and reason.startswith("stale: last successful collection 46.00s ago (limit 45.00s)")
+    assert "NVML_ERROR_UNKNOWN" in reason
+
+
+def test_collection_loop_runs_once_per_interval_of_the_injected_clock():
+    clock = FakeClock(1_800_000_000.0)
+    backend = FakeBackend([h100()])
+    service = ExporterService(backend, interval_seconds=15, port=0, clock=clock).start()
+    try:
+        wait_for(lambda: backend.reads == 1, what="the collection at start")
+        for reads in (2, 3):
+            tick(clock, 15, waiters=2)  # the collection loop and the watchdog are both idle
+            wait_for(lambda: backend.reads == reads, what=f"collection {reads}")  # noqa: B023
+        wait_for(lambda: service.snapshot.timestamp_seconds == 1_800_000_030.0, what="the third snapshot")
+    finally:
+        service.stop()
+    assert backend.reads == 3
+
+
 def test_blocked_backend_never_blocks_scrapes_and_goes_unhealthy(service_factory):
     backend = FakeBackend([h100(0)])
     service = service_factory(backend, interval=0.05)
@@ -364,22 +389,23 @@ def test_blocked_backend_never_blocks_scrapes_and_goes_unhealthy(service_factory
     try:
         status, body = wait_for(lambda: (r := get(healthz)) and r[0] == 503 and r, timeout=5, what="503")
         assert "stale" in body
-        started = time.monotonic()
-        status, body = get(service.url, timeout=1.0)
-        assert status == 200 and time.monotonic() - started < 1.0
+        status, body = get(service.url, timeout=5.0)  # answered while read() still blocks on the gate
+        assert status == 200 and backend.gate is not None and not backend.gate.is_set()
         assert 'DCGM_FI_DEV_GPU_UTIL{' in body  # still the last good snapshot
     finally:
         backend.gate.set()
     wait_for(lambda: get(healthz)[0] == 200, what="healthy again")
 
 
-def test_stop_returns_and_frees_the_port():
-    service = ExporterService(FakeBackend([h100()]), interval_seconds=0.05, port=0).start()
+def test_stop_ends_the_threads_mid_interval_and_frees_the_port():
+    """The collection loop waits its interval on a FakeClock that never moves: stop() must end it
+    through the stop event, not by waiting the interval out."""
+    service = ExporterService(FakeBackend([h100()]), interval_seconds=15, port=0, clock=FakeClock()).start()
     port = service.port
     assert get(service.url)[0] == 200
-    started = time.monotonic()
+    threads = [service._collect_thread, service._watchdog_thread]
     service.stop()
-    assert time.monotonic() - started < 2.0
+    assert all(thread is not None and not thread.is_alive() for thread in threads)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     socket.create_server(("127.0.0.1", port)).close()  # the port can be bound again

@@ -36,6 +36,8 @@ import pytest
 import yaml
 from polling import wait_for
 
+from gpuwarden.fleet.processes import stop_process
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZE_TARGET_BYTES = 400 * 2**20
 IMAGE_UID = 10001
@@ -118,13 +120,7 @@ def run_in_image(manifest: dict, argv: list[str], data: Path | None = None, **po
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
 
 
 def _run_in_image(manifest: dict, argv: list[str], data: Path | None = None) -> subprocess.CompletedProcess:

@@ -7,14 +7,15 @@ back the readings it served (MIG instances, throttle bitmask, XIDs, memory total
 from __future__ import annotations
 
 import socket
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
+from polling import tick, wait_for
 
 from gpuwarden.exporter import ExporterService
 from gpuwarden.fleet import METRIC_COLUMN_NAMES, THROTTLE_REASONS, GpuReading
+from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.store import LocalStore, PANDAS_DTYPES
 from gpuwarden.store.scraper import Scraper, SeriesMapper, parse_exposition
 
@@ -104,6 +105,7 @@ def test_sim_fleet_round_trip(data_dir):
 
 
 def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
+    """The scrape loop runs on a FakeClock: each 15 s tick is one round, and rows carry its time."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
@@ -111,24 +113,26 @@ def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
     scraper = None
     try:
         store = LocalStore(tmp_path / "store")
-        clock = iter(pd.date_range("2026-11-23", periods=1000, freq="15s", tz="UTC"))
-        scraper = Scraper([service.url, dead], store, interval_seconds=0.05, timeout_seconds=1, cluster="lab",
-                          clock=lambda: next(clock))
+        start = pd.Timestamp("2026-11-23T00:00:00Z")
+        clock = FakeClock(start.timestamp())
+        scraper = Scraper([service.url, dead], store, interval_seconds=15, timeout_seconds=1, cluster="lab", clock=clock)
         results = scraper.scrape_once()
         assert [r.ok for r in results] == [True, False]
         assert results[0].rows == 2
         assert results[1].url == dead and "refused" in (results[1].error or "").lower()
         assert store.row_count() == 2
-        scraper.start()
-        deadline = time.monotonic() + 20
-        while store.row_count() < 8 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        clock.advance(15)
+        scraper.start()  # a round at once, then one per tick
+        tick(clock, 15)
+        tick(clock, 15)
+        wait_for(lambda: store.row_count() >= 8, what="three scrape rounds in the store")
         scraper.stop()
         frame = store.read()
-        assert len(frame) >= 8 and frame["timestamp"].is_monotonic_increasing
-        assert frame["timestamp"].iloc[0] == pd.Timestamp("2026-11-23T00:00:00Z")  # the injected clock
+        assert len(frame) == 8 and frame["timestamp"].is_monotonic_increasing
+        assert sorted(set(frame["timestamp"])) == [start + pd.Timedelta(seconds=15 * k) for k in range(4)]
         assert set(frame["cluster"]) == {"lab"}
         assert scraper.rows_written == len(frame)
+        assert scraper.scrapes == 4 and [r.ok for r in scraper.last_results] == [True, False]
     finally:
         if scraper is not None:
             scraper.stop()

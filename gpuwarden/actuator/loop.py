@@ -1,7 +1,10 @@
 """The reconcile loop: every interval, findings + a cluster snapshot -> a plan -> the actuator.
 
-APScheduler (3.x) runs ``reconcile_once`` on a background thread with ``max_instances=1`` and
-``coalesce=True``, so a slow round is never run twice at once and missed rounds collapse into one.
+One background thread runs ``reconcile_once`` every ``interval_seconds`` on an injected
+:class:`~gpuwarden.fleet.clock.Clock`, so a slow round is never run twice at once and rounds missed
+while one ran collapse into the next (what APScheduler's ``max_instances=1, coalesce=True`` gave;
+APScheduler 3 reads ``datetime.now()`` inside its scheduler, triggers and executors, so no clock can
+be handed to it, and a test of the loop had to sleep). Tests hand in a ``FakeClock`` and advance it.
 Where findings come from is a callable, so the loop knows nothing about analytics or Prometheus.
 """
 
@@ -9,13 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
-
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwarden.fleet import ClusterSnapshot, Finding
-
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.scheduling.planner import plan as schedule_plan
 
 from .apply import Actuator
@@ -35,7 +36,8 @@ class RoundReport:
 class Reconciler:
     def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
                  policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0,
-                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None) -> None:
+                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         """``scheduling``: a scheduling policy name (``gpuwarden``...) whose decisions on each
         snapshot (quota reclaim, queue order) join the plan; None plans from findings only."""
         if interval_seconds <= 0:
@@ -47,7 +49,9 @@ class Reconciler:
         self.scheduling = scheduling
         self.on_round = on_round  # e.g. the CLI's one-line summary of each scheduled round
         self.rounds: list[RoundReport] = []
-        self._scheduler: BackgroundScheduler | None = None
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def reconcile_once(self) -> RoundReport:
@@ -77,14 +81,30 @@ class Reconciler:
         if self.on_round is not None:
             self.on_round(report)
 
-    def start(self) -> "Reconciler":
-        self._scheduler = BackgroundScheduler(timezone="UTC")
-        self._scheduler.add_job(self._safe_round, "interval", seconds=self.interval_seconds, max_instances=1,
-                                coalesce=True, id="reconcile")
-        self._scheduler.start()
+    def _loop(self) -> None:
+        """A round every interval, the first one interval after start. A round that overruns its
+        interval delays the next one (to one interval after it ends); it never runs two at once."""
+        next_round = self.clock.monotonic() + self.interval_seconds
+        while not self.clock.wait(self._stop, max(0.0, next_round - self.clock.monotonic())):
+            self._safe_round()
+            now = self.clock.monotonic()
+            next_round += self.interval_seconds
+            if next_round <= now:  # missed rounds collapse into one (coalesce)
+                next_round = now + self.interval_seconds
+
+    def start(self) -> Reconciler:
+        if self._thread is not None:
+            raise RuntimeError("Reconciler already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="gpuwarden-reconciler", daemon=True)
+        self._thread.start()
         return self
 
-    def stop(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=True)
-            self._scheduler = None
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the running round (if any); safe to call twice."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("reconcile thread still in a round after stop")

@@ -22,15 +22,17 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from gpuwarden.fleet import GpuBackend, GpuReading
-
 from gpuwarden.fleet.catalogue import MetricSpec
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+
 from .collector import GpuCollector
 from .snapshot import ExporterSnapshot
 from .web import ExporterHttpServer, Limits, make_server
@@ -54,8 +56,9 @@ class Attributor(Protocol):
 class ExporterService:
     """Serve Prometheus metrics for the GPUs a :class:`~gpuwarden.fleet.GpuBackend` reads.
 
-    ``clock`` gives the wall-clock time written into the timestamp metrics (injectable for
-    tests); staleness for ``/healthz`` is measured on ``time.monotonic``. ``node_name`` labels the
+    ``clock`` (a :class:`~gpuwarden.fleet.clock.Clock`) gives the wall-clock time written into the
+    timestamp metrics, the monotonic time staleness for ``/healthz`` is measured on, and the waits
+    of the collection and watchdog threads: tests hand in a ``FakeClock`` and advance it. ``node_name`` labels the
     exporter's own series; ``attributor`` adds pod labels; ``watchdog_seconds`` (default
     ``min(10 s, 3 intervals)``) is how long a collection may run before it counts as hung.
     """
@@ -68,7 +71,7 @@ class ExporterService:
         port: int = 9400,
         *,
         catalogue: Sequence[MetricSpec] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         node_name: str = "",
         attributor: Attributor | None = None,
         watchdog_seconds: float | None = None,
@@ -127,7 +130,7 @@ class ExporterService:
         """
         attempt = next(self._attempts)
         started = time.perf_counter()
-        self._in_flight_since = time.monotonic()
+        self._in_flight_since = self._clock.monotonic()
         self._watchdog_wake.set()  # the watchdog sleeps until this collection could count as hung
         pods_ok: bool | None = None
         try:
@@ -150,7 +153,7 @@ class ExporterService:
         finally:
             self._in_flight_since = None
         duration = time.perf_counter() - started
-        now = self._clock()
+        now = self._clock.time()
         with self._lock:
             if attempt < self._applied_attempt:
                 log.debug("collect attempt=%d discarded: a later attempt already landed", attempt)
@@ -169,7 +172,7 @@ class ExporterService:
                     pod_attribution=pods_ok,
                     attribution=self._attribution_state(pods_ok),
                 )
-                self._last_success_monotonic = time.monotonic()
+                self._last_success_monotonic = self._clock.monotonic()
                 if self._hang_logged:
                     log.warning("collection succeeded again after the snapshot went stale (took %.2fs)", duration)
                 self._hang_logged = False
@@ -182,14 +185,14 @@ class ExporterService:
 
     def _too_old(self) -> bool:
         last = self._last_success_monotonic
-        return last is None or time.monotonic() - last > STALE_AFTER_INTERVALS * self.interval_seconds
+        return last is None or self._clock.monotonic() - last > STALE_AFTER_INTERVALS * self.interval_seconds
 
     def hung_for(self) -> float | None:
         """Seconds the running collection has exceeded the watchdog by; None when not hung."""
         since = self._in_flight_since
         if since is None:
             return None
-        age = time.monotonic() - since
+        age = self._clock.monotonic() - since
         return age if age > self.watchdog_seconds else None
 
     def check_watchdog(self) -> bool:
@@ -212,7 +215,7 @@ class ExporterService:
 
         The watchdog sleeps until then instead of polling: an idle exporter wakes only around its
         collections (a periodic poll was one of the wake-ups behind issue 15's CPU figure)."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         since, last = self._in_flight_since, self._last_success_monotonic
         deadlines = []
         if since is not None:
@@ -224,7 +227,7 @@ class ExporterService:
 
     def _watchdog_loop(self) -> None:
         while not self._stop.is_set():
-            self._watchdog_wake.wait(self._watchdog_delay())
+            self._clock.wait(self._watchdog_wake, self._watchdog_delay())
             self._watchdog_wake.clear()
             if self._stop.is_set():
                 break
@@ -241,7 +244,7 @@ class ExporterService:
     def _collect_loop(self) -> None:
         while not self._stop.is_set():
             self.collect_now()
-            self._stop.wait(self.interval_seconds)
+            self._clock.wait(self._stop, self.interval_seconds)
 
     # -- serving ---------------------------------------------------------------------------
     def _snapshot_text(self, snapshot: ExporterSnapshot) -> bytes:
@@ -259,7 +262,7 @@ class ExporterService:
         if last is None:
             return b""
         node = (snapshot.node or "").replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-        age = max(0.0, self._clock() - last)
+        age = max(0.0, self._clock.time() - last)
         return (f"# HELP gpuwarden_exporter_snapshot_age_seconds Seconds since the served GPU readings were collected "
                 f"(grows while the exporter is stale).\n# TYPE gpuwarden_exporter_snapshot_age_seconds gauge\n"
                 f'gpuwarden_exporter_snapshot_age_seconds{{node="{node}"}} {floatToGoString(age)}\n').encode()
@@ -311,7 +314,7 @@ class ExporterService:
             return False, f"stale: collection hung for {hung:.2f}s (watchdog {self.watchdog_seconds:g}s)"
         if last is None:
             return False, "no successful collection yet"
-        age = time.monotonic() - last
+        age = self._clock.monotonic() - last
         if age > limit:
             reason = f"stale: last successful collection {age:.2f}s ago (limit {limit:.2f}s)"
             error = self.collector.snapshot.error
@@ -323,7 +326,7 @@ class ExporterService:
         """``http://HOST:PORT/metrics``; the bound port once started (port 0 picks one)."""
         return f"http://{self.host}:{self.port}/metrics"
 
-    def start(self) -> "ExporterService":
+    def start(self) -> ExporterService:
         """Bind the HTTP server and start the collection thread; returns self."""
         if self._server is not None:
             raise RuntimeError("ExporterService already started")
@@ -354,7 +357,7 @@ class ExporterService:
         self._collect_thread = self._watchdog_thread = None
         log.info("exporter stopped")
 
-    def __enter__(self) -> "ExporterService":
+    def __enter__(self) -> ExporterService:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.fleet import ATTRIBUTION_STATES, IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .local import LocalStore
 from .schema import PANDAS_DTYPES, empty_samples
@@ -51,6 +51,7 @@ from .schema import PANDAS_DTYPES, empty_samples
 log = logging.getLogger("gpuwarden.store.scraper")
 
 Attribution = Callable[[str | None, str | None], "tuple[str | None, str | None]"]
+SampleTime = Callable[[], "float | datetime | pd.Timestamp"]  # the time scraped rows carry
 _MIB_FREE = "mem_free_bytes"
 # Where two attribution states meet in one row (the state changed within a step), the worse wins.
 _STATE_ORDER: tuple[str, ...] = ("known", "off", "failed")
@@ -339,8 +340,11 @@ class Scraper:
 
     ``scrape_once()`` scrapes every target once (in order) and appends one batch per target; a
     failing target is logged and reported, never fatal. ``start()`` runs it on a daemon thread
-    until ``stop()``. ``clock`` gives the sample time (seconds or a datetime); the demo passes the
-    simulated clock so scraped rows carry simulated time.
+    until ``stop()``, one round every ``interval_seconds`` on ``clock`` (a
+    :class:`~gpuwarden.fleet.clock.Clock`; tests hand in a ``FakeClock`` and advance it).
+    ``sample_time`` gives the time the rows carry (seconds or a datetime; default ``clock.time``);
+    the demo passes the simulated clock so scraped rows carry simulated time. A plain callable given
+    as ``clock`` is taken as ``sample_time``, as before the Clock existed.
     """
 
     def __init__(
@@ -353,7 +357,8 @@ class Scraper:
         attribution: Attribution | None = namespace_is_team,
         catalogue: Sequence[MetricSpec] | None = None,
         timeout_seconds: float = 5.0,
-        clock: Callable[[], float | datetime | pd.Timestamp] = time.time,
+        clock: Clock | SampleTime = SYSTEM_CLOCK,
+        sample_time: SampleTime | None = None,
     ) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
@@ -364,7 +369,10 @@ class Scraper:
         self.interval_seconds = float(interval_seconds)
         self.timeout_seconds = timeout_seconds
         self.mapper = SeriesMapper(catalogue, cluster=cluster, attribution=attribution)
-        self._clock = clock
+        if not isinstance(clock, Clock):  # the older form: clock=<a callable giving the sample time>
+            clock, sample_time = SYSTEM_CLOCK, sample_time or clock
+        self._clock: Clock = clock
+        self._sample_time: SampleTime = sample_time or clock.time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -373,7 +381,7 @@ class Scraper:
         self.last_results: tuple[ScrapeResult, ...] = ()
 
     def _now(self) -> pd.Timestamp:
-        value = self._clock()
+        value = self._sample_time()
         stamp = pd.Timestamp(value, unit="s") if isinstance(value, (int, float)) else pd.Timestamp(value)
         return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
@@ -405,14 +413,14 @@ class Scraper:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            started = time.monotonic()
+            started = self._clock.monotonic()
             try:
                 self.scrape_once()
             except Exception:  # noqa: BLE001 (a store error must not kill the thread silently)
                 log.exception("scrape round failed")
-            self._stop.wait(max(0.0, self.interval_seconds - (time.monotonic() - started)))
+            self._clock.wait(self._stop, max(0.0, self.interval_seconds - (self._clock.monotonic() - started)))
 
-    def start(self) -> "Scraper":
+    def start(self) -> Scraper:
         if self._thread is not None:
             raise RuntimeError("Scraper already started")
         self._stop.clear()
@@ -429,7 +437,7 @@ class Scraper:
             if thread.is_alive():
                 log.warning("scraper thread still running after stop")
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self) -> Scraper:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

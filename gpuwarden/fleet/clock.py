@@ -1,0 +1,110 @@
+"""The one clock the long-running loops read and wait on: injected, so tests advance time.
+
+:class:`Clock` is what the exporter service, the scraper and the actuator's reconcile loop take:
+the wall-clock time (for timestamps), a monotonic time (for ages and deadlines), and a wait on a
+stop/wake event that ends early when the event is set. :data:`SYSTEM_CLOCK` is the real one.
+:class:`FakeClock` is time that moves only when told (:meth:`FakeClock.advance`): a thread that
+waits on it is woken when the clock passes its deadline, so a test runs an interval loop one round
+at a time, with no sleeps and no timing in its assertions (kueue's injected ``clock.Clock`` and
+its fake clock are the model).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from typing import Protocol, runtime_checkable
+
+# How often (real seconds) a thread waiting on a FakeClock looks at its event: Event.set() cannot
+# notify the clock, so a set event is seen within this much real time.
+_FAKE_POLL_SECONDS = 0.005
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (what timestamps carry)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (what ages and deadlines are measured on)."""
+        ...
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        """Block until ``event`` is set or ``seconds`` (None: no limit) have passed on this clock;
+        returns whether the event is set."""
+        ...
+
+
+class SystemClock:
+    """The real clock: ``time.time``, ``time.monotonic`` and ``Event.wait``."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        return event.wait(seconds)
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
+
+
+class FakeClock:
+    """Time that moves only by :meth:`advance`; waits on it end when it passes their deadline.
+
+    ``start_seconds`` is the wall-clock time it shows first (the monotonic time starts at 0).
+    ``waiting`` is how many threads are parked in :meth:`wait`: a test waits for a loop to park
+    before advancing, so that each advance is one round."""
+
+    def __init__(self, start_seconds: float = 1_700_000_000.0):
+        self._offset = float(start_seconds)
+        self._monotonic = 0.0
+        self._changed = threading.Condition()
+        self._deadlines: dict[int, float] = {}  # parked wait -> its deadline (inf: none)
+        self._waits = itertools.count()
+
+    def time(self) -> float:
+        with self._changed:
+            return self._offset + self._monotonic
+
+    def monotonic(self) -> float:
+        with self._changed:
+            return self._monotonic
+
+    @property
+    def waiting(self) -> int:
+        """Threads parked in :meth:`wait` whose deadline is still ahead (one an advance has passed
+        counts no more, even before its thread wakes)."""
+        with self._changed:
+            return sum(1 for deadline in self._deadlines.values() if deadline > self._monotonic)
+
+    def advance(self, seconds: float) -> None:
+        """Move time on by ``seconds`` (>= 0) and wake the waits whose deadline it passed."""
+        if not seconds >= 0:
+            raise ValueError(f"a clock only moves forward: advance({seconds!r})")
+        with self._changed:
+            self._monotonic += seconds
+            self._changed.notify_all()
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        with self._changed:
+            deadline = math.inf if seconds is None else self._monotonic + max(0.0, seconds)
+            key = next(self._waits)
+            self._deadlines[key] = deadline
+            try:
+                while not event.is_set() and self._monotonic < deadline:
+                    self._changed.wait(_FAKE_POLL_SECONDS)
+            finally:
+                del self._deadlines[key]
+        return event.is_set()
+
+    def __repr__(self) -> str:
+        return f"FakeClock(monotonic={self.monotonic():g})"
