@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import threading
-import time
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -255,11 +255,18 @@ def host(tmp_path: Path) -> HostTree:
     return tree
 
 
-def shared_gpu_service(backend, socket_path: str, memory: PodMemory) -> tuple[ExporterService, PodAttributor]:
-    attributor = PodAttributor(socket_path, memory=memory)
-    service = ExporterService(backend, interval_seconds=60, node_name="node-a", attributor=attributor)
-    return service, attributor
-
+@contextmanager
+def shared_gpu_service(backend: ReplayBackend, socket_dir: Path, memory: PodMemory) -> Iterator[ExporterService]:
+    """A kubelet (gRPC on a real socket) listing :func:`SHARED_PODS` for the backend's two GPUs, and
+    an exporter service that attributes through it; the attributor is closed afterwards."""
+    socket_path = str(socket_dir / "kubelet.sock")
+    with Kubelet(socket_path) as kubelet:
+        kubelet.pods = SHARED_PODS([backend.recorded.gpu_uuid(i) for i in range(2)])
+        attributor = PodAttributor(socket_path, memory=memory)
+        try:
+            yield ExporterService(backend, interval_seconds=60, node_name="node-a", attributor=attributor)
+        finally:
+            attributor.close()
 
 def by_pod(service: ExporterService, metric: str, gpu: str = "0") -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
@@ -290,13 +297,9 @@ def gpu_memory_mib(backend, index: int) -> tuple[float, float]:
 def test_time_sliced_gpu_pods_carry_their_own_fb_used_and_gpu_wide_values_over_grpc(socket_dir, replay, host):
     backend = replay(gpus=2)
     recorded = backend.recorded
-    uuids = [recorded.gpu_uuid(i) for i in range(2)]
     recorded.processes[0] = [(101, 100 * MIB), (102, 50 * MIB), (201, 200 * MIB), (301, 25 * MIB)]
     recorded.cursor = next(i for i, row in enumerate(recorded.rows) if row.phase == "idle_memory_hoarded_64g")
-    socket_path = str(socket_dir / "kubelet.sock")
-    with Kubelet(socket_path) as kubelet:
-        kubelet.pods = SHARED_PODS(uuids)
-        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+    with shared_gpu_service(backend, socket_dir, host.memory()) as service:
         backend.open()
         used0, free0 = gpu_memory_mib(backend, 0)
         used1, _ = gpu_memory_mib(backend, 1)
@@ -326,17 +329,12 @@ def test_time_sliced_gpu_pods_carry_their_own_fb_used_and_gpu_wide_values_over_g
         recorded.processes[0] = [(101, 100 * MIB), (102, 50 * MIB)]
         service.collect_now()
         assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 150.0, "infer-b": 0.0, "infer-c": 0.0}
-        attributor.close()
 
 
 def test_process_memory_unsupported_falls_back_to_the_gpu_value_logged_once(socket_dir, replay, host, caplog):
     backend = replay(gpus=2)
-    uuids = [backend.recorded.gpu_uuid(i) for i in range(2)]
     backend.recorded.processes[0] = NVML_ERROR_NOT_SUPPORTED
-    socket_path = str(socket_dir / "kubelet.sock")
-    with Kubelet(socket_path) as kubelet, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
-        kubelet.pods = SHARED_PODS(uuids)
-        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+    with shared_gpu_service(backend, socket_dir, host.memory()) as service, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
         for _ in range(3):
             backend.open()
             used0, _ = gpu_memory_mib(backend, 0)
@@ -344,19 +342,14 @@ def test_process_memory_unsupported_falls_back_to_the_gpu_value_logged_once(sock
             assert snapshot.success
             assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {p: pytest.approx(used0) for p in ("infer-a", "infer-b", "infer-c")}
             assert by_pod(service, "gpuwarden_pod_fb_used_attributed") == {"infer-a": 0, "infer-b": 0, "infer-c": 0}
-        attributor.close()
     assert sum("NVML lists no processes" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_vanished_pid_and_missing_memory_figure_fall_back_per_pod_logged_once(socket_dir, replay, host, caplog):
     backend = replay(gpus=2)
-    uuids = [backend.recorded.gpu_uuid(i) for i in range(2)]
     # 999 exited between the NVML read and the /proc read: it may have been infer-c's
     backend.recorded.processes[0] = [(101, 100 * MIB), (999, 70 * MIB), (201, None)]
-    socket_path = str(socket_dir / "kubelet.sock")
-    with Kubelet(socket_path) as kubelet, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
-        kubelet.pods = SHARED_PODS(uuids)
-        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+    with shared_gpu_service(backend, socket_dir, host.memory()) as service, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
         for _ in range(2):
             backend.open()
             used0, _ = gpu_memory_mib(backend, 0)
@@ -364,7 +357,6 @@ def test_vanished_pid_and_missing_memory_figure_fall_back_per_pod_logged_once(so
             fb_used = by_pod(service, "DCGM_FI_DEV_FB_USED")
             assert fb_used == {"infer-a": 100.0, "infer-b": pytest.approx(used0), "infer-c": pytest.approx(used0)}
             assert by_pod(service, "gpuwarden_pod_fb_used_attributed") == {"infer-a": 1, "infer-b": 0, "infer-c": 0}
-        attributor.close()
     messages = [r.getMessage() for r in caplog.records]
     assert sum("pid 999 exited" in m for m in messages) == 1
     assert sum("no memory figure for pid 201" in m for m in messages) == 1
@@ -372,13 +364,9 @@ def test_vanished_pid_and_missing_memory_figure_fall_back_per_pod_logged_once(so
 
 def test_unresolvable_pod_uid_leaves_pods_without_processes_on_the_gpu_value(socket_dir, replay, host, caplog):
     backend = replay(gpus=2)
-    uuids = [backend.recorded.gpu_uuid(i) for i in range(2)]
     host.process(401, f"0::/kubepods/pod{UID_C}/{'c' * 64}\n")  # neither a runtime spec nor a kubelet pod folder
     backend.recorded.processes[0] = [(101, 100 * MIB), (201, 200 * MIB), (401, 10 * MIB)]
-    socket_path = str(socket_dir / "kubelet.sock")
-    with Kubelet(socket_path) as kubelet, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
-        kubelet.pods = SHARED_PODS(uuids)
-        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+    with shared_gpu_service(backend, socket_dir, host.memory()) as service, caplog.at_level(logging.WARNING, logger="gpuwarden.exporter"):
         backend.open()
         used0, _ = gpu_memory_mib(backend, 0)
         service.collect_now()
@@ -388,7 +376,6 @@ def test_unresolvable_pod_uid_leaves_pods_without_processes_on_the_gpu_value(soc
         backend.open()
         service.collect_now()
         assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 100.0, "infer-b": 200.0, "infer-c": 10.0}
-        attributor.close()
     assert sum(f"pod uid {UID_C}" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -425,18 +412,13 @@ def test_mps_clients_split_the_gpu_memory_among_their_pods(socket_dir, replay, h
     clients, listed by nvmlDeviceGetMPSComputeRunningProcesses, carry each pod's own memory."""
     backend = replay(gpus=2)
     recorded = backend.recorded
-    uuids = [recorded.gpu_uuid(i) for i in range(2)]
     recorded.cursor = next(i for i, row in enumerate(recorded.rows) if row.phase == "idle_memory_hoarded_64g")
     recorded.processes[0] = [(301, 900 * MIB)]  # nvidia-cuda-mps-server
     recorded.mps_processes[0] = [(101, 100 * MIB), (102, 60 * MIB), (201, 300 * MIB)]
-    socket_path = str(socket_dir / "kubelet.sock")
-    with Kubelet(socket_path) as kubelet:
-        kubelet.pods = SHARED_PODS(uuids)
-        service, attributor = shared_gpu_service(backend, socket_path, host.memory())
+    with shared_gpu_service(backend, socket_dir, host.memory()) as service:
         service.collect_now()
         assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 160.0, "infer-b": 300.0, "infer-c": 0.0}
         assert by_pod(service, "gpuwarden_pod_fb_used_attributed") == {"infer-a": 1, "infer-b": 1, "infer-c": 1}
         recorded.mps_processes[0] = []  # the clients ended; the server stays
         service.collect_now()
         assert by_pod(service, "DCGM_FI_DEV_FB_USED") == {"infer-a": 0.0, "infer-b": 0.0, "infer-c": 0.0}
-        attributor.close()

@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import threading
-import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -377,10 +376,8 @@ def test_5xx_is_retried_then_a_clear_error():
 def test_prometheus_down_is_a_clear_error():
     port = free_port()  # nothing listens there
     source = PrometheusSource(f"http://127.0.0.1:{port}", retries=1, backoff=0.01, timeout=2)
-    started = time.monotonic()
     with pytest.raises(PrometheusUnavailable, match=r"unavailable after 2 attempt\(s\)"):
         source.query("up")
-    assert time.monotonic() - started < 10
 
 
 def test_query_errors_are_not_retried_and_keep_prometheus_words():
