@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import re
 
-
 import pandas as pd
 import pytest
+from builders import fleet_samples
 from fake_kube_api import COORDINATION, CORE, FakeKubeAPI
 from kube_fleet import node
 
 from gpuwarden.actuator.approvals import pending
 from gpuwarden.cli import main
-from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, XID_COLUMN_NAMES
 
 START = pd.Timestamp("2026-11-23T00:00:00Z")
 # Windows end at now unless told otherwise; the recorded file ends at START + 30 min.
@@ -22,21 +21,11 @@ UNTIL = ["--until", "2026-11-23T00:30:00Z"]
 
 
 def samples(path, broken_node="gpu-a", minutes=30):
-    rows = []
-    for minute in range(minutes):
-        for n in ("gpu-a", "gpu-b"):
-            for g in range(2):
-                rows.append({
-                    "timestamp": START + pd.Timedelta(minutes=minute), "cluster": "test", "node": n,
-                    "gpu_uuid": f"GPU-{n}-{g}", "gpu_index": g, "model": "NVIDIA H100 80GB HBM3",
-                    "namespace": "ml", "pod": f"job-{n}", "team": "ml", "project": "core",
-                    "gpu_util_ratio": 0.97, "sm_active_ratio": 0.9, "mem_used_bytes": 6e10, "mem_total_bytes": 8e10,
-                    "power_watts": 650.0, "temperature_celsius": 60.0, "sm_clock_mhz": 1500.0,
-                    "throttle_reasons_bitmask": 0, **{c: 0 for c in XID_COLUMN_NAMES},
-                    "xid_79_total": 1 if (n == broken_node and g == 1 and minute >= 20) else 0,
-                })
-    frame = pd.DataFrame(rows).reindex(columns=list(SAMPLE_COLUMN_NAMES))
-    frame.to_csv(path, index=False)
+    """Two busy nodes of two GPUs; GPU 1 of ``broken_node`` reports an XID 79 from minute 20."""
+    def xid79(minute: int, node: str, gpu: int) -> dict[str, int]:
+        return {"xid_79_total": 1 if (node == broken_node and gpu == 1 and minute >= 20) else 0}
+
+    fleet_samples(minutes, start=START, vary=xid79).to_csv(path, index=False)
     return path
 
 

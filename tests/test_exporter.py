@@ -11,27 +11,31 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from builders import GIB, gpu_reading
 from polling import tick, wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.exporter import ExporterService, ExporterSnapshot, GpuCollector, load_catalogue
-from gpuwarden.fleet.catalogue import GPU_LABELS, CatalogueError
+from gpuwarden.exporter import (
+    ExporterService,
+    ExporterSnapshot,
+    GpuCollector,
+    load_catalogue,
+)
 from gpuwarden.exporter.collector import gpu_labels
 from gpuwarden.fleet import THROTTLE_REASONS, GpuBackend, GpuReading
+from gpuwarden.fleet.catalogue import GPU_LABELS, CatalogueError
 from gpuwarden.fleet.clock import FakeClock
 
 DRIVER = "550.90.07"
 SELF = {"node": "node-a"}  # the exporter's own series carry the node label too
 SELF_KEY = frozenset(SELF.items())
-GIB = 1024**3
 MIB = 1024**2
 
 
@@ -57,41 +61,6 @@ class FakeBackend:
 
     def driver_version(self) -> str:
         return DRIVER
-
-
-def h100(index: int = 0, **values: float) -> GpuReading:
-    base = {
-        "gpu_util_ratio": 0.22,
-        "mem_used_bytes": 10 * GIB,
-        "mem_total_bytes": 80 * GIB,
-        "power_watts": 312.5,
-        "temperature_celsius": 61.0,
-        "sm_clock_mhz": 1980.0,
-        "ecc_sbe_volatile_total": 3,
-        "ecc_dbe_volatile_total": 0,
-        "remapped_rows_correctable_total": 1,
-        "remapped_rows_uncorrectable_total": 0,
-        "remapped_rows_pending": 0,
-        "remapped_rows_failure": 0,
-        "pcie_replay_total": 7,
-        "recovery_action": 0,
-        "throttle_reasons_bitmask": THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_power_cap"],
-        "xid_48_total": 2,
-        "xid_79_total": 0,
-        "xid_other_total": 5,
-    }
-    base.update(values)
-    return GpuReading(
-        node="node-a",
-        gpu_uuid=f"GPU-0000-{index}",
-        gpu_index=index,
-        model="NVIDIA H100 80GB HBM3",
-        pci_bus_id=f"00000000:{index + 0x18:02X}:00.0",
-        namespace="ml",
-        pod=f"train-{index}",
-        container="trainer",
-        values=base,
-    )
 
 
 def labels_of(reading: GpuReading, **extra: str) -> dict[str, str]:
@@ -176,9 +145,9 @@ def test_a_custom_catalogue_decides_what_is_exported(tmp_path: Path):
     path = tmp_path / "c.csv"
     path.write_text("metric,type,source_column,transform,label,scale,help\nmy_power_kw,gauge,power_watts,value,,1/1000,kW\n")
     registry = CollectorRegistry()
-    registry.register(GpuCollector(ExporterSnapshot((h100(),), DRIVER, True), catalogue=load_catalogue(path)))
-    assert registry.get_sample_value("my_power_kw", labels_of(h100())) == pytest.approx(0.3125)
-    assert registry.get_sample_value("DCGM_FI_DEV_POWER_USAGE", labels_of(h100())) is None
+    registry.register(GpuCollector(ExporterSnapshot((gpu_reading(),), DRIVER, True), catalogue=load_catalogue(path)))
+    assert registry.get_sample_value("my_power_kw", labels_of(gpu_reading())) == pytest.approx(0.3125)
+    assert registry.get_sample_value("DCGM_FI_DEV_POWER_USAGE", labels_of(gpu_reading())) is None
 
 
 # -- collector ------------------------------------------------------------------------------
@@ -195,13 +164,13 @@ def test_labels_follow_dcgm_exporter():
         "node": "node-b",
     }
     assert tuple(gpu_labels(mig, DRIVER)) == GPU_LABELS
-    whole = gpu_labels(h100(), DRIVER)
+    whole = gpu_labels(gpu_reading(), DRIVER)
     assert (whole["GPU_I_PROFILE"], whole["GPU_I_ID"], whole["pod"], whole["namespace"], whole["container"]) == (
         "", "", "train-0", "ml", "trainer")
 
 
 def test_values_are_converted_to_dcgm_units():
-    gpu = h100()
+    gpu = gpu_reading()
     registry, _ = fresh([gpu])
     labels = labels_of(gpu)
     expected = {  # series -> value in DCGM's unit (MiB, W, MHz, percent, counts)
@@ -217,9 +186,9 @@ def test_values_are_converted_to_dcgm_units():
 
 
 def test_absent_key_gives_absent_series_never_zero():
-    a100 = replace(h100(), model="NVIDIA A100-SXM4-80GB")  # no GPM: no sm/tensor/dram activity keys
-    h200 = h100(1, sm_active_ratio=0.41, tensor_active_ratio=0.3, dram_active_ratio=0.55)
-    no_mem = replace(h100(2), values={"gpu_util_ratio": 0.0})
+    a100 = replace(gpu_reading(), model="NVIDIA A100-SXM4-80GB")  # no GPM: no sm/tensor/dram activity keys
+    h200 = gpu_reading(1, sm_active_ratio=0.41, tensor_active_ratio=0.3, dram_active_ratio=0.55)
+    no_mem = replace(gpu_reading(2), values={"gpu_util_ratio": 0.0})
     registry, _ = fresh([a100, h200, no_mem])
     value = registry.get_sample_value
     for metric in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
@@ -236,7 +205,7 @@ def test_absent_key_gives_absent_series_never_zero():
 
 
 def test_xid_counter_per_code():
-    gpu = h100()
+    gpu = gpu_reading()
     registry, _ = fresh([gpu])
     value = registry.get_sample_value
     assert value("gpuwarden_xid_errors_total", labels_of(gpu, xid="48")) == 2
@@ -246,7 +215,7 @@ def test_xid_counter_per_code():
 
 
 def test_throttle_reasons_are_one_series_per_reason():
-    gpu = h100()
+    gpu = gpu_reading()
     registry, _ = fresh([gpu])
     for reason in THROTTLE_REASONS:
         expected = 1.0 if reason in ("hw_thermal_slowdown", "sw_power_cap") else 0.0
@@ -254,8 +223,8 @@ def test_throttle_reasons_are_one_series_per_reason():
 
 
 def test_lost_gpu_is_flagged_while_others_report():
-    healthy = h100(0)
-    lost = replace(h100(1), lost=True, values={"xid_79_total": 1})
+    healthy = gpu_reading(0)
+    lost = replace(gpu_reading(1), lost=True, values={"xid_79_total": 1})
     registry, _ = fresh([healthy, lost])
     value = registry.get_sample_value
     assert value("gpuwarden_gpu_lost", labels_of(lost)) == 1
@@ -267,17 +236,17 @@ def test_lost_gpu_is_flagged_while_others_report():
 
 
 def test_self_metrics_and_snapshot_swap():
-    registry, collector = fresh([h100(0), h100(1)], timestamp_seconds=1700000000.0, duration_seconds=0.012)
+    registry, collector = fresh([gpu_reading(0), gpu_reading(1)], timestamp_seconds=1700000000.0, duration_seconds=0.012)
     assert registry.get_sample_value("gpuwarden_exporter_last_collection_success", SELF) == 1
     assert registry.get_sample_value("gpuwarden_exporter_last_collection_timestamp_seconds", SELF) == 1700000000.0
     assert registry.get_sample_value("gpuwarden_exporter_collection_duration_seconds", SELF) == 0.012
-    collector.update(ExporterSnapshot((h100(0),), DRIVER, True))
-    assert registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels_of(h100(1))) is None
+    collector.update(ExporterSnapshot((gpu_reading(0),), DRIVER, True))
+    assert registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels_of(gpu_reading(1))) is None
     assert registry.get_sample_value("gpuwarden_exporter_gpus", SELF) == 1
 
 
 def test_collect_is_pure():
-    _, collector = fresh([h100(0)])
+    _, collector = fresh([gpu_reading(0)])
     assert list(collector.collect()) == list(collector.collect())
 
 
@@ -299,7 +268,7 @@ def test_fake_backend_implements_the_protocol():
 
 
 def test_metrics_over_http_with_all_labels(service_factory):
-    gpu = h100()
+    gpu = gpu_reading()
     service = service_factory(FakeBackend([gpu]))
     wait_for(lambda: service.health()[0], what="first collection")
     assert service.url == f"http://127.0.0.1:{service.port}/metrics" and service.port != 0
@@ -315,25 +284,25 @@ def test_metrics_over_http_with_all_labels(service_factory):
 
 
 def test_removed_gpu_disappears_after_next_collection(service_factory):
-    backend = FakeBackend([h100(0), h100(1)])
+    backend = FakeBackend([gpu_reading(0), gpu_reading(1)])
     service = service_factory(backend)
     service.collect_now()
-    key = ("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(h100(1)).items()))
+    key = ("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(gpu_reading(1)).items()))
     assert key in scrape(service)
-    backend.readings = [h100(0)]
+    backend.readings = [gpu_reading(0)]
     service.collect_now()
     samples = scrape(service)
     assert key not in samples
     assert not any(dict(labels).get("UUID") == "GPU-0000-1" for _, labels in samples)
     assert samples[("gpuwarden_exporter_gpus", SELF_KEY)] == 1
     # a pod that moved away: its labelled series go too
-    backend.readings = [replace(h100(0), pod=None, namespace=None, container=None)]
+    backend.readings = [replace(gpu_reading(0), pod=None, namespace=None, container=None)]
     service.collect_now()
     assert not any(dict(labels).get("pod") == "train-0" for _, labels in scrape(service))
 
 
 def test_failing_backend_keeps_old_snapshot_and_reports_failure(service_factory, caplog):
-    backend = FakeBackend([h100(0)])
+    backend = FakeBackend([gpu_reading(0)])
     service = service_factory(backend)
     service.collect_now()
     backend.error = RuntimeError("NVML_ERROR_UNKNOWN")
@@ -342,7 +311,7 @@ def test_failing_backend_keeps_old_snapshot_and_reports_failure(service_factory,
         service.collect_now()
     samples = scrape(service)
     assert samples[("gpuwarden_exporter_last_collection_success", SELF_KEY)] == 0
-    assert samples[("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(h100(0)).items()))] == pytest.approx(22.0)
+    assert samples[("DCGM_FI_DEV_GPU_UTIL", frozenset(labels_of(gpu_reading(0)).items()))] == pytest.approx(22.0)
     assert sum("NVML_ERROR_UNKNOWN" in r.getMessage() for r in caplog.records) == 1  # logged once
     backend.error = None
     service.collect_now()
@@ -351,7 +320,7 @@ def test_failing_backend_keeps_old_snapshot_and_reports_failure(service_factory,
 
 def test_health_goes_stale_three_intervals_after_the_last_success_on_the_injected_clock():
     clock = FakeClock(1_800_000_000.0)
-    backend = FakeBackend([h100()])
+    backend = FakeBackend([gpu_reading()])
     service = ExporterService(backend, interval_seconds=15, port=0, clock=clock)
     assert service.health() == (False, "no successful collection yet")
     assert service.collect_now().timestamp_seconds == 1_800_000_000.0
@@ -367,7 +336,7 @@ def test_health_goes_stale_three_intervals_after_the_last_success_on_the_injecte
 
 def test_collection_loop_runs_once_per_interval_of_the_injected_clock():
     clock = FakeClock(1_800_000_000.0)
-    backend = FakeBackend([h100()])
+    backend = FakeBackend([gpu_reading()])
     service = ExporterService(backend, interval_seconds=15, port=0, clock=clock).start()
     try:
         wait_for(lambda: backend.reads == 1, what="the collection at start")
@@ -381,7 +350,7 @@ def test_collection_loop_runs_once_per_interval_of_the_injected_clock():
 
 
 def test_blocked_backend_never_blocks_scrapes_and_goes_unhealthy(service_factory):
-    backend = FakeBackend([h100(0)])
+    backend = FakeBackend([gpu_reading(0)])
     service = service_factory(backend, interval=0.05)
     healthz = service.url.replace("/metrics", "/healthz")
     wait_for(lambda: get(healthz)[0] == 200, what="healthy")
@@ -400,7 +369,7 @@ def test_blocked_backend_never_blocks_scrapes_and_goes_unhealthy(service_factory
 def test_stop_ends_the_threads_mid_interval_and_frees_the_port():
     """The collection loop waits its interval on a FakeClock that never moves: stop() must end it
     through the stop event, not by waiting the interval out."""
-    service = ExporterService(FakeBackend([h100()]), interval_seconds=15, port=0, clock=FakeClock()).start()
+    service = ExporterService(FakeBackend([gpu_reading()]), interval_seconds=15, port=0, clock=FakeClock()).start()
     port = service.port
     assert get(service.url)[0] == 200
     threads = [service._collect_thread, service._watchdog_thread]
@@ -419,9 +388,9 @@ def test_fast_text_render_is_byte_identical_to_prometheus_client():
 
     from gpuwarden.exporter.collector import render_text
 
-    odd = replace(h100(1), pod='we"ird\\pod\nname', node="node-a", mig_instance_id=3, mig_profile="1g.10gb",
-                  values={**h100(1).values, "xid_999_total": 1, "xid_999_last_seen_timestamp_seconds": 1.7e9})
-    snapshot = ExporterSnapshot((h100(0), odd), DRIVER, True, timestamp_seconds=1700000000.5, duration_seconds=0.01,
+    odd = replace(gpu_reading(1), pod='we"ird\\pod\nname', node="node-a", mig_instance_id=3, mig_profile="1g.10gb",
+                  values={**gpu_reading(1).values, "xid_999_total": 1, "xid_999_last_seen_timestamp_seconds": 1.7e9})
+    snapshot = ExporterSnapshot((gpu_reading(0), odd), DRIVER, True, timestamp_seconds=1700000000.5, duration_seconds=0.01,
                                 node="node-a", pod_attribution=True)
     registry = CollectorRegistry()
     collector = GpuCollector(snapshot)

@@ -20,23 +20,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from polling import wait_for
+from builders import gpu_reading
+from polling import tick, wait_for
 from prometheus_client.parser import text_string_to_metric_families
-from test_exporter import FakeBackend, h100
+from test_exporter import FakeBackend
 
 from gpuwarden.exporter import ExporterService
 from gpuwarden.exporter.main import main as exporter_main
 from gpuwarden.exporter.web import Limits, accepts_gzip
+from gpuwarden.fleet.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Clock:
-    def __init__(self, now: float = 1_800_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -76,8 +70,7 @@ def test_accept_encoding_parsing():
 
 
 def test_metrics_are_gzipped_when_the_scraper_accepts_it(started):
-    clock = Clock()
-    service = started(FakeBackend([h100(0), h100(1)]), clock=clock)
+    service = started(FakeBackend([gpu_reading(0), gpu_reading(1)]), clock=FakeClock())
     wait_for(lambda: service.snapshot.success, what="first collection")
     status, headers, plain = request(service, "/metrics")
     assert status == 200 and "content-encoding" not in headers
@@ -86,7 +79,7 @@ def test_metrics_are_gzipped_when_the_scraper_accepts_it(started):
     assert len(packed) < len(plain) / 3
     assert gzip.decompress(packed) == plain  # the same exposition; the age member decompresses in sequence
     parsed = samples(plain.decode())
-    assert parsed[("DCGM_FI_DEV_POWER_USAGE", frozenset({**request_labels(service, h100(1))}.items()))] == 312.5
+    assert parsed[("DCGM_FI_DEV_POWER_USAGE", frozenset({**request_labels(service, gpu_reading(1))}.items()))] == 312.5
     assert parsed[("gpuwarden_exporter_snapshot_age_seconds", frozenset({"node": "node-a"}.items()))] == 0
     status, headers, _ = request(service, "/metrics", {"Accept-Encoding": "gzip;q=0"})
     assert "content-encoding" not in headers
@@ -99,29 +92,34 @@ def request_labels(service: ExporterService, reading) -> dict[str, str]:
 
 
 def test_readiness_stays_ready_while_stale_and_liveness_fails_and_staleness_is_exported(started):
-    clock = Clock()
-    backend = FakeBackend([h100(0)])
-    service = started(backend, interval_seconds=0.05, watchdog_seconds=0.2, clock=clock)
+    """On a FakeClock: a collection that starts at 15 s and hangs is seen by the 5 s watchdog once
+    the clock reaches 57 s; the served readings are then 57 s old."""
+    clock = FakeClock(1_800_000_000.0)
+    backend = FakeBackend([gpu_reading(0)])
+    service = started(backend, interval_seconds=15, watchdog_seconds=5, clock=clock)
     wait_for(lambda: request(service, "/healthz")[0] == 200, what="healthy")
     assert request(service, "/readyz")[0] == 200
     backend.gate = threading.Event()  # the next read() hangs: the watchdog marks the snapshot stale
     try:
-        wait_for(lambda: request(service, "/healthz")[0] == 503, what="liveness failing")
-        status, _, body = request(service, "/readyz")
-        assert status == 200 and body == b"ready (stale)\n"  # still a target: Prometheus shows it stale
-        clock.now += 42.0
+        tick(clock, 15, waiters=2)  # the collection loop and the watchdog are idle: the next collection starts
+        wait_for(lambda: backend.reads == 2, what="the second collection to start")
+        tick(clock, 42)  # the watchdog waits for it to pass 5 s
         node = frozenset({"node": "node-a"}.items())
         parsed = wait_for(lambda: (p := samples(request(service, "/metrics")[2].decode()))
                           [("gpuwarden_exporter_collection_stale", node)] == 1 and p, what="stale series")
-        assert parsed[("gpuwarden_exporter_snapshot_age_seconds", node)] == 42.0
-        assert ("DCGM_FI_DEV_GPU_UTIL", frozenset(request_labels(service, h100(0)).items())) in parsed  # last readings
+        assert parsed[("gpuwarden_exporter_snapshot_age_seconds", node)] == 57.0
+        assert ("DCGM_FI_DEV_GPU_UTIL", frozenset(request_labels(service, gpu_reading(0)).items())) in parsed  # last readings
+        status, _, body = request(service, "/healthz")
+        assert status == 503 and b"hung" in body
+        status, _, body = request(service, "/readyz")
+        assert status == 200 and body == b"ready (stale)\n"  # still a target: Prometheus shows it stale
     finally:
         backend.gate.set()
     wait_for(lambda: request(service, "/healthz")[0] == 200, what="healthy again")
 
 
 def test_not_ready_before_the_first_collection(started):
-    backend = FakeBackend([h100(0)])
+    backend = FakeBackend([gpu_reading(0)])
     backend.gate = threading.Event()  # the first read() hangs
     service = started(backend)
     try:
@@ -134,7 +132,7 @@ def test_not_ready_before_the_first_collection(started):
 
 
 def test_slowloris_sockets_leave_threads_bounded_and_are_timed_out(started):
-    service = started(FakeBackend([h100(0)]), http_limits=Limits(header_timeout=0.5, max_connections=64))
+    service = started(FakeBackend([gpu_reading(0)]), http_limits=Limits(header_timeout=0.5, max_connections=64))
     wait_for(lambda: service.snapshot.success, what="first collection")
     request(service, "/metrics")  # the worker threads exist from here on
     threads_before = threading.active_count()
@@ -158,7 +156,7 @@ def test_slowloris_sockets_leave_threads_bounded_and_are_timed_out(started):
 
 
 def test_connections_beyond_the_limit_are_refused(started):
-    service = started(FakeBackend([h100(0)]), http_limits=Limits(max_connections=3, header_timeout=5))
+    service = started(FakeBackend([gpu_reading(0)]), http_limits=Limits(max_connections=3, header_timeout=5))
     held = [socket.create_connection(("127.0.0.1", service.port), timeout=5) for _ in range(3)]
     try:
         wait_for(lambda: service._server.open_connections == 3, what="3 open")
@@ -178,7 +176,7 @@ def test_connections_beyond_the_limit_are_refused(started):
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(started):
-    service = started(FakeBackend([h100(0)]))
+    service = started(FakeBackend([gpu_reading(0)]))
     wait_for(lambda: service.snapshot.success, what="first collection")
     connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
     try:
@@ -194,7 +192,7 @@ def test_keep_alive_serves_several_requests_on_one_connection(started):
 
 
 def test_client_disconnects_are_logged_quietly(started, caplog, capfd):
-    service = started(FakeBackend([h100(i) for i in range(8)]))
+    service = started(FakeBackend([gpu_reading(i) for i in range(8)]))
     wait_for(lambda: service.snapshot.success, what="first collection")
     with caplog.at_level(logging.DEBUG, logger="gpuwarden.exporter"):
         for _ in range(20):
@@ -243,7 +241,7 @@ def test_sigterm_stops_the_exporter_process(data_dir):
 
 
 def test_a_client_that_never_reads_its_answer_is_dropped_after_the_write_timeout(started):
-    readings = [h100(i) for i in range(640)]  # ~5 MiB: more than loopback's largest send buffer (4 MiB)
+    readings = [gpu_reading(i) for i in range(640)]  # ~5 MiB: more than loopback's largest send buffer (4 MiB)
     service = started(FakeBackend(readings), http_limits=Limits(write_timeout=0.3))
     wait_for(lambda: service.snapshot.success, what="first collection")
     assert len(service.render_metrics()) > 4.5 * 2**20
@@ -260,7 +258,7 @@ def test_a_client_that_never_reads_its_answer_is_dropped_after_the_write_timeout
 
 
 def test_pipelined_requests_are_answered_in_order(started):
-    service = started(FakeBackend([h100(0)]))
+    service = started(FakeBackend([gpu_reading(0)]))
     wait_for(lambda: service.snapshot.success, what="first collection")
     with socket.create_connection(("127.0.0.1", service.port), timeout=5) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"

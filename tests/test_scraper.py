@@ -11,15 +11,15 @@ import socket
 import numpy as np
 import pandas as pd
 import pytest
+from builders import GIB, mig_reading
 from polling import tick, wait_for
 
 from gpuwarden.exporter import ExporterService
 from gpuwarden.fleet import METRIC_COLUMN_NAMES, THROTTLE_REASONS, GpuReading
 from gpuwarden.fleet.clock import FakeClock
-from gpuwarden.store import LocalStore, PANDAS_DTYPES
+from gpuwarden.store import PANDAS_DTYPES, LocalStore
 from gpuwarden.store.scraper import Scraper, SeriesMapper, parse_exposition
 
-GIB = 1024**3
 STAMP = pd.Timestamp("2026-11-23T00:00:00Z")
 
 
@@ -46,9 +46,7 @@ def readings() -> list[GpuReading]:
             "ecc_dbe_volatile_total": 2, "xid_79_total": 1, "xid_other_total": 4, "recovery_action": 1,
             "remapped_rows_pending": 1,
         })
-    mig = GpuReading(
-        node="n1", gpu_uuid="GPU-bbb", gpu_index=1, model="NVIDIA A100-SXM4-80GB", mig_instance_id=2, mig_profile="3g.40gb",
-        values={"gpu_util_ratio": 0.5, "mem_used_bytes": GIB, "mem_total_bytes": 40 * GIB})  # no GPM: SM absent
+    mig = mig_reading(2, "3g.40gb", node="n1", uuid="GPU-bbb")  # no GPM: SM absent
     return [whole, mig]
 
 

@@ -68,7 +68,7 @@ class FakeClock:
         self._offset = float(start_seconds)
         self._monotonic = 0.0
         self._changed = threading.Condition()
-        self._deadlines: dict[int, float] = {}  # parked wait -> its deadline (inf: none)
+        self._parked: dict[int, tuple[float, threading.Event]] = {}  # wait -> (deadline or inf, its event)
         self._waits = itertools.count()
 
     def time(self) -> float:
@@ -81,10 +81,12 @@ class FakeClock:
 
     @property
     def waiting(self) -> int:
-        """Threads parked in :meth:`wait` whose deadline is still ahead (one an advance has passed
-        counts no more, even before its thread wakes)."""
+        """Threads parked in :meth:`wait` that will stay parked until time moves: a wait whose
+        deadline an advance has passed, or whose event is set, counts no more even before its
+        thread wakes."""
         with self._changed:
-            return sum(1 for deadline in self._deadlines.values() if deadline > self._monotonic)
+            return sum(1 for deadline, event in self._parked.values()
+                       if deadline > self._monotonic and not event.is_set())
 
     def advance(self, seconds: float) -> None:
         """Move time on by ``seconds`` (>= 0) and wake the waits whose deadline it passed."""
@@ -98,12 +100,12 @@ class FakeClock:
         with self._changed:
             deadline = math.inf if seconds is None else self._monotonic + max(0.0, seconds)
             key = next(self._waits)
-            self._deadlines[key] = deadline
+            self._parked[key] = (deadline, event)
             try:
                 while not event.is_set() and self._monotonic < deadline:
                     self._changed.wait(_FAKE_POLL_SECONDS)
             finally:
-                del self._deadlines[key]
+                del self._parked[key]
         return event.is_set()
 
     def __repr__(self) -> str:

@@ -1,0 +1,148 @@
+"""Test data, built in one place: GPU readings, fleet-sample frames, cluster snapshots, workloads.
+
+Each builder gives a healthy, busy default and takes keywords for what a test is about, so a test
+names only the values it checks (kueue's ``MakeWorkload(...).Obj()`` and KAI's scenario builders
+are the model). Counters default to 0, everything unmeasured to null: never a fake 0 for a gauge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pandas as pd
+
+from gpuwarden.fleet import (
+    SAMPLE_COLUMN_NAMES,
+    THROTTLE_REASONS,
+    ClusterSnapshot,
+    Gpu,
+    GpuReading,
+    GpuRequest,
+    Node,
+    Placement,
+    Team,
+    Topology,
+    Workload,
+    WorkloadPhase,
+    WorkloadState,
+)
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+GIB = 2**30
+START = pd.Timestamp("2026-11-23T00:00:00Z")
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc)
+
+# Sample columns that are monotonic counters (or codes whose healthy value is 0).
+COUNTER_COLUMNS = tuple(name for name in SAMPLE_COLUMN_NAMES
+                        if name.startswith(("xid_", "ecc_", "remapped_", "pcie_", "nvlink_")) or name == "recovery_action")
+
+# -- GPU readings (what a backend gives the exporter) ---------------------------------------------
+
+H100_READING_VALUES: Mapping[str, float] = {
+    "gpu_util_ratio": 0.22, "mem_used_bytes": 10 * GIB, "mem_total_bytes": 80 * GIB, "power_watts": 312.5,
+    "temperature_celsius": 61.0, "sm_clock_mhz": 1980.0, "ecc_sbe_volatile_total": 3, "ecc_dbe_volatile_total": 0,
+    "remapped_rows_correctable_total": 1, "remapped_rows_uncorrectable_total": 0, "remapped_rows_pending": 0,
+    "remapped_rows_failure": 0, "pcie_replay_total": 7, "recovery_action": 0,
+    "throttle_reasons_bitmask": THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_power_cap"],
+    "xid_48_total": 2, "xid_79_total": 0, "xid_other_total": 5,
+}
+
+
+def gpu_reading(index: int = 0, *, node: str = "node-a", model: str = H100, uuid: str | None = None,
+                namespace: str | None = "ml", pod: str | None = "", container: str | None = "trainer",
+                base: Mapping[str, float] = H100_READING_VALUES, **values: float) -> GpuReading:
+    """A whole GPU held by pod ``train-<index>`` (``pod=""``; None: no pod), with ``base`` values
+    updated by ``values``."""
+    return GpuReading(
+        node=node, gpu_uuid=uuid or f"GPU-0000-{index}", gpu_index=index, model=model,
+        pci_bus_id=f"00000000:{index + 0x18:02X}:00.0",
+        namespace=namespace if pod is not None else None, pod=f"train-{index}" if pod == "" else pod,
+        container=container if pod is not None else None, values={**base, **values},
+    )
+
+
+def mig_reading(instance: int = 2, profile: str = "3g.40gb", *, index: int = 1, node: str = "node-a",
+                model: str = A100, uuid: str = "GPU-bbb", **values: float) -> GpuReading:
+    """One MIG instance without a pod; no GPM (its SM activity is absent)."""
+    return GpuReading(node=node, gpu_uuid=uuid, gpu_index=index, model=model, mig_instance_id=instance,
+                      mig_profile=profile, values={"gpu_util_ratio": 0.5, "mem_used_bytes": GIB,
+                                                   "mem_total_bytes": 40 * GIB, **values})
+
+
+# -- fleet samples (the store's table) --------------------------------------------------------------
+
+BUSY_SAMPLE: Mapping[str, object] = {
+    "gpu_util_ratio": 0.97, "sm_active_ratio": 0.9, "mem_used_bytes": 6e10, "mem_total_bytes": 8e10,
+    "power_watts": 650.0, "temperature_celsius": 60.0, "sm_clock_mhz": 1500.0, "throttle_reasons_bitmask": 0,
+}
+
+
+def sample_row(timestamp: pd.Timestamp | datetime, node: str, gpu_index: int, *, cluster: str = "test",
+               model: str = H100, pod: str | None = "", team: str | None = "ml", **values: object) -> dict[str, object]:
+    """One sample of a busy, healthy GPU ``GPU-<node>-<index>``, held by pod ``job-<node>`` of
+    ``team`` (``pod=""``; None: unallocated). Counters are 0; ``values`` override anything."""
+    pod = f"job-{node}" if pod == "" else pod
+    row: dict[str, object] = {
+        "timestamp": timestamp, "cluster": cluster, "node": node, "gpu_uuid": f"GPU-{node}-{gpu_index}",
+        "gpu_index": gpu_index, "model": model, "mig_instance": None,
+        "namespace": team if pod else None, "pod": pod, "team": team if pod else None,
+        "project": "core" if pod else None, **BUSY_SAMPLE, **dict.fromkeys(COUNTER_COLUMNS, 0),
+    }
+    row.update(values)
+    return row
+
+
+def samples_frame(rows: Iterable[Mapping[str, object]]) -> pd.DataFrame:
+    """Rows as a frame with every sample column, in the documented order (absent ones null)."""
+    return pd.DataFrame(list(rows)).reindex(columns=list(SAMPLE_COLUMN_NAMES))
+
+
+def fleet_samples(minutes: int, nodes: Sequence[str] = ("gpu-a", "gpu-b"), gpus_per_node: int = 2, *,
+                  start: pd.Timestamp = START, step: pd.Timedelta = pd.Timedelta(minutes=1),
+                  vary: Callable[[int, str, int], Mapping[str, object]] | None = None,
+                  **values: object) -> pd.DataFrame:
+    """``minutes`` samples of every GPU of ``nodes``; ``vary(minute, node, gpu_index)`` gives the
+    values of one sample that differ from the others (a fault, a phase)."""
+    rows = []
+    for minute in range(minutes):
+        for node in nodes:
+            for gpu in range(gpus_per_node):
+                extra = vary(minute, node, gpu) if vary is not None else {}
+                rows.append(sample_row(start + minute * step, node, gpu, **{**values, **extra}))
+    return samples_frame(rows)
+
+
+# -- cluster snapshots and workloads ----------------------------------------------------------------
+
+
+def node(name: str, gpus: int = 4, *, pool: str = "train", model: str = H100, price_tier: str = "on-demand",
+         topology: Topology = Topology("nvl-0", "leaf-0", "rack-0")) -> Node:
+    return Node(name, pool, "cloud", price_tier, topology, model, gpus, 64000, 2**39)
+
+
+def gpus_of(*nodes: Node) -> tuple[Gpu, ...]:
+    """Every GPU of the nodes, named ``GPU-<node>-<index>``."""
+    return tuple(Gpu(f"GPU-{n.name}-{g}", g, n.name, n.gpu_model) for n in nodes for g in range(n.gpu_count))
+
+
+def workload(name: str, team: str = "alpha", gpus: int = 1, phase: WorkloadPhase = WorkloadPhase.RUNNING, *,
+             on: str | None = None, priority: str = "normal", kind: str = "training",
+             submitted_at: datetime = NOW - timedelta(hours=1), **state: Any) -> WorkloadState:
+    """A workload of ``gpus`` whole GPUs in namespace ``team``; ``on`` a node name binds it to that
+    node's first GPUs (started 30 minutes before :data:`NOW`)."""
+    spec = Workload(name, team, kind, team, team, priority, GpuRequest(count=gpus))  # type: ignore[arg-type]
+    placements = tuple(Placement(on, f"GPU-{on}-{g}") for g in range(gpus)) if on else ()
+    started = NOW - timedelta(minutes=30) if on else None
+    return WorkloadState(spec, phase, submitted_at, started, placements, **state)
+
+
+def snapshot(nodes: Sequence[Node] = (), workloads: Sequence[WorkloadState] = (),
+             teams: Sequence[Team] = (Team("alpha", 4, 8), Team("beta", 4, 8)), *,
+             taken_at: datetime = NOW, **fields: Any) -> ClusterSnapshot:
+    """A snapshot of ``nodes`` (default: two 4-GPU nodes) with all their GPUs."""
+    nodes = tuple(nodes) or (node("node-0"), node("node-1"))
+    return ClusterSnapshot(taken_at=taken_at, nodes=tuple(nodes), gpus=gpus_of(*nodes), workloads=tuple(workloads),
+                           teams=tuple(teams), **fields)
