@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from builders import node, snapshot
 from polling import tick, wait_for
 
 from gpuwarden.actuator import (
@@ -40,8 +41,9 @@ def node_names(cluster):
     return [n.name for n in cluster.snapshot().nodes]
 
 
-def test_plan_takes_the_strongest_action_per_node_and_says_why_others_are_skipped(cluster):
-    a, b, c, d = node_names(cluster)[:4]
+def test_plan_takes_the_strongest_action_per_node_and_says_why_others_are_skipped():
+    a, b, c, d = "node-a", "node-b", "node-c", "node-d"
+    cluster = snapshot([node(name) for name in (a, b, c, d)])
     findings = [
         finding(a, action=ActionKind.TAINT),
         finding(a, kind="ecc_dbe", action=ActionKind.DRAIN),
@@ -50,7 +52,7 @@ def test_plan_takes_the_strongest_action_per_node_and_says_why_others_are_skippe
         finding("no-such-node"),
         finding(d, action=None),
     ]
-    plan = plan_from_findings(findings, cluster.snapshot(), PlanningPolicy())
+    plan = plan_from_findings(findings, cluster, PlanningPolicy())
     assert [(p.action.kind, p.action.target) for p in plan.actions] == [(ActionKind.DRAIN, a)]
     assert len(plan.actions[0].findings) == 2
     reasons = {f.node: why for f, why in plan.skipped}
