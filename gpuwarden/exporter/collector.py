@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
@@ -18,6 +19,9 @@ from gpuwarden.fleet import THROTTLE_REASONS, GpuReading
 
 from gpuwarden.fleet.catalogue import GPU_LABELS, MetricSpec, load_catalogue
 from .snapshot import ExporterSnapshot
+
+# prometheus_client's float text (untyped there): "+Inf", "1.0e+06" as generate_latest writes them.
+go_float: Callable[[float], str] = floatToGoString
 
 
 def gpu_labels(reading: GpuReading, driver_version: str) -> dict[str, str]:
@@ -166,7 +170,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
     ``generate_latest`` writes for :func:`build_families`, several times faster: each reading's
     label string is escaped and sorted once, not once per sample."""
     keys = sorted(GPU_LABELS)
-    prepared = []
+    prepared: list[tuple[GpuReading, list[str], dict[object, Any]]] = []
     for reading in snapshot.readings:
         labels = gpu_labels(reading, snapshot.driver_version)
         prepared.append((reading, [f'{k}="{_escape(labels[k])}"' for k in keys], {}))
@@ -184,15 +188,15 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
                     split = cache[position] = (",".join(parts[:position]), ",".join(parts[position:]))
                 head, tail = split
                 for extra, value in values:
-                    middle = f'{spec.label}="{_escape(extra)}"'
+                    middle = f'{spec.label}="{_escape(extra or "")}"'
                     body = ",".join(p for p in (head, middle, tail) if p)
-                    lines.append(f"{spec.metric}{{{body}}} {floatToGoString(value)}\n")
+                    lines.append(f"{spec.metric}{{{body}}} {go_float(value)}\n")
             else:
-                body = cache.get("all")
-                if body is None:
-                    body = cache["all"] = ",".join(parts)
+                joined = cache.get("all")
+                if joined is None:
+                    joined = cache["all"] = ",".join(parts)
                 for _, value in values:
-                    lines.append(f"{spec.metric}{{{body}}} {floatToGoString(value)}\n")
+                    lines.append(f"{spec.metric}{{{joined}}} {go_float(value)}\n")
         if lines:
             name, kind = _exposed(spec)
             out.append(f"# HELP {name} {spec.help.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n")
@@ -202,7 +206,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
         out.append(f"# HELP {family.name} {family.documentation}\n# TYPE {family.name} gauge\n")
         for sample in family.samples:
             body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
-            out.append(f"{sample.name}{{{body}}} {floatToGoString(sample.value)}\n")
+            out.append(f"{sample.name}{{{body}}} {go_float(sample.value)}\n")
     return "".join(out).encode("utf-8")
 
 

@@ -27,13 +27,12 @@ from dataclasses import replace
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.utils import floatToGoString
 
 from gpuwarden.fleet import GpuBackend, GpuReading
 from gpuwarden.fleet.catalogue import MetricSpec
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
-from .collector import GpuCollector
+from .collector import GpuCollector, go_float
 from .snapshot import ExporterSnapshot
 from .web import ExporterHttpServer, Limits, make_server
 
@@ -265,7 +264,7 @@ class ExporterService:
         age = max(0.0, self._clock.time() - last)
         return (f"# HELP gpuwarden_exporter_snapshot_age_seconds Seconds since the served GPU readings were collected "
                 f"(grows while the exporter is stale).\n# TYPE gpuwarden_exporter_snapshot_age_seconds gauge\n"
-                f'gpuwarden_exporter_snapshot_age_seconds{{node="{node}"}} {floatToGoString(age)}\n').encode()
+                f'gpuwarden_exporter_snapshot_age_seconds{{node="{node}"}} {go_float(age)}\n').encode()
 
     def render_metrics(self) -> bytes:
         """The text exposition of the current snapshot plus its age (what ``/metrics`` returns)."""

@@ -182,7 +182,7 @@ class ExporterHttpServer:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, call)
 
-        def done(finished: asyncio.Future) -> None:
+        def done(finished: asyncio.Future[_T]) -> None:
             if connection.closed:
                 return
             if finished.cancelled() or finished.exception() is not None:

@@ -369,10 +369,11 @@ class Scraper:
         self.interval_seconds = float(interval_seconds)
         self.timeout_seconds = timeout_seconds
         self.mapper = SeriesMapper(catalogue, cluster=cluster, attribution=attribution)
-        if not isinstance(clock, Clock):  # the older form: clock=<a callable giving the sample time>
-            clock, sample_time = SYSTEM_CLOCK, sample_time or clock
-        self._clock: Clock = clock
-        self._sample_time: SampleTime = sample_time or clock.time
+        if isinstance(clock, Clock):
+            self._clock: Clock = clock
+        else:  # the older form: clock=<a callable giving the sample time>
+            self._clock, sample_time = SYSTEM_CLOCK, sample_time or clock
+        self._sample_time: SampleTime = sample_time or self._clock.time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -388,7 +389,8 @@ class Scraper:
     def fetch(self, url: str) -> str:
         request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
         with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:  # noqa: S310 (http(s) URLs only)
-            return response.read().decode("utf-8")
+            body: bytes = response.read()
+        return body.decode("utf-8")
 
     def scrape_once(self) -> tuple[ScrapeResult, ...]:
         """Scrape every target once and append its rows to the store."""

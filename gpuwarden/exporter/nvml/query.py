@@ -93,7 +93,7 @@ class NvmlQuery:
     def nvml(self) -> Any:
         if self._nvml is None:
             try:
-                import pynvml  # nvidia-ml-py: importing does not load libnvidia-ml
+                import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py: importing does not load libnvidia-ml
             except ImportError as error:  # pragma: no cover - a declared dependency
                 raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({error})") from None
             self._nvml = pynvml
@@ -159,7 +159,7 @@ class NvmlQuery:
             if code == NVML_ERROR_GPU_IS_LOST:
                 self.count_error(device)
                 raise GpuLost(f"{name}: {error}") from None
-            if code in self.QUIET or code in expected:
+            if code is not None and (code in self.QUIET or code in expected):
                 self._once((name, code), logging.DEBUG, "nvml: %s -> %s (absent)", name, error)
                 return default
             if missing is not None and code in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH):

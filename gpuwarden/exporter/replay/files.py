@@ -86,8 +86,10 @@ def load_probe(path: str | Path) -> dict[str, Any]:
         raise ReplayError(f"{path}: cannot read the NVML probe ({error.strerror or error})") from None
     except json.JSONDecodeError as error:
         raise ReplayError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(probe, dict):
+        raise ReplayError(f"{path}: not a JSON object; expected an nvml_probe.json recording")
     for key in ("driver", "device0"):
-        if not isinstance(probe, dict) or key not in probe:
+        if key not in probe:
             raise ReplayError(f"{path}: missing {key!r}; expected an nvml_probe.json recording")
     for key in ("name", "uuid", "memory"):
         if not probe["device0"].get(key, {}).get("ok"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import pynvml  # nvidia-ml-py; importing it does not load libnvidia-ml
+import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py; importing it does not load libnvidia-ml
 
 from .files import TraceRow
 from .state import EventSets, GpmSamples

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-import pynvml  # nvidia-ml-py; importing it does not load libnvidia-ml
+import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py; importing it does not load libnvidia-ml
 
 from ..nvml.codes import NVML_EVENT_TYPE_XID, NVML_NO_INSTANCE
 
