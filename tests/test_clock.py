@@ -10,7 +10,7 @@ import pytest
 from builders import START
 from polling import tick, wait_for
 
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, FakeClock
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, FakeClock, Repeater
 from gpuwarden.store import LocalStore
 from gpuwarden.store.scraper import Scraper
 
@@ -88,3 +88,26 @@ def test_scraper_takes_a_plain_callable_as_the_time_its_rows_carry(tmp_path):
     """The form the demo uses (simulated time): the loop waits on the system clock."""
     scraper = Scraper(["http://127.0.0.1:9/metrics"], LocalStore(tmp_path / "store"), clock=lambda: START)
     assert scraper._clock is SYSTEM_CLOCK and scraper._now() == pd.Timestamp(START)
+
+
+def test_a_failed_call_is_logged_and_the_repeater_goes_on(caplog):
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def work() -> None:
+        calls.append(clock.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("store full")
+
+    repeater = Repeater("test-repeater", work, 15, clock)
+    repeater.start()
+    try:
+        tick(clock, 15)
+        wait_for(lambda: len(calls) == 2, what="the call after the failed one")
+    finally:
+        assert repeater.stop()
+    assert calls == [0.0, 15.0] and not repeater.running
+    assert any("test-repeater: the call failed" in r.getMessage() and r.exc_info and str(r.exc_info[1]) == "store full"
+               for r in caplog.records)
+    with pytest.raises(ValueError, match="interval_seconds"):
+        Repeater("bad", work, 0.0)

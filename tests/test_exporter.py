@@ -372,9 +372,10 @@ def test_stop_ends_the_threads_mid_interval_and_frees_the_port():
     service = ExporterService(FakeBackend([gpu_reading()]), interval_seconds=15, port=0, clock=FakeClock()).start()
     port = service.port
     assert get(service.url)[0] == 200
-    threads = [service._collect_thread, service._watchdog_thread]
+    threads = [t for t in threading.enumerate() if t.name in ("gpuwarden-exporter-collect", "gpuwarden-exporter-watchdog")]
+    assert len(threads) == 2
     service.stop()
-    assert all(thread is not None and not thread.is_alive() for thread in threads)
+    assert not any(thread.is_alive() for thread in threads)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     socket.create_server(("127.0.0.1", port)).close()  # the port can be bound again

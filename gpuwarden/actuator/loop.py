@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwarden.fleet import ClusterSnapshot, Finding
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
 from gpuwarden.scheduling.planner import plan as schedule_plan
 
 from .apply import Actuator
@@ -50,8 +50,7 @@ class Reconciler:
         self.on_round = on_round  # e.g. the CLI's one-line summary of each scheduled round
         self.rounds: list[RoundReport] = []
         self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._repeater = Repeater("gpuwarden-reconciler", self._safe_round, interval_seconds, clock, first_at_once=False)
         self._lock = threading.Lock()
 
     def reconcile_once(self) -> RoundReport:
@@ -81,30 +80,12 @@ class Reconciler:
         if self.on_round is not None:
             self.on_round(report)
 
-    def _loop(self) -> None:
-        """A round every interval, the first one interval after start. A round that overruns its
-        interval delays the next one (to one interval after it ends); it never runs two at once."""
-        next_round = self.clock.monotonic() + self.interval_seconds
-        while not self.clock.wait(self._stop, max(0.0, next_round - self.clock.monotonic())):
-            self._safe_round()
-            now = self.clock.monotonic()
-            next_round += self.interval_seconds
-            if next_round <= now:  # missed rounds collapse into one (coalesce)
-                next_round = now + self.interval_seconds
-
     def start(self) -> Reconciler:
-        if self._thread is not None:
-            raise RuntimeError("Reconciler already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="gpuwarden-reconciler", daemon=True)
-        self._thread.start()
+        """A round every interval, the first one interval after start (``Repeater``: a round that
+        overruns delays the next one, rounds never overlap)."""
+        self._repeater.start()
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop after the running round (if any); safe to call twice."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                log.warning("reconcile thread still in a round after stop")
+        self._repeater.stop(timeout)

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.fleet import GpuBackend, GpuReading
 from gpuwarden.fleet.catalogue import MetricSpec
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
 
 from .collector import GpuCollector, go_float
 from .snapshot import ExporterSnapshot
@@ -99,7 +99,7 @@ class ExporterService:
         self._stop = threading.Event()
         self._watchdog_wake = threading.Event()
         self._server: ExporterHttpServer | None = None
-        self._collect_thread: threading.Thread | None = None
+        self._collections = Repeater("gpuwarden-exporter-collect", self.collect_now, self.interval_seconds, clock)
         self._watchdog_thread: threading.Thread | None = None
         self._in_flight_since: float | None = None  # monotonic start of the running collection
         self._hang_logged = False
@@ -240,11 +240,6 @@ class ExporterService:
             self._logged_errors.add(message)
         log.warning("collect failed (serving the previous snapshot): %s", message, exc_info=True)
 
-    def _collect_loop(self) -> None:
-        while not self._stop.is_set():
-            self.collect_now()
-            self._clock.wait(self._stop, self.interval_seconds)
-
     # -- serving ---------------------------------------------------------------------------
     def _snapshot_text(self, snapshot: ExporterSnapshot) -> bytes:
         """The text of one snapshot, rendered once and reused by every scrape of it."""
@@ -333,10 +328,9 @@ class ExporterService:
         self._server = make_server(self.host, self.port, self.metrics_response, self.health, self.ready, self.http_limits,
                                    quick_metrics=self.quick_metrics_response)
         self.port = self._server.server_address[1]
-        self._collect_thread = threading.Thread(target=self._collect_loop, name="gpuwarden-exporter-collect", daemon=True)
         self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)
         self._server.start()
-        self._collect_thread.start()
+        self._collections.start()  # a collection now, then one every interval on the clock
         self._watchdog_thread.start()
         log.info("exporter serving %s (backend=%s, interval=%.3gs)", self.url, getattr(self.backend, "name", "?"), self.interval_seconds)
         return self
@@ -348,12 +342,10 @@ class ExporterService:
         server, self._server = self._server, None
         if server is not None:
             server.stop(timeout)
-        for thread in (self._watchdog_thread, self._collect_thread):
-            if thread is not None:
-                thread.join(timeout if thread is not self._collect_thread else min(timeout, 1.0))
-                if thread.is_alive():
-                    log.warning("%s still running after stop (a backend read that never returned?)", thread.name)
-        self._collect_thread = self._watchdog_thread = None
+        watchdog, self._watchdog_thread = self._watchdog_thread, None
+        if watchdog is not None:
+            watchdog.join(timeout)
+        self._collections.stop(min(timeout, 1.0))  # a backend read that never returns is left behind, logged
         log.info("exporter stopped")
 
     def __enter__(self) -> ExporterService:

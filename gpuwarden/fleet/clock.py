@@ -6,16 +6,22 @@ stop/wake event that ends early when the event is set. :data:`SYSTEM_CLOCK` is t
 :class:`FakeClock` is time that moves only when told (:meth:`FakeClock.advance`): a thread that
 waits on it is woken when the clock passes its deadline, so a test runs an interval loop one round
 at a time, with no sleeps and no timing in its assertions (kueue's injected ``clock.Clock`` and
-its fake clock are the model).
+its fake clock are the model). :class:`Repeater` is the one interval loop on a clock: a thread
+calling its work every interval (the exporter's collections, the scraper's rounds, the
+reconciler's rounds).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
+
+log = logging.getLogger("gpuwarden")
 
 # How often (real seconds) a thread waiting on a FakeClock looks at its event: Event.set() cannot
 # notify the clock, so a set event is seen within this much real time.
@@ -110,3 +116,60 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock(monotonic={self.monotonic():g})"
+
+
+class Repeater:
+    """Call ``work`` on a daemon thread every ``interval_seconds`` of ``clock`` until :meth:`stop`.
+
+    The first call is at :meth:`start` (``first_at_once``) or one interval after it; then the
+    calls keep to that grid. One that overruns its interval delays the next one to one interval
+    after it ended: calls never overlap and missed ones collapse into one. An exception from
+    ``work`` is logged and the loop goes on (a DaemonSet's loop must outlive one bad round)."""
+
+    def __init__(self, name: str, work: Callable[[], object], interval_seconds: float, clock: Clock = SYSTEM_CLOCK,
+                 *, first_at_once: bool = True):
+        if not (math.isfinite(interval_seconds) and interval_seconds > 0):
+            raise ValueError(f"interval_seconds: {interval_seconds} must be a finite number > 0")
+        self.name = name
+        self.work = work
+        self.interval_seconds = float(interval_seconds)
+        self.clock = clock
+        self.first_at_once = first_at_once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def _run(self) -> None:
+        due = self.clock.monotonic() + (0.0 if self.first_at_once else self.interval_seconds)
+        while not self.clock.wait(self._stop, max(0.0, due - self.clock.monotonic())):
+            try:
+                self.work()
+            except Exception:  # noqa: BLE001 (one failed call never ends the loop)
+                log.exception("%s: the call failed; trying again next interval", self.name)
+            now = self.clock.monotonic()
+            due += self.interval_seconds
+            if due <= now:  # overran: the missed calls collapse into the next one
+                due = now + self.interval_seconds
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name} already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_seconds: float = 10.0) -> bool:
+        """Stop after the running call (if any), waiting up to ``timeout_seconds`` (real time) for
+        it; returns whether the thread has ended (a warning is logged when not). Safe to call twice."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout_seconds)
+        if thread.is_alive():
+            log.warning("%s still running after stop (a call that never returned?)", self.name)
+            return False
+        return True

@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.fleet import ATTRIBUTION_STATES, IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
 
 from .local import LocalStore
 from .schema import PANDAS_DTYPES, empty_samples
@@ -374,8 +374,7 @@ class Scraper:
         else:  # the older form: clock=<a callable giving the sample time>
             self._clock, sample_time = SYSTEM_CLOCK, sample_time or clock
         self._sample_time: SampleTime = sample_time or self._clock.time
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._repeater = Repeater("gpuwarden-scraper", self.scrape_once, self.interval_seconds, self._clock)
         self._lock = threading.Lock()
         self.scrapes = 0
         self.rows_written = 0
@@ -413,31 +412,14 @@ class Scraper:
             self.last_results = tuple(results)
             return self.last_results
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            started = self._clock.monotonic()
-            try:
-                self.scrape_once()
-            except Exception:  # noqa: BLE001 (a store error must not kill the thread silently)
-                log.exception("scrape round failed")
-            self._clock.wait(self._stop, max(0.0, self.interval_seconds - (self._clock.monotonic() - started)))
-
     def start(self) -> Scraper:
-        if self._thread is not None:
-            raise RuntimeError("Scraper already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="gpuwarden-scraper", daemon=True)
-        self._thread.start()
+        """Scrape now, then every interval on the clock (a failed round is logged, never fatal)."""
+        self._repeater.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after the current round; safe to call twice."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                log.warning("scraper thread still running after stop")
+        self._repeater.stop(timeout)
 
     def __enter__(self) -> Scraper:
         return self.start()
