@@ -1,4 +1,5 @@
-"""Test data, built in one place: GPU readings, fleet-sample frames, cluster snapshots, workloads.
+"""Test data, built in one place: GPU readings, fleet-sample frames, cluster snapshots, workloads,
+and a cluster that misbehaves on chosen actions.
 
 Each builder gives a healthy, busy default and takes keywords for what a test is about, so a test
 names only the values it checks (kueue's ``MakeWorkload(...).Obj()`` and KAI's scenario builders
@@ -16,6 +17,8 @@ import pandas as pd
 from gpuwarden.fleet import (
     SAMPLE_COLUMN_NAMES,
     THROTTLE_REASONS,
+    Action,
+    ActionResult,
     ClusterSnapshot,
     Gpu,
     GpuReading,
@@ -146,3 +149,23 @@ def snapshot(nodes: Sequence[Node] = (), workloads: Sequence[WorkloadState] = ()
     nodes = tuple(nodes) or (node("node-0"), node("node-1"))
     return ClusterSnapshot(taken_at=taken_at, nodes=tuple(nodes), gpus=gpus_of(*nodes), workloads=tuple(workloads),
                            teams=tuple(teams), **fields)
+
+
+class InterceptedCluster:
+    """A ``Cluster`` whose ``apply`` goes through ``intercept`` first: it may answer an action
+    itself (a refusal), raise (the API server went away), or return None to pass it on."""
+
+    def __init__(self, inner: Any, intercept: Callable[[Action], ActionResult | None]):
+        self.inner = inner
+        self.intercept = intercept
+
+    def snapshot(self) -> ClusterSnapshot:
+        snapshot: ClusterSnapshot = self.inner.snapshot()
+        return snapshot
+
+    def apply(self, action: Action) -> ActionResult:
+        answer = self.intercept(action)
+        if answer is not None:
+            return answer
+        result: ActionResult = self.inner.apply(action)
+        return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from builders import node, snapshot
+from builders import InterceptedCluster, node, snapshot
 from polling import tick, wait_for
 
 from gpuwarden.actuator import (
@@ -136,19 +136,10 @@ def test_approve_mode_waits_for_an_operator(cluster):
 def test_a_refused_action_is_recorded_and_the_plan_goes_on(cluster):
     a, b = node_names(cluster)[:2]
 
-    class Refusing:
-        def __init__(self, inner):
-            self.inner = inner
+    def refuse_a(action: Action) -> ActionResult | None:
+        return ActionResult(action, False, "node is being upgraded") if action.target == a else None
 
-        def snapshot(self):
-            return self.inner.snapshot()
-
-        def apply(self, action):
-            if action.target == a:
-                return ActionResult(action, False, "node is being upgraded")
-            return self.inner.apply(action)
-
-    actuator = Actuator(Refusing(cluster), Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0))
+    actuator = Actuator(InterceptedCluster(cluster, refuse_a), Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0))
     entries = actuator.execute(plan_from_findings([finding(a), finding(b)], cluster.snapshot()))
     assert [(e.outcome, e.target) for e in entries] == [(Outcome.REFUSED, a), (Outcome.APPLIED, b)]
     assert entries[0].message == "node is being upgraded"
@@ -157,20 +148,12 @@ def test_a_refused_action_is_recorded_and_the_plan_goes_on(cluster):
 def test_an_error_mid_plan_records_what_was_and_was_not_done(cluster, tmp_path):
     a, b, c = node_names(cluster)[:3]
 
-    class Failing:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def snapshot(self):
-            return self.inner.snapshot()
-
-        def apply(self, action):
-            if action.target == b:
-                raise ConnectionError("API server went away")
-            return self.inner.apply(action)
+    def fail_on_b(action: Action) -> None:
+        if action.target == b:
+            raise ConnectionError("API server went away")
 
     audit = AuditLog(tmp_path / "audit.jsonl")
-    actuator = Actuator(Failing(cluster), Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0), audit=audit)
+    actuator = Actuator(InterceptedCluster(cluster, fail_on_b), Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0), audit=audit)
     actuator.execute(plan_from_findings([finding(a), finding(b), finding(c)], cluster.snapshot()))
     logged = [(e["outcome"], e["target"]) for e in AuditLog.read(tmp_path / "audit.jsonl")]
     assert logged == [("applied", a), ("error", b), ("not-applied", c)]
