@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,9 +24,23 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.exporter import ExporterService, ExporterSnapshot, GpuCollector
-from gpuwarden.exporter.nvml import NA, NVML_ERROR_NOT_SUPPORTED, NvmlBackend, NvmlQuery, NvmlUnavailable, mig_profile_from_name
-from gpuwarden.exporter.replay import RecordedNvml, ReplayBackend, ReplayError, load_probe, load_trace
+from gpuwarden.exporter.nvml import (
+    NA,
+    NVML_ERROR_NOT_SUPPORTED,
+    NvmlBackend,
+    NvmlQuery,
+    NvmlUnavailable,
+    mig_profile_from_name,
+)
+from gpuwarden.exporter.replay import (
+    RecordedNvml,
+    ReplayBackend,
+    ReplayError,
+    load_probe,
+    load_trace,
+)
 from gpuwarden.fleet import TRACKED_XIDS, GpuBackend
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +54,7 @@ def h200(data_dir: Path):
 def make_backend(h200):
     made: list[NvmlBackend] = []
 
-    def make(gpus: int = 1, probe=None, clock=time.time, **kwargs) -> NvmlBackend:
+    def make(gpus: int = 1, probe=None, clock: Clock = SYSTEM_CLOCK, **kwargs) -> NvmlBackend:
         recorded = RecordedNvml(probe or h200[0], h200[1], gpus=gpus, mig_profiles=kwargs.pop("mig_profiles", ()))
         backend = NvmlBackend("node-a", nvml=recorded, clock=clock, xid_wait_ms=20, **kwargs)
         made.append(backend)
@@ -220,14 +233,14 @@ def test_lost_gpu_is_marked_and_the_others_carry_on(make_backend):
 
 
 def test_xid_counter_is_monotonic_and_counts_repeated_identical_xids(make_backend):
-    now = [1_700_000_000.0]
-    backend = make_backend(gpus=2, clock=lambda: now[0])
+    clock = FakeClock(1_700_000_000.0)
+    backend = make_backend(gpus=2, clock=clock)
     gpu0, gpu1 = backend.read()
     assert gpu0.values["xid_48_total"] == 0 and gpu0.values["xid_last_code"] == 0  # watched: exported from 0
     recorded = backend.query.nvml
     assert recorded.inject_xid(0, 48) == 1
     wait_for(lambda: backend.read()[0].values["xid_48_total"] == 1, what="first xid 48")
-    now[0] += 30
+    clock.advance(30)
     recorded.inject_xid(0, 48)  # the same XID again: DCGM's gauge would not move; the counter does
     recorded.inject_xid(0, 31)
     gpu0 = wait_for(lambda: (r := backend.read()[0]).values.get("xid_31_total") == 1 and r, what="xid 31")

@@ -7,8 +7,8 @@ compute processes with their memory (``nvmlDeviceGetComputeRunningProcesses``, 9
 busy on the H200), which the pod attribution step maps to pods on time-sliced GPUs. It never reads
 PCIe throughput (that call sleeps 20 ms). Every call goes through the query gate (:mod:`.query`).
 
-``nvml`` (the ``pynvml`` module, or anything that speaks its API) and ``clock`` are constructor
-parameters; tests and the replay backend hand in a recorded NVML.
+``nvml`` (the ``pynvml`` module, or anything that speaks its API) and ``clock`` (the
+:class:`~gpuwarden.fleet.clock.Clock` XID timestamps are read from) are constructor parameters; tests and the replay backend hand in a recorded NVML.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.fleet import GpuReading
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .codes import (
     NVML_CLOCK_MEM,
@@ -77,7 +77,7 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, node: str, *, nvml: Any = None, clock: Callable[[], float] = time.time,
+    def __init__(self, node: str, *, nvml: Any = None, clock: Clock = SYSTEM_CLOCK,
                  xid_events: bool = True, gpm: bool = True, xid_wait_ms: int = 15000, processes: bool = True):
         self.node = node
         self.processes_enabled = processes

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.fleet import TRACKED_XIDS
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .codes import NVML_ERROR_TIMEOUT, NVML_EVENT_TYPE_XID, NVML_NO_INSTANCE
 from .query import NA, GpuLost, NvmlQuery, as_text
@@ -77,7 +76,7 @@ class XidTracker:
 class XidWatcher:
     """A daemon thread waiting on one NVML event set for XID events of all GPUs."""
 
-    def __init__(self, query: NvmlQuery, tracker: XidTracker, clock: Callable[[], float] = time.time,
+    def __init__(self, query: NvmlQuery, tracker: XidTracker, clock: Clock = SYSTEM_CLOCK,
                  wait_ms: int = 15000):
         self.query = query
         self.tracker = tracker
@@ -134,7 +133,7 @@ class XidWatcher:
             code = int(data.eventData)
             instance = getattr(data, "gpuInstanceId", NVML_NO_INSTANCE)
             instance = None if not isinstance(instance, int) or instance == NVML_NO_INSTANCE else instance
-            self.tracker.record(uuid, code, self.clock(), instance)
+            self.tracker.record(uuid, code, self.clock.time(), instance)
             log.warning("xid %d on %s%s", code, uuid or "an unknown GPU",
                         "" if instance is None else f" (MIG GPU instance {instance})")
         log.info("xid event thread stopped")

@@ -4,11 +4,11 @@ exercises the same query gate, field batching, GPM windows and NotSupported hand
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwarden.fleet import GpuReading
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from ..nvml import NvmlBackend
 from .files import load_probe, load_trace
@@ -26,7 +26,7 @@ class ReplayBackend(NvmlBackend):
 
     def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
-                 clock: Callable[[], float] = time.time, xid_events: bool = True, xid_wait_ms: int = 15000,
+                 clock: Clock = SYSTEM_CLOCK, xid_events: bool = True, xid_wait_ms: int = 15000,
                  processes: bool = True):
         rows = load_trace(trace)
         self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)
