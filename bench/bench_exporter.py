@@ -44,7 +44,6 @@ from gpuwarden.exporter.main import default_data_dir  # noqa: E402
 from gpuwarden.exporter.podresources import PodAttributor, api_pb2  # noqa: E402
 from gpuwarden.exporter.replay import ReplayBackend  # noqa: E402
 
-
 # The exporter before issue 15's CPU work (the design measured on the H200), and the figures
 # recorded there at a 15 s interval (../shared/data/h200/peer_exporter.json and issue 15).
 PREVIOUS_DESIGN_REV = "ecf573b"

@@ -19,7 +19,13 @@ import grpc
 import pytest
 
 from gpuwarden.exporter import ExporterService
-from gpuwarden.exporter.podresources import PodAttributor, PodRef, PodResourcesClient, api_pb2, device_map
+from gpuwarden.exporter.podresources import (
+    PodAttributor,
+    PodRef,
+    PodResourcesClient,
+    api_pb2,
+    device_map,
+)
 from gpuwarden.exporter.replay import ReplayBackend
 
 
@@ -54,7 +60,7 @@ class Kubelet:
                                   topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=0)]))
         return response
 
-    def __enter__(self) -> "Kubelet":
+    def __enter__(self) -> Kubelet:
         self.server.start()
         return self
 

@@ -4,6 +4,7 @@ the simulated fleet (wired by the CLI). Imports only ``gpuwarden.fleet``, the st
 ``prometheus_client``, ``pynvml`` and, lazily when a kubelet socket exists, ``grpc``."""
 
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
+
 from .collector import GpuCollector, build_families, render_text
 from .nvml import NvmlBackend, NvmlUnavailable
 from .podresources import PodAttributor

@@ -16,8 +16,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from gpuwarden.fleet import THROTTLE_REASONS, GpuReading
-
 from gpuwarden.fleet.catalogue import GPU_LABELS, MetricSpec, load_catalogue
+
 from .snapshot import ExporterSnapshot
 
 # prometheus_client's float text (untyped there): "+Inf", "1.0e+06" as generate_latest writes them.

@@ -14,14 +14,16 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from gpuwarden.fleet.paths import default_data_dir
 
 from .nvml import NvmlBackend, NvmlUnavailable
 from .podresources import DEFAULT_SOCKET, PodAttributor
 from .podresources.processes import DEFAULT_KUBELET_ROOT, DEFAULT_PROC_ROOT, PodMemory
 from .replay import ReplayBackend, ReplayError
 from .service import ExporterService
-from gpuwarden.fleet.paths import default_data_dir
 
 log = logging.getLogger("gpuwarden.exporter")
 

@@ -23,9 +23,10 @@ import asyncio
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4

@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from gpuwarden.fleet import GpuReading
 

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpuwarden.fleet import GpuReading
 
