@@ -23,11 +23,15 @@ from gpuwarden.fleet import (
     Gpu,
     GpuReading,
     GpuRequest,
+    Location,
     Node,
     Placement,
+    PriceTier,
+    PriorityClass,
     Team,
     Topology,
     Workload,
+    WorkloadKind,
     WorkloadPhase,
     WorkloadState,
 )
@@ -113,8 +117,10 @@ def fleet_samples(minutes: int, nodes: Sequence[str] = ("gpu-a", "gpu-b"), gpus_
     for minute in range(minutes):
         for node in nodes:
             for gpu in range(gpus_per_node):
-                extra = vary(minute, node, gpu) if vary is not None else {}
-                rows.append(sample_row(start + minute * step, node, gpu, **{**values, **extra}))
+                row = sample_row(start + minute * step, node, gpu)
+                row.update(values)
+                row.update(vary(minute, node, gpu) if vary is not None else {})
+                rows.append(row)
     return samples_frame(rows)
 
 
@@ -123,7 +129,7 @@ def fleet_samples(minutes: int, nodes: Sequence[str] = ("gpu-a", "gpu-b"), gpus_
 
 def node(name: str, gpus: int = 4, *, pool: str = "train", model: str = H100, price_tier: str = "on-demand",
          topology: Topology = Topology("nvl-0", "leaf-0", "rack-0")) -> Node:
-    return Node(name, pool, "cloud", price_tier, topology, model, gpus, 64000, 2**39)
+    return Node(name, pool, Location("cloud"), PriceTier(price_tier), topology, model, gpus, 64000, 2**39)
 
 
 def gpus_of(*nodes: Node) -> tuple[Gpu, ...]:
@@ -136,7 +142,7 @@ def workload(name: str, team: str = "alpha", gpus: int = 1, phase: WorkloadPhase
              submitted_at: datetime = NOW - timedelta(hours=1), **state: Any) -> WorkloadState:
     """A workload of ``gpus`` whole GPUs in namespace ``team``; ``on`` a node name binds it to that
     node's first GPUs (started 30 minutes before :data:`NOW`)."""
-    spec = Workload(name, team, kind, team, team, priority, GpuRequest(count=gpus))  # type: ignore[arg-type]
+    spec = Workload(name, team, WorkloadKind(kind), team, team, PriorityClass(priority), GpuRequest(count=gpus))
     placements = tuple(Placement(on, f"GPU-{on}-{g}") for g in range(gpus)) if on else ()
     started = NOW - timedelta(minutes=30) if on else None
     return WorkloadState(spec, phase, submitted_at, started, placements, **state)

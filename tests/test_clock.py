@@ -4,6 +4,7 @@ waits it passes; the loops that take it run one round per tick."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,7 +16,7 @@ from gpuwarden.store import LocalStore
 from gpuwarden.store.scraper import Scraper
 
 
-def test_both_clocks_speak_the_protocol():
+def test_both_clocks_speak_the_protocol() -> None:
     assert isinstance(SYSTEM_CLOCK, Clock) and isinstance(FakeClock(), Clock)
     assert not isinstance(lambda: 0.0, Clock)
     event = threading.Event()
@@ -23,7 +24,7 @@ def test_both_clocks_speak_the_protocol():
     assert SYSTEM_CLOCK.wait(event, 0) and FakeClock().wait(event, None)  # a set event: no waiting at all
 
 
-def test_fake_time_moves_only_by_advance_and_never_back():
+def test_fake_time_moves_only_by_advance_and_never_back() -> None:
     clock = FakeClock(1_000.0)
     assert (clock.time(), clock.monotonic()) == (1_000.0, 0.0)
     clock.advance(2.5)
@@ -32,7 +33,7 @@ def test_fake_time_moves_only_by_advance_and_never_back():
         clock.advance(-1)
 
 
-def test_a_wait_ends_when_the_clock_passes_its_deadline_or_its_event_is_set():
+def test_a_wait_ends_when_the_clock_passes_its_deadline_or_its_event_is_set() -> None:
     clock = FakeClock()
     stop = threading.Event()
     woke: list[bool] = []
@@ -53,7 +54,7 @@ def test_a_wait_ends_when_the_clock_passes_its_deadline_or_its_event_is_set():
     assert woke == [False, True] and clock.waiting == 0
 
 
-def test_a_reconcile_round_that_overruns_delays_the_next_one_and_never_doubles_it():
+def test_a_reconcile_round_that_overruns_delays_the_next_one_and_never_doubles_it() -> None:
     from gpuwarden.actuator.loop import Reconciler, RoundReport
     from gpuwarden.actuator.plan import Plan
 
@@ -84,13 +85,13 @@ def test_a_reconcile_round_that_overruns_delays_the_next_one_and_never_doubles_i
     assert rounds == [60.0, 320.0]
 
 
-def test_scraper_takes_a_plain_callable_as_the_time_its_rows_carry(tmp_path):
+def test_scraper_takes_a_plain_callable_as_the_time_its_rows_carry(tmp_path: Path) -> None:
     """The form the demo uses (simulated time): the loop waits on the system clock."""
     scraper = Scraper(["http://127.0.0.1:9/metrics"], LocalStore(tmp_path / "store"), clock=lambda: START)
     assert scraper._clock is SYSTEM_CLOCK and scraper._now() == pd.Timestamp(START)
 
 
-def test_a_failed_call_is_logged_and_the_repeater_goes_on(caplog):
+def test_a_failed_call_is_logged_and_the_repeater_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     calls: list[float] = []
 
