@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -35,7 +35,7 @@ from gpuwarden.actuator.plan import scheduling_findings  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, Severity  # noqa: E402
 from gpuwarden.scheduling.planner import plan as schedule_plan  # noqa: E402
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def build(api: FakeKubeAPI, nodes: int, pods_per_node: int, namespaces: int = 20) -> int:

@@ -4,7 +4,7 @@ modes, safety limits, the audit log, and a plan interrupted by an error."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 
@@ -22,7 +22,7 @@ from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, Severity
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.cluster import SimCluster
 
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import enum
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import datetime, timedelta, UTC
+from collections.abc import Callable
 
 from prometheus_client import Gauge
 
@@ -88,7 +88,7 @@ def _parse(at: str | None) -> datetime | None:
 class _Budget:
     """What the limits still allow this round: actions in the last hour and nodes out of scheduling."""
 
-    def __init__(self, actuator: "Actuator", snapshot: ClusterSnapshot | None) -> None:
+    def __init__(self, actuator: Actuator, snapshot: ClusterSnapshot | None) -> None:
         self.actuator = actuator
         self.snapshot = snapshot
         self.applied = actuator.applied_in_last_hour()
@@ -126,7 +126,7 @@ class Actuator:
     """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits = SafetyLimits(),
-                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  leader: Callable[[], bool] | None = None, name: str = "actuator") -> None:
         self.cluster = cluster
         self.mode = Mode(mode)
@@ -286,7 +286,7 @@ class Actuator:
     def _apply(self, action: Action, budget: _Budget, **kwargs) -> AuditEntry:
         try:
             result = self.cluster.apply(action)
-        except Exception as error:  # the protocol says never raise; a client bug or outage still must be recorded
+        except Exception as error:  # noqa: BLE001 the protocol says never raise; a client bug or outage still must be recorded
             return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", **kwargs)
         if result.ok:
             budget.take(action)
@@ -302,7 +302,7 @@ class Actuator:
         if isinstance(self.cluster, EventSink):
             try:
                 self.cluster.record_event("CircuitBreakerOpen", message)
-            except Exception as error:  # the Event is a courtesy; the audit entry and metric are the record
+            except Exception as error:  # noqa: BLE001 the Event is a courtesy; the audit entry and metric are the record
                 log.warning("actuator: could not post the breaker Event: %s", error)
         return self._note(Outcome.BREAKER_OPEN, why, message, self.name)
 
@@ -361,7 +361,7 @@ class Actuator:
             action = action_from_record(applied["undo"])
             try:
                 result = self.cluster.apply(action)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 as in _apply: a failed undo is recorded, never raised
                 return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", by=by, undo_of=entry_id)
             if not result.ok:
                 outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED

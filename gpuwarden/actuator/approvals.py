@@ -10,9 +10,9 @@ carrying the approver's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from .audit import AuditLog, Outcome, append_line, locked
 
@@ -74,7 +74,7 @@ def pending(audit_path: str | Path) -> list[PendingApproval]:
 def decision_record(approval_id: str, approve: bool, by: str, comment: str, at: datetime | None = None) -> dict:
     return {
         "outcome": Outcome.APPROVED.value if approve else Outcome.REJECTED.value, "approval_id": str(approval_id),
-        "by": by, "comment": comment, "at": (at or datetime.now(timezone.utc)).isoformat(),
+        "by": by, "comment": comment, "at": (at or datetime.now(UTC)).isoformat(),
     }
 
 

@@ -412,7 +412,7 @@ class LocalStore:
             tables = []
             for path in files:
                 try:
-                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=_KEY_SCHEMA)) 
+                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=_KEY_SCHEMA))
                 except FileNotFoundError:
                     continue
                 except _CORRUPT:

@@ -17,7 +17,8 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import urllib3
 from kubernetes import client, config

@@ -20,8 +20,8 @@ Every result is an ``ActionResult``: ok, or a permanent or temporary failure wit
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import datetime, UTC
+from collections.abc import Callable
 
 from kubernetes import client
 
@@ -47,7 +47,7 @@ def _taint(text: str) -> dict:
 
 class KubeCluster:
     def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc), event_source: str = "gpuwarden-actuator") -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), event_source: str = "gpuwarden-actuator") -> None:
         self.api = api
         self.namespace = namespace  # where the actuator's own Events go
         self.page_size = page_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from kubernetes.utils import parse_quantity
 
@@ -113,7 +113,7 @@ def _node(item: dict) -> tuple[Node, list[Gpu]] | None:
     return node, out
 
 
-def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now(timezone.utc)) -> tuple[ClusterSnapshot, Inventory]:
+def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now(UTC)) -> tuple[ClusterSnapshot, Inventory]:
     taken_at = clock()
     inventory = Inventory()
     nodes, gpus, cordoned, taints, node_labels = [], [], set(), {}, {}
