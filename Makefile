@@ -23,11 +23,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gpuwarden demo $(ARGS)
 
+# `make lint`: ruff and mypy with their settings in pyproject.toml ([tool.ruff], [tool.mypy]; mypy keeps
+# its cache in .mypy_cache), then the import-layering contracts. `make test` runs it before the tests.
 lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP)
-	$(BIN)/lint-imports
+test: lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -38,4 +41,4 @@ image:
 	IMAGE=$(IMAGE) TAG=$(TAG) ENGINE=$(ENGINE) scripts/image/build_image.sh
 
 clean:
-	rm -rf $(VENV) .gpuwarden .pytest_cache
+	rm -rf $(VENV) .gpuwarden .pytest_cache .mypy_cache .ruff_cache

@@ -16,12 +16,14 @@ Target (#11): 1,000 nodes, 8,000 GPUs, 10,000 pods: planning < 1 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -35,7 +37,7 @@ from gpuwarden.actuator.plan import scheduling_findings  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, Severity  # noqa: E402
 from gpuwarden.scheduling.planner import plan as schedule_plan  # noqa: E402
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def build(api: FakeKubeAPI, nodes: int, pods_per_node: int, namespaces: int = 20) -> int:
@@ -78,12 +80,21 @@ def serve(nodes: int, pods_per_node: int, answers: multiprocessing.Queue, stop: 
     api.stop()
 
 
-def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) -> dict:
+@contextlib.contextmanager
+def api_server(nodes: int, pods_per_node: int) -> Iterator[tuple[str, int]]:
+    """:func:`serve` in its own process: yields (its kubeconfig's text, pods), stops it on the way out."""
     answers, stop = multiprocessing.Queue(), multiprocessing.Event()
     server = multiprocessing.Process(target=serve, args=(nodes, pods_per_node, answers, stop), daemon=True)
     server.start()
     try:
-        kubeconfig, pods = answers.get(timeout=600)
+        yield answers.get(timeout=600)
+    finally:
+        stop.set()
+        server.join(timeout=30)
+
+
+def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) -> dict:
+    with api_server(nodes, pods_per_node) as (kubeconfig, pods):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "kc.json"
             path.write_text(kubeconfig)
@@ -106,9 +117,6 @@ def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) 
                 "calls": statistics.median(calls), "snapshot_s": statistics.median(snap_s),
                 "plan_s": statistics.median(plan_s), "actions": len(plan.actions),
                 "blocked": sum(e.outcome.value == "blocked-by-limit" for e in entries)}
-    finally:
-        stop.set()
-        server.join(timeout=30)
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ floor; 1 GPU CPU <= the peer's 0.033%; 8 GPUs RSS < 60 MiB and CPU < 1% of one c
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -134,7 +135,7 @@ def bench_render(data: Path, mig: int, scrapes: int, latency: bool, socket_dir: 
                     from prometheus_client import generate_latest
 
                     for key, render in (("render_once", service.collector.render),
-                                        ("render_client", lambda: generate_latest(service.registry))):
+                                        ("render_client", functools.partial(generate_latest, service.registry))):
                         renders = []
                         for _ in range(30):
                             started = time.perf_counter()

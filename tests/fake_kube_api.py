@@ -79,7 +79,7 @@ class FakeKubeAPI:
         self._server: ThreadingHTTPServer | None = None
 
     # -- test set-up ----------------------------------------------------------------------------
-    def with_kueue(self) -> "FakeKubeAPI":
+    def with_kueue(self) -> FakeKubeAPI:
         self.resources |= set(KUEUE_RESOURCES)
         return self
 
@@ -106,7 +106,7 @@ class FakeKubeAPI:
         return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)]
 
     # -- serving ------------------------------------------------------------------------------------
-    def start(self) -> "FakeKubeAPI":
+    def start(self) -> FakeKubeAPI:
         api = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -41,7 +41,6 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
     gpus = nodes * 8
     steps = int(days * 86400 / STEP_S)
     t0 = pd.Timestamp("2026-03-02T00:00:00Z")
-    hours = np.arange(steps) * STEP_S / 3600.0
 
     # Jobs: each GPU alternates busy / idle spells; whole nodes share a job most of the time.
     busy = np.zeros((gpus, steps), dtype=bool)

@@ -3,7 +3,7 @@ modes, safety limits, the audit log, and a plan interrupted by an error."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from builders import InterceptedCluster, node, snapshot
@@ -24,7 +24,7 @@ from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.cluster import SimCluster
 
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ merge patches with resourceVersion conflicts, the Eviction subresource with PDB 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from fake_kube_api import BATCH, CORE, KUEUE, FakeKubeAPI
@@ -21,7 +21,7 @@ from gpuwarden.actuator.loop import Reconciler
 from gpuwarden.actuator.plan import NOTIFIED_ANNOTATION
 from gpuwarden.fleet import Action, ActionKind, Finding, Severity
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ROOMY = SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0)
 
 

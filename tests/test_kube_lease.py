@@ -3,7 +3,7 @@ server speaking the real REST protocol; the official client runs unmodified over
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from fake_kube_api import COORDINATION, FakeKubeAPI
@@ -13,7 +13,7 @@ from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, LeaderElector, load_client
 from gpuwarden.fleet import ActionKind, Finding, Severity
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture

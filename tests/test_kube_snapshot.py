@@ -69,6 +69,18 @@ def test_snapshot_reads_nodes_pods_owners_teams_and_pages_through_lists(api, tmp
     assert api.get(JOBSET, "jobsets", "js", "ml")["spec"]["suspend"] is True
 
 
+def test_a_node_label_outside_the_vocabulary_is_named_and_the_node_kept_with_defaults(api, tmp_path, caplog):
+    node(api, "odd", labels={"gpuwarden.io/pool": "train", "gpuwarden.io/price-tier": "cheap"})
+    node(api, "cloudy", labels={"gpuwarden.io/location": "cloud"})
+    with caplog.at_level("WARNING", logger="gpuwarden.actuator.kube"):
+        snapshot = connect(api, tmp_path).snapshot()
+    odd, cloudy = sorted(snapshot.nodes, key=lambda n: n.name != "odd")
+    assert (odd.name, odd.pool, odd.location.value, odd.price_tier.value) == ("odd", "default", "on-prem", "on-demand")
+    assert odd.gpu_count == 8 and len([g for g in snapshot.gpus if g.node == "odd"]) == 8
+    assert (cloudy.location.value, cloudy.price_tier.value) == ("cloud", "on-demand")
+    assert "label gpuwarden.io/price-tier='cheap' is not one of: on-demand, reserved, spot, owned" in caplog.text
+
+
 def test_kueue_cluster_queues_are_teams(api, tmp_path):
     api.with_kueue()
     node(api, "a")

@@ -22,8 +22,9 @@ import enum
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import datetime, timedelta, UTC
+from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 from prometheus_client import Gauge
 
@@ -31,7 +32,7 @@ from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
 from gpuwarden.fleet.protocols import EventSink
 
 from . import approvals
-from .audit import AuditEntry, AuditLog, Outcome, action_from_record, action_record, finding_record, new_id
+from .audit import AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, finding_record, new_id
 from .plan import Plan, PlannedAction
 
 log = logging.getLogger("gpuwarden.actuator")
@@ -40,6 +41,15 @@ BREAKER_GAUGE = Gauge("gpuwarden_actuator_circuit_open",
                       "1 while the actuator's circuit breaker is open (a safety limit was reached; a person must reset it)")
 OWN_TAINT_PREFIX = "gpuwarden.io/"  # taints the actuator puts on; others (nvidia.com/gpu:NoSchedule) are the operator's
 REJECTED_QUIET = timedelta(hours=24)  # a rejected action is not asked again for this long
+
+
+class _EntryContext(TypedDict, total=False):
+    """What an approved action's audit entries carry over from its awaiting entry and decision."""
+
+    approval_id: str | None
+    findings: tuple[Record, ...]
+    snapshot_at: datetime | None
+    by: str | None
 
 
 class Mode(str, enum.Enum):
@@ -88,16 +98,21 @@ def _parse(at: str | None) -> datetime | None:
 class _Budget:
     """What the limits still allow this round: actions in the last hour and nodes out of scheduling."""
 
-    def __init__(self, actuator: "Actuator", snapshot: ClusterSnapshot | None) -> None:
+    def __init__(self, actuator: Actuator, snapshot: ClusterSnapshot | None) -> None:
         self.actuator = actuator
         self.snapshot = snapshot
         self.applied = actuator.applied_in_last_hour()
         self.removed: set[str] | None = None
 
+    def _current(self) -> ClusterSnapshot:
+        """The round's snapshot, read from the cluster the first time a limit needs it."""
+        if self.snapshot is None:
+            self.snapshot = self.actuator.cluster.snapshot()
+        return self.snapshot
+
     def _removed(self) -> set[str]:
         if self.removed is None:
-            snapshot = self.snapshot or self.actuator.cluster.snapshot()
-            self.snapshot = snapshot
+            snapshot = self._current()
             own = {n for n, taints in snapshot.taints.items() if any(t.startswith(OWN_TAINT_PREFIX) for t in taints)}
             self.removed = set(snapshot.cordoned) | own
         return self.removed
@@ -108,7 +123,7 @@ class _Budget:
             return f"{self.applied} actions in the last hour; limit {limits.max_actions_per_hour}"
         if action.kind in _REMOVES_NODE:
             removed = self._removed() | {action.target}
-            total = max(1, len(self.snapshot.nodes))
+            total = max(1, len(self._current().nodes))
             ratio = len(removed) / total
             if ratio > limits.max_cordoned_node_ratio:
                 return (f"would leave {len(removed)} of {total} nodes cordoned or tainted ({ratio:.0%}); "
@@ -126,7 +141,7 @@ class Actuator:
     """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits = SafetyLimits(),
-                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  leader: Callable[[], bool] | None = None, name: str = "actuator") -> None:
         self.cluster = cluster
         self.mode = Mode(mode)
@@ -168,7 +183,7 @@ class Actuator:
 
     # -- recording ---------------------------------------------------------------------------------
     def _entry(self, outcome: Outcome, action: Action, message: str = "", approval_id: str | None = None,
-               findings: tuple[dict, ...] = (), snapshot_at: datetime | None = None, by: str | None = None,
+               findings: tuple[Record, ...] = (), snapshot_at: datetime | None = None, by: str | None = None,
                undo: Action | None = None, undo_of: str | None = None) -> AuditEntry:
         entry = AuditEntry(self.clock(), self.mode, outcome, action.kind.value, action.target, action.reason, message,
                            approval_id, dict(action.params), tuple(findings), snapshot_at, new_id(),
@@ -177,7 +192,7 @@ class Actuator:
         return entry
 
     @staticmethod
-    def _findings(planned: PlannedAction) -> tuple[dict, ...]:
+    def _findings(planned: PlannedAction) -> tuple[Record, ...]:
         return tuple(finding_record(f) for f in planned.findings)
 
     # -- a round -----------------------------------------------------------------------------------
@@ -265,15 +280,16 @@ class Actuator:
         out = []
         for awaiting, decision in approvals.approved_not_applied(self.audit.records()):
             action = action_from_record(awaiting)
-            kwargs = dict(approval_id=str(awaiting["approval_id"]), findings=tuple(awaiting.get("findings") or ()),
-                          snapshot_at=_parse(awaiting.get("snapshot_at")), by=decision.get("by") or "operator")
+            kwargs: _EntryContext = {
+                "approval_id": str(awaiting["approval_id"]), "findings": tuple(awaiting.get("findings") or ()),
+                "snapshot_at": _parse(awaiting.get("snapshot_at")), "by": decision.get("by") or "operator"}
             if not self.leader():
                 out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **kwargs))
                 continue
             out.append(self._guarded_apply(action, budget, **kwargs))
         return out
 
-    def _guarded_apply(self, action: Action, budget: _Budget, **kwargs) -> AuditEntry:
+    def _guarded_apply(self, action: Action, budget: _Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
         if self.breaker_open:
             return self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person", **kwargs)
         why = budget.why_not(action)
@@ -283,10 +299,10 @@ class Actuator:
             return entry
         return self._apply(action, budget, **kwargs)
 
-    def _apply(self, action: Action, budget: _Budget, **kwargs) -> AuditEntry:
+    def _apply(self, action: Action, budget: _Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
         try:
             result = self.cluster.apply(action)
-        except Exception as error:  # the protocol says never raise; a client bug or outage still must be recorded
+        except Exception as error:  # noqa: BLE001 the protocol says never raise; a client bug or outage still must be recorded
             return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", **kwargs)
         if result.ok:
             budget.take(action)
@@ -302,7 +318,7 @@ class Actuator:
         if isinstance(self.cluster, EventSink):
             try:
                 self.cluster.record_event("CircuitBreakerOpen", message)
-            except Exception as error:  # the Event is a courtesy; the audit entry and metric are the record
+            except Exception as error:  # noqa: BLE001 the Event is a courtesy; the audit entry and metric are the record
                 log.warning("actuator: could not post the breaker Event: %s", error)
         return self._note(Outcome.BREAKER_OPEN, why, message, self.name)
 
@@ -335,7 +351,7 @@ class Actuator:
             self.audit.entries.append(entry)
             return entry
 
-    def _decide(self, approval_id: str, approve: bool, by: str, comment: str) -> dict:
+    def _decide(self, approval_id: str, approve: bool, by: str, comment: str) -> Record:
         approval_id = str(approval_id)
         if self.audit.path is not None:
             awaiting = approvals.check_decidable(self.audit.records(), approval_id)
@@ -361,7 +377,7 @@ class Actuator:
             action = action_from_record(applied["undo"])
             try:
                 result = self.cluster.apply(action)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 as in _apply: a failed undo is recorded, never raised
                 return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", by=by, undo_of=entry_id)
             if not result.ok:
                 outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED

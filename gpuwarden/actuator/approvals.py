@@ -10,11 +10,11 @@ carrying the approver's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
-from .audit import AuditLog, Outcome, append_line, locked
+from .audit import AuditLog, Outcome, Record, append_line, locked
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,17 @@ class PendingApproval:
     kind: str
     target: str
     reason: str
-    findings: tuple[dict, ...]  # kind, gpu_uuid, node, key evidence of each finding behind it
+    findings: tuple[Record, ...]  # kind, gpu_uuid, node, key evidence of each finding behind it
     planned_at: str  # ISO-8601 UTC
 
 
 _DECISIONS = (Outcome.APPROVED.value, Outcome.REJECTED.value)
 
 
-def _queue(records: Iterable[dict]) -> tuple[dict[str, dict], dict[str, dict]]:
+def _queue(records: Iterable[Record]) -> tuple[dict[str, Record], dict[str, Record]]:
     """(waiting, decided): awaiting-approval records by id, and the decision record of each decided id."""
-    waiting: dict[str, dict] = {}
-    decided: dict[str, dict] = {}
+    waiting: dict[str, Record] = {}
+    decided: dict[str, Record] = {}
     for record in records:
         approval_id = record.get("approval_id")
         if approval_id is None:
@@ -47,7 +47,7 @@ def _queue(records: Iterable[dict]) -> tuple[dict[str, dict], dict[str, dict]]:
     return waiting, decided
 
 
-def pending_from(records: Iterable[dict]) -> list[PendingApproval]:
+def pending_from(records: Iterable[Record]) -> list[PendingApproval]:
     waiting, decided = _queue(records)
     return [
         PendingApproval(approval_id, r.get("kind", ""), r.get("target", ""), r.get("reason", ""),
@@ -56,7 +56,7 @@ def pending_from(records: Iterable[dict]) -> list[PendingApproval]:
     ]
 
 
-def approved_not_applied(records: list[dict]) -> list[tuple[dict, dict]]:
+def approved_not_applied(records: list[Record]) -> list[tuple[Record, Record]]:
     """(awaiting record, approval record) of approved actions no later entry has carried out."""
     waiting, decided = _queue(records)
     done = {str(r["approval_id"]) for r in records if r.get("approval_id") is not None
@@ -71,14 +71,14 @@ def pending(audit_path: str | Path) -> list[PendingApproval]:
     return pending_from(AuditLog.read(path)) if path.exists() else []
 
 
-def decision_record(approval_id: str, approve: bool, by: str, comment: str, at: datetime | None = None) -> dict:
+def decision_record(approval_id: str, approve: bool, by: str, comment: str, at: datetime | None = None) -> Record:
     return {
         "outcome": Outcome.APPROVED.value if approve else Outcome.REJECTED.value, "approval_id": str(approval_id),
-        "by": by, "comment": comment, "at": (at or datetime.now(timezone.utc)).isoformat(),
+        "by": by, "comment": comment, "at": (at or datetime.now(UTC)).isoformat(),
     }
 
 
-def check_decidable(records: list[dict], approval_id: str) -> dict:
+def check_decidable(records: list[Record], approval_id: str) -> Record:
     """The awaiting record of ``approval_id``; ValueError (one line) if unknown or already decided."""
     waiting, decided = _queue(records)
     approval_id = str(approval_id)

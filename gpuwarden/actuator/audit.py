@@ -21,11 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 from gpuwarden.fleet import Action, Finding
 
 log = logging.getLogger("gpuwarden.actuator")
+
+Record = dict[str, Any]  # one JSON line of the log, as written and as read back
 
 EVIDENCE_KEYS_KEPT = 8  # the first few evidence items are the key ones; a finding's full frame stays in analytics
 
@@ -46,7 +49,7 @@ class Outcome(str, enum.Enum):
     UNDONE = "undone"  # a person took an applied action back; ``undo_of`` names it
 
 
-def finding_record(finding: Finding) -> dict:
+def finding_record(finding: Finding) -> Record:
     evidence = dict(list(finding.evidence.items())[:EVIDENCE_KEYS_KEPT])
     return {
         "kind": finding.kind, "severity": finding.severity.value, "node": finding.node, "gpu_uuid": finding.gpu_uuid,
@@ -55,7 +58,7 @@ def finding_record(finding: Finding) -> dict:
     }
 
 
-def action_record(action: Action | None) -> dict | None:
+def action_record(action: Action | None) -> Record | None:
     if action is None:
         return None
     return {"kind": action.kind.value, "target": action.target, "reason": action.reason, "params": dict(action.params)}
@@ -80,14 +83,14 @@ class AuditEntry:
     message: str = ""
     approval_id: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
-    findings: tuple[dict, ...] = ()
+    findings: tuple[Record, ...] = ()
     snapshot_at: datetime | None = None
     entry_id: str = field(default_factory=new_id)
     by: str = ""  # who decided: "actuator" for automation, a person's name for approvals and undo
-    undo: dict | None = None  # the action that takes this one back (applied entries)
+    undo: Record | None = None  # the action that takes this one back (applied entries)
     undo_of: str | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> Record:
         return {
             "entry_id": self.entry_id, "at": self.at.isoformat(), "mode": getattr(self.mode, "value", self.mode),
             "outcome": Outcome(self.outcome).value, "kind": self.kind, "target": self.target, "reason": self.reason,
@@ -107,8 +110,8 @@ class AuditLog:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else None
         self.entries: list[AuditEntry] = []
-        self._memory: list[dict] = []  # without a path, records live here
-        self._cache: tuple[tuple[int, int], list[dict]] | None = None  # (size, mtime) -> records
+        self._memory: list[Record] = []  # without a path, records live here
+        self._cache: tuple[tuple[int, int], list[Record]] | None = None  # (size, mtime) -> records
         self._lock = threading.Lock()
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,13 +121,13 @@ class AuditLog:
             self.entries.append(entry)
             self.append_record(entry.as_dict())
 
-    def append_record(self, record: dict) -> None:
+    def append_record(self, record: Record) -> None:
         if self.path is None:
             self._memory.append(record)
             return
         append_line(self.path, record)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         """Every entry ever written (this process's and others'), oldest first."""
         if self.path is None:
             return list(self._memory)
@@ -138,7 +141,7 @@ class AuditLog:
         return list(self._cache[1])
 
     @staticmethod
-    def read(path: str | Path) -> list[dict]:
+    def read(path: str | Path) -> list[Record]:
         out = []
         with Path(path).open(encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle, 1):
@@ -168,7 +171,7 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def append_line(path: Path, record: dict) -> None:
+def append_line(path: Path, record: Record) -> None:
     line = (json.dumps(record, default=str) + "\n").encode()
     with open(path, "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -30,21 +30,11 @@ from gpuwarden.store import SamplesError
 if TYPE_CHECKING:
     from gpuwarden.actuator.kube import KubeCluster
 
-from .args import host_port, non_negative_int, positive_float, positive_int
+from .args import host_port, non_negative_int, positive_float, positive_int, ratio
 from .sources import add_source_options, open_window
 
 DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
 log = logging.getLogger("gpuwarden.actuator")
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in 0..1")
-    return value
 
 
 def _cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +58,7 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     _audit_option(parser)
     parser.add_argument("--mode", choices=[m.value for m in Mode], default="observe", help="default observe")
     parser.add_argument("--max-actions-per-hour", type=non_negative_int, default=10, help="default 10")
-    parser.add_argument("--max-cordoned-node-ratio", type=_ratio, default=0.1,
+    parser.add_argument("--max-cordoned-node-ratio", type=ratio, default=0.1,
                         help="largest share of GPU nodes cordoned or tainted at once, 0..1 (default 0.1)")
     parser.add_argument("--taint", default="gpuwarden.io/unhealthy=true:NoSchedule", help="taint for unhealthy nodes")
     parser.add_argument("--notify-grace", type=positive_float, default=3600.0,

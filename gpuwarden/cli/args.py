@@ -66,6 +66,7 @@ non_negative_int = number(int, 0, 10**9)
 positive_int = number(int, 1, 10**9)
 positive_float = number(float, 0, 1e9, above=True)
 non_negative_float = number(float, 0, 1e9)
+ratio = number(float, 0, 1)
 seed = number(int, 0, 2**32 - 1)
 port = number(int, 1, 65535)
 

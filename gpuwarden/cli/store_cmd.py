@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .output import add_output_options, emit, render_record, render_rows
@@ -11,53 +12,50 @@ from .sources import timestamp
 from .storemark import DEFAULT_STORE, adopt_store
 
 
-def _store_option(parser: argparse.ArgumentParser) -> None:
+def _store_command(commands: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int], *,
+                   output: bool, help: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand over one store: ``--store``, the output options where it prints a report, and its ``run``."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
+    if output:
+        add_output_options(parser)
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("store", help="embedded store tools", description="Embedded store tools.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
 
-    info = commands.add_parser("info", help="rows, files, size and time range of a store", description="Show what a store holds.")
-    _store_option(info)
-    add_output_options(info)
-    info.set_defaults(run=run_info)
+    _store_command(commands, "info", run_info, output=True, help="rows, files, size and time range of a store",
+                   description="Show what a store holds.")
 
-    load = commands.add_parser(
-        "load", help="validate fleet samples files and append them to a store",
+    load = _store_command(
+        commands, "load", run_load, output=False, help="validate fleet samples files and append them to a store",
         description="Validate CSV / Parquet fleet samples files and append them to a store, all files or none. "
                     "A malformed file is rejected whole, naming the line or row and the column; implausible rows "
                     "(units, ranges, future timestamps, duplicates) are rejected and counted by reason; rows the "
                     "store already holds are not added again.")
     load.add_argument("files", type=Path, nargs="+", help="samples files (.csv, .csv.gz, .parquet)")
-    _store_option(load)
     load.add_argument("--strict", action="store_true", help="refuse the load (exit 2) if any row is rejected")
-    load.set_defaults(run=run_load)
 
-    read = commands.add_parser("read", help="write a time range of samples to a file",
-                               description="Read samples with SINCE <= timestamp < UNTIL (UTC, ISO-8601) into a file.")
-    _store_option(read)
+    read = _store_command(
+        commands, "read", run_read, output=False, help="write a time range of samples to a file",
+        description="Read samples with SINCE <= timestamp < UNTIL (UTC, ISO-8601) into a file.")
     read.add_argument("--since", type=timestamp, help="start time, ISO-8601 (default: the first sample)")
     read.add_argument("--until", type=timestamp, help="end time, ISO-8601, exclusive (default: after the last sample)")
     read.add_argument("--out", type=Path, required=True, help="output file (.csv, .csv.gz, .parquet)")
-    read.set_defaults(run=run_read)
 
-    check = commands.add_parser(
-        "check", help="find unreadable files, leftovers of interrupted writes and duplicate rows",
+    _store_command(
+        commands, "check", run_check, output=True,
+        help="find unreadable files, leftovers of interrupted writes and duplicate rows",
         description="Check a store without changing it. Exit 0 when healthy, 1 when 'gpuwarden store repair' "
                     "has something to do.")
-    _store_option(check)
-    add_output_options(check)
-    check.set_defaults(run=run_check)
-
-    repair = commands.add_parser(
-        "repair", help="finish or undo interrupted writes, quarantine unreadable files, drop duplicates",
+    _store_command(
+        commands, "repair", run_repair, output=True,
+        help="finish or undo interrupted writes, quarantine unreadable files, drop duplicates",
         description="Repair a store: complete committed operations and delete uncommitted leftovers, move "
                     "unreadable files to STORE/quarantine/, and remove duplicate rows.")
-    _store_option(repair)
-    add_output_options(repair)
-    repair.set_defaults(run=run_repair)
 
     schema = commands.add_parser("schema", help="print the fleet samples schema", description="Print the fleet samples schema.")
     schema.add_argument("--format", choices=["markdown", "csv"], default="markdown", help="output format (default markdown)")

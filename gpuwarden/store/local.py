@@ -71,6 +71,9 @@ def _crash_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+TimeBound = datetime | str | None  # one end of a read's window (ISO-8601 text allowed); None leaves it open
+
+
 def _utc(value: datetime | pd.Timestamp | str | None) -> pd.Timestamp | None:
     if value is None:
         return None
@@ -412,7 +415,7 @@ class LocalStore:
             tables = []
             for path in files:
                 try:
-                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=_KEY_SCHEMA)) 
+                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=_KEY_SCHEMA))
                 except FileNotFoundError:
                     continue
                 except _CORRUPT:
@@ -462,13 +465,8 @@ class LocalStore:
                 quarantined_here += len(moved)
         return None
 
-    def read(
-        self,
-        start: datetime | str | None = None,
-        end: datetime | str | None = None,
-        columns: Sequence[str] | None = None,
-        nodes: Iterable[str] | None = None,
-    ) -> pd.DataFrame:
+    def read(self, start: TimeBound = None, end: TimeBound = None, columns: Sequence[str] | None = None,
+             nodes: Iterable[str] | None = None) -> pd.DataFrame:
         """Samples with ``start <= timestamp < end`` (UTC; either bound may be open), sorted by time.
 
         ``columns`` limits what is read (the idle report needs a handful of the 40 columns).
@@ -484,13 +482,8 @@ class LocalStore:
             frame["timestamp"] = frame["timestamp"].astype("datetime64[ns, UTC]")
         return frame
 
-    def read_arrow(
-        self,
-        start: datetime | str | None = None,
-        end: datetime | str | None = None,
-        columns: Sequence[str] | None = None,
-        nodes: Iterable[str] | None = None,
-    ) -> pa.Table | None:
+    def read_arrow(self, start: TimeBound = None, end: TimeBound = None, columns: Sequence[str] | None = None,
+                   nodes: Iterable[str] | None = None) -> pa.Table | None:
         """What :meth:`read` returns, as an Arrow table before the pandas conversion (the fast path
         for readers that work on arrays): the same rows in the same order, string columns as
         ``dictionary<int32, string>`` with one dictionary per column, ints as nullable ``int64``,

@@ -288,7 +288,7 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
     if path.suffix.lower() == ".parquet":
         try:
             frame = pd.read_parquet(path)
-        except Exception as error:  # pyarrow raises several types for a corrupt file
+        except Exception as error:  # noqa: BLE001 pyarrow raises several types for a corrupt file
             raise SamplesError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
         return _checked(coerce(frame, source=str(path), report=report, now=now), report)
     if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):

@@ -8,19 +8,18 @@ fleet samples table (``start <= timestamp < end``) and ``time_range()``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
-from .local import LocalStore, _utc
+from .local import LocalStore, TimeBound, _utc
 from .schema import ValidationReport, load_samples, validate_rows
 
 
 @runtime_checkable
 class SamplesSource(Protocol):
-    def read(self, start: datetime | str | None = None, end: datetime | str | None = None,
+    def read(self, start: TimeBound = None, end: TimeBound = None,
              columns: Sequence[str] | None = None) -> pd.DataFrame: ...
 
     def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None: ...

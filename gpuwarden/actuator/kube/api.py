@@ -17,7 +17,8 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import urllib3
 from kubernetes import client, config
@@ -26,6 +27,8 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger("gpuwarden.actuator.kube")
 
 MERGE_PATCH = "application/merge-patch+json"  # the client would otherwise send json-patch for a PATCH
+
+Json = dict[str, Any]  # a Kubernetes object, list or patch as parsed JSON
 
 
 @dataclass
@@ -46,8 +49,14 @@ class KubeFailure(Exception):
         return self.status == 409
 
 
+class TimedApiClient(client.ApiClient):
+    """The client with the request timeout that :class:`KubeApi` applies to each call."""
+
+    timeout_seconds: float = 10.0
+
+
 def load_client(kubeconfig: str | None = None, in_cluster: bool = False, context: str | None = None,
-                timeout_seconds: float = 10.0) -> client.ApiClient:
+                timeout_seconds: float = 10.0) -> TimedApiClient:
     """An ApiClient from a kubeconfig or the pod's service account; one line on failure (ValueError)."""
     configuration = client.Configuration()
     try:
@@ -59,8 +68,8 @@ def load_client(kubeconfig: str | None = None, in_cluster: bool = False, context
         where = "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '~/.kube/config'}"
         raise ValueError(f"cannot load the {where}: {error}") from None
     configuration.retries = False  # KubeApi.call owns retries, so they are counted and jittered
-    api_client = client.ApiClient(configuration)
-    api_client.timeout_seconds = timeout_seconds  # read by KubeApi
+    api_client = TimedApiClient(configuration)
+    api_client.timeout_seconds = timeout_seconds
     return api_client
 
 
@@ -84,7 +93,7 @@ class KubeApi:
         self.calls = 0  # requests sent, retries included (the bench reads it)
 
     def call(self, method: Callable[..., Any], *args: Any, verb: str, resource: str, retry_429: bool = True,
-             **kwargs: Any) -> dict:
+             **kwargs: Any) -> Json:
         kwargs.setdefault("_preload_content", False)
         kwargs.setdefault("_request_timeout", self.timeout_seconds)
         for attempt in range(1, self.attempts + 1):
@@ -111,9 +120,9 @@ class KubeApi:
         raise AssertionError("unreachable")
 
     def list_all(self, method: Callable[..., Any], *args: Any, resource: str, page_size: int = 500,
-                 **kwargs: Any) -> list[dict]:
+                 **kwargs: Any) -> list[Json]:
         """Every item of a list, page by page (``limit``/``continue``)."""
-        items: list[dict] = []
+        items: list[Json] = []
         token = None
         while True:
             page = self.call(method, *args, verb="list", resource=resource, limit=page_size,
@@ -134,7 +143,7 @@ def _retry_after(error: ApiException) -> float | None:
 
 def _server_message(error: ApiException) -> str:
     try:
-        return json.loads(error.body).get("message") or str(error.reason)
+        return json.loads(error.body or "").get("message") or str(error.reason)
     except (TypeError, ValueError, AttributeError):
         return str(error.reason or "")
 

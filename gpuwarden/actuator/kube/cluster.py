@@ -20,14 +20,15 @@ Every result is an ``ActionResult``: ok, or a permanent or temporary failure wit
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import datetime, UTC
+from collections.abc import Callable
+from typing import Any
 
 from kubernetes import client
 
 from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
 
-from .api import MERGE_PATCH, KubeApi, KubeFailure
+from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from .inventory import KUEUE, Inventory, read_snapshot
 
 log = logging.getLogger("gpuwarden.actuator.kube")
@@ -35,8 +36,10 @@ log = logging.getLogger("gpuwarden.actuator.kube")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 CONFLICT_RETRIES = 3
 
+Done = tuple[str, Action | None]  # what an action handler did, and the action that takes it back
 
-def _taint(text: str) -> dict:
+
+def _taint(text: str) -> Json:
     """``key=value:Effect`` (value optional) as a Node taint."""
     head, _, effect = text.rpartition(":")
     key, _, value = head.partition("=")
@@ -47,7 +50,7 @@ def _taint(text: str) -> dict:
 
 class KubeCluster:
     def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc), event_source: str = "gpuwarden-actuator") -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), event_source: str = "gpuwarden-actuator") -> None:
         self.api = api
         self.namespace = namespace  # where the actuator's own Events go
         self.page_size = page_size
@@ -77,7 +80,7 @@ class KubeCluster:
         return ActionResult(action, True, message, undo=undo)
 
     @staticmethod
-    def _with_conflict_retries(handler, action: Action):
+    def _with_conflict_retries(handler: Callable[[Action], Done], action: Action) -> Done:
         """A 409 means the object changed under us: each handler re-reads what it needs, so run it again."""
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
@@ -92,7 +95,7 @@ class KubeCluster:
         self._event(self.namespace, {"kind": "Namespace", "name": self.namespace, "apiVersion": "v1"}, reason, message,
                     "Warning")
 
-    def _event(self, namespace: str, involved: dict, reason: str, message: str, kind: str = "Normal") -> None:
+    def _event(self, namespace: str, involved: Json, reason: str, message: str, kind: str = "Normal") -> None:
         now = self.clock().isoformat().replace("+00:00", "Z")
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{involved['name']}.gpuwarden.", "namespace": namespace},
@@ -102,19 +105,19 @@ class KubeCluster:
         self.api.call(self.api.core.create_namespaced_event, namespace, body, verb="create", resource="events")
 
     # nodes
-    def _patch_node(self, name: str, body: dict) -> dict:
+    def _patch_node(self, name: str, body: Json) -> Json:
         return self.api.call(self.api.core.patch_node, name, body, verb="patch", resource="nodes",
                              _content_type=MERGE_PATCH)
 
-    def _do_cordon(self, action: Action):
+    def _do_cordon(self, action: Action) -> Done:
         self._patch_node(action.target, {"spec": {"unschedulable": True}})
         return f"cordoned {action.target}", Action(ActionKind.UNCORDON, action.target, "undo cordon")
 
-    def _do_uncordon(self, action: Action):
+    def _do_uncordon(self, action: Action) -> Done:
         self._patch_node(action.target, {"spec": {"unschedulable": None}})
         return f"uncordoned {action.target}", None
 
-    def _edit_taints(self, name: str, edit: Callable[[list], list]) -> None:
+    def _edit_taints(self, name: str, edit: Callable[[list[Json]], list[Json]]) -> None:
         """Read, edit, write with the read resourceVersion: a concurrent change is a 409, and
         ``apply`` runs this again on a fresh read."""
         node = self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
@@ -122,25 +125,34 @@ class KubeCluster:
         self._patch_node(name, {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
                                 "spec": {"taints": taints}})
 
-    def _do_taint(self, action: Action):
+    def _do_taint(self, action: Action) -> Done:
         taint = _taint(str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule")))
-        same = lambda t: t.get("key") == taint["key"] and t.get("effect") == taint["effect"]  # noqa: E731
-        self._edit_taints(action.target, lambda taints: [t for t in taints if not same(t)] + [taint])
+
+        def replace(taints: list[Json]) -> list[Json]:
+            return [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])] + [taint]
+
+        self._edit_taints(action.target, replace)
         return (f"tainted {action.target} with {action.params.get('taint')}",
                 Action(ActionKind.UNTAINT, action.target, "undo taint", {"taint": action.params.get("taint")}))
 
-    def _do_untaint(self, action: Action):
+    def _do_untaint(self, action: Action) -> Done:
         wanted = action.params.get("taint")
         taint = _taint(str(wanted)) if wanted else None
-        keep = lambda t: taint is not None and not (t.get("key") == taint["key"] and t.get("effect") == taint["effect"])  # noqa: E731
-        self._edit_taints(action.target, lambda taints: [t for t in taints if keep(t)])
+
+        def remove(taints: list[Json]) -> list[Json]:
+            if taint is None:  # no taint named: remove them all
+                return []
+            return [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])]
+
+        self._edit_taints(action.target, remove)
         return f"removed taint {wanted or '(all)'} from {action.target}", None
 
-    def _do_drain(self, action: Action):
+    def _do_drain(self, action: Action) -> Done:
         self._patch_node(action.target, {"spec": {"unschedulable": True}})
         pods = self.api.list_all(self.api.core.list_pod_for_all_namespaces, resource="pods", page_size=self.page_size,
                                  field_selector=f"spec.nodeName={action.target},status.phase!=Succeeded,status.phase!=Failed")
-        evicted, blocked, skipped = 0, [], 0
+        evicted, skipped = 0, 0
+        blocked: list[str] = []
         for pod in pods:
             meta = pod["metadata"]
             daemon = any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or ())
@@ -159,9 +171,9 @@ class KubeCluster:
                                    "retry later (the node stays cordoned)", True)
         return message, Action(ActionKind.UNCORDON, action.target, "undo drain (evicted pods are recreated elsewhere)")
 
-    def _evict(self, namespace: str, pod: str, grace_seconds=None) -> bool | None:
+    def _evict(self, namespace: str, pod: str, grace_seconds: Any = None) -> bool | None:
         """True once evicted, None if already gone, False if a PodDisruptionBudget said not now."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        body: Json = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": int(grace_seconds)}
         try:
@@ -203,11 +215,11 @@ class KubeCluster:
         raise ValueError(f"a {controller} cannot be suspended (only Jobs, JobSets and Kueue Workloads can); "
                          "evict it or scale its controller down")
 
-    def _do_suspend(self, action: Action):
+    def _do_suspend(self, action: Action) -> Done:
         how = self._set_suspended(action.target, True)
         return f"suspended {action.target} ({how})", Action(ActionKind.RESUME, action.target, "undo suspend")
 
-    def _do_resume(self, action: Action):
+    def _do_resume(self, action: Action) -> Done:
         return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
 
     def _evict_workload(self, action: Action) -> str:
@@ -220,10 +232,10 @@ class KubeCluster:
         gone = done.count(None)
         return f"evicted {len(pods) - gone} pod(s) of {action.target}" + (f", {gone} already gone" if gone else "")
 
-    def _do_evict(self, action: Action):
+    def _do_evict(self, action: Action) -> Done:
         return self._evict_workload(action), None
 
-    def _do_preempt(self, action: Action):
+    def _do_preempt(self, action: Action) -> Done:
         _, _, controller = self._workload(action.target)
         if controller in ("Job", "JobSet") or action.target in self.inventory.kueue_workload:
             how = self._set_suspended(action.target, True)
@@ -231,7 +243,7 @@ class KubeCluster:
                     Action(ActionKind.RESUME, action.target, "undo preempt"))
         return self._evict_workload(action) + " (preempted; its controller or owner recreates it)", None
 
-    def _do_set_priority(self, action: Action):
+    def _do_set_priority(self, action: Action) -> Done:
         namespace, name, controller = self._workload(action.target)
         wanted = action.params.get("priority_class")
         kueue = self.inventory.kueue_workload.get(action.target)
@@ -252,7 +264,7 @@ class KubeCluster:
         undo = Action(ActionKind.SET_PRIORITY, action.target, "undo set-priority", {"priority_class": previous}) if previous else None
         return f"{action.target}: Kueue Workload {kueue} priority {previous} -> {wanted}", undo
 
-    def _do_notify(self, action: Action):
+    def _do_notify(self, action: Action) -> Done:
         namespace, _, _ = self._workload(action.target)
         pods = self.inventory.pods.get(action.target, [])
         at = str(action.params.get("at") or self.clock().isoformat())
@@ -266,5 +278,5 @@ class KubeCluster:
         return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
 
 
-def make_api(api_client: client.ApiClient, **kwargs) -> KubeApi:
+def make_api(api_client: client.ApiClient, **kwargs: Any) -> KubeApi:
     return KubeApi(api_client, **kwargs)

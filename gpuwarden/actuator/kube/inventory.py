@@ -8,16 +8,20 @@ in order; findings reach pods through their node, namespace and pod name.
 
 from __future__ import annotations
 
+import enum
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
+from typing import TypeVar
 
 from kubernetes.utils import parse_quantity
 
-from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, MigInstance, Node, Placement,
-                             PriorityClass, Team, Topology, Workload, WorkloadKind, WorkloadPhase, WorkloadState)
+from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, Location, MigInstance, Node,
+                             Placement, PriceTier, PriorityClass, Team, Topology, Workload, WorkloadKind,
+                             WorkloadPhase, WorkloadState)
 
-from .api import KubeApi, KubeFailure
+from .api import Json, KubeApi, KubeFailure
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -30,6 +34,8 @@ CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"
+
+E = TypeVar("E", bound=enum.Enum)
 
 
 @dataclass
@@ -54,7 +60,7 @@ class Inventory:
     kueue: bool = False
 
 
-def _gpu_request(pod: dict) -> tuple[int, str | None]:
+def _gpu_request(pod: Json) -> tuple[int, str | None]:
     count, mig = 0, None
     for container in pod.get("spec", {}).get("containers") or ():
         resources = container.get("resources") or {}
@@ -80,7 +86,17 @@ def _priority(name: str | None) -> PriorityClass:
     return PriorityClass.NORMAL
 
 
-def _node(item: dict) -> tuple[Node, list[Gpu]] | None:
+def _label(enum_type: type[E], labels: Mapping[str, str], key: str, default: str) -> E:
+    """A node label's value as ``enum_type``, or FleetValueError naming the label and the allowed values."""
+    value = labels.get(key) or default
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in enum_type)
+        raise FleetValueError(f"label {key}={value!r} is not one of: {allowed}") from None
+
+
+def _node(item: Json) -> tuple[Node, list[Gpu]] | None:
     meta, status = item["metadata"], item.get("status") or {}
     capacity = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
     gpus = int(parse_quantity(capacity.get(GPU, "0")))
@@ -94,8 +110,9 @@ def _node(item: dict) -> tuple[Node, list[Gpu]] | None:
     try:
         node = Node(
             name=name, pool=labels.get("gpuwarden.io/pool") or labels.get("nvidia.com/gpu.product", "default"),
-            location=labels.get("gpuwarden.io/location") or ("cloud" if item.get("spec", {}).get("providerID") else "on-prem"),
-            price_tier=labels.get("gpuwarden.io/price-tier", "on-demand"),
+            location=_label(Location, labels, "gpuwarden.io/location",
+                            "cloud" if item.get("spec", {}).get("providerID") else "on-prem"),
+            price_tier=_label(PriceTier, labels, "gpuwarden.io/price-tier", "on-demand"),
             topology=Topology(labels.get("nvidia.com/gpu.clique", name), labels.get("gpuwarden.io/leaf-switch", zone),
                               labels.get("gpuwarden.io/rack", zone)),
             gpu_model=labels.get("nvidia.com/gpu.product", "unknown"), gpu_count=physical,
@@ -104,7 +121,8 @@ def _node(item: dict) -> tuple[Node, list[Gpu]] | None:
         )
     except FleetValueError as error:
         log.warning("node %s: %s; its labels are ignored", name, error)
-        node = Node(name, "default", "on-prem", "on-demand", Topology(name, zone, zone), "unknown", physical, 0, 0)
+        node = Node(name, "default", Location.ON_PREM, PriceTier.ON_DEMAND, Topology(name, zone, zone), "unknown",
+                    physical, 0, 0)
     instances = [MigInstance(i + 1, profile) for profile, n in sorted(mig.items()) for i in range(n)]
     out = []
     for index in range(physical):
@@ -113,7 +131,8 @@ def _node(item: dict) -> tuple[Node, list[Gpu]] | None:
     return node, out
 
 
-def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now(timezone.utc)) -> tuple[ClusterSnapshot, Inventory]:
+def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                  ) -> tuple[ClusterSnapshot, Inventory]:
     taken_at = clock()
     inventory = Inventory()
     nodes, gpus, cordoned, taints, node_labels = [], [], set(), {}, {}
@@ -132,7 +151,9 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
             taints[node.name] = own
         node_labels[node.name] = dict(item["metadata"].get("labels") or {})
 
-    namespace_labels, teams_by_ns, team_quota = {}, {}, {}
+    namespace_labels: dict[str, dict[str, str]] = {}
+    teams_by_ns: dict[str, str] = {}
+    team_quota: dict[str, tuple[float, float]] = {}  # guaranteed, burst GPUs
     for item in api.list_all(api.core.list_namespace, resource="namespaces", page_size=page_size):
         meta = item["metadata"]
         labels = dict(meta.get("labels") or {})
@@ -153,8 +174,8 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
     inventory.priority_classes = {p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
         api.scheduling.list_priority_class, resource="priorityclasses", page_size=page_size)}
 
-    kueue_owner: dict[tuple[str, str, str], dict] = {}  # (namespace, owner kind, owner name) -> Workload
-    kueue_workloads: list[dict] = []
+    kueue_owner: dict[tuple[str, str, str], Json] = {}  # (namespace, owner kind, owner name) -> Workload
+    kueue_workloads: list[Json] = []
     try:
         kueue_workloads = api.list_all(api.custom.list_cluster_custom_object, *KUEUE, "workloads",
                                        resource="workloads.kueue.x-k8s.io", page_size=page_size)
@@ -180,12 +201,12 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
             inventory.kueue = False
         elif not failure.gone:
             raise
-    for w in kueue_workloads:
-        meta = w["metadata"]
+    for kueue_workload in kueue_workloads:
+        meta = kueue_workload["metadata"]
         for owner in meta.get("ownerReferences") or ():
-            kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = w
+            kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
 
-    groups: dict[str, dict] = {}
+    groups: dict[str, Json] = {}
     for pod in api.list_all(api.core.list_pod_for_all_namespaces, resource="pods", page_size=page_size,
                             field_selector=ACTIVE_PHASES):
         count, mig = _gpu_request(pod)
@@ -264,14 +285,15 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock=lambda: datetime.now
                     placements.append(Placement(node_name, f"{node_name}/gpu-{min(index, last)}"))
         annotations = group["annotations"]
         kind_label = group["labels"].get("gpuwarden.io/workload-kind")
-        kind = kind_label if kind_label in {k.value for k in WorkloadKind} else (
-            "training" if group["controller"] in ("Job", "JobSet", "Workload") else
-            "notebook" if group["controller"] == "Pod" else "inference")
+        kind = WorkloadKind(kind_label) if kind_label in {k.value for k in WorkloadKind} else (
+            WorkloadKind.TRAINING if group["controller"] in ("Job", "JobSet", "Workload") else
+            WorkloadKind.NOTEBOOK if group["controller"] == "Pod" else WorkloadKind.INFERENCE)
         checkpointable = str(annotations.get(CHECKPOINT_ANNOTATION, "")).lower() == "true"
         priority_name = (w.get("spec") or {}).get("priorityClassName") if w is not None else group["priority"]
+        workload_namespace: str = group["namespace"]
         workload = Workload(
-            name=group["name"], namespace=group["namespace"], kind=kind,
-            team=teams_by_ns.get(group["namespace"], group["namespace"]), project=group["namespace"],
+            name=group["name"], namespace=workload_namespace, kind=kind,
+            team=teams_by_ns.get(workload_namespace, workload_namespace), project=workload_namespace,
             priority_class=_priority(priority_name),
             gpus=GpuRequest(count=1, mig_profile=group["mig"]) if group["mig"] else GpuRequest(count=group["count"]),
             gang_size=max(1, len(phases)), checkpointable=checkpointable,

@@ -10,8 +10,8 @@ stops acting within one lease duration, and the other replica takes over after i
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import datetime, timedelta, UTC
+from collections.abc import Callable
 
 from .api import MERGE_PATCH, KubeApi, KubeFailure
 
@@ -19,7 +19,7 @@ log = logging.getLogger("gpuwarden.actuator.kube")
 
 
 def _format(at: datetime) -> str:
-    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _parse(text: str | None) -> datetime | None:
@@ -30,7 +30,7 @@ def _parse(text: str | None) -> datetime | None:
 
 class LeaderElector:
     def __init__(self, api: KubeApi, namespace: str, name: str, identity: str, lease_duration_seconds: int = 15,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.lease_duration = timedelta(seconds=lease_duration_seconds)
         self.clock = clock

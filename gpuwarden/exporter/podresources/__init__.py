@@ -174,7 +174,7 @@ class PodAttributor:
             self._devices = self.client.list_devices()
         except Exception as error:  # noqa: BLE001 (grpc.RpcError and friends)
             code = getattr(error, "code", lambda: None)()
-            detail = getattr(error, "details", lambda: str(error))()
+            detail = error.details() if callable(getattr(error, "details", None)) else str(error)
             self._say_once(f"error:{code}", logging.WARNING,
                            "kubelet pod-resources List failed (%s: %s); keeping the last pod labels", code, detail)
             self.last_ok = False
