@@ -18,7 +18,6 @@ from gpuwarden.analytics.health import (
     scan,
 )
 from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
-from gpuwarden.analytics.health.features import counter_increments
 from gpuwarden.fleet import ActionKind, SAMPLE_COLUMN_NAMES, Severity, THROTTLE_REASONS, XID_COLUMN_NAMES
 
 START = pd.Timestamp("2026-01-05T00:00:00Z")
@@ -145,15 +144,6 @@ def test_double_bit_error_without_xid_is_uncorrectable_ecc_but_with_xid_94_it_is
 
 
 # -- counter resets and bad input ----------------------------------------------------------------
-def test_counter_increments_treat_a_drop_as_a_reset():
-    first = np.zeros(7, dtype=int)
-    inc, reset = counter_increments(np.array([3, 3, np.nan, 0, 0, 1, 1], dtype=float), first)
-    assert inc.tolist() == [0, 0, 0, 0, 0, 1, 0]
-    assert reset.tolist() == [False, False, False, True, False, False, False]
-    inc, _ = counter_increments(np.array([5, 2], dtype=float), first[:2])
-    assert inc.tolist() == [0, 2]  # after a reset the new value counts from zero
-
-
 def test_counter_reset_after_repair_gives_no_fatal_finding():
     """A GPU whose counters were high when the window opened, then reset by a driver reload / GPU
     repair (everything volatile back to 0): no XID, DBE, recovery or precursor finding at all."""

@@ -137,3 +137,13 @@ def test_default_pool():
     assert default_pool("train-h100-007") == "train-h100"
     assert default_pool("dgx-special") == "dgx-special"
     assert default_pool("-12") == "-12"
+
+
+def test_the_scalar_rules_load_without_pandas():
+    """The exporter imports fleet (and so these rules) and must never load pandas."""
+    import subprocess
+    import sys
+
+    code = "import sys, gpuwarden.fleet.semantics as s; s.mig_share('3g.40gb'); print('pandas' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -9,8 +9,10 @@ carried into the next chunk, so a chunked run gives the same answer as reading e
 Time accounting: a sample stands for the interval since the previous sample of the same GPU (or MIG
 instance), ``timestamp - previous``. The first sample of a GPU, and the first after a gap longer
 than ``max_gap``, stand for one nominal ``step`` (the median interval unless given). GPU-hours are
-weighted by the instance's share of its GPU (a MIG ``3g`` instance is 3/7), so a GPU's hours add up
-to the time it was observed whatever its MIG layout.
+weighted by the instance's share of its GPU (:func:`gpuwarden.fleet.semantics.mig_share`: a MIG ``3g``
+instance is 3/7), so a GPU's hours add up to the time it was observed whatever its MIG layout. The
+ledger keeps sums per instance, not per time, so the siblings of an instance whose profile cannot be
+read are the other instances its GPU showed over the window.
 
 The ledger holds sums per (GPU instance, holder pod, state): GPU-hours, used hours (GPU-hours times
 activity: the useful SM time where GPM measures it), cost, energy and memory held; and per (time
@@ -20,7 +22,6 @@ bucket, state). Every report in :mod:`gpuwarden.analytics.reports` is a groupby 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpuwarden.fleet import PriceTier
+from gpuwarden.fleet.semantics import iso_utc, mig_share, profile_slices, to_utc, to_utc_or_none
 
 from .inventory import Inventory
 from .params import STATE_CODES, STATES, AnalyticsError, IdleParams
@@ -52,8 +54,6 @@ COLUMNS: tuple[str, ...] = (
 REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
 IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
 HOLDER = ("namespace", "pod", "team", "project")
-MIG_SLICES = 7
-_MIG = re.compile(r"(?:^|:)(\d+)g\.")
 _S = 1_000_000_000  # ns per second
 DEFAULT_STEP_NS = 60 * _S  # the embedded store's resolution; used when no interval can be measured
 
@@ -110,15 +110,6 @@ class _Registry:
 
     def mapping(self, categories) -> np.ndarray:
         return np.array([self.code(str(c)) for c in categories], dtype=np.int64)
-
-
-def _mig_share(profile: str | None) -> float:
-    """A MIG instance's share of its GPU: compute slices / 7; a profile that cannot be read counts
-    as one slice."""
-    if profile is None:
-        return 1.0
-    match = _MIG.search(profile)
-    return min(1.0, int(match.group(1)) / MIG_SLICES) if match else 1.0 / MIG_SLICES
 
 
 def _inst_share(shares: list) -> np.ndarray:
@@ -189,6 +180,8 @@ class LedgerBuilder:
         self._instances = _Registry()  # (gpu code, mig code) -> instance
         self._holders = _Registry()  # (namespace, pod, team, project) codes -> holder
         self._inst_meta: dict[str, list] = {k: [] for k in ("cluster", "node", "model", "share", "price", "owned", "watts")}
+        self._inst_profile: list[str | None] = []  # MIG profile per instance (None: a whole GPU)
+        self._gpu_instances: dict[int, list[int]] = {}  # gpu code -> its instance codes
         self._inst_first: list[int] = []
         self._inst_last: list[int] = []
         self._inst_samples: list[int] = []
@@ -305,12 +298,31 @@ class LedgerBuilder:
         mig = self._strings["mig_instance"].values[key[1]] if key[1] >= 0 else None
         price, owned, watts = self._instance_pricing(meta)
         for name, value in zip(("cluster", "node", "model", "share", "price", "owned", "watts"),
-                               (*meta, _mig_share(mig), price, owned, watts)):
+                               (*meta, 1.0, price, owned, watts)):
             self._inst_meta[name].append(value)
+        self._inst_profile.append(mig)
+        siblings = self._gpu_instances.setdefault(key[0], [])
+        siblings.append(len(self._inst_profile) - 1)
+        for code in siblings:  # a new sibling changes what an unreadable profile is left
+            self._inst_meta["share"][code] = self._instance_share(code, siblings)
         self._inst_first.append(np.iinfo(np.int64).max)
         self._inst_last.append(np.iinfo(np.int64).min)
         self._inst_samples.append(0)
         self._inst_sm.append(0)
+
+    def _instance_share(self, code: int, gpu_instances: list[int]) -> float:
+        model_code = self._inst_meta["model"][code]
+        model = self._strings["model"].values[model_code] if model_code >= 0 else None
+        siblings = [self._inst_profile[other] for other in gpu_instances if other != code]
+        return mig_share(self._inst_profile[code], model, siblings)
+
+    def _share_key(self, code: int) -> float | int:
+        """The share itself where it is settled, else ``-1 - code`` (an unreadable MIG profile,
+        whose share may still change as siblings appear; read at :meth:`finish`)."""
+        profile = self._inst_profile[code]
+        if profile is None or profile_slices(profile) is not None:
+            return float(self._inst_meta["share"][code])
+        return -1 - code
 
     def _set_instance(self, code: int, meta: tuple[int, int, int]) -> None:
         price, owned, watts = self._instance_pricing(meta)
@@ -606,7 +618,7 @@ class LedgerBuilder:
         """Instances with the same (share, price, owned) share a class: the time series keeps
         classes instead of instances."""
         meta = self._inst_meta
-        mapping = np.array([self._classes.code((meta["share"][i], meta["price"][i], meta["owned"][i]))
+        mapping = np.array([self._classes.code((self._share_key(i), meta["price"][i], meta["owned"][i]))
                             for i in range(len(meta["share"]))], dtype=np.int64)
         return mapping[inst]
 
@@ -635,8 +647,8 @@ class LedgerBuilder:
             end = end if end is not None else start
         start, end = pd.Timestamp(start), pd.Timestamp(end)
         if requested[0] is not None and requested[1] is not None and (start, end) != tuple(pd.Timestamp(t) for t in requested):
-            notes.append(f"window trimmed to the data held: asked {_iso(requested[0])} to {_iso(requested[1])}, "
-                         f"reported {_iso(start)} to {_iso(end)} ({(end - start).total_seconds() / 3600:.2f} h)")
+            notes.append(f"window trimmed to the data held: asked {iso_utc(requested[0])} to {iso_utc(requested[1])}, "
+                         f"reported {iso_utc(start)} to {iso_utc(end)} ({(end - start).total_seconds() / 3600:.2f} h)")
         rows = self._ledger_rows(instances)
         series = self._series_table()
         late = instances[instances["first_seen"] > start + params.max_gap]
@@ -746,7 +758,8 @@ class LedgerBuilder:
         series = pd.concat(self._series, ignore_index=True)
         classes = self._classes.values
         klass = series["klass"].to_numpy()
-        share = np.array([c[0] for c in classes], dtype=np.float64)[klass]
+        shares = self._inst_meta["share"]
+        share = np.array([c[0] if c[0] >= 0 else shares[-1 - c[0]] for c in classes], dtype=np.float64)[klass]
         price = np.array([c[1] for c in classes], dtype=np.float64)[klass]
         owned = np.array([c[2] for c in classes], dtype=bool)[klass]
         to_hours = 1.0 / (3600.0 * _S)
@@ -862,17 +875,6 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
         cursor = boundary
 
 
-def _iso(value) -> str:
-    return pd.Timestamp(value).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _utc(value) -> pd.Timestamp | None:
-    if value is None:
-        return None
-    stamp = pd.Timestamp(value)
-    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
-
-
 def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger | None:
     """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
     read_start, read_end = start, end
@@ -880,8 +882,8 @@ def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger |
         span = source.time_range()
         if span is None:
             return None
-        read_start = start if start is not None else _utc(span[0])
-        read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
+        read_start = start if start is not None else to_utc(span[0])
+        read_end = end if end is not None else to_utc(span[1]) + pd.Timedelta(microseconds=1)
     started = time.perf_counter()
     frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
     if frame is None:
@@ -916,7 +918,7 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
     if params.step is None and interval is not None:
         params = replace(params, step=pd.Timedelta(interval))
     builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
-    start, end = _utc(start), _utc(end)
+    start, end = to_utc_or_none(start), to_utc_or_none(end)
     if not isinstance(data, pd.DataFrame) and not keep_rows and getattr(data, "rollups", False) \
             and callable(getattr(data, "read_state_rollup", None)):
         ledger = _ledger_from_rollups(data, builder, start, end)
@@ -958,8 +960,8 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
         span = data.time_range()
         if span is None:
             return builder.finish(start, end)
-        read_start = start if start is not None else _utc(span[0])
-        read_end = end if end is not None else _utc(span[1]) + pd.Timedelta(microseconds=1)
+        read_start = start if start is not None else to_utc(span[0])
+        read_end = end if end is not None else to_utc(span[1]) + pd.Timedelta(microseconds=1)
     # Read the next chunk in a thread while this one is classified (Parquet decoding releases the
     # GIL). A source with ``read_arrow`` (the local store) hands over Arrow tables: no pandas.
     arrow = callable(getattr(data, "read_arrow", None))

@@ -26,7 +26,6 @@ without the trailing ``-NNN`` ordinal and ``default_tier`` (on-demand unless set
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -35,11 +34,11 @@ import pandas as pd
 import yaml
 
 from gpuwarden.fleet import FleetValueError, Node, PriceTier
+from gpuwarden.fleet.semantics import default_pool
 
 from .params import AnalyticsError
 
 DEFAULT_INVENTORY_PATH = Path(__file__).with_name("inventory.yaml")
-_ORDINAL = re.compile(r"-\d+$")
 
 
 def _tier(value, where: str) -> PriceTier:
@@ -73,7 +72,7 @@ class Inventory:
         for rule in self.rules:
             if rule.matches(node):
                 return rule.pool, rule.tier
-        return _ORDINAL.sub("", node) or node, self.default_tier
+        return default_pool(node), self.default_tier
 
     def table(self, nodes: Iterable[str]) -> pd.DataFrame:
         """Columns node, pool, tier for ``nodes``."""

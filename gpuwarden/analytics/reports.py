@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import PriceTier
+from gpuwarden.fleet.semantics import iso_utc
 
 from .engine import Ledger
 from .params import IDLE_REASONS, IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
@@ -104,7 +105,7 @@ class Report:
 def _iso(stamp) -> str | None:
     if stamp is None or pd.isna(stamp):
         return None
-    return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return iso_utc(stamp, fraction=True)
 
 
 def _hours(ledger: Ledger) -> float:

@@ -31,6 +31,7 @@ from gpuwarden.analytics.health.catalogue import APPLICATION_XIDS, CORDONING_ACT
 from gpuwarden.analytics.health.features import NEEDED_COLUMNS
 from gpuwarden.analytics.health.evaluation import REPORTING_SEEDS, TUNING_SEEDS, EvalReport, combine, evaluate
 from gpuwarden.fleet import Finding
+from gpuwarden.fleet.semantics import iso_utc
 from gpuwarden.fleet.traces import default_data_dir
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.faults import KINDS
@@ -160,7 +161,7 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
     return {
         "schema_version": SCHEMA_VERSION,
         "report": "health_scan",
-        "window": {"start": _iso(start), "end": _iso(end), "hours": round((end - start).total_seconds() / 3600.0, 3)},
+        "window": {"start": iso_utc(start, fraction=True), "end": iso_utc(end, fraction=True), "hours": round((end - start).total_seconds() / 3600.0, 3)},
         "summary": {
             "rows_read": rows, "findings": len(findings), "gpus_with_findings": len({f.gpu_uuid for f in findings}),
             "cordon_or_drain": sum(1 for f in findings if f.recommended_action and f.recommended_action.value in cordoning),
@@ -173,8 +174,6 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
     }
 
 
-def _iso(stamp) -> str:
-    return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 CSV_FIELDS = ("gpu_uuid", "node", "kind", "severity", "recommended_action", "confidence", "first_seen", "last_seen", "evidence")

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a frame is handled: the exporter imports fleet, never pandas
+    import pandas as pd
 
 DEFAULT_COMPUTE_SLICES = 7
 # GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
@@ -86,6 +89,8 @@ def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "tim
     ``at`` is None or absent). The GPU model, where a ``model`` column is present, gives the GPU's
     slice count.
     """
+    import pandas as pd
+
     share = pd.Series(1.0, index=frame.index, dtype="float64")
     if frame.empty or "mig_instance" not in frame.columns:
         return share
@@ -172,6 +177,8 @@ def group_first_rows(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
 
 def _per_time(frame: pd.DataFrame, column: str, by: str) -> pd.DataFrame:
     """One value per (``by``, timestamp), sorted: MIG rows repeat their GPU's counters."""
+    import pandas as pd
+
     part = frame[[by, "timestamp", column]].dropna(subset=[column])
     part = part.assign(**{column: pd.to_numeric(part[column], errors="coerce").astype("float64")})
     part = part.groupby([by, "timestamp"], observed=True, sort=True, as_index=False)[column].max()
@@ -181,6 +188,8 @@ def _per_time(frame: pd.DataFrame, column: str, by: str) -> pd.DataFrame:
 def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
     """Reset-aware increase of a cumulative counter per ``by`` over the frame (float64, indexed by
     ``by``; groups with no measured value are left out)."""
+    import pandas as pd
+
     part = _per_time(frame, column, by)
     if part.empty:
         return pd.Series(dtype="float64", name=column)
@@ -204,6 +213,8 @@ def counter_resets(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> in
 
 def to_utc(value: object) -> pd.Timestamp:
     """A timestamp in UTC; a naive one is read as UTC. Raises ``ValueError`` on what is not a time."""
+    import pandas as pd
+
     stamp = pd.Timestamp(value)
     if stamp is pd.NaT:
         raise ValueError(f"not a time: {value!r}")
@@ -217,6 +228,8 @@ def to_utc_or_none(value: object) -> pd.Timestamp | None:
 
 def utc_times(values: object) -> pd.Series:
     """A column of times as tz-aware UTC (naive read as UTC; what is not a time becomes NaT)."""
+    import pandas as pd
+
     series = values if isinstance(values, pd.Series) else pd.Series(values)
     if isinstance(series.dtype, pd.DatetimeTZDtype):
         return series.dt.tz_convert("UTC")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
+from .semantics import request_gpu_equivalents
+
 
 class FleetValueError(ValueError):
     """A value that the fleet vocabulary does not allow; the message names field and allowed values."""
@@ -209,9 +211,7 @@ class GpuRequest:
     @property
     def gpu_equivalents(self) -> float:
         """Whole-GPU equivalents, for quotas and cost (a MIG slice counts by its compute share)."""
-        if self.mig_profile is not None:
-            return int(self.mig_profile.split("g.")[0]) / 7.0
-        return self.count * self.fraction_milli / 1000.0
+        return request_gpu_equivalents(self.mig_profile, self.count, self.fraction_milli)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import Finding
+from gpuwarden.fleet.semantics import to_utc
 
 from .catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, FATAL_XIDS, XID_RULES
 
@@ -139,15 +140,12 @@ def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
     return frame
 
 
-def _utc(value) -> pd.Timestamp:
-    stamp = pd.Timestamp(value)
-    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
 def evaluate(findings: Iterable[Finding] | pd.DataFrame, truth: pd.DataFrame, start: datetime, end: datetime,
              gpu_count: int, grace_s: float = 900.0, min_observable_s: float = 1800.0) -> EvalReport:
     """Score ``findings`` against ``truth`` over the samples window [start, end) of ``gpu_count`` GPUs."""
-    start, end = _utc(start), _utc(end)
+    start, end = to_utc(start), to_utc(end)
     grace = pd.Timedelta(seconds=grace_s)
     found = findings if isinstance(findings, pd.DataFrame) else findings_frame(findings)
     found = found.reset_index(drop=True).assign(fid=lambda f: np.arange(len(f)))

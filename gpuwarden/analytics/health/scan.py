@@ -29,6 +29,7 @@ import pandas as pd
 from scipy.stats import poisson
 
 from gpuwarden.fleet import ActionKind, Finding, Severity
+from gpuwarden.fleet.semantics import to_utc
 
 from .catalogue import APPLICATION_XIDS, EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES, action_for
 from .detectors import CounterBurstDetector, PeerDeviationDetector
@@ -113,8 +114,7 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     if frame is None or len(frame) == 0:
         return []
     if now is not None:
-        cutoff = pd.Timestamp(now)
-        cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
+        cutoff = to_utc(now)
         frame = frame[pd.to_datetime(frame["timestamp"], utc=True) <= cutoff]
         if len(frame) == 0:
             return []
@@ -124,8 +124,7 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     now_ns = int(series["ts"].max()) if now is None else int(cutoff.value)
     builder = _Builder(series, config, now_ns)
     if report_from is not None:
-        builder.report_from_ns = int(pd.Timestamp(report_from).tz_convert("UTC").value) if pd.Timestamp(report_from).tzinfo \
-            else int(pd.Timestamp(report_from).tz_localize("UTC").value)
+        builder.report_from_ns = int(to_utc(report_from).value)
     _xid_rules(builder)
     _state_rules(builder)
     _hbm(builder)
