@@ -112,7 +112,7 @@ def test_nvml_recovery_action(value, kind, action):
     finding = only(scan(frame), kind)
     assert finding.recommended_action == action
     assert (finding.first_seen, finding.last_seen) == (START + pd.Timedelta(minutes=20), START + pd.Timedelta(minutes=44))
-    assert finding.evidence["active"] is False  # it cleared 15 minutes before the end
+    assert finding.active is False  # it cleared 15 minutes before the end
 
 
 def test_row_remap_pending_from_xid_63_and_the_pending_flag_is_one_finding():
@@ -122,7 +122,7 @@ def test_row_remap_pending_from_xid_63_and_the_pending_flag_is_one_finding():
     frame.loc[at(frame, 5, 15), "remapped_rows_uncorrectable_total"] = 1
     finding = only(scan(frame), "row-remap-pending")
     assert finding.recommended_action == ActionKind.CORDON and finding.evidence["xid_events"] == 1
-    assert finding.evidence["active"] is True
+    assert finding.active is True
 
 
 def test_row_remap_failure_flag_without_an_xid_still_means_replace():
@@ -180,7 +180,7 @@ def test_now_cuts_the_window_and_marks_active_findings():
     frame.loc[at(frame, 1, 40), "xid_79_total"] = 1
     assert scan(frame, now=START + pd.Timedelta(minutes=39)) == []
     finding = only(scan(frame, now=START + pd.Timedelta(minutes=45)), "off-the-bus")
-    assert finding.evidence["active"] is True
+    assert finding.active is True
 
 
 def test_mig_instances_are_one_gpu():
@@ -370,3 +370,24 @@ def test_peer_deviation_detector_passes_scikit_learn_checks():
     reason = "a fixed-threshold detector flags nothing on clean blobs; these checks expect a contamination share"
     check_estimator(PeerDeviationDetector(),
                     expected_failed_checks={"check_outliers_fit_predict": reason, "check_outliers_train": reason})
+
+
+# -- the registry of finding kinds ---------------------------------------------------------------
+def test_a_finding_of_an_unknown_kind_cannot_be_made():
+    from gpuwarden.fleet import Finding, FindingKind, FleetValueError
+
+    stamp = pd.Timestamp("2026-03-02T00:00:00Z").to_pydatetime()
+    with pytest.raises(FleetValueError, match="Finding.kind: 'xid79_off_bus' is not one of: .*off-the-bus"):
+        Finding("xid79_off_bus", Severity.CRITICAL, "n1", "GPU-1", {}, ActionKind.CORDON, 1.0, stamp, stamp)
+    named = Finding("off-the-bus", Severity.CRITICAL, "n1", "GPU-1", {}, ActionKind.CORDON, 1.0, stamp, stamp)
+    assert named.kind is FindingKind.OFF_THE_BUS and named.kind == "off-the-bus" and f"{named.kind}" == "off-the-bus"
+
+
+def test_every_health_kind_has_one_rule_in_the_catalogue():
+    from gpuwarden.analytics.health.catalogue import EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES
+    from gpuwarden.fleet import FindingKind
+
+    ruled = [rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()] + list(EARLY_WARNING_KINDS)
+    assert len(ruled) == len(set(ruled))
+    not_health = {FindingKind.XID_OTHER, FindingKind.HOARDED, FindingKind.QUOTA_RECLAIM, FindingKind.QUEUE_ORDER}
+    assert set(ruled) == set(FindingKind) - not_health

@@ -93,15 +93,23 @@ class EvalReport:
     def false_cordons_per_1000_gpu_days(self) -> float:
         return 1000.0 * len(self.false_cordons) / self.gpu_days if self.gpu_days else float("nan")
 
-    def targets(self) -> list[tuple[str, str, str, bool]]:
-        """(target, goal, measured, met) per target of the health issue."""
+    @property
+    def faults_injected(self) -> int:
+        return int(self.overall["faults"])
+
+    def targets(self) -> list[tuple[str, str, str, bool | None]]:
+        """(target, goal, measured, met) per target of the health issue; ``met`` is None where
+        nothing was injected that the target could be judged on."""
         overall = self.overall
         per_10k = 10 * self.false_cordons_per_1000_gpu_days
         lead = overall["median_lead_minutes"]
         return [
-            ("missed fatal XIDs", "0", f"{self.missed_fatal_xids} of {self.fatal_xid_faults}", self.missed_fatal_xids == 0),
-            ("F1, all fault kinds", f">= {TARGETS['f1']}", f"{overall['f1']:.3f}", overall["f1"] >= TARGETS["f1"]),
-            ("median lead time, precursor faults", ">= 30 min", f"{lead:.0f} min", bool(lead >= TARGETS["median_lead_minutes"])),
+            ("missed fatal XIDs", "0", f"{self.missed_fatal_xids} of {self.fatal_xid_faults}", self.missed_fatal_xids == 0)
+            if self.fatal_xid_faults else ("missed fatal XIDs", "0", "no fatal XID was injected", None),
+            ("F1, all fault kinds", f">= {TARGETS['f1']}", f"{overall['f1']:.3f}", bool(overall["f1"] >= TARGETS["f1"]))
+            if self.faults_injected else ("F1, all fault kinds", f">= {TARGETS['f1']}", "no fault was injected", None),
+            ("median lead time, precursor faults", ">= 30 min", f"{lead:.0f} min", bool(lead >= TARGETS["median_lead_minutes"]))
+            if not pd.isna(lead) else ("median lead time, precursor faults", ">= 30 min", "no precursor fault caught", None),
             ("false cordons per 10,000 GPU-days", "<= 1", f"{per_10k:.2f} ({len(self.false_cordons)} in {self.gpu_days:,.0f} GPU-days)",
              per_10k <= TARGETS["false_cordons_per_10k_gpu_days"]),
         ]
@@ -114,15 +122,24 @@ class EvalReport:
             lines.append(f"{kind:24} {int(row['faults']):6d} {int(row['detected']):6d} {int(row['false_positives']):4d} "
                          f"{_pct(row['precision']):>9} {_pct(row['recall']):>6} {_pct(row['f1']):>6} {lead:>17}")
         lines.append("")
-        lines.append(f"macro F1 over fault kinds: {self.table.drop(index='all')['f1'].mean():.3f}")
+        if not self.faults_injected:
+            lines.append("no fault was injected in this window, so there is nothing to score detection on "
+                         "(raise --rate, --days or --nodes); false cordons below still count")
+        else:
+            lines.append(f"macro F1 over fault kinds: {self.table.drop(index='all')['f1'].mean():.3f}")
         lines.append(f"false cordon recommendations: {len(self.false_cordons)} in {self.gpu_days:,.0f} GPU-days "
                      f"= {self.false_cordons_per_1000_gpu_days:.3f} per 1,000 GPU-days")
         lines.append("")
         lines.append("targets:")
         for name, goal, measured, met in self.targets():
-            lines.append(f"  {'MET ' if met else 'MISS'} {name}: {measured} (target {goal})")
+            lines.append(f"  {verdict(met)} {name}: {measured} (target {goal})")
         lines.extend(self.notes)
         return "\n".join(lines)
+
+
+def verdict(met: bool | None) -> str:
+    """MET, MISS, or n/a where nothing was injected to judge the target on."""
+    return "n/a " if met is None else ("MET " if met else "MISS")
 
 
 def _pct(value: float) -> str:
