@@ -1,7 +1,7 @@
 """The four reports (idle, efficiency, cost, chargeback), the reclaim what-if and buy-vs-rent.
 
 Each report is a :class:`Report`: a ``summary`` dict, named ``tables`` (DataFrames) and the window,
-built from a :class:`~gpuwarden.analytics.engine.Ledger`. ``Report.to_dict()`` is the JSON output;
+built from a :class:`~gpuwarden.analytics.ledger.Ledger`. ``Report.to_dict()`` is the JSON output;
 its keys are stable and documented in ``gpuwarden/analytics/REPORTS.md``.
 
 Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
@@ -31,7 +31,7 @@ import pandas as pd
 from gpuwarden.fleet import PriceTier
 from gpuwarden.fleet.semantics import iso_utc
 
-from .engine import Ledger
+from .ledger import Ledger
 from .params import IDLE_REASONS, IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
 from .pricebook import HOURS_PER_MONTH, PriceBookError
 
