@@ -200,7 +200,7 @@ class LedgerBuilder:
         packed[bad] = size - 1
         inverse, uniques, first = dense_factorize(packed, size)
         mapping = np.full(len(uniques), -1, np.int64)
-        for position, (value, row) in enumerate(zip(uniques, first)):
+        for position, row in enumerate(first):
             if bad[row]:
                 continue
             key = (self._global(local["gpu_uuid"], row), self._global(local["mig_instance"], row))

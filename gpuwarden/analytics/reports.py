@@ -23,7 +23,7 @@ Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,7 @@ from gpuwarden.fleet import PriceTier
 from gpuwarden.fleet.semantics import iso_utc
 
 from .ledger import Ledger
-from .params import IDLE_REASONS, IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
+from .params import IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
 from .pricebook import HOURS_PER_MONTH, PriceBookError
 
 SCHEMA_VERSION = 1

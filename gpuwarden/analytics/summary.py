@@ -6,7 +6,7 @@ small JSON-ready dict; ``headline_lines(figures)`` formats it for a terminal.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .ledger import Ledger
 from .reader import build_ledger

@@ -10,7 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Mapping
 
 from .semantics import request_gpu_equivalents
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd

@@ -17,7 +17,7 @@ Bad input is expected and absorbed:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
