@@ -128,8 +128,8 @@ def classify(inst: Ints, ts: Ints, holder: Ints, activity: Activity, mem_ratio: 
     if dup.any():
         duplicates = int((dup & ~carried).sum())
         keep = ~dup
-        c_inst, c_ts, c_holder, c_idle, c_fake, c_act, carried, src = (
-            a[keep] for a in (c_inst, c_ts, c_holder, c_idle, c_fake, c_act, carried, src))
+        c_inst, c_ts, c_holder, src = c_inst[keep], c_ts[keep], c_holder[keep], src[keep]
+        c_idle, c_fake, carried, c_act = c_idle[keep], c_fake[keep], carried[keep], c_act[keep]
     n = len(c_inst)
     index = np.arange(n)
     new_inst = np.ones(n, bool)

@@ -4,6 +4,7 @@ columns the ledger reads as numpy arrays."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from typing import Generic, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -11,21 +12,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-class Registry:
+K = TypeVar("K", bound=Hashable)
+
+
+class Registry(Generic[K]):
     """Strings (or tuples) to dense integer codes, stable across chunks."""
 
     def __init__(self) -> None:
-        self.index: dict[Hashable, int] = {}
-        self.values: list[Hashable] = []
+        self.index: dict[K, int] = {}
+        self.values: list[K] = []
 
-    def code(self, value: Hashable) -> int:
+    def code(self, value: K) -> int:
         found = self.index.get(value)
         if found is None:
             found = self.index[value] = len(self.values)
             self.values.append(value)
         return found
 
-    def local(self, frame: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def local(self: Registry[str], frame: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
         """A column's chunk-local codes (-1 for null; any integer width) and the global code of each
         local code."""
         if name not in frame.columns:
@@ -35,7 +39,7 @@ class Registry:
             series = series.astype("category")
         return series.cat.codes.to_numpy(), self.mapping(series.cat.categories)
 
-    def local_arrow(self, table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def local_arrow(self: Registry[str], table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`local` for an Arrow column (dictionary-encoded or not)."""
         if name not in table.column_names:
             return np.full(table.num_rows, -1, np.int8), np.empty(0, np.int64)
@@ -47,7 +51,7 @@ class Registry:
         codes = pc.fill_null(indices, -1).to_numpy() if indices.null_count else indices.to_numpy()
         return codes, self.mapping(array.dictionary.to_pylist())
 
-    def mapping(self, categories: Iterable[object]) -> np.ndarray:
+    def mapping(self: Registry[str], categories: Iterable[object]) -> np.ndarray:
         return np.array([self.code(str(c)) for c in categories], dtype=np.int64)
 
 
@@ -55,10 +59,10 @@ def arrow_ns(column: pa.ChunkedArray) -> np.ndarray:
     """Timestamps as int64 ns since the epoch (UTC; naive counts as UTC), int64 min for null."""
     if not pa.types.is_timestamp(column.type):
         stamps = pd.to_datetime(column.to_pandas(), utc=True, errors="coerce")
-        return pd.DatetimeIndex(stamps).as_unit("ns").asi8
+        return np.asarray(pd.DatetimeIndex(stamps).as_unit("ns").asi8, dtype=np.int64)
     if column.type.unit != "ns":
         column = column.cast(pa.timestamp("ns", tz=column.type.tz))
-    return column.to_numpy().view(np.int64)  # a null is NaT, int64 min
+    return np.asarray(column.to_numpy()).view(np.int64)  # a null is NaT, int64 min
 
 
 def arrow_floats(table: pa.Table, name: str) -> np.ndarray:
@@ -69,8 +73,8 @@ def arrow_floats(table: pa.Table, name: str) -> np.ndarray:
     if pa.types.is_floating(column.type) or pa.types.is_integer(column.type):
         if column.type != pa.float64():
             column = column.cast(pa.float64())
-        return column.to_numpy()
-    return pd.to_numeric(column.to_pandas(), errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        return np.asarray(column.to_numpy(), dtype=np.float64)
+    return np.asarray(pd.to_numeric(column.to_pandas(), errors="coerce").to_numpy(dtype="float64", na_value=np.nan))
 
 
 def dense_factorize(packed: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

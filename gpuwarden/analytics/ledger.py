@@ -22,13 +22,14 @@ bucket, state). Every report in :mod:`gpuwarden.analytics.reports` is a groupby 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpuwarden.fleet import PriceTier
+from gpuwarden.fleet.vocabulary import PriceTier
 from gpuwarden.fleet.semantics import iso_utc, mig_share, profile_slices
 
 from .classifier import Context, activity, classify
@@ -61,6 +62,7 @@ COLUMNS: tuple[str, ...] = (
 REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
 IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
 HOLDER = ("namespace", "pod", "team", "project")
+Local = tuple[np.ndarray, np.ndarray]  # a column's chunk-local codes and the global code of each
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Ledger:
     rows: pd.DataFrame
     instances: pd.DataFrame
     timeseries: pd.DataFrame
-    quality: dict
+    quality: dict[str, Any]
     params: IdleParams
     price_book: PriceBook
     bucket: pd.Timedelta
@@ -104,10 +106,10 @@ class LedgerBuilder:
         self.step_assumed = False
         self.fallback_note: str | None = None
         self.counts = QualityCounts()
-        self._strings = {name: Registry() for name in (*IDENTITY, *HOLDER)}
-        self._instances = Registry()  # (gpu code, mig code) -> instance
-        self._holders = Registry()  # (namespace, pod, team, project) codes -> holder
-        self._inst_meta: dict[str, list] = {k: [] for k in ("cluster", "node", "model", "share", "price", "owned", "watts")}
+        self._strings: dict[str, Registry[str]] = {name: Registry() for name in (*IDENTITY, *HOLDER)}
+        self._instances: Registry[tuple[int, int]] = Registry()  # (gpu code, mig code) -> instance
+        self._holders: Registry[tuple[int, ...]] = Registry()  # (namespace, pod, team, project) codes -> holder
+        self._inst_meta: dict[str, list[Any]] = {k: [] for k in ("cluster", "node", "model", "share", "price", "owned", "watts")}
         self._inst_profile: list[str | None] = []  # MIG profile per instance (None: a whole GPU)
         self._gpu_instances: dict[int, list[int]] = {}  # gpu code -> its instance codes
         self._inst_first: list[int] = []
@@ -115,7 +117,7 @@ class LedgerBuilder:
         self._inst_samples: list[int] = []
         self._inst_sm: list[int] = []
         self._tail = Context.empty()
-        self._classes = Registry()  # (share, price, owned) of instances, for the time series
+        self._classes: Registry[tuple[float, float, bool]] = Registry()  # (share key, price, owned), for the time series
         self._parts: list[pd.DataFrame] = []
         self._series: list[pd.DataFrame] = []
         self._row_parts: list[pd.DataFrame] = []
@@ -169,7 +171,7 @@ class LedgerBuilder:
             known = np.zeros(n, bool)
         self._add_arrays(ts_ns, local, gauges, np.arange(n) if self.keep_rows else None, np.asarray(known, bool))
 
-    def _add_arrays(self, ts_ns: np.ndarray, local: dict, gauges: dict, positions: np.ndarray | None,
+    def _add_arrays(self, ts_ns: np.ndarray, local: dict[str, Local], gauges: dict[str, np.ndarray], positions: np.ndarray | None,
                     known: np.ndarray) -> None:
         bad = (ts_ns == np.iinfo(np.int64).min) | (local["gpu_uuid"][0] < 0)
         any_bad = bool(bad.any())
@@ -192,7 +194,7 @@ class LedgerBuilder:
         codes, mapping = local
         return int(mapping[codes[row]]) if codes[row] >= 0 else -1
 
-    def _instance_codes(self, local: dict, bad: np.ndarray) -> np.ndarray:
+    def _instance_codes(self, local: dict[str, Local], bad: np.ndarray) -> np.ndarray:
         gpu, mig = local["gpu_uuid"][0].astype(np.int64), local["mig_instance"][0]
         n_mig = len(local["mig_instance"][1]) + 1
         size = (len(local["gpu_uuid"][1]) + 1) * n_mig
@@ -205,13 +207,13 @@ class LedgerBuilder:
                 continue
             key = (self._global(local["gpu_uuid"], row), self._global(local["mig_instance"], row))
             code = self._instances.code(key)
-            meta = tuple(self._global(local[name], row) for name in ("cluster", "node", "model"))
+            meta = (self._global(local["cluster"], row), self._global(local["node"], row), self._global(local["model"], row))
             if code == len(self._inst_meta["cluster"]):
                 self._new_instance(key, meta)
             elif meta != (self._inst_meta["cluster"][code], self._inst_meta["node"][code], self._inst_meta["model"][code]):
                 self._set_instance(code, meta)  # the GPU moved or was relabelled: the latest wins
             mapping[position] = code
-        return mapping[inverse]
+        return np.asarray(mapping[inverse], dtype=np.int64)
 
     def _instance_pricing(self, meta: tuple[int, int, int]) -> tuple[float, bool, float]:
         model = self._strings["model"].values[meta[2]] if meta[2] >= 0 else "(unknown model)"
@@ -257,7 +259,7 @@ class LedgerBuilder:
         for name, value in zip(("cluster", "node", "model", "price", "owned", "watts"), (*meta, price, owned, watts)):
             self._inst_meta[name][code] = value
 
-    def _holder_codes(self, local: dict, bad: np.ndarray) -> np.ndarray:
+    def _holder_codes(self, local: dict[str, Local], bad: np.ndarray) -> np.ndarray:
         pod = local["pod"][0]
         packed = np.zeros(len(pod), np.int64)
         size = 1
@@ -272,10 +274,11 @@ class LedgerBuilder:
         inverse, uniques, first = dense_factorize(packed, size + 1)
         mapping = np.array([-1 if unheld[row] else self._holders.code(tuple(self._global(local[n], row) for n in HOLDER))
                             for row in first], dtype=np.int64)
-        return mapping[inverse]
+        return np.asarray(mapping[inverse], dtype=np.int64)
 
     # -- the classifier --------------------------------------------------------------------------
-    def _classify(self, inst, ts, holder, gauges, positions) -> None:
+    def _classify(self, inst: np.ndarray, ts: np.ndarray, holder: np.ndarray, gauges: dict[str, np.ndarray],
+                  positions: np.ndarray | None) -> None:
         flags = activity(gauges["gpu_util_ratio"], gauges["sm_active_ratio"], self.params)
         with np.errstate(invalid="ignore", divide="ignore"):
             mem_ratio = gauges["mem_used_bytes"] / gauges["mem_total_bytes"]
@@ -301,6 +304,7 @@ class LedgerBuilder:
         self._aggregate(c.inst, c.ts, c.holder, c.state, c.dur, gap_ns, c.act, measured_rows,
                         gauges["mem_used_bytes"][rows], gauges["power_watts"][rows], carried)
         if self.keep_rows:
+            assert positions is not None  # given whenever rows are kept
             mine = ~c.carried
             self._row_parts.append(pd.DataFrame({
                 "position": positions[c.src[mine]], "inst": c.inst[mine], "timestamp_ns": c.ts[mine],
@@ -353,7 +357,8 @@ class LedgerBuilder:
             self._inst_samples[code] += count
             self._inst_sm[code] += count
 
-    def _update_instances(self, inst, ts, measured, group_start, carried=None) -> None:
+    def _update_instances(self, inst: np.ndarray, ts: np.ndarray, measured: np.ndarray, group_start: np.ndarray,
+                          carried: np.ndarray | None = None) -> None:
         """First and last timestamps and sample counts per instance; rows are sorted by (instance,
         time) and ``group_start`` is where each instance's rows begin (carried rows first)."""
         if not len(inst):
@@ -380,7 +385,9 @@ class LedgerBuilder:
             self._inst_samples[code] += c
             self._inst_sm[code] += sm
 
-    def _aggregate(self, inst, ts, holder, state, dur, gap_ns, act, measured, mem_used, power, carried=None) -> None:
+    def _aggregate(self, inst: np.ndarray, ts: np.ndarray, holder: np.ndarray, state: np.ndarray, dur: np.ndarray,
+                   gap_ns: np.ndarray, act: np.ndarray, measured: np.ndarray, mem_used: np.ndarray, power: np.ndarray,
+                   carried: np.ndarray | None = None) -> None:
         """Sums per (instance, holder, state) and per (time bucket, state, price class).
 
         Rows are in (instance, time) order, so equal keys come in runs: sums are taken per run first
@@ -460,7 +467,7 @@ class LedgerBuilder:
         meta = self._inst_meta
         mapping = np.array([self._classes.code((self._share_key(i), meta["price"][i], meta["owned"][i]))
                             for i in range(len(meta["share"]))], dtype=np.int64)
-        return mapping[inst]
+        return np.asarray(mapping[inst], dtype=np.int64)
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None) -> Ledger:
@@ -519,7 +526,7 @@ class LedgerBuilder:
         keys = self._instances.values
         strings = self._strings
 
-        def name(registry: str, code: int):
+        def name(registry: str, code: int) -> str | None:
             return strings[registry].values[code] if code >= 0 else None
 
         nodes = [name("node", c) for c in self._inst_meta["node"]]
@@ -599,7 +606,7 @@ class LedgerBuilder:
         classes = self._classes.values
         klass = series["klass"].to_numpy()
         shares = self._inst_meta["share"]
-        share = np.array([c[0] if c[0] >= 0 else shares[-1 - c[0]] for c in classes], dtype=np.float64)[klass]
+        share = np.array([c[0] if c[0] >= 0 else shares[int(-1 - c[0])] for c in classes], dtype=np.float64)[klass]
         price = np.array([c[1] for c in classes], dtype=np.float64)[klass]
         owned = np.array([c[2] for c in classes], dtype=bool)[klass]
         to_hours = 1.0 / (3600.0 * _S)

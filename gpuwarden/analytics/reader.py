@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,8 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
         cursor = boundary
 
 
-def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger | None:
+def _ledger_from_rollups(source: Any, builder: LedgerBuilder, start: pd.Timestamp | None,
+                         end: pd.Timestamp | None) -> Ledger | None:
     """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
     read_start, read_end = start, end
     if start is None or end is None:
@@ -63,7 +65,7 @@ def _ledger_from_rollups(source, builder: LedgerBuilder, start, end) -> Ledger |
     return ledger
 
 
-def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
+def build_ledger(data: Any, start: object = None, end: object = None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
                  params: IdleParams | None = None, bucket: str | pd.Timedelta = "1h",
                  chunk: str | pd.Timedelta = "1D", keep_rows: bool = False, price: bool = True) -> Ledger:
     """Classify and price fleet samples over ``[start, end)``.
@@ -131,6 +133,7 @@ def build_ledger(data, start=None, end=None, price_book: PriceBook | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-read") as pool:
         pending = pool.submit(read, *windows[0], columns=list(COLUMNS)) if windows else None
         for position in range(len(windows)):
+            assert pending is not None  # one read is submitted per window
             part = pending.result()
             pending = (pool.submit(read, *windows[position + 1], columns=list(COLUMNS))
                        if position + 1 < len(windows) else None)
