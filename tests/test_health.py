@@ -391,3 +391,12 @@ def test_every_health_kind_has_one_rule_in_the_catalogue():
     assert len(ruled) == len(set(ruled))
     not_health = {FindingKind.XID_OTHER, FindingKind.HOARDED, FindingKind.QUOTA_RECLAIM, FindingKind.QUEUE_ORDER}
     assert set(ruled) == set(FindingKind) - not_health
+
+
+def test_the_evaluation_scores_only_named_finding_kinds():
+    from gpuwarden.analytics.health.evaluation import FINDING_FAULTS
+    from gpuwarden.fleet import FindingKind
+    from gpuwarden.sim.faults import KINDS
+
+    assert all(isinstance(kind, FindingKind) for kind in FINDING_FAULTS)
+    assert {fault for faults in FINDING_FAULTS.values() for fault in faults} <= set(KINDS)

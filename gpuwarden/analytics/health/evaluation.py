@@ -33,7 +33,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet import Finding
+from gpuwarden.fleet import Finding, FindingKind
 from gpuwarden.fleet.semantics import to_utc
 
 from .catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, FATAL_XIDS, XID_RULES
@@ -43,30 +43,30 @@ TUNING_SEEDS: tuple[int, ...] = (1, 2, 3)
 REPORTING_SEEDS: tuple[int, ...] = (301, 302, 303, 304)
 
 # finding kind -> fault kinds it names (first: the one a false positive is charged to)
-FINDING_FAULTS: dict[str, tuple[str, ...]] = {
-    "ecc-dbe": ("ecc_dbe",),
-    "uncorrectable-ecc": ("ecc_dbe", "xid95_uncontained_ecc"),
-    "hbm-degrading": ("ecc_dbe", "row_remap_failure"),
-    "row-remap-failure": ("row_remap_failure",),
-    "row-remap-pending": ("row_remap_pending",),
-    "off-the-bus": ("xid79_off_bus",),
-    "pcie-degrading": ("xid79_off_bus",),
-    "recovery-node-reboot": ("xid79_off_bus",),
-    "uncontained-ecc": ("xid95_uncontained_ecc",),
-    "recovery-drain-and-reset": ("ecc_dbe", "row_remap_failure", "xid95_uncontained_ecc"),
-    "recovery-drain-p2p": ("ecc_dbe", "row_remap_failure", "xid95_uncontained_ecc"),
-    "pcie-replay-storm": ("pcie_replay_storm",),
-    "straggler": ("straggler", "silent_straggler", "clock_straggler"),
-    "contained-ecc": ("xid94_contained_ecc",),
-    "gsp-timeout": ("xid119_gsp_timeout",),
-    "gsp-error": ("xid119_gsp_timeout",),
-    "thermal-throttle": ("thermal_throttle", "cooling_failure"),
-    "cooling-degrading": ("cooling_failure", "thermal_throttle"),
-    "nvlink-degrading": ("nvlink_degrading",),
-    "nvlink-error": ("nvlink_degrading",),
-    "recovery-gpu-reset": ("row_remap_pending", "xid119_gsp_timeout", "nvlink_degrading"),
-    "power-brake-throttle": ("power_brake",),
-    "hw-slowdown": ("power_brake",),
+FINDING_FAULTS: dict[FindingKind, tuple[str, ...]] = {
+    FindingKind.ECC_DBE: ("ecc_dbe",),
+    FindingKind.UNCORRECTABLE_ECC: ("ecc_dbe", "xid95_uncontained_ecc"),
+    FindingKind.HBM_DEGRADING: ("ecc_dbe", "row_remap_failure"),
+    FindingKind.ROW_REMAP_FAILURE: ("row_remap_failure",),
+    FindingKind.ROW_REMAP_PENDING: ("row_remap_pending",),
+    FindingKind.OFF_THE_BUS: ("xid79_off_bus",),
+    FindingKind.PCIE_DEGRADING: ("xid79_off_bus",),
+    FindingKind.RECOVERY_NODE_REBOOT: ("xid79_off_bus",),
+    FindingKind.UNCONTAINED_ECC: ("xid95_uncontained_ecc",),
+    FindingKind.RECOVERY_DRAIN_AND_RESET: ("ecc_dbe", "row_remap_failure", "xid95_uncontained_ecc"),
+    FindingKind.RECOVERY_DRAIN_P2P: ("ecc_dbe", "row_remap_failure", "xid95_uncontained_ecc"),
+    FindingKind.PCIE_REPLAY_STORM: ("pcie_replay_storm",),
+    FindingKind.STRAGGLER: ("straggler", "silent_straggler", "clock_straggler"),
+    FindingKind.CONTAINED_ECC: ("xid94_contained_ecc",),
+    FindingKind.GSP_TIMEOUT: ("xid119_gsp_timeout",),
+    FindingKind.GSP_ERROR: ("xid119_gsp_timeout",),
+    FindingKind.THERMAL_THROTTLE: ("thermal_throttle", "cooling_failure"),
+    FindingKind.COOLING_DEGRADING: ("cooling_failure", "thermal_throttle"),
+    FindingKind.NVLINK_DEGRADING: ("nvlink_degrading",),
+    FindingKind.NVLINK_ERROR: ("nvlink_degrading",),
+    FindingKind.RECOVERY_GPU_RESET: ("row_remap_pending", "xid119_gsp_timeout", "nvlink_degrading"),
+    FindingKind.POWER_BRAKE_THROTTLE: ("power_brake",),
+    FindingKind.HW_SLOWDOWN: ("power_brake",),
 }
 OUT_OF_SERVICE = ("reset-gpu", "drain-and-reset", "reboot", "replace")
 APP_KINDS = frozenset(XID_RULES[code].kind for code in APPLICATION_XIDS)
@@ -147,7 +147,7 @@ def _pct(value: float) -> str:
 
 
 def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
-    rows = [{"kind": f.kind, "gpu_uuid": f.gpu_uuid, "node": f.node, "first_seen": pd.Timestamp(f.first_seen),
+    rows = [{"kind": f.kind.value, "gpu_uuid": f.gpu_uuid, "node": f.node, "first_seen": pd.Timestamp(f.first_seen),
              "last_seen": pd.Timestamp(f.last_seen), "action": f.recommended_action.value if f.recommended_action else None,
              "severity": f.severity.value, "confidence": f.confidence} for f in findings]
     columns = ["kind", "gpu_uuid", "node", "first_seen", "last_seen", "action", "severity", "confidence"]
