@@ -140,10 +140,11 @@ def test_default_pool():
 
 
 def test_the_scalar_rules_load_without_pandas():
-    """The exporter imports fleet (and so these rules) and must never load pandas."""
+    """The exporter imports fleet (whose GpuRequest counts MIG shares) and must never load pandas."""
     import subprocess
     import sys
 
-    code = "import sys, gpuwarden.fleet.semantics as s; s.mig_share('3g.40gb'); print('pandas' in sys.modules)"
+    code = ("import sys, gpuwarden.fleet as f; print(f.GpuRequest(mig_profile='3g.40gb').gpu_equivalents > 0.4, "
+            "'pandas' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "False"
+    assert result.stdout.split() == ["True", "False"]

@@ -20,66 +20,29 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+import pandas as pd
 
-import numpy as np
-import numpy.typing as npt
+from .semantics_scalar import (
+    DEFAULT_COMPUTE_SLICES,
+    PROFILE_SLICES,
+    counter_increments,
+    default_pool,
+    default_pools,
+    gpu_compute_slices,
+    group_first_rows,
+    mig_share,
+    profile_slices,
+    request_gpu_equivalents,
+)
 
-if TYPE_CHECKING:  # pandas is imported where a frame is handled: the exporter imports fleet, never pandas
-    import pandas as pd
-
-DEFAULT_COMPUTE_SLICES = 7
-# GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
-_COMPUTE_SLICES_BY_MODEL_WORD: dict[str, int] = {"A30": 4}
-# The compute slices of a profile: '3g.40gb', '1:3g.40gb' (instance id first), 'mig-3g.40gb'.
-_PROFILE_SLICES = re.compile(r"(?:^|[:/\s-])(\d+)g\.")
-_POOL_ORDINAL = re.compile(r"-\d+$")
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-
-
-# -- MIG share -------------------------------------------------------------------------------------
+__all__ = [
+    "DEFAULT_COMPUTE_SLICES", "counter_increase", "counter_increments", "counter_resets", "default_pool",
+    "default_pools", "gpu_compute_slices", "group_first_rows", "iso_utc", "mig_share", "mig_shares",
+    "profile_slices", "request_gpu_equivalents", "to_utc", "to_utc_or_none", "utc_times",
+]
 
 
-def gpu_compute_slices(model: str | None) -> int:
-    """Compute slices a GPU of ``model`` splits into under MIG (7 unless the model is known to
-    differ; an unknown model counts as 7)."""
-    if model:
-        for word in str(model).replace("-", " ").split():
-            if word in _COMPUTE_SLICES_BY_MODEL_WORD:
-                return _COMPUTE_SLICES_BY_MODEL_WORD[word]
-    return DEFAULT_COMPUTE_SLICES
-
-
-def profile_slices(profile: str | None) -> int | None:
-    """Compute slices named by a MIG profile, or None where none can be read."""
-    if profile is None:
-        return None
-    match = _PROFILE_SLICES.search(str(profile))
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
-
-
-def mig_share(profile: str | None, model: str | None = None, siblings: Sequence[str | None] | None = None) -> float:
-    """Share of its GPU one row holds (see the module doc for the rule).
-
-    ``siblings`` are the profiles of the GPU's *other* MIG instances at the same time: ``None``
-    when they are not known, ``()`` when the instance is alone on its GPU.
-    """
-    if profile is None:
-        return 1.0
-    total = gpu_compute_slices(model)
-    slices = profile_slices(profile)
-    if slices is not None:
-        return min(1.0, slices / total)
-    if siblings is None:
-        return 1.0 / total  # nothing known: one slice
-    readable = [profile_slices(p) for p in siblings if p is not None]
-    used = sum(min(1.0, s / total) for s in readable if s is not None)
-    unreadable = 1 + sum(s is None for s in readable)
-    return max(0.0, 1.0 - used) / unreadable
+# -- MIG share over a frame ------------------------------------------------------------------------
 
 
 def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "timestamp") -> pd.Series:
@@ -89,8 +52,6 @@ def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "tim
     ``at`` is None or absent). The GPU model, where a ``model`` column is present, gives the GPU's
     slice count.
     """
-    import pandas as pd
-
     share = pd.Series(1.0, index=frame.index, dtype="float64")
     if frame.empty or "mig_instance" not in frame.columns:
         return share
@@ -99,7 +60,7 @@ def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "tim
     if not is_mig.any():
         return share
     part = frame.loc[is_mig]
-    slices = part["mig_instance"].astype(str).str.extract(_PROFILE_SLICES, expand=False).astype("float64")
+    slices = part["mig_instance"].astype(str).str.extract(PROFILE_SLICES, expand=False).astype("float64")
     slices = slices.where(slices > 0)
     if "model" in part.columns:
         models = part["model"].astype(object)
@@ -123,62 +84,11 @@ def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "tim
     return share
 
 
-def request_gpu_equivalents(mig_profile: str | None, count: int = 1, fraction_milli: int = 1000,
-                            model: str | None = None) -> float:
-    """Whole-GPU equivalents a request holds: a MIG profile by its compute share, otherwise
-    ``count`` GPUs of ``fraction_milli`` thousandths each."""
-    if mig_profile is not None:
-        return count * mig_share(mig_profile, model)
-    return count * fraction_milli / 1000.0
-
-
-# -- counters --------------------------------------------------------------------------------------
-
-
-def counter_increments(values: npt.ArrayLike, first: npt.ArrayLike) -> tuple[FloatArray, BoolArray]:
-    """Increments of a cumulative counter per row, and where it was reset.
-
-    Rows are sorted by (group, time); ``first`` is the index of each row's group's first row. A row
-    compares with the last non-null value before it in its group; a drop means a reset, after which
-    the new value counts from zero. Null rows and each group's first valid row add nothing.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    starts = np.asarray(first, dtype=np.int64)
-    n = v.size
-    inc = np.zeros(n, dtype=np.float64)
-    reset = np.zeros(n, dtype=np.bool_)
-    if n == 0:
-        return inc, reset
-    valid = ~np.isnan(v)
-    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
-    prev = np.empty(n, dtype=np.int64)
-    prev[0] = -1
-    prev[1:] = last_valid[:-1]
-    prev[prev < starts] = -1
-    has = valid & (prev >= 0)
-    current = v[has]
-    delta = current - v[prev[has]]
-    dropped = delta < 0
-    inc[has] = np.where(dropped, current, delta)
-    reset[np.flatnonzero(has)[dropped]] = True
-    return inc, reset
-
-
-def group_first_rows(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """For rows sorted by group, the index of each row's group's first row."""
-    k = np.asarray(keys)
-    n = len(k)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.ones(n, dtype=np.bool_)
-    starts[1:] = k[1:] != k[:-1]
-    return np.maximum.accumulate(np.where(starts, np.arange(n), 0)).astype(np.int64)
+# -- counters over a frame -------------------------------------------------------------------------
 
 
 def _per_time(frame: pd.DataFrame, column: str, by: str) -> pd.DataFrame:
     """One value per (``by``, timestamp), sorted: MIG rows repeat their GPU's counters."""
-    import pandas as pd
-
     part = frame[[by, "timestamp", column]].dropna(subset=[column])
     part = part.assign(**{column: pd.to_numeric(part[column], errors="coerce").astype("float64")})
     part = part.groupby([by, "timestamp"], observed=True, sort=True, as_index=False)[column].max()
@@ -188,8 +98,6 @@ def _per_time(frame: pd.DataFrame, column: str, by: str) -> pd.DataFrame:
 def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
     """Reset-aware increase of a cumulative counter per ``by`` over the frame (float64, indexed by
     ``by``; groups with no measured value are left out)."""
-    import pandas as pd
-
     part = _per_time(frame, column, by)
     if part.empty:
         return pd.Series(dtype="float64", name=column)
@@ -213,8 +121,6 @@ def counter_resets(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> in
 
 def to_utc(value: object) -> pd.Timestamp:
     """A timestamp in UTC; a naive one is read as UTC. Raises ``ValueError`` on what is not a time."""
-    import pandas as pd
-
     stamp = pd.Timestamp(value)
     if stamp is pd.NaT:
         raise ValueError(f"not a time: {value!r}")
@@ -228,8 +134,6 @@ def to_utc_or_none(value: object) -> pd.Timestamp | None:
 
 def utc_times(values: object) -> pd.Series:
     """A column of times as tz-aware UTC (naive read as UTC; what is not a time becomes NaT)."""
-    import pandas as pd
-
     series = values if isinstance(values, pd.Series) else pd.Series(values)
     if isinstance(series.dtype, pd.DatetimeTZDtype):
         return series.dt.tz_convert("UTC")
@@ -239,18 +143,3 @@ def utc_times(values: object) -> pd.Series:
 def iso_utc(value: object, fraction: bool = False) -> str:
     """``2026-01-02T03:04:05Z`` (with microseconds when ``fraction``)."""
     return str(to_utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if fraction else "%Y-%m-%dT%H:%M:%SZ"))
-
-
-# -- pools -----------------------------------------------------------------------------------------
-
-
-def default_pool(node: str) -> str:
-    """A node's pool when no inventory names it: its name without a trailing ``-<number>``
-    (``train-h100-007`` -> ``train-h100``); the whole name when that would leave nothing."""
-    name = str(node)
-    return _POOL_ORDINAL.sub("", name) or name
-
-
-def default_pools(nodes: Iterable[str]) -> dict[str, str]:
-    """:func:`default_pool` for each node name."""
-    return {str(node): default_pool(str(node)) for node in nodes}

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from collections.abc import Mapping
 
-from .semantics import request_gpu_equivalents
+from .semantics_scalar import request_gpu_equivalents
 
 
 class FleetValueError(ValueError):
