@@ -115,7 +115,7 @@ def test_counter_increase_per_gpu_counts_mig_rows_once():
         "x": [1, 2, 0, 1, 2] * 2 + [np.nan, np.nan],
     })
     assert counter_increase(frame, "x").to_dict() == {"c": 3.0}  # +1, reset (0), +1, +1
-    assert counter_resets(frame, "x") == 1
+    assert counter_resets(frame, ["x"]) == {"x": 1}
     assert counter_increase(frame.iloc[0:0], "x").empty
 
 

@@ -114,5 +114,5 @@ def count_counter_resets(frame: pd.DataFrame, counts: QualityCounts, key: str = 
     counters = [c for c in frame.columns if c.endswith("_total")]
     if not counters or key not in frame.columns or "timestamp" not in frame.columns:
         return
-    for column in counters:
-        counts.add("counter_resets", column, counter_resets(frame, column, key))
+    for column, resets in counter_resets(frame, counters, key).items():
+        counts.add("counter_resets", column, resets)

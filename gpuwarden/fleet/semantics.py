@@ -20,6 +20,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import pandas as pd
 
 from .semantics_scalar import (
@@ -106,14 +109,16 @@ def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> 
     return pd.Series(inc, index=part.index).groupby(keys, sort=True).sum().rename(column)
 
 
-def counter_resets(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> int:
-    """How many times a cumulative counter dropped (was reset) within its ``by`` groups."""
-    part = _per_time(frame, column, by)
-    if len(part) < 2:
-        return 0
-    _inc, reset = counter_increments(part[column].to_numpy(dtype="float64"),
-                                     group_first_rows(part[by].astype(object).to_numpy()))
-    return int(reset.sum())
+def counter_resets(frame: pd.DataFrame, columns: Sequence[str], by: str = "gpu_uuid") -> dict[str, int]:
+    """How many times each cumulative counter dropped (was reset) within its ``by`` group, in time
+    order. One sort for all the columns (rows repeating a value, as MIG siblings do, add none)."""
+    ordered = frame.sort_values([by, "timestamp"], kind="stable")
+    first = group_first_rows(pd.factorize(ordered[by], use_na_sentinel=True)[0])
+    out: dict[str, int] = {}
+    for column in columns:
+        values = pd.to_numeric(ordered[column], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        out[column] = int(counter_increments(values, first)[1].sum())
+    return out
 
 
 # -- UTC -------------------------------------------------------------------------------------------
