@@ -19,7 +19,7 @@ from gpuwarden.actuator import (
     SafetyLimits,
     plan_from_findings,
 )
-from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, Severity
+from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.cluster import SimCluster
@@ -33,7 +33,7 @@ def cluster(data_dir):
     return SimCluster(simulation)
 
 
-def finding(node: str, kind="xid79_off_bus", action=ActionKind.CORDON, severity=Severity.CRITICAL, confidence=0.99):
+def finding(node: str, kind=FindingKind.OFF_THE_BUS, action=ActionKind.CORDON, severity=Severity.CRITICAL, confidence=0.99):
     return Finding(kind, severity, node, f"GPU-{node}", {"xid": 79}, action, confidence, T0, T0)
 
 
@@ -46,7 +46,7 @@ def test_plan_takes_the_strongest_action_per_node_and_says_why_others_are_skippe
     cluster = snapshot([node(name) for name in (a, b, c, d)])
     findings = [
         finding(a, action=ActionKind.TAINT),
-        finding(a, kind="ecc_dbe", action=ActionKind.DRAIN),
+        finding(a, kind=FindingKind.ECC_DBE, action=ActionKind.DRAIN),
         finding(b, severity=Severity.INFO),
         finding(c, confidence=0.3),
         finding("no-such-node"),

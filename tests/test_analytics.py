@@ -23,9 +23,9 @@ from gpuwarden.analytics import (
     idle_report,
     reclaim_whatif,
 )
-from gpuwarden.analytics.quality import counter_increase
 from gpuwarden.analytics.reference import states_by_gpu
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, FleetValueError, Location, Node, PriceTier, Topology
+from gpuwarden.fleet.semantics import counter_increase
 from gpuwarden.store import LocalStore, coerce
 from gpuwarden.store.schema import ValidationReport
 
@@ -489,3 +489,24 @@ def test_a_window_wider_than_the_data_is_trimmed_with_a_note():
     assert any(note.startswith("window trimmed to the data held") for note in report.notes)
     exact = cost_report(build_ledger(frame, START, end))
     assert not any(note.startswith("window trimmed") for note in exact.notes)
+
+
+def test_an_unreadable_mig_profile_gets_what_its_siblings_leave_in_every_report():
+    """One rule (fleet.semantics): the engine, its time series and the row-by-row reference all give
+    the unreadable instance 1 - 3/7, so the GPU's hours add up to the time it was observed."""
+    from gpuwarden.fleet.semantics import mig_shares
+
+    n = 30
+    frame = pd.concat([
+        gpu_rows("GPU-m", "train-h100-000", H100, 0.5, 0.5, 1.0, "a", n, mig="1:3g.40gb"),
+        gpu_rows("GPU-m", "train-h100-000", H100, 0.5, 0.5, 1.0, "b", n, mig="2:custom-layout"),
+    ], ignore_index=True)
+    ledger = build_ledger(frame)
+    shares = ledger.instances.set_index("mig_instance")["share"]
+    assert shares["2:custom-layout"] == pytest.approx(4 / 7)
+    assert shares["1:3g.40gb"] == pytest.approx(3 / 7)
+    assert ledger.gpu_hours == pytest.approx(n / 60)  # the whole GPU for n minutes
+    assert ledger.timeseries["gpu_hours"].sum() == pytest.approx(ledger.gpu_hours)
+    assert sorted(mig_shares(frame).unique()) == pytest.approx(sorted(shares))
+    reference = states_by_gpu(frame, step="60s")
+    assert reference["gpu_hours"].sum() == pytest.approx(ledger.gpu_hours)

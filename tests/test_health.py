@@ -18,7 +18,6 @@ from gpuwarden.analytics.health import (
     scan,
 )
 from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
-from gpuwarden.analytics.health.features import counter_increments
 from gpuwarden.fleet import ActionKind, SAMPLE_COLUMN_NAMES, Severity, THROTTLE_REASONS, XID_COLUMN_NAMES
 
 START = pd.Timestamp("2026-01-05T00:00:00Z")
@@ -113,7 +112,7 @@ def test_nvml_recovery_action(value, kind, action):
     finding = only(scan(frame), kind)
     assert finding.recommended_action == action
     assert (finding.first_seen, finding.last_seen) == (START + pd.Timedelta(minutes=20), START + pd.Timedelta(minutes=44))
-    assert finding.evidence["active"] is False  # it cleared 15 minutes before the end
+    assert finding.active is False  # it cleared 15 minutes before the end
 
 
 def test_row_remap_pending_from_xid_63_and_the_pending_flag_is_one_finding():
@@ -123,7 +122,7 @@ def test_row_remap_pending_from_xid_63_and_the_pending_flag_is_one_finding():
     frame.loc[at(frame, 5, 15), "remapped_rows_uncorrectable_total"] = 1
     finding = only(scan(frame), "row-remap-pending")
     assert finding.recommended_action == ActionKind.CORDON and finding.evidence["xid_events"] == 1
-    assert finding.evidence["active"] is True
+    assert finding.active is True
 
 
 def test_row_remap_failure_flag_without_an_xid_still_means_replace():
@@ -145,15 +144,6 @@ def test_double_bit_error_without_xid_is_uncorrectable_ecc_but_with_xid_94_it_is
 
 
 # -- counter resets and bad input ----------------------------------------------------------------
-def test_counter_increments_treat_a_drop_as_a_reset():
-    first = np.zeros(7, dtype=int)
-    inc, reset = counter_increments(np.array([3, 3, np.nan, 0, 0, 1, 1], dtype=float), first)
-    assert inc.tolist() == [0, 0, 0, 0, 0, 1, 0]
-    assert reset.tolist() == [False, False, False, True, False, False, False]
-    inc, _ = counter_increments(np.array([5, 2], dtype=float), first[:2])
-    assert inc.tolist() == [0, 2]  # after a reset the new value counts from zero
-
-
 def test_counter_reset_after_repair_gives_no_fatal_finding():
     """A GPU whose counters were high when the window opened, then reset by a driver reload / GPU
     repair (everything volatile back to 0): no XID, DBE, recovery or precursor finding at all."""
@@ -190,7 +180,7 @@ def test_now_cuts_the_window_and_marks_active_findings():
     frame.loc[at(frame, 1, 40), "xid_79_total"] = 1
     assert scan(frame, now=START + pd.Timedelta(minutes=39)) == []
     finding = only(scan(frame, now=START + pd.Timedelta(minutes=45)), "off-the-bus")
-    assert finding.evidence["active"] is True
+    assert finding.active is True
 
 
 def test_mig_instances_are_one_gpu():
@@ -380,3 +370,33 @@ def test_peer_deviation_detector_passes_scikit_learn_checks():
     reason = "a fixed-threshold detector flags nothing on clean blobs; these checks expect a contamination share"
     check_estimator(PeerDeviationDetector(),
                     expected_failed_checks={"check_outliers_fit_predict": reason, "check_outliers_train": reason})
+
+
+# -- the registry of finding kinds ---------------------------------------------------------------
+def test_a_finding_of_an_unknown_kind_cannot_be_made():
+    from gpuwarden.fleet import Finding, FindingKind, FleetValueError
+
+    stamp = pd.Timestamp("2026-03-02T00:00:00Z").to_pydatetime()
+    with pytest.raises(FleetValueError, match="Finding.kind: 'xid79_off_bus' is not one of: .*off-the-bus"):
+        Finding("xid79_off_bus", Severity.CRITICAL, "n1", "GPU-1", {}, ActionKind.CORDON, 1.0, stamp, stamp)
+    named = Finding("off-the-bus", Severity.CRITICAL, "n1", "GPU-1", {}, ActionKind.CORDON, 1.0, stamp, stamp)
+    assert named.kind is FindingKind.OFF_THE_BUS and named.kind == "off-the-bus" and f"{named.kind}" == "off-the-bus"
+
+
+def test_every_health_kind_has_one_rule_in_the_catalogue():
+    from gpuwarden.analytics.health.catalogue import EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES
+    from gpuwarden.fleet import FindingKind
+
+    ruled = [rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()] + list(EARLY_WARNING_KINDS)
+    assert len(ruled) == len(set(ruled))
+    not_health = {FindingKind.XID_OTHER, FindingKind.HOARDED, FindingKind.QUOTA_RECLAIM, FindingKind.QUEUE_ORDER}
+    assert set(ruled) == set(FindingKind) - not_health
+
+
+def test_the_evaluation_scores_only_named_finding_kinds():
+    from gpuwarden.analytics.health.evaluation import FINDING_FAULTS
+    from gpuwarden.fleet import FindingKind
+    from gpuwarden.sim.faults import KINDS
+
+    assert all(isinstance(kind, FindingKind) for kind in FINDING_FAULTS)
+    assert {fault for faults in FINDING_FAULTS.values() for fault in faults} <= set(KINDS)

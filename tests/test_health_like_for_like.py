@@ -147,7 +147,7 @@ def test_scan_json_round_trip_on_an_independent_scenario(tmp_path, capsys):
     out = tmp_path / "scan.json"
     assert main(["health", "scan", "--source", "file", "--file", str(path), "--all", "--format", "json", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["schema_version"] == 1 and report["report"] == "health_scan"
+    assert report["schema_version"] == 2 and report["report"] == "health_scan"
     assert set(report["window"]) == {"start", "end", "hours"} and report["window"]["hours"] >= 23.9
     first = report["findings"][0]
     assert {"gpu_uuid", "node", "kind", "severity", "recommended_action", "first_seen", "last_seen", "evidence"} <= set(first)

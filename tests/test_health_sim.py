@@ -75,7 +75,7 @@ def test_health_scan_cli_reads_a_file_and_prints_table_and_json(simulated, tmp_p
     assert main(["health", "scan", "--source", "file", "--file", str(path), "--since", "24h", *until, "--all",
                  "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["schema_version"] == 1 and report["report"] == "health_scan"
+    assert report["schema_version"] == 2 and report["report"] == "health_scan"
     findings = report["findings"]
     assert {"kind", "severity", "node", "gpu_uuid", "recommended_action", "confidence", "first_seen", "last_seen",
             "evidence"} <= set(findings[0])
@@ -143,3 +143,7 @@ def test_evaluation_of_a_fault_free_run_with_no_findings_is_a_report_not_an_erro
     report = evaluate([], pd.DataFrame(columns=list(GROUND_TRUTH_COLUMNS)), start, start + pd.Timedelta(hours=12), 16)
     assert report.missed_fatal_xids == 0 and report.fatal_xid_faults == 0 and report.false_cordons.empty
     assert report.faults.empty and report.gpu_days > 0
+    # Nothing injected: no target is judged on it, and the text says so instead of "MISS F1: nan".
+    assert [met for *_, met in report.targets()][:3] == [None, None, None]
+    text = report.format()
+    assert "no fault was injected" in text and "nan" not in text and "MISS" not in text

@@ -19,7 +19,7 @@ from gpuwarden.actuator.approvals import decide, pending
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 from gpuwarden.actuator.loop import Reconciler
 from gpuwarden.actuator.plan import NOTIFIED_ANNOTATION
-from gpuwarden.fleet import Action, ActionKind, Finding, Severity
+from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ROOMY = SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0)
@@ -37,7 +37,7 @@ def connect(api: FakeKubeAPI, tmp_path, **kwargs) -> KubeCluster:
     return KubeCluster(KubeApi(client, backoff_seconds=0.01, max_backoff_seconds=0.05, **kwargs), clock=lambda: NOW)
 
 
-def health(node_name: str, action=ActionKind.CORDON, kind="xid79_off_bus") -> Finding:
+def health(node_name: str, action=ActionKind.CORDON, kind=FindingKind.OFF_THE_BUS) -> Finding:
     return Finding(kind, Severity.CRITICAL, node_name, f"GPU-{node_name}-3", {"xid": 79, "count": 4}, action, 0.99,
                    NOW - timedelta(minutes=10), NOW)
 
@@ -74,7 +74,7 @@ def test_a_health_finding_cordons_the_node_is_audited_with_its_findings_and_undo
                                                             "application/merge-patch+json")
     assert api.get(CORE, "nodes", "n1")["spec"]["unschedulable"] is True
     (logged,) = audit_of(tmp_path)
-    assert logged["findings"][0]["kind"] == "xid79_off_bus" and logged["findings"][0]["gpu_uuid"] == "GPU-n1-3"
+    assert logged["findings"][0]["kind"] == "off-the-bus" and logged["findings"][0]["gpu_uuid"] == "GPU-n1-3"
     assert logged["findings"][0]["evidence"] == {"xid": 79, "count": 4}
     assert logged["snapshot_at"] == NOW.isoformat() and logged["undo"]["kind"] == "uncordon"
 
@@ -374,7 +374,7 @@ def test_approvals_survive_a_restart_and_are_applied_at_the_next_round_with_the_
     Actuator(cluster, Mode.APPROVE, ROOMY, AuditLog(path), clock=lambda: NOW).execute(plan, snapshot)
     waiting = pending(path)
     assert [(p.kind, p.target) for p in waiting] == [("cordon", "n0"), ("cordon", "n1")]
-    assert waiting[0].findings[0]["kind"] == "xid79_off_bus" and waiting[0].planned_at
+    assert waiting[0].findings[0]["kind"] == "off-the-bus" and waiting[0].planned_at
     decide(path, waiting[0].approval_id, True, by="dana", comment="confirmed on the console")
     decide(path, waiting[1].approval_id, False, by="dana")
     with pytest.raises(ValueError, match="already approved by dana"):

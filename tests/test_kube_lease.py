@@ -11,7 +11,7 @@ from kube_fleet import node
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, LeaderElector, load_client
-from gpuwarden.fleet import ActionKind, Finding, Severity
+from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -67,7 +67,7 @@ def test_an_actuator_that_lost_the_lease_applies_nothing(api, tmp_path):
     actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0), AuditLog(tmp_path / "a.jsonl"),
                         clock=lambda: clock[0], leader=elector.is_leader)
     clock[0] += timedelta(seconds=16)  # no renewal for longer than the lease
-    findings = [Finding("xid79_off_bus", Severity.CRITICAL, f"n{i}", None, {}, ActionKind.CORDON, 1.0, T0, T0) for i in range(2)]
+    findings = [Finding(FindingKind.OFF_THE_BUS, Severity.CRITICAL, f"n{i}", None, {}, ActionKind.CORDON, 1.0, T0, T0) for i in range(2)]
     entries = actuator.execute(plan_from_findings(findings, cluster.snapshot()))
     assert [e.outcome for e in entries] == [Outcome.NOT_APPLIED] * 2 and "lease lost" in entries[0].message
     assert api.calls("PATCH") == []

@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpuwarden.analytics import build_ledger, hoarding_pods
 from gpuwarden.analytics.health import scan
-from gpuwarden.fleet import Finding, Severity
+from gpuwarden.fleet import Finding, FindingKind, Severity
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -29,7 +29,7 @@ def hoarding_findings(frame: pd.DataFrame, now: datetime) -> list[Finding]:
             continue
         hours = float(row.hoarded_gpu_hours) / max(1, int(row.gpus))
         out.append(Finding(
-            "hoarded", Severity.WARNING, "", None,
+            FindingKind.HOARDED, Severity.WARNING, "", None,
             {"namespace": row.namespace, "pod": row.pod, "hoarded_gpu_hours": round(float(row.hoarded_gpu_hours), 3),
              "hoarded_share": round(float(row.hoarded_share), 3), "gpus": int(row.gpus),
              "mean_hoarded_mem_gib": round(float(row.mean_hoarded_mem_gib), 2)},
@@ -42,7 +42,7 @@ def findings_from_frame(frame: pd.DataFrame | None, now: datetime, hoarding: boo
     if frame is None or len(frame) == 0:
         log.info("actuator: no samples in the window")
         return []
-    findings = [f for f in scan(frame, now=pd.Timestamp(now)) if f.evidence.get("active", True)]
+    findings = [f for f in scan(frame, now=pd.Timestamp(now)) if f.active]
     if hoarding:
         findings += hoarding_findings(frame, now)
     return findings

@@ -9,7 +9,8 @@ Reads fleet samples only (a DataFrame or a ``SamplesSource``); emits reports, ne
 - :func:`headline` gives the demo its summary figures.
 """
 
-from .engine import COLUMNS, Ledger, LedgerBuilder, build_ledger
+from .ledger import COLUMNS, Ledger, LedgerBuilder
+from .reader import build_ledger
 from .inventory import Inventory, Rule
 from .params import (
     IDLE_REASONS,

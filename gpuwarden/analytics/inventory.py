@@ -26,20 +26,19 @@ without the trailing ``-NNN`` ordinal and ``default_tier`` (on-demand unless set
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import pandas as pd
-import yaml
 
 from gpuwarden.fleet import FleetValueError, Node, PriceTier
+from gpuwarden.fleet.semantics import default_pool
 
 from .params import AnalyticsError
+from .yamlfile import read_yaml
 
 DEFAULT_INVENTORY_PATH = Path(__file__).with_name("inventory.yaml")
-_ORDINAL = re.compile(r"-\d+$")
 
 
 def _tier(value, where: str) -> PriceTier:
@@ -73,7 +72,7 @@ class Inventory:
         for rule in self.rules:
             if rule.matches(node):
                 return rule.pool, rule.tier
-        return _ORDINAL.sub("", node) or node, self.default_tier
+        return default_pool(node), self.default_tier
 
     def table(self, nodes: Iterable[str]) -> pd.DataFrame:
         """Columns node, pool, tier for ``nodes``."""
@@ -83,11 +82,11 @@ class Inventory:
 
     # -- constructors ------------------------------------------------------------------------------
     @classmethod
-    def default(cls) -> "Inventory":
+    def default(cls) -> Inventory:
         return cls.from_yaml(DEFAULT_INVENTORY_PATH)
 
     @classmethod
-    def from_mapping(cls, data: Mapping, source: str = "inventory") -> "Inventory":
+    def from_mapping(cls, data: Mapping, source: str = "inventory") -> Inventory:
         if not isinstance(data, Mapping):
             raise AnalyticsError(f"{source}: expected a mapping with 'rules' and/or 'nodes'")
         unknown = set(data) - {"rules", "nodes", "default_tier"}
@@ -109,18 +108,11 @@ class Inventory:
         return cls(tuple(rules), nodes, default_tier)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Inventory":
-        path = Path(path)
-        if not path.is_file():
-            raise AnalyticsError(f"{path}: inventory file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise AnalyticsError(f"{path}: not valid YAML ({error})") from None
-        return cls.from_mapping(data, str(path))
+    def from_yaml(cls, path: str | Path) -> Inventory:
+        return cls.from_mapping(read_yaml(path, "inventory", AnalyticsError), str(path))
 
     @classmethod
-    def from_table(cls, table: pd.DataFrame, default_tier: str = "on-demand") -> "Inventory":
+    def from_table(cls, table: pd.DataFrame, default_tier: str = "on-demand") -> Inventory:
         """Rows of ``node`` (exact) or ``pattern`` (glob), ``pool`` and ``tier``."""
         if "pool" not in table or "tier" not in table or not ({"node", "pattern"} & set(table.columns)):
             raise AnalyticsError("inventory table: expected columns node (or pattern), pool, tier")
@@ -135,7 +127,7 @@ class Inventory:
         return cls(tuple(rules), nodes, _tier(default_tier, "default_tier"))
 
     @classmethod
-    def from_nodes(cls, nodes: Iterable[Node], fallback: "Inventory | None" = None) -> "Inventory":
+    def from_nodes(cls, nodes: Iterable[Node], fallback: Inventory | None = None) -> Inventory:
         """Exact entries from fleet ``Node`` objects; other nodes go by ``fallback``'s rules."""
         fallback = fallback or cls.default()
         mapping = dict(fallback.nodes)

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-import yaml
 
 from gpuwarden.fleet import PriceTier
 
 from .params import AnalyticsError
+from .yamlfile import read_yaml
 
 DEFAULT_PRICE_BOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 HOURS_PER_YEAR = 8760.0
@@ -115,22 +115,16 @@ class PriceBook:
 
     # -- constructors ------------------------------------------------------------------------------
     @classmethod
-    def default(cls) -> "PriceBook":
+    def default(cls) -> PriceBook:
         return cls.from_yaml(DEFAULT_PRICE_BOOK_PATH, source="built-in")
 
     @classmethod
-    def from_yaml(cls, path: str | Path, source: str | None = None) -> "PriceBook":
-        path = Path(path)
-        if not path.is_file():
-            raise PriceBookError(f"{path}: price book file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise PriceBookError(f"{path}: not valid YAML ({error})") from None
+    def from_yaml(cls, path: str | Path, source: str | None = None) -> PriceBook:
+        data = read_yaml(path, "price book", PriceBookError)
         return cls.from_mapping(data, source or str(path))
 
     @classmethod
-    def from_mapping(cls, data: Mapping, source: str = "price book") -> "PriceBook":
+    def from_mapping(cls, data: Mapping, source: str = "price book") -> PriceBook:
         if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping):
             raise PriceBookError(f"{source}: expected a mapping with a 'models' mapping")
         power = data.get("power") or {}

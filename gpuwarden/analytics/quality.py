@@ -19,7 +19,8 @@ GPU appearing late     a GPU's time starts at its first sample, so a GPU that jo
 counter reset          analytics reads gauges only (utilisation, SM activity, memory, power); the
                        cumulative ``*_total`` counters are not used for idle or cost, so a reset
                        cannot disturb them. Where a frame carries counters, drops are counted in
-                       ``counter_resets`` and :func:`counter_increase` gives reset-aware increases.
+                       ``counter_resets``; :func:`gpuwarden.fleet.semantics.counter_increase`
+                       gives reset-aware increases.
 no activity at all     an allocated sample with neither SM activity nor NVML utilisation is
                        ``unmeasured`` (its hours and cost still count; ``unmeasured_gpu_hours``).
 =====================  ==========================================================================
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from gpuwarden.fleet.semantics import counter_resets
 
 # Gauges analytics reads, and their allowed range.
 RATIO_COLUMNS = ("gpu_util_ratio", "sm_active_ratio")
@@ -111,28 +114,5 @@ def count_counter_resets(frame: pd.DataFrame, counts: QualityCounts, key: str = 
     counters = [c for c in frame.columns if c.endswith("_total")]
     if not counters or key not in frame.columns or "timestamp" not in frame.columns:
         return
-    ordered = frame.sort_values([key, "timestamp"], kind="stable")
-    for column in counters:
-        values = pd.to_numeric(ordered[column], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
-        valid = ~np.isnan(values)
-        # Compare each value with the previous measured value of the same GPU.
-        part = ordered.loc[valid, [key]].assign(v=values[valid])
-        if len(part) < 2:
-            continue
-        previous = part.groupby(key, observed=True, sort=False)["v"].shift()
-        counts.add("counter_resets", column, int((part["v"] < previous).sum()))
-
-
-def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
-    """Reset-aware increase of a cumulative counter per ``by`` (Prometheus ``increase()`` semantics:
-    a drop is a reset, and the value after it counts as events since the reset). Nulls are skipped."""
-    part = frame[[by, "timestamp", column]].dropna(subset=[column])
-    if part.empty:
-        return pd.Series(dtype="float64", name=column)
-    part = part.sort_values([by, "timestamp"], kind="stable")
-    values = part[column].astype("float64")
-    previous = values.groupby(part[by].to_numpy(), sort=False).shift()
-    delta = values - previous
-    step = np.where(delta < 0, values, delta)  # a reset: count the value since the reset
-    step = pd.Series(step, index=part.index).where(previous.notna(), 0.0)
-    return step.groupby(part[by].astype(object).to_numpy(), sort=True).sum().rename(column)
+    for column, resets in counter_resets(frame, counters, key).items():
+        counts.add("counter_resets", column, resets)

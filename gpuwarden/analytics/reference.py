@@ -14,6 +14,8 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet.semantics import mig_share
+
 from .inventory import Inventory
 from .params import IdleParams
 from .pricebook import PriceBook
@@ -101,7 +103,8 @@ def states_by_gpu(frame: pd.DataFrame, params: IdleParams | None = None, step=No
                   price_book: PriceBook | None = None, inventory: Inventory | None = None) -> pd.DataFrame:
     """Row-by-row: ``frame.groupby(gpu instance).apply(...)`` giving GPU-hours and cost per GPU
     instance and state (columns gpu_uuid, mig_instance, state, gpu_hours, cost). Whole GPUs only
-    are priced at share 1; MIG instances by their slices."""
+    are priced at share 1; MIG instances by :func:`~gpuwarden.fleet.semantics.mig_share`, with the
+    GPU's other instances in the frame as siblings (as the engine counts them)."""
     params = params or IdleParams()
     price_book = price_book or PriceBook.default()
     inventory = inventory or Inventory.default()
@@ -112,10 +115,13 @@ def states_by_gpu(frame: pd.DataFrame, params: IdleParams | None = None, step=No
     max_gap_ns = int(params.resolved_max_gap(pd.Timedelta(step_ns, unit="ns")).value) if max_gap is None else int(pd.Timedelta(max_gap).value)
     energy_price = price_book.energy_price_per_kwh()
 
+    profiles = frame.dropna(subset=["mig_instance"]).groupby(frame["gpu_uuid"].astype(str))["mig_instance"].unique()
+
     def per_gpu(group: pd.DataFrame) -> pd.DataFrame:
         first = group.iloc[0]
         mig = first["mig_instance"] if isinstance(first["mig_instance"], str) else None
-        share = 1.0 if mig is None else min(1.0, int(mig.split(":")[-1].split("g.")[0]) / 7)
+        siblings = [str(p) for p in profiles.get(str(group.name[0]), []) if p != mig]
+        share = mig_share(mig, str(first["model"]), siblings)
         _pool, tier = inventory.lookup(str(first["node"]))
         price = price_book.hourly(str(first["model"]), tier)
         owned = tier.value == "owned"

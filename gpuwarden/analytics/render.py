@@ -85,7 +85,7 @@ def render(report: Report, fmt: str = "table", table: str | None = None, limit: 
             header, body, more = _rows(report.tables[name], limit)
             out += [f"## {name}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             out += ["| " + " | ".join(row) + " |" for row in body]
-            out += ([f"", f"_{more} more rows (use --format csv or json for all)_"] if more else []) + [""]
+            out += (["", f"_{more} more rows (use --format csv or json for all)_"] if more else []) + [""]
         return "\n".join(out)
     out += [title, "=" * len(title)]
     items = list(_summary_items(report.summary))

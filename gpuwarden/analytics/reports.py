@@ -1,7 +1,7 @@
 """The four reports (idle, efficiency, cost, chargeback), the reclaim what-if and buy-vs-rent.
 
 Each report is a :class:`Report`: a ``summary`` dict, named ``tables`` (DataFrames) and the window,
-built from a :class:`~gpuwarden.analytics.engine.Ledger`. ``Report.to_dict()`` is the JSON output;
+built from a :class:`~gpuwarden.analytics.ledger.Ledger`. ``Report.to_dict()`` is the JSON output;
 its keys are stable and documented in ``gpuwarden/analytics/REPORTS.md``.
 
 Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
@@ -23,15 +23,16 @@ Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import PriceTier
+from gpuwarden.fleet.semantics import iso_utc
 
-from .engine import Ledger
-from .params import IDLE_REASONS, IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
+from .ledger import Ledger
+from .params import IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
 from .pricebook import HOURS_PER_MONTH, PriceBookError
 
 SCHEMA_VERSION = 1
@@ -104,7 +105,7 @@ class Report:
 def _iso(stamp) -> str | None:
     if stamp is None or pd.isna(stamp):
         return None
-    return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return iso_utc(stamp, fraction=True)
 
 
 def _hours(ledger: Ledger) -> float:

@@ -6,9 +6,10 @@ small JSON-ready dict; ``headline_lines(figures)`` formats it for a terminal.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from .engine import Ledger, build_ledger
+from .ledger import Ledger
+from .reader import build_ledger
 from .inventory import Inventory
 from .params import IDLE_STATES, IdleParams
 from .pricebook import PriceBook
@@ -20,7 +21,7 @@ def headline(data, window: Sequence | None = None, price_book: PriceBook | None 
     """Idle GPU-hours and idle cost by reason, fleet cost and efficiency over ``window``.
 
     ``data``: a fleet-samples DataFrame, a samples source (``LocalStore``, ``FileSource``), or an
-    already built :class:`~gpuwarden.analytics.engine.Ledger` (then ``window`` and the rest are
+    already built :class:`~gpuwarden.analytics.ledger.Ledger` (then ``window`` and the rest are
     ignored). ``window``: ``(start, end)``, end exclusive, either may be None (the data's range).
     Defaults: the bundled price book and inventory, :class:`IdleParams` defaults.
 

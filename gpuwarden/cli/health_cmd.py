@@ -29,8 +29,9 @@ import pandas as pd
 from gpuwarden.analytics.health import StreamingScanner, scan
 from gpuwarden.analytics.health.catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, XID_RULES
 from gpuwarden.analytics.health.features import NEEDED_COLUMNS
-from gpuwarden.analytics.health.evaluation import REPORTING_SEEDS, TUNING_SEEDS, EvalReport, combine, evaluate
+from gpuwarden.analytics.health.evaluation import REPORTING_SEEDS, TUNING_SEEDS, EvalReport, combine, evaluate, verdict
 from gpuwarden.fleet import Finding
+from gpuwarden.fleet.semantics import iso_utc
 from gpuwarden.fleet.traces import default_data_dir
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.faults import KINDS
@@ -90,7 +91,9 @@ def add_parser(subparsers) -> None:
 
 # -- scan ----------------------------------------------------------------------------------------
 FORMATS = ("table", "json", "csv", "markdown")
-SCHEMA_VERSION = 1
+# 2: active, model and pool are a finding's own keys, no longer inside its evidence.
+SCAN_SCHEMA_VERSION = 2
+EVAL_SCHEMA_VERSION = 1
 DAY = pd.Timedelta(days=1)
 APP_KINDS = frozenset(XID_RULES[code].kind for code in APPLICATION_XIDS)
 
@@ -106,7 +109,7 @@ def run_scan(args: argparse.Namespace) -> int:
             start = max(start, span[0])
     findings, rows = scan_source(window.source, start, end)
     if not args.all:
-        findings = [f for f in findings if f.evidence.get("active")]
+        findings = [f for f in findings if f.active]
     gpu_findings = [f for f in findings if f.kind not in APP_KINDS]
     app_events = [f for f in findings if f.kind in APP_KINDS]
     text = render_scan(args.format, gpu_findings, app_events, start, end, rows)
@@ -158,9 +161,9 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
     for f in findings:
         by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCAN_SCHEMA_VERSION,
         "report": "health_scan",
-        "window": {"start": _iso(start), "end": _iso(end), "hours": round((end - start).total_seconds() / 3600.0, 3)},
+        "window": {"start": iso_utc(start, fraction=True), "end": iso_utc(end, fraction=True), "hours": round((end - start).total_seconds() / 3600.0, 3)},
         "summary": {
             "rows_read": rows, "findings": len(findings), "gpus_with_findings": len({f.gpu_uuid for f in findings}),
             "cordon_or_drain": sum(1 for f in findings if f.recommended_action and f.recommended_action.value in cordoning),
@@ -173,8 +176,6 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
     }
 
 
-def _iso(stamp) -> str:
-    return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 CSV_FIELDS = ("gpu_uuid", "node", "kind", "severity", "recommended_action", "confidence", "first_seen", "last_seen", "evidence")
@@ -216,7 +217,8 @@ def finding_dict(finding: Finding) -> dict:
         "kind": finding.kind, "severity": finding.severity.value, "node": finding.node, "gpu_uuid": finding.gpu_uuid,
         "recommended_action": finding.recommended_action.value if finding.recommended_action else None,
         "confidence": round(finding.confidence, 3), "first_seen": finding.first_seen.isoformat(),
-        "last_seen": finding.last_seen.isoformat(), "evidence": dict(finding.evidence),
+        "last_seen": finding.last_seen.isoformat(), "active": finding.active, "model": finding.model,
+        "pool": finding.pool, "evidence": dict(finding.evidence),
     }
 
 
@@ -227,7 +229,7 @@ def format_findings(findings: list[Finding], start, end, rows: int) -> str:
     lines = [head, ""]
     lines.append(f"{'severity':8}  {'kind':26} {'node':22} {'gpu':40} {'action':7} {'conf':>4}  {'first seen':16}  {'last seen':16}  evidence")
     for f in findings:
-        keys = [k for k in f.evidence if k not in ("note", "model", "pool", "active", "title", "signal")]
+        keys = [k for k in f.evidence if k not in ("note", "title", "signal")]
         evidence = ", ".join(f"{k}={f.evidence[k]}" for k in keys[:4])
         lines.append(f"{f.severity.value:8}  {f.kind:26} {f.node:22} {(f.gpu_uuid or '-'):40} "
                      f"{f.recommended_action.value if f.recommended_action else '-':7} {f.confidence:4.2f}  "
@@ -279,7 +281,7 @@ def run_eval(args: argparse.Namespace) -> int:
                  "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
         lines += ["| " + " | ".join("" if pd.isna(v) else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row) + " |"
                   for row in table.itertuples(index=False)]
-        lines += ["", "targets:"] + [f"- {'MET' if ok else 'MISS'} {t}: {m} (target {g})" for t, g, m, ok in report.targets()]
+        lines += ["", "targets:"] + [f"- {verdict(ok).strip()} {t}: {m} (target {g})" for t, g, m, ok in report.targets()]
         text = "\n".join(lines) + "\n"
     else:
         text = head + "\n\n" + report.format() + "\n"
@@ -289,7 +291,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def report_dict(report: EvalReport, args: argparse.Namespace | None = None) -> dict:
     table = report.table.reset_index(names="fault_kind")
     return {
-        "schema_version": SCHEMA_VERSION, "report": "health_eval",
+        "schema_version": EVAL_SCHEMA_VERSION, "report": "health_eval",
         "seeds": getattr(args, "seed", None), "days": getattr(args, "days", None), "nodes": getattr(args, "nodes", None),
         "noise": getattr(args, "noise", None), "attribution": getattr(args, "attribution", None),
         "tuning_seeds": list(TUNING_SEEDS), "gpu_days": report.gpu_days,
@@ -298,7 +300,8 @@ def report_dict(report: EvalReport, args: argparse.Namespace | None = None) -> d
         "false_cordons_per_1000_gpu_days": report.false_cordons_per_1000_gpu_days,
         "missed_fatal_xids": report.missed_fatal_xids,
         "pooled_f1": _number(report.overall["f1"]), "median_lead_minutes": _number(report.overall["median_lead_minutes"]),
-        "targets": [{"target": t, "goal": g, "measured": m, "met": bool(ok)} for t, g, m, ok in report.targets()],
+        "targets": [{"target": t, "goal": g, "measured": m, "met": ok} for t, g, m, ok in report.targets()],
+        "faults_injected": report.faults_injected,
     }
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuwarden.fleet.semantics import to_utc
+
 from .args import number
 from .storemark import DEFAULT_STORE
 
@@ -54,7 +56,7 @@ def timestamp(text: str) -> pd.Timestamp:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time (e.g. 2026-11-30T12:00:00Z)")
     if stamp.year < 1970 or stamp.year > 2261:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range; expected a time between 1970 and 2262")
-    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return to_utc(stamp)
 
 
 def prometheus_url(text: str) -> str:

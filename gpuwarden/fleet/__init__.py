@@ -27,6 +27,7 @@ from .vocabulary import (
     Action,
     ActionKind,
     Finding,
+    FindingKind,
     FleetValueError,
     Gpu,
     GpuModel,

@@ -10,7 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, TypeVar
+from collections.abc import Mapping
+
+from .semantics_scalar import request_gpu_equivalents
 
 
 class FleetValueError(ValueError):
@@ -22,7 +25,10 @@ def _require(condition: bool, message: str) -> None:
         raise FleetValueError(message)
 
 
-def _choice(enum_type: type[enum.Enum], value: Any, field_name: str) -> Any:
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _choice(enum_type: type[_E], value: object, field_name: str) -> _E:
     """Coerce ``value`` to ``enum_type`` or fail naming the field and the allowed values."""
     if isinstance(value, enum_type):
         return value
@@ -85,6 +91,55 @@ class ActionKind(str, enum.Enum):
     PREEMPT = "preempt"
     BIND = "bind"
     NOTIFY = "notify"  # tell the owner (an Event on the pod and an annotation); changes nothing else
+
+
+class FindingKind(enum.StrEnum):
+    """Every rule that can raise a :class:`Finding`, by name. A finding of another kind cannot be
+    made. What each health rule means (title, NVIDIA recovery, severity, action) is in
+    :mod:`gpuwarden.analytics.health.catalogue`; the values are the names the JSON output and the
+    audit log carry."""
+
+    # NVIDIA's XID catalogue: the application's own faults (never act on the node)...
+    APP_XID_13 = "app-xid-13"
+    APP_XID_31 = "app-xid-31"
+    APP_XID_43 = "app-xid-43"
+    APP_XID_45 = "app-xid-45"
+    APP_XID_68 = "app-xid-68"
+    # ...and the GPU's
+    ECC_DBE = "ecc-dbe"
+    PMU_BREAKPOINT = "pmu-breakpoint"
+    PMU_HALT = "pmu-halt"
+    ROW_REMAP_PENDING = "row-remap-pending"
+    ROW_REMAP_FAILURE = "row-remap-failure"
+    NVLINK_ERROR = "nvlink-error"
+    OFF_THE_BUS = "off-the-bus"
+    HIGH_SBE_RATE = "high-sbe-rate"
+    CONTAINED_ECC = "contained-ecc"
+    UNCONTAINED_ECC = "uncontained-ecc"
+    GSP_TIMEOUT = "gsp-timeout"
+    GSP_ERROR = "gsp-error"
+    XID_OTHER = "xid-other"  # an XID code without its own column
+    # NVML's GPU recovery action
+    RECOVERY_GPU_RESET = "recovery-gpu-reset"
+    RECOVERY_NODE_REBOOT = "recovery-node-reboot"
+    RECOVERY_DRAIN_P2P = "recovery-drain-p2p"
+    RECOVERY_DRAIN_AND_RESET = "recovery-drain-and-reset"
+    # ECC counters and the early-warning detectors
+    UNCORRECTABLE_ECC = "uncorrectable-ecc"
+    HBM_DEGRADING = "hbm-degrading"
+    PCIE_DEGRADING = "pcie-degrading"
+    PCIE_REPLAY_STORM = "pcie-replay-storm"
+    THERMAL_THROTTLE = "thermal-throttle"
+    POWER_BRAKE_THROTTLE = "power-brake-throttle"
+    HW_SLOWDOWN = "hw-slowdown"
+    NVLINK_DEGRADING = "nvlink-degrading"
+    COOLING_DEGRADING = "cooling-degrading"
+    STRAGGLER = "straggler"
+    # the idle ledger
+    HOARDED = "hoarded"
+    # the scheduling planner
+    QUOTA_RECLAIM = "quota-reclaim"
+    QUEUE_ORDER = "queue-order"
 
 
 @dataclass(frozen=True)
@@ -209,9 +264,7 @@ class GpuRequest:
     @property
     def gpu_equivalents(self) -> float:
         """Whole-GPU equivalents, for quotas and cost (a MIG slice counts by its compute share)."""
-        if self.mig_profile is not None:
-            return int(self.mig_profile.split("g.")[0]) / 7.0
-        return self.count * self.fraction_milli / 1000.0
+        return request_gpu_equivalents(self.mig_profile, self.count, self.fraction_milli)
 
 
 @dataclass(frozen=True)
@@ -262,9 +315,14 @@ class Team:
 
 @dataclass(frozen=True)
 class Finding:
-    """Something analytics noticed. Findings never act; the actuator turns them into actions."""
+    """Something analytics noticed. Findings never act; the actuator turns them into actions.
 
-    kind: str
+    ``kind`` is a :class:`FindingKind` (a name given as a string is checked against them);
+    ``evidence`` holds what was measured and nothing else. ``active``: the signal was still seen
+    near the scan's end; ``model`` and ``pool``: the peer group the GPU was compared within.
+    """
+
+    kind: FindingKind
     severity: Severity
     node: str
     gpu_uuid: str | None
@@ -273,13 +331,17 @@ class Finding:
     confidence: float
     first_seen: datetime
     last_seen: datetime
+    active: bool = True
+    model: str | None = None
+    pool: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _choice(FindingKind, self.kind, "Finding.kind"))
         object.__setattr__(self, "severity", _choice(Severity, self.severity, "Finding.severity"))
         _require(0.0 <= self.confidence <= 1.0, f"Finding.confidence: {self.confidence} not in 0..1")
 
     @property
-    def key(self) -> tuple[str, str, str | None]:
+    def key(self) -> tuple[FindingKind, str, str | None]:
         """Identity for de-duplication across scans."""
         return (self.kind, self.node, self.gpu_uuid)
 

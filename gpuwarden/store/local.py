@@ -53,6 +53,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from gpuwarden.fleet.semantics import to_utc_or_none as _utc
+
 from .schema import KEY_COLUMNS, PANDAS_DTYPES, ValidationReport, coerce, empty_samples
 
 log = logging.getLogger("gpuwarden.store")
@@ -72,13 +74,6 @@ def _crash_point(step: str) -> None:
 
 
 TimeBound = datetime | str | None  # one end of a read's window (ISO-8601 text allowed); None leaves it open
-
-
-def _utc(value: datetime | pd.Timestamp | str | None) -> pd.Timestamp | None:
-    if value is None:
-        return None
-    stamp = pd.Timestamp(value)
-    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
 def _arrow_schema() -> pa.Schema:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
+from gpuwarden.fleet.semantics import to_utc
 
 PANDAS_DTYPES: dict[str, str] = {
     column.name: {"timestamp": "datetime64[ns, UTC]", "string": "category", "int": "Int64", "float": "float64"}[
@@ -201,7 +202,7 @@ def _flag(values: pd.Series) -> np.ndarray:
 def _validate_rows(result: pd.DataFrame, reject, now: pd.Timestamp) -> None:
     """Mark implausible rows (see the module docstring) through ``reject(mask, reason)``. Works on
     any subset of the columns (a reader may ask for a few); a check whose columns are absent is skipped."""
-    now = now.tz_localize("UTC") if now.tzinfo is None else now.tz_convert("UTC")
+    now = to_utc(now)
     has = set(result.columns)
     if "timestamp" in has:
         reject((result["timestamp"] > now + FUTURE_SKEW).to_numpy(dtype=bool), FUTURE_REASON)

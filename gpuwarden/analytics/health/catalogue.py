@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwarden.fleet import ActionKind, Severity
+from gpuwarden.fleet import ActionKind, FindingKind, Severity
 
 # NVIDIA recovery wording -> what the actuator does to the node that holds the GPU.
 #  restart-app: the application dies and is restarted; the GPU is fine -> no node action.
@@ -36,18 +36,18 @@ RECOVERY_ACTION_KIND: dict[str, ActionKind | None] = {
 CORDONING_ACTIONS: frozenset[ActionKind] = frozenset({ActionKind.CORDON, ActionKind.DRAIN})
 
 # NVML GPU recovery action value -> (finding kind, NVIDIA recovery wording).
-NVML_RECOVERY: dict[int, tuple[str, str]] = {
-    1: ("recovery-gpu-reset", "reset-gpu"),
-    2: ("recovery-node-reboot", "reboot"),
-    3: ("recovery-drain-p2p", "drain-and-reset"),
-    4: ("recovery-drain-and-reset", "drain-and-reset"),
+NVML_RECOVERY: dict[int, tuple[FindingKind, str]] = {
+    1: (FindingKind.RECOVERY_GPU_RESET, "reset-gpu"),
+    2: (FindingKind.RECOVERY_NODE_REBOOT, "reboot"),
+    3: (FindingKind.RECOVERY_DRAIN_P2P, "drain-and-reset"),
+    4: (FindingKind.RECOVERY_DRAIN_AND_RESET, "drain-and-reset"),
 }
 
 
 @dataclass(frozen=True)
 class XidRule:
     code: int
-    kind: str  # finding kind
+    kind: FindingKind
     title: str
     recovery: str  # NVIDIA recovery wording (a RECOVERY_ACTION_KIND key)
     severity: Severity
@@ -64,24 +64,24 @@ APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68)
 XID_RULES: dict[int, XidRule] = {
     rule.code: rule
     for rule in (
-        XidRule(13, "app-xid-13", "graphics engine exception (application)", "restart-app", Severity.INFO, False, 0.9),
-        XidRule(31, "app-xid-31", "GPU memory page fault (application)", "restart-app", Severity.INFO, False, 0.9),
-        XidRule(43, "app-xid-43", "GPU stopped processing (application)", "restart-app", Severity.INFO, False, 0.9),
-        XidRule(45, "app-xid-45", "pre-emptive cleanup after earlier errors (application)", "none", Severity.INFO, False, 0.9),
-        XidRule(68, "app-xid-68", "video processor exception (application)", "restart-app", Severity.INFO, False, 0.9),
-        XidRule(48, "ecc-dbe", "double-bit ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
-        XidRule(61, "pmu-breakpoint", "internal micro-controller breakpoint", "reset-gpu", Severity.WARNING, True, 0.8),
-        XidRule(62, "pmu-halt", "internal micro-controller halt", "reset-gpu", Severity.CRITICAL, True, 0.9),
-        XidRule(63, "row-remap-pending", "row remapping recorded, waits for a GPU reset", "reset-gpu", Severity.WARNING, True, 0.95),
-        XidRule(64, "row-remap-failure", "row remapping failed", "replace", Severity.CRITICAL, True, 0.99),
-        XidRule(74, "nvlink-error", "NVLink error", "reset-gpu", Severity.CRITICAL, True, 0.9),
-        XidRule(79, "off-the-bus", "GPU has fallen off the bus", "reboot", Severity.CRITICAL, True, 0.99),
-        XidRule(92, "high-sbe-rate", "high single-bit ECC error rate", "inspect", Severity.WARNING, True, 0.8),
-        XidRule(94, "contained-ecc", "contained ECC error (only the application using the memory dies)", "restart-app",
+        XidRule(13, FindingKind.APP_XID_13, "graphics engine exception (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(31, FindingKind.APP_XID_31, "GPU memory page fault (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(43, FindingKind.APP_XID_43, "GPU stopped processing (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(45, FindingKind.APP_XID_45, "pre-emptive cleanup after earlier errors (application)", "none", Severity.INFO, False, 0.9),
+        XidRule(68, FindingKind.APP_XID_68, "video processor exception (application)", "restart-app", Severity.INFO, False, 0.9),
+        XidRule(48, FindingKind.ECC_DBE, "double-bit ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
+        XidRule(61, FindingKind.PMU_BREAKPOINT, "internal micro-controller breakpoint", "reset-gpu", Severity.WARNING, True, 0.8),
+        XidRule(62, FindingKind.PMU_HALT, "internal micro-controller halt", "reset-gpu", Severity.CRITICAL, True, 0.9),
+        XidRule(63, FindingKind.ROW_REMAP_PENDING, "row remapping recorded, waits for a GPU reset", "reset-gpu", Severity.WARNING, True, 0.95),
+        XidRule(64, FindingKind.ROW_REMAP_FAILURE, "row remapping failed", "replace", Severity.CRITICAL, True, 0.99),
+        XidRule(74, FindingKind.NVLINK_ERROR, "NVLink error", "reset-gpu", Severity.CRITICAL, True, 0.9),
+        XidRule(79, FindingKind.OFF_THE_BUS, "GPU has fallen off the bus", "reboot", Severity.CRITICAL, True, 0.99),
+        XidRule(92, FindingKind.HIGH_SBE_RATE, "high single-bit ECC error rate", "inspect", Severity.WARNING, True, 0.8),
+        XidRule(94, FindingKind.CONTAINED_ECC, "contained ECC error (only the application using the memory dies)", "restart-app",
                 Severity.WARNING, True, 0.95),
-        XidRule(95, "uncontained-ecc", "uncontained ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
-        XidRule(119, "gsp-timeout", "GSP RPC timeout", "reset-gpu", Severity.CRITICAL, True, 0.95),
-        XidRule(120, "gsp-error", "GSP error", "reset-gpu", Severity.CRITICAL, True, 0.95),
+        XidRule(95, FindingKind.UNCONTAINED_ECC, "uncontained ECC error", "drain-and-reset", Severity.CRITICAL, True, 0.99),
+        XidRule(119, FindingKind.GSP_TIMEOUT, "GSP RPC timeout", "reset-gpu", Severity.CRITICAL, True, 0.95),
+        XidRule(120, FindingKind.GSP_ERROR, "GSP error", "reset-gpu", Severity.CRITICAL, True, 0.95),
     )
 }
 
@@ -91,17 +91,17 @@ FATAL_XIDS: tuple[int, ...] = (48, 62, 64, 74, 79, 94, 95, 119, 120)
 # Findings of the early-warning detectors: kind -> (NVIDIA recovery wording once confirmed, severity,
 # what to do now). Precursors cordon (no new work lands; the running job can checkpoint) rather
 # than drain: the fault has not happened yet.
-EARLY_WARNING_KINDS: dict[str, tuple[str, Severity, ActionKind | None]] = {
-    "hbm-degrading": ("drain-and-reset", Severity.WARNING, ActionKind.CORDON),  # SBE / correctable remaps climbing
-    "pcie-degrading": ("reboot", Severity.WARNING, ActionKind.CORDON),  # PCIe replays climbing: off-the-bus risk
-    "pcie-replay-storm": ("inspect", Severity.WARNING, ActionKind.TAINT),
-    "thermal-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
-    "power-brake-throttle": ("inspect", Severity.WARNING, ActionKind.TAINT),
-    "hw-slowdown": ("inspect", Severity.WARNING, ActionKind.TAINT),
-    "nvlink-degrading": ("reset-gpu", Severity.WARNING, ActionKind.CORDON),  # NVLink errors climbing: XID 74 risk
-    "cooling-degrading": ("inspect", Severity.WARNING, ActionKind.TAINT),  # warming alone: thermal shutdown risk
-    "straggler": ("replace", Severity.WARNING, ActionKind.CORDON),
-    "uncorrectable-ecc": ("drain-and-reset", Severity.CRITICAL, ActionKind.DRAIN),
+EARLY_WARNING_KINDS: dict[FindingKind, tuple[str, Severity, ActionKind | None]] = {
+    FindingKind.HBM_DEGRADING: ("drain-and-reset", Severity.WARNING, ActionKind.CORDON),  # SBE / correctable remaps climbing
+    FindingKind.PCIE_DEGRADING: ("reboot", Severity.WARNING, ActionKind.CORDON),  # PCIe replays climbing: off-the-bus risk
+    FindingKind.PCIE_REPLAY_STORM: ("inspect", Severity.WARNING, ActionKind.TAINT),
+    FindingKind.THERMAL_THROTTLE: ("inspect", Severity.WARNING, ActionKind.TAINT),
+    FindingKind.POWER_BRAKE_THROTTLE: ("inspect", Severity.WARNING, ActionKind.TAINT),
+    FindingKind.HW_SLOWDOWN: ("inspect", Severity.WARNING, ActionKind.TAINT),
+    FindingKind.NVLINK_DEGRADING: ("reset-gpu", Severity.WARNING, ActionKind.CORDON),  # NVLink errors climbing: XID 74 risk
+    FindingKind.COOLING_DEGRADING: ("inspect", Severity.WARNING, ActionKind.TAINT),  # warming alone: thermal shutdown risk
+    FindingKind.STRAGGLER: ("replace", Severity.WARNING, ActionKind.CORDON),
+    FindingKind.UNCORRECTABLE_ECC: ("drain-and-reset", Severity.CRITICAL, ActionKind.DRAIN),
 }
 
 

@@ -36,7 +36,22 @@ class _AllowsNaN:
         return tags
 
 
-class PeerDeviationDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
+class _PeerOutlier(_AllowsNaN):
+    """The outlier-detector contract over ``score_samples`` (lower is more abnormal) and the fitted
+    ``offset_``: below the offset is an outlier (-1), else an inlier (1). Rows carry their peer
+    group in ``groups``."""
+
+    def decision_function(self, X, groups=None) -> np.ndarray:
+        return self.score_samples(X, groups) - self.offset_
+
+    def predict(self, X, groups=None) -> np.ndarray:
+        return np.where(self.decision_function(X, groups) < 0, -1, 1)
+
+    def fit_predict(self, X, y=None, groups=None) -> np.ndarray:
+        return self.fit(X, groups=groups).predict(X, groups)
+
+
+class PeerDeviationDetector(_PeerOutlier, OutlierMixin, BaseEstimator):
     """Flags rows whose peer-relative features deviate from their group's robust centre.
 
     Each feature is first expressed relative to peers (for example the log of a GPU's clock over
@@ -114,17 +129,8 @@ class PeerDeviationDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
         deciding = np.where(np.isfinite(deciding), deciding, 0.0)
         return -deciding
 
-    def decision_function(self, X, groups=None) -> np.ndarray:
-        return self.score_samples(X, groups) - self.offset_
 
-    def predict(self, X, groups=None) -> np.ndarray:
-        return np.where(self.decision_function(X, groups) < 0, -1, 1)
-
-    def fit_predict(self, X, y=None, groups=None) -> np.ndarray:
-        return self.fit(X, groups=groups).predict(X, groups)
-
-
-class CounterBurstDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
+class CounterBurstDetector(_PeerOutlier, OutlierMixin, BaseEstimator):
     """Flags a burst of counter events (single-bit ECC errors, PCIe replays) that its peer group's
     baseline rate cannot explain.
 
@@ -179,12 +185,3 @@ class CounterBurstDetector(_AllowsNaN, OutlierMixin, BaseEstimator):
         with np.errstate(divide="ignore"):
             logp = np.log10(np.maximum(poisson.sf(events - 1, np.maximum(mu, 1e-12)), 1e-300))
         return np.where(events >= self.min_events, logp, 0.0)
-
-    def decision_function(self, X, groups=None) -> np.ndarray:
-        return self.score_samples(X, groups) - self.offset_
-
-    def predict(self, X, groups=None) -> np.ndarray:
-        return np.where(self.decision_function(X, groups) < 0, -1, 1)
-
-    def fit_predict(self, X, y=None, groups=None) -> np.ndarray:
-        return self.fit(X, groups=groups).predict(X, groups)

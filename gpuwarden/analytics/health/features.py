@@ -16,14 +16,14 @@ Bad input is expected and absorbed:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import THROTTLE_REASONS, XID_COLUMN_NAMES
+from gpuwarden.fleet.semantics import counter_increments, default_pool
 
 NVLINK_COUNTERS: tuple[str, ...] = (
     "nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
@@ -46,14 +46,7 @@ HW_THERMAL_BIT = THROTTLE_REASONS["hw_thermal_slowdown"]
 POWER_BRAKE_BIT = THROTTLE_REASONS["hw_power_brake_slowdown"]
 HW_SLOWDOWN_BIT = THROTTLE_REASONS["hw_slowdown"]
 
-_POOL_SUFFIX = re.compile(r"-\d+$")
 _NS_PER_S = 1_000_000_000
-
-
-def pool_of(node: str) -> str:
-    """Default node pool: the node name without a trailing ``-<number>`` (``train-h100-007`` ->
-    ``train-h100``). Pass ``pools=`` to :func:`gpu_series` where names do not follow that."""
-    return _POOL_SUFFIX.sub("", str(node))
 
 
 @dataclass
@@ -195,7 +188,7 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
     else:
         model, models = np.zeros(len(frame), dtype=np.int64), np.array(["unknown"])
     pool_map = dict(pools) if pools is not None else {}
-    pool_labels = np.array([pool_map.get(n, pool_of(n)) for n in nodes], dtype=object)
+    pool_labels = np.array([pool_map.get(n, default_pool(n)) for n in nodes], dtype=object)
     pools_unique, node_pool = np.unique(pool_labels, return_inverse=True) if len(nodes) else (np.array([]), np.array([], dtype=np.int64))
     pool = node_pool[node] if len(nodes) else np.zeros(0, dtype=np.int64)
     mig = frame["mig_instance"].notna().to_numpy() if "mig_instance" in frame.columns else np.zeros(len(frame), dtype=bool)
@@ -399,35 +392,6 @@ class _DeviceIds:
             fill = np.isnan(reference) & (size >= self.MIN_GROUP)
             reference[fill] = median[fill]
         return reference
-
-
-def counter_increments(values: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Increments of a cumulative counter per row, and where it was reset.
-
-    ``first`` is the index of each row's group's first row (rows sorted by group then time). A row
-    compares with the last non-null value before it in its group; a drop means a reset, after which
-    the new value counts from zero. Null rows and each group's first valid row add nothing.
-    """
-    v = np.asarray(values, dtype=float)
-    n = v.size
-    inc = np.zeros(n)
-    reset = np.zeros(n, dtype=bool)
-    if n == 0:
-        return inc, reset
-    valid = ~np.isnan(v)
-    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
-    prev = np.empty(n, dtype=np.int64)
-    prev[0] = -1
-    prev[1:] = last_valid[:-1]
-    prev[prev < first] = -1
-    has = valid & (prev >= 0)
-    current = v[has]
-    before = v[prev[has]]
-    delta = current - before
-    dropped = delta < 0
-    inc[has] = np.where(dropped, current, delta)
-    reset[np.flatnonzero(has)[dropped]] = True
-    return inc, reset
 
 
 def _add_increments(series: GpuSeries) -> None:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 from scipy.stats import poisson
 
-from gpuwarden.fleet import ActionKind, Finding, Severity
+from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
+from gpuwarden.fleet.semantics import to_utc
 
 from .catalogue import APPLICATION_XIDS, EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES, action_for
 from .detectors import CounterBurstDetector, PeerDeviationDetector
@@ -113,8 +114,7 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     if frame is None or len(frame) == 0:
         return []
     if now is not None:
-        cutoff = pd.Timestamp(now)
-        cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
+        cutoff = to_utc(now)
         frame = frame[pd.to_datetime(frame["timestamp"], utc=True) <= cutoff]
         if len(frame) == 0:
             return []
@@ -124,8 +124,7 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     now_ns = int(series["ts"].max()) if now is None else int(cutoff.value)
     builder = _Builder(series, config, now_ns)
     if report_from is not None:
-        builder.report_from_ns = int(pd.Timestamp(report_from).tz_convert("UTC").value) if pd.Timestamp(report_from).tzinfo \
-            else int(pd.Timestamp(report_from).tz_localize("UTC").value)
+        builder.report_from_ns = int(to_utc(report_from).value)
     _xid_rules(builder)
     _state_rules(builder)
     _hbm(builder)
@@ -169,7 +168,7 @@ class _Builder:
         new = np.r_[True, (gpu[1:] != gpu[:-1]) | ((ts[1:] - ts[:-1]) > gap)]
         return idx, np.flatnonzero(new)
 
-    def emit(self, kind: str, flag: np.ndarray, severity: Severity, action: ActionKind | None,
+    def emit(self, kind: FindingKind, flag: np.ndarray, severity: Severity, action: ActionKind | None,
              evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float],
              sustain_s: float = 0.0) -> None:
         """One finding per episode of ``flag``; ``evidence`` and ``confidence`` see the episode's rows.
@@ -184,9 +183,6 @@ class _Builder:
             rows = idx[a:b + 1]
             first, last = int(s["ts"][rows[0]]), int(s["ts"][rows[-1]])
             details = {k: _plain(v) for k, v in evidence(rows).items()}
-            details["active"] = bool(last >= self.now_ns - int(self.config.active_within_s * _NS))
-            details["model"] = str(s.models[s["model"][rows[0]]])
-            details["pool"] = str(s.pools[s["pool"][rows[0]]])
             recommended = action
             if sustain_s and action in (ActionKind.CORDON, ActionKind.DRAIN):
                 lasted_s = (last - first) / _NS
@@ -199,6 +195,8 @@ class _Builder:
                 confidence=float(np.clip(confidence(rows), 0.0, 1.0)),
                 first_seen=pd.Timestamp(first, tz="UTC").to_pydatetime(),
                 last_seen=pd.Timestamp(last, tz="UTC").to_pydatetime(),
+                active=bool(last >= self.now_ns - int(self.config.active_within_s * _NS)),
+                model=str(s.models[s["model"][rows[0]]]), pool=str(s.pools[s["pool"][rows[0]]]),
             ))
 
 
@@ -231,7 +229,7 @@ def _xid_rules(b: _Builder) -> None:
                lambda rows, rule=rule: rule.confidence)
     inc = s["inc_xid_other_total"]
     if inc.any():
-        b.emit("xid-other", inc > 0, Severity.WARNING, None,
+        b.emit(FindingKind.XID_OTHER, inc > 0, Severity.WARNING, None,
                lambda rows: {"signal": "xid_other_total", "events": inc[rows].sum(), "recovery": "inspect",
                              "note": "an XID code without its own column; read the kernel log for the code"},
                lambda rows: 0.5)
@@ -240,7 +238,7 @@ def _xid_rules(b: _Builder) -> None:
 def _state_rules(b: _Builder) -> None:
     s = b.s
     # Row remapping: XID 63 / pending flag; XID 64 / failure flag.
-    for kind, code, gauge in (("row-remap-pending", 63, "remapped_rows_pending"), ("row-remap-failure", 64, "remapped_rows_failure")):
+    for kind, code, gauge in ((FindingKind.ROW_REMAP_PENDING, 63, "remapped_rows_pending"), (FindingKind.ROW_REMAP_FAILURE, 64, "remapped_rows_failure")):
         rule = XID_RULES[code]
         inc = s[f"inc_xid_{code}_total"]
         state = np.nan_to_num(s[gauge]) > 0
@@ -266,8 +264,8 @@ def _state_rules(b: _Builder) -> None:
     if dbe.any():
         window = b.config.dbe_explained_within_s
         explained = sum(b.s.window_sum(s[f"inc_xid_{c}_total"], window) for c in (48, 94, 95)) > 0
-        recovery, severity, action = EARLY_WARNING_KINDS["uncorrectable-ecc"]
-        b.emit("uncorrectable-ecc", (dbe > 0) & ~explained, severity, action,
+        recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.UNCORRECTABLE_ECC]
+        b.emit(FindingKind.UNCORRECTABLE_ECC, (dbe > 0) & ~explained, severity, action,
                lambda rows: {"signal": "ecc_dbe_volatile_total", "events": dbe[rows].sum(), "recovery": recovery,
                              "note": "double-bit ECC errors with no XID 48/94/95 logged"},
                lambda rows: 0.9)
@@ -332,9 +330,9 @@ def _hbm(b: _Builder) -> None:
     recent = s.window_sum(events, 1800, floor)
     before = s.lag_sum(events, 1800, 1800)
     groups = b.groups()
-    recovery, severity, action = EARLY_WARNING_KINDS["hbm-degrading"]
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.HBM_DEGRADING]
     short, long = min(c.hbm_windows_s), max(c.hbm_windows_s)
-    b.emit("hbm-degrading", flag, severity, action,
+    b.emit(FindingKind.HBM_DEGRADING, flag, severity, action,
            lambda rows: {
                "signal": "ecc_sbe_volatile_total + remapped_rows_correctable_total",
                f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
@@ -362,8 +360,8 @@ def _nvlink(b: _Builder) -> None:
     short = min(c.nvlink_windows_s)
     totals = {name: s.window_sum(s[f"inc_{name}"], short, floor) for name in NVLINK_COUNTERS}
     groups = b.groups()
-    recovery, severity, action = EARLY_WARNING_KINDS["nvlink-degrading"]
-    b.emit("nvlink-degrading", flag, severity, action,
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.NVLINK_DEGRADING]
+    b.emit(FindingKind.NVLINK_DEGRADING, flag, severity, action,
            lambda rows: {
                "signal": "nvlink_{crc_flit,crc_data,replay,recovery}_errors_total",
                **{f"{name.removeprefix('nvlink_').removesuffix('_total')}_last_{int(short // 60)}m": totals[name][rows[-1]]
@@ -390,13 +388,13 @@ def _pcie(b: _Builder) -> None:
     peak = _window_max(s, per_minute, c.pcie_window_s)
     storm = anomalous & (storm_steps > 0)
     degrading = anomalous & (storm_steps == 0)
-    for kind, flag in (("pcie-replay-storm", storm), ("pcie-degrading", degrading)):
+    for kind, flag in ((FindingKind.PCIE_REPLAY_STORM, storm), (FindingKind.PCIE_DEGRADING, degrading)):
         recovery, severity, action = EARLY_WARNING_KINDS[kind]
         b.emit(kind, flag, severity, action,
                lambda rows, recovery=recovery, kind=kind: {
                    "signal": "pcie_replay_total", f"replays_last_{int(c.pcie_window_s // 60)}m": count[rows[-1]],
                    "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(), "recovery": recovery,
-                   "note": ("sustained replay storm: check the link / riser / slot" if kind == "pcie-replay-storm"
+                   "note": ("sustained replay storm: check the link / riser / slot" if kind == FindingKind.PCIE_REPLAY_STORM
                             else "PCIe replays climbing: a GPU falling off the bus (XID 79) often follows")},
                lambda rows: 0.5 + 0.05 * (-score[rows].min() - 6.0), sustain_s=c.cordon_after_s)
 
@@ -422,7 +420,7 @@ def _throttle(b: _Builder) -> None:
     excess, _ = s.window_mean(s["temp_excess"], c.hot_window_s)
     clock, _ = s.window_mean(s["log_clock_ratio"], c.throttle_window_s)
     any_throttle = np.zeros(len(s), dtype=bool)
-    for kind, column in (("thermal-throttle", "thermal"), ("power-brake-throttle", "power_brake"), ("hw-slowdown", "hw_slowdown")):
+    for kind, column in ((FindingKind.THERMAL_THROTTLE, "thermal"), (FindingKind.POWER_BRAKE_THROTTLE, "power_brake"), (FindingKind.HW_SLOWDOWN, "hw_slowdown")):
         hits = s.window_count(s[column] > 0, c.throttle_window_s)
         share = np.where(enough, hits / np.maximum(measured, 1), 0.0)
         any_throttle |= hits > 0
@@ -454,9 +452,9 @@ def _cooling(b: _Builder) -> None:
     excess = recent - np.where(np.isfinite(baseline), baseline, 0.0)
     limit = np.where(np.isfinite(baseline), c.cooling_excess_celsius, c.cooling_excess_no_history_celsius)
     flag = (n_recent >= c.cooling_min_samples) & np.isfinite(excess) & (excess >= limit)
-    recovery, severity, action = EARLY_WARNING_KINDS["cooling-degrading"]
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.COOLING_DEGRADING]
     temperature = s["temperature_celsius"]
-    b.emit("cooling-degrading", flag, severity, action,
+    b.emit(FindingKind.COOLING_DEGRADING, flag, severity, action,
            lambda rows: {"signal": "temperature_celsius at comparable power vs node-mates and the GPU's own history",
                          f"excess_over_own_history_celsius_{int(c.cooling_window_s // 60)}m": np.nanmax(excess[rows]),
                          "own_history_baseline_celsius": None if not np.isfinite(baseline[rows[0]]) else baseline[rows[0]],
@@ -508,8 +506,8 @@ def _straggler(b: _Builder) -> None:
     if rows.size:
         score[rows] = detector.score_samples(X[rows], groups[rows])
     flag = score < detector.offset_
-    recovery, severity, action = EARLY_WARNING_KINDS["straggler"]
-    b.emit("straggler", flag, severity, action,
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.STRAGGLER]
+    b.emit(FindingKind.STRAGGLER, flag, severity, action,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
                          f"clock_vs_peers_{int(window // 60)}m": float(np.exp(clock[rows].min())),
                          f"power_vs_peers_{int(window // 60)}m": (float(np.exp(np.nanmin(power[rows])))

@@ -104,7 +104,7 @@ def fit_cox(X: np.ndarray, time: np.ndarray, event: np.ndarray, names: list[str]
 
     ll, grad, info = state(beta)
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 (the count after the loop is reported)
         step = np.linalg.solve(info, grad)
         scale = 1.0
         while True:

@@ -1,0 +1,20 @@
+"""Reading the YAML files analytics is configured by (price book, inventory): one clear line when
+the file is missing or not YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
+    """The parsed document of ``path`` (an empty file is ``{}``); ``error`` names the file and
+    what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: {what} file not found")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as problem:
+        raise error(f"{path}: not valid YAML ({problem})") from None
