@@ -8,9 +8,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .args import number, seed
 from .output import FORMATS, emit, render_rows
+
+if TYPE_CHECKING:
+    from gpuwarden.scheduling.whatif import WhatIfReport
 
 PLACEMENT_POLICIES = ("random", "bestfit", "fgd", "gpuwarden")  # checked against the replay at run time
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
@@ -169,7 +173,7 @@ def _guarantees(text: str) -> dict[str, float]:
     return out
 
 
-def _add_whatif(commands) -> None:
+def _add_whatif(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .output import add_output_options
     from .sources import add_source_options, duration
 
@@ -221,7 +225,8 @@ def run_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_whatif(report, fmt: str, table: str | None = None, wide: bool = False, seconds: float | None = None) -> str:
+def render_whatif(report: WhatIfReport, fmt: str, table: str | None = None, wide: bool = False,
+                  seconds: float | None = None) -> str:
     """The what-if report in ``fmt``: JSON is ``report.to_dict()``; CSV one table; text every table and the notes."""
     import json
 
@@ -243,7 +248,7 @@ def render_whatif(report, fmt: str, table: str | None = None, wide: bool = False
     return "".join(parts)
 
 
-def _side_by_side(report, name: str) -> list[dict]:
+def _side_by_side(report: WhatIfReport, name: str) -> list[dict[str, Any]]:
     """Text tables with the policies as columns, so the as-it-ran column sits beside the replays."""
     from .output import cell
 
@@ -251,7 +256,7 @@ def _side_by_side(report, name: str) -> list[dict]:
     if name == "policies":
         return [{"figure": key, **{row["policy"]: cell(key, row[key], True) for row in rows}}
                 for key in rows[0] if key != "policy"] if rows else []
-    teams: dict[str, dict] = {}
+    teams: dict[str, dict[str, Any]] = {}
     for row in rows:
         line = teams.setdefault(row["team"], {"team": row["team"],
                                               "guarantee_gpus": cell("guarantee_gpus", row["guarantee_gpus"], True)})

@@ -40,7 +40,8 @@ import pandas as pd
 from .whatif_history import DEFAULT_MAX_GAP_SECONDS, NEEDED_COLUMNS, History, Workload, rebuild
 
 if TYPE_CHECKING:
-    from gpuwarden.analytics import Inventory, PriceBook
+    from gpuwarden.analytics.inventory import Inventory
+    from gpuwarden.analytics.pricebook import PriceBook
 
 SCHEMA_VERSION = 1
 AS_IT_RAN = "as-it-ran"
@@ -231,8 +232,9 @@ class Prices:
 
     @classmethod
     def of(cls, history: History, price_book: PriceBook | None = None, inventory: Inventory | None = None) -> Prices:
-        from gpuwarden.analytics import Inventory, PriceBook
-        from gpuwarden.fleet import PriceTier
+        from gpuwarden.analytics.inventory import Inventory
+        from gpuwarden.analytics.pricebook import PriceBook
+        from gpuwarden.fleet.vocabulary import PriceTier
 
         book = price_book or PriceBook.default()
         places = inventory or Inventory.default()
@@ -256,13 +258,14 @@ def default_guarantees(history: History) -> dict[str, float]:
 
 
 def measure(history: History, schedule: Schedule, guarantees: dict[str, float],
-            prices: Prices) -> tuple[dict, list[dict]]:
+            prices: Prices) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the policy's row, one row per team) for ``schedule``."""
     window = history.window_seconds
     by_name = {w.name: w for w in history.workloads}
     ends = [f for f in schedule.finished.values() if f is not None]
     span = max([window, *ends, *(e for runs in schedule.runs.values() for _, e in runs)])
-    waits, team_waits = [], {}
+    waits: list[float] = []
+    team_waits: dict[str, list[float]] = {}
     held_in_window: dict[str, float] = {}
     after_window = 0.0
     for name, workload in by_name.items():
@@ -324,7 +327,7 @@ def _guarantee_met(history: History, schedule: Schedule, guarantees: dict[str, f
             events.append((span, -2, w.team, g))
     events.sort(key=lambda ev: ev[0])
     alloc: dict[str, float] = {}
-    wanting: dict[str, Counter] = {}
+    wanting: dict[str, Counter[float]] = {}
     granted = {t: 0.0 for t in guarantees}
     asked = {t: 0.0 for t in guarantees}
     previous = 0.0
@@ -364,16 +367,16 @@ class WhatIfReport:
     history: History
     guarantees: dict[str, float]
     currency: str
-    policies: list[dict]  # one row per schedule, as-it-ran first
-    teams: list[dict]  # one row per (team, schedule)
+    policies: list[dict[str, Any]]  # one row per schedule, as-it-ran first
+    teams: list[dict[str, Any]]  # one row per (team, schedule)
     notes: list[str] = field(default_factory=list)
 
     TABLES = ("policies", "teams")
 
-    def table(self, name: str) -> list[dict]:
+    def table(self, name: str) -> list[dict[str, Any]]:
         return self.policies if name == "policies" else self.teams
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready, stable keys (``schema_version`` 1)."""
         history = self.history
         return {
@@ -392,7 +395,7 @@ class WhatIfReport:
 
 
 def _iso(stamp: pd.Timestamp) -> str:
-    return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 SUBMISSION_NOTE = ("submission times are not in the samples: each workload is taken as submitted at its first sample, "

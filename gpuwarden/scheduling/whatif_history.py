@@ -24,7 +24,9 @@ Rules (the samples say who held which device when, and nothing else):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +86,7 @@ class History:
 
     @property
     def window_seconds(self) -> float:
-        return (self.end - self.start).total_seconds()
+        return float((self.end - self.start).total_seconds())
 
     @property
     def gpus(self) -> int:
@@ -224,7 +226,7 @@ def _workloads(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step
     return out, dropped
 
 
-def _most(values) -> str | None:
+def _most(values: Iterable[Any]) -> str | None:
     """The most common non-null value (ties: the first seen)."""
     counts: dict[str, int] = {}
     for value in values:

@@ -9,12 +9,12 @@ import pandas as pd
 import streamlit as st
 
 from gpuwarden.dashboards import data, fmt, show
-from gpuwarden.scheduling.whatif import AS_IT_RAN
+from gpuwarden.scheduling.whatif import AS_IT_RAN, WhatIfReport
 from gpuwarden.scheduling.whatif import WHATIF_POLICIES as POLICIES
 
 
 @st.cache_resource(ttl=data.CACHE_TTL_S, max_entries=6, show_spinner="Replaying the window under each policy…")
-def whatif(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, policies: tuple[str, ...]):
+def whatif(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, policies: tuple[str, ...]) -> WhatIfReport:
     """The what-if report of the window (shared, read-only)."""
     from gpuwarden.scheduling.whatif import whatif_report
     from gpuwarden.store import LocalStore
