@@ -24,9 +24,7 @@ Rules (the samples say who held which device when, and nothing else):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -126,8 +124,10 @@ def rebuild(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
     for column in ("mig_instance", "namespace", "pod", "team", "attribution"):
         if column not in frame.columns:
             frame[column] = None
+    if "gpu_index" not in frame.columns:
+        frame["gpu_index"] = 0
     for column in ("node", "gpu_uuid", "model", "mig_instance", "namespace", "pod", "team", "attribution"):
-        frame[column] = frame[column].astype(object).where(frame[column].notna(), None)
+        frame[column] = frame[column].astype("category")  # a store's read already is: then free
     frame = frame.sort_values("timestamp", kind="stable", ignore_index=True)
     step = sampling_step(frame["timestamp"])
     notes: list[str] = []
@@ -145,25 +145,24 @@ def rebuild(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
 def _fleet(frame: pd.DataFrame) -> tuple[list[FleetNode], set[str]]:
     unknown_owner = frame["pod"].isna() & ~frame["attribution"].isin(["known"])
     excluded = set(frame.loc[unknown_owner, "gpu_uuid"].astype(str))
-    last = frame.groupby("gpu_uuid", sort=False)["timestamp"].transform("max")
-    latest = frame[frame["timestamp"] == last]
-    per_gpu = []
-    for uuid, rows in latest.groupby("gpu_uuid", sort=False):
-        if uuid in excluded:
+    last = frame.groupby("gpu_uuid", observed=True)["timestamp"].transform("max")
+    latest = frame.loc[frame["timestamp"] == last, ["node", "model", "gpu_index", "gpu_uuid", "mig_instance"]]
+    gpus: dict[str, tuple[str, str, int, list[str]]] = {}  # uuid -> node, model, index, MIG profiles
+    for node, model, index, uuid, instance in latest.itertuples(index=False):
+        if str(uuid) in excluded:
             continue
-        profiles = sorted(str(m).split(":", 1)[-1] for m in rows["mig_instance"].dropna().unique())
-        index = int(rows["gpu_index"].iloc[0]) if "gpu_index" in rows else 0
-        per_gpu.append((str(rows["node"].iloc[0]), str(rows["model"].iloc[0]), index, str(uuid),
-                        tuple(profiles) if profiles else None))
+        entry = gpus.setdefault(str(uuid), (str(node), str(model), int(index), []))
+        if not pd.isna(instance):
+            entry[3].append(str(instance).split(":", 1)[-1])
     by_node: dict[tuple[str, str], list[tuple[int, str, tuple[str, ...] | None]]] = {}
-    for node, model, index, uuid, layout in per_gpu:
-        by_node.setdefault((node, model), []).append((index, uuid, layout))
+    for uuid, (node, model, index, profiles) in gpus.items():
+        by_node.setdefault((node, model), []).append((index, uuid, tuple(sorted(profiles)) if profiles else None))
     several = {node for node, _ in by_node if sum(1 for n, _ in by_node if n == node) > 1}
     nodes = []
-    for (node, model), gpus in sorted(by_node.items()):
-        gpus.sort()
+    for (node, model), members in sorted(by_node.items()):
+        members.sort()
         name = f"{node}/{model}" if node in several else node  # a node with two GPU models: one per model
-        nodes.append(FleetNode(name, model, tuple(u for _, u, _ in gpus), tuple(lay for _, _, lay in gpus)))
+        nodes.append(FleetNode(name, model, tuple(u for _, u, _ in members), tuple(lay for _, _, lay in members)))
     return nodes, excluded
 
 
@@ -171,65 +170,65 @@ def _workloads(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step
                max_gap_seconds: float) -> tuple[list[Workload], int]:
     # Each node's own sample times, numbered: a pod's samples that skip a number skipped a sample
     # its node did report (absent), while a stretch the node did not report at all is no gap.
-    frame["node_tick"] = frame.groupby("node", sort=False)["timestamp"].rank(method="dense").astype(np.int64)
-    held = frame[frame["pod"].notna()].copy()
+    tick_all = frame.groupby("node", observed=True)["timestamp"].rank(method="dense").to_numpy(np.int64)
+    mask = frame["pod"].notna().to_numpy()
+    held = frame[mask]
     if held.empty:
         return [], 0
-    held["namespace"] = held["namespace"].fillna("")
-    device = held["gpu_uuid"].astype(str) + "|" + held["mig_instance"].fillna("").astype(str)
-    held["sharers"] = held.groupby([held["timestamp"], device])["pod"].transform("size")
-    held["profile"] = held["mig_instance"].map(lambda m: None if m is None else str(m).split(":", 1)[-1])
-    per_sample = held.groupby(["namespace", "pod", "timestamp"], sort=True).agg(
-        node=("node", "first"), tick=("node_tick", "first"), devices=("gpu_uuid", "size"),
-        profile=("profile", "first"), model=("model", "first"), team=("team", "first"),
-        sharers=("sharers", "min")).reset_index()
-    same_pod = (per_sample["namespace"].eq(per_sample["namespace"].shift())
-                & per_sample["pod"].eq(per_sample["pod"].shift()))
-    continuous = same_pod & per_sample["node"].eq(per_sample["node"].shift()) & \
-        per_sample["tick"].sub(per_sample["tick"].shift()).eq(1)
-    per_sample["run"] = (~continuous).cumsum()
-    runs = per_sample.groupby("run", sort=True).agg(
-        namespace=("namespace", "first"), pod=("pod", "first"), first=("timestamp", "min"), last=("timestamp", "max"),
-        devices=("devices", "max"), profile=("profile", lambda s: s.mode().iloc[0] if s.notna().any() else None),
-        model=("model", lambda s: s.mode().iloc[0]), team=("team", lambda s: s.mode().iloc[0] if s.notna().any() else None),
-        sharers=("sharers", "min"))
+    tick = tick_all[mask]
+    pod_key = held.groupby(["namespace", "pod"], observed=True, dropna=False, sort=False).ngroup().to_numpy()
+    device = held.groupby(["timestamp", "gpu_uuid", "mig_instance"], observed=True, dropna=False,
+                          sort=False).ngroup().to_numpy()
+    sharers = np.bincount(device)[device]  # pods on the device at that sample (time-slicing)
+    stamps = held["timestamp"].to_numpy("datetime64[ns]").view(np.int64)
+    node = held["node"].cat.codes.to_numpy()
+    order = np.lexsort((stamps, pod_key))
+    key, when = pod_key[order], stamps[order]
+    # one entry per (pod, sample time): how many devices it held then, and on how many pods' share
+    sample = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (when[1:] != when[:-1])])
+    devices = np.diff(np.r_[sample, len(order)])
+    shared = np.minimum.reduceat(sharers[order], sample)
+    rows = order[sample]
+    s_key, s_node, s_tick = key[sample], node[rows], tick[rows]
+    continuous = np.r_[False, (s_key[1:] == s_key[:-1]) & (s_node[1:] == s_node[:-1]) & (np.diff(s_tick) == 1)]
+    run = np.flatnonzero(~continuous)
+    run_last = np.r_[run[1:], len(sample)] - 1
     window_seconds = (end - start).total_seconds()
+    origin = start.value
+    begins = (when[sample][run] - origin) / 1e9
+    finishes = np.minimum((when[sample][run_last] - origin) / 1e9 + step, window_seconds)
+    run_devices = np.maximum.reduceat(devices, run)
+    run_sharers = np.minimum.reduceat(shared, run)
+    # A pod's namespace, model, team and MIG profile do not change while it lives: its first row's.
+    heads = list(held.iloc[rows[run]][["namespace", "pod", "model", "team", "mig_instance"]].astype(object)
+                 .itertuples(index=False, name=None))
+    pieces: list[list[int]] = []
+    for i in range(len(run)):
+        # the same pod, back within max_gap: paused, not new
+        if i == 0 or s_key[run[i]] != s_key[run[i - 1]] or begins[i] - finishes[i - 1] > max_gap_seconds:
+            pieces.append([])
+        pieces[-1].append(i)
     out: list[Workload] = []
     dropped = 0
-    for (namespace, pod), pod_runs in runs.groupby(["namespace", "pod"], sort=True):
-        pieces: list[list[tuple[float, float, pd.Series]]] = []
-        previous_end = None
-        for run in pod_runs.itertuples(index=False):
-            begin = (run.first - start).total_seconds()
-            finish = min((run.last - start).total_seconds() + step, window_seconds)
-            if previous_end is None or begin - previous_end > max_gap_seconds:
-                pieces.append([])
-            pieces[-1].append((begin, finish, run))
-            previous_end = finish
-        for number, piece in enumerate(pieces, start=1):
-            rows = [r for _, _, r in piece]
-            profile = _most(r.profile for r in rows)
-            model = _most(r.model for r in rows) or "unknown"
-            if profile is not None and profile not in mig.mig_table(model):
-                dropped += 1
-                continue
-            team = _most(r.team for r in rows) or namespace or "unknown"
-            gpus = max(r.devices for r in rows)
-            sharers = min(r.sharers for r in rows)
-            fraction = 1.0 if (profile is not None or gpus > 1 or sharers <= 1) else round(1.0 / sharers, 3)
-            name = f"{namespace}/{pod}" if namespace else str(pod)
-            out.append(Workload(
-                name=name if number == 1 else f"{name}#{number}", team=str(team), model=str(model), gpus=int(gpus),
-                mig_profile=profile, gpu_fraction=fraction, submitted_seconds=piece[0][0],
-                runs=tuple((b, f) for b, f, _ in piece)))
+    numbers: dict[int, int] = {}
+    for piece in pieces:
+        namespace, pod, model, team, instance = heads[piece[0]]
+        pod_number = int(s_key[run[piece[0]]])
+        numbers[pod_number] = numbers.get(pod_number, 0) + 1
+        namespace = "" if pd.isna(namespace) else str(namespace)
+        profile = None if pd.isna(instance) else str(instance).split(":", 1)[-1]
+        model = str(model)
+        if profile is not None and profile not in mig.mig_table(model):
+            dropped += 1
+            continue
+        team = str(team) if not pd.isna(team) else (namespace or "unknown")
+        gpus = int(run_devices[piece].max())
+        sharers_min = int(run_sharers[piece].min())
+        fraction = 1.0 if (profile is not None or gpus > 1 or sharers_min <= 1) else round(1.0 / sharers_min, 3)
+        name = f"{namespace}/{pod}" if namespace else str(pod)
+        out.append(Workload(
+            name=name if numbers[pod_number] == 1 else f"{name}#{numbers[pod_number]}", team=team, model=model,
+            gpus=gpus, mig_profile=profile, gpu_fraction=fraction, submitted_seconds=float(begins[piece[0]]),
+            runs=tuple((float(begins[i]), float(finishes[i])) for i in piece)))
     out.sort(key=lambda w: (w.submitted_seconds, w.name))
     return out, dropped
-
-
-def _most(values: Iterable[Any]) -> str | None:
-    """The most common non-null value (ties: the first seen)."""
-    counts: dict[str, int] = {}
-    for value in values:
-        if value is not None and not (isinstance(value, float) and np.isnan(value)):
-            counts[str(value)] = counts.get(str(value), 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else None
