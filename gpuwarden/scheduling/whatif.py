@@ -146,6 +146,7 @@ class _Engine:
         job.placements = []
         job.state = "done"
         job.finished = now
+        del self.state.jobs[name]  # done: every pass scans the jobs it holds, so keep only live ones
 
 
 def _value(kind: Any) -> str:
