@@ -18,6 +18,14 @@ scheduler under each named policy (:data:`WHATIF_POLICIES`) and measures every s
   Guarantees are each team's share of the fleet in proportion to its GPU-hours in the window,
   unless given.
 
+JSON (``schema_version`` 1): ``report`` ('whatif'), ``window`` (start, end, hours, step_seconds),
+``currency``, ``summary`` (workloads, gpus, nodes, teams, guarantees), ``tables.policies`` (one
+row per schedule, as-it-ran first: workloads, finished_in_window, never_started, unfinished,
+wait_mean/p50/p99_seconds, idle_gpu_hours, idle_cost, fleet_cost, work_after_window_gpu_hours,
+all_done_seconds, guarantee_met_ratio, worst_team_guarantee_met_ratio, suspends, preemptions),
+``tables.teams`` (team, policy, guarantee_gpus, workloads, wait_mean_seconds,
+guarantee_met_ratio), ``notes`` and ``params``.
+
 Replay assumptions (the samples do not say): one priority; every workload checkpointable
 training that checkpoints every ``CHECKPOINT_INTERVAL_SECONDS`` (a suspended one resumes after
 ``RESUME_OVERHEAD_SECONDS``; a killed one redoes the work since its last checkpoint), as in
