@@ -7,7 +7,8 @@ Rules (the samples say who held which device when, and nothing else):
   (``mig_instance`` '1:3g.40gb' -> '3g.40gb'), or, when several pods share one device at the same
   sample (time-slicing), ``1/n`` of a GPU. It runs on the GPU model it ran on.
 - **Start** = its first sample; **end** = its last sample + the sampling step (clipped to the
-  window). **Team** = the ``team`` column, else the namespace, else 'unknown'.
+  window). A pod already running when the window opens, or still running when it closes, is cut
+  there: the part the window saw is the workload. **Team** = the ``team`` column, else the namespace, else 'unknown'.
 - **Submission time is not in the samples**: a workload is taken as submitted at its first
   sample, so the as-it-ran row has no queueing before the first start (only pauses count as wait).
 - **Gaps**: a pod absent from samples its node *did* report (by the node's own sample times), or
