@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.dashboards import data, fmt, show
+from gpuwarden.dashboards import data, fmt
 from gpuwarden.scheduling.whatif import AS_IT_RAN, WhatIfReport
 from gpuwarden.scheduling.whatif import WHATIF_POLICIES as POLICIES
 
@@ -50,17 +50,42 @@ st.subheader("Policies side by side")
 st.caption("Wait is every second between submission and finish that a workload is not running. Submission times "
            "are not in the samples: each workload counts as submitted at its first sample, so *as it ran* shows "
            "only pauses.")
-shown = rows[["finished_in_window", "wait_mean_seconds", "wait_p99_seconds", "idle_gpu_hours", "idle_cost",
-              "fleet_cost", "guarantee_met_ratio", "worst_team_guarantee_met_ratio", "suspends", "preemptions"]]
-show.table(shown.reset_index(), report.currency, key_columns=["policy"])
+shown = pd.DataFrame({
+    "policy": rows.index,
+    "wait_mean_minutes": rows["wait_mean_seconds"].to_numpy() / 60,
+    "wait_p99_minutes": rows["wait_p99_seconds"].to_numpy() / 60,
+    "finished_in_window": rows["finished_in_window"].to_numpy(),
+    "idle_gpu_hours": rows["idle_gpu_hours"].to_numpy(),
+    "idle_cost": rows["idle_cost"].to_numpy(),
+    "fleet_cost": rows["fleet_cost"].to_numpy(),
+    "guarantee_met": rows["guarantee_met_ratio"].to_numpy(),
+    "worst_team": rows["worst_team_guarantee_met_ratio"].to_numpy(),
+    "checkpoint_pauses": rows["suspends"].to_numpy(),
+    "kills": rows["preemptions"].to_numpy(),
+})
+number = st.column_config.NumberColumn
+st.dataframe(shown, hide_index=True, width="stretch", height=(len(shown) + 1) * 35 + 3, column_config={
+    "policy": st.column_config.Column("Policy"),
+    "wait_mean_minutes": number("Wait, mean (min)", format="%.1f"),
+    "wait_p99_minutes": number("Wait, p99 (min)", format="%.1f"),
+    "finished_in_window": number("Finished in window", format="%d"),
+    "idle_gpu_hours": number("Idle (GPU-h)", format="%.0f"),
+    "idle_cost": number(f"Idle cost ({report.currency})", format="%.0f"),
+    "fleet_cost": number(f"Fleet cost ({report.currency})", format="%.0f",
+                        help="The fleet until the window's work is done (longer when a policy finishes later)."),
+    "guarantee_met": number("Guarantee met", format="percent"),
+    "worst_team": number("Worst team", format="percent", help="Guarantee met of the team that got the least of it."),
+    "checkpoint_pauses": number("Suspended", format="%d", help="Checkpointed and paused to make room."),
+    "kills": number("Killed", format="%d", help="Preempted without a checkpoint: work since the last one is lost."),
+})
 
 st.subheader("Guarantee met per team")
 teams = pd.DataFrame(report.teams)
 met = teams.pivot(index="team", columns="policy", values="guarantee_met_ratio")[list(rows.index)]
 met.insert(0, "guarantee_gpus", teams.drop_duplicates("team").set_index("team")["guarantee_gpus"])
 st.dataframe(met, width="stretch", column_config={
-    **{p: st.column_config.ProgressColumn(p, min_value=0.0, max_value=1.0, format="percent") for p in rows.index},
-    "guarantee_gpus": st.column_config.NumberColumn("Guarantee (GPUs)", format="%.0f")})
+    **{p: number(p, format="percent") for p in rows.index},
+    "guarantee_gpus": number("Guarantee (GPUs)", format="%.0f")})
 
 with st.expander("How this was worked out"):
     for note in report.notes:
