@@ -1,4 +1,5 @@
-"""``gpuwarden simulate placement|queue|mixed``: replay traces through the scheduling policies (what-if)."""
+"""``gpuwarden simulate placement|queue|mixed|whatif``: replay traces, or your own history, through the
+scheduling policies (what-if)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .args import number, seed
 from .output import FORMATS, emit, render_rows
 
+if TYPE_CHECKING:
+    from gpuwarden.scheduling.whatif import WhatIfReport
+
 PLACEMENT_POLICIES = ("random", "bestfit", "fgd", "gpuwarden")  # checked against the replay at run time
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
+WHATIF_POLICIES = QUEUE_POLICIES  # a test checks it matches scheduling.whatif.WHATIF_POLICIES
+WHATIF_TABLES = ("policies", "teams")
 
 
 def _choices(allowed: tuple[str, ...]):
@@ -69,6 +76,7 @@ def add_parser(subparsers) -> None:
     mixed.add_argument("--seed", type=seed, default=42, help="random seed, 0..4294967295 (default 42)")
     _common(mixed)
     mixed.set_defaults(run=run_mixed)
+    _add_whatif(commands)
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 
@@ -145,6 +153,115 @@ def run_mixed(args: argparse.Namespace) -> int:
     rows = replay(MixedSpec(hours=args.hours, seed=args.seed))
     _emit(args, rows)
     return 0
+
+
+def _guarantees(text: str) -> dict[str, float]:
+    """TEAM=GPUS,TEAM=GPUS (teams not named get no guarantee)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        team, sep, value = part.partition("=")
+        try:
+            gpus = float(value)
+        except ValueError:
+            gpus = float("nan")
+        if not sep or not team.strip() or not (0 <= gpus <= 10**6):
+            raise argparse.ArgumentTypeError(f"{part!r} is not TEAM=GPUS with GPUS a number 0..1000000 "
+                                             "(e.g. research=16,vision=8)")
+        out[team.strip()] = gpus
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TEAM=GPUS pairs, comma-separated (e.g. research=16,vision=8)")
+    return out
+
+
+def _add_whatif(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .output import add_output_options
+    from .sources import add_source_options, duration
+
+    whatif = commands.add_parser(
+        "whatif", help="replay your own history (a store or Prometheus) under each queue policy",
+        description="Rebuild the workloads of a window of fleet samples (pod, GPUs or MIG slice, start, end, team) "
+                    "and replay them under each queue policy on the same fleet. Reports wait, idle GPU-hours, "
+                    "cost and per-team guarantee met beside the schedule as it really ran. Submission times are "
+                    "not in the samples: a workload is taken as submitted at its first sample.")
+    add_source_options(whatif, since_default="7d")
+    policy = whatif.add_argument_group("replay")
+    policy.add_argument("--policies", type=_choices(WHATIF_POLICIES), default=",".join(WHATIF_POLICIES),
+                        help=f"comma-separated policies from {', '.join(WHATIF_POLICIES)} (default all)")
+    policy.add_argument("--guarantees", type=_guarantees,
+                        help="TEAM=GPUS,... guaranteed GPUs per team (default: the fleet split in proportion to "
+                             "each team's GPU-hours in the window; teams not named get none)")
+    policy.add_argument("--max-gap", type=duration, default="30m",
+                        help="a pod gone longer than this and back is a new workload; shorter, a pause (default 30m)")
+    pricing = whatif.add_argument_group("pricing")
+    pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
+    pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
+    add_output_options(whatif)
+    whatif.add_argument("--table", choices=WHATIF_TABLES,
+                        help="only this table (csv writes one table: default policies)")
+    whatif.set_defaults(run=run_whatif)
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    from gpuwarden.analytics import Inventory, PriceBook
+    from gpuwarden.scheduling.whatif import WhatIfError, whatif_report
+
+    from .sources import open_window
+
+    window = open_window(args)
+    price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
+    inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
+    started = time.perf_counter()
+    try:
+        report = whatif_report(window.source, window.start, window.end, tuple(args.policies), args.guarantees,
+                               args.max_gap.total_seconds(), price_book, inventory)
+    except WhatIfError as error:
+        print(f"gpuwarden: error: {error}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - started
+    emit(args, render_whatif(report, args.format, args.table, args.wide, seconds))
+    if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
+        sys.stdout.flush()
+        print(window.note, file=sys.stderr)
+    return 0
+
+
+def render_whatif(report: WhatIfReport, fmt: str, table: str | None = None, wide: bool = False,
+                  seconds: float | None = None) -> str:
+    """The what-if report in ``fmt``: JSON is ``report.to_dict()``; CSV one table; text every table and the notes."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+    if fmt == "csv":
+        return render_rows(report.table(table or "policies"), "csv")
+    history = report.history
+    title = (f"what-if, {history.start:%Y-%m-%d %H:%M} -> {history.end:%Y-%m-%d %H:%M} UTC: "
+             f"{len(history.workloads):,} workloads on {history.gpus:,} GPUs ({report.currency})")
+    parts = [f"# {title}\n" if fmt == "markdown" else f"{title}\n{'=' * len(title)}\n"]
+    for name in [table] if table else list(WHATIF_TABLES):
+        heading = {"policies": "policies (one column each; as-it-ran first)",
+                   "teams": "guarantee met per team and policy"}[name]
+        parts.append(f"\n## {heading}\n\n" if fmt == "markdown" else f"\n[{heading}]\n")
+        parts.append(render_rows(_side_by_side(report, name), fmt, wide=wide))
+    notes = [*report.notes, *([f"replayed in {seconds:.1f} s wall"] if seconds is not None else [])]
+    parts.append("\n" + "".join(("> " if fmt == "markdown" else "note: ") + n + "\n" for n in notes))
+    return "".join(parts)
+
+
+def _side_by_side(report: WhatIfReport, name: str) -> list[dict[str, Any]]:
+    """Text tables with the policies as columns, so the as-it-ran column sits beside the replays."""
+    from .output import cell
+
+    rows = report.table(name)
+    if name == "policies":
+        return [{"figure": key, **{row["policy"]: cell(key, row[key], True) for row in rows}}
+                for key in rows[0] if key != "policy"] if rows else []
+    teams: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        line = teams.setdefault(row["team"], {"team": row["team"],
+                                              "guarantee_gpus": cell("guarantee_gpus", row["guarantee_gpus"], True)})
+        line[row["policy"]] = cell("guarantee_met_ratio", row["guarantee_met_ratio"], True)
+    return list(teams.values())
 
 
 if __name__ == "__main__":  # pragma: no cover

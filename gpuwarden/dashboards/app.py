@@ -45,6 +45,7 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
     "Scheduling": [
         ("queue.py", "Queue & quotas", ":material/format_list_numbered:"),
         ("portal.py", "Request GPUs", ":material/add_task:"),
+        ("whatif.py", "What-if", ":material/compare_arrows:"),
     ],
     "Actions": [
         ("actions.py", "Actuator actions", ":material/gavel:"),
