@@ -15,7 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from gpuwarden.dashboards import STORE_ENV
-from gpuwarden.dashboards import fleet_view as fv
+from gpuwarden.analytics import fleet_report as fv
 from gpuwarden.dashboards.launch import APP_PATH, dashboard_command, dashboard_url, launch_dashboard
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES
 from gpuwarden.store import LocalStore, coerce

@@ -16,8 +16,8 @@ from test_dashboard_idle_cost import fleet
 from gpuwarden.actuator import approvals
 from gpuwarden.dashboards import STORE_ENV, auth, fmt, palette
 from gpuwarden.dashboards import cluster_state as cs
-from gpuwarden.dashboards import health_view as hv
-from gpuwarden.dashboards import queue_view as qv
+from gpuwarden.analytics import health_report as hv
+from gpuwarden.scheduling import queue_report as qv
 from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.fleet import (
     ClusterSnapshot,
@@ -183,17 +183,19 @@ def test_a_corrupt_store_file_is_quarantined_and_named_on_the_page(monkeypatch, 
     assert all("Traceback" not in element.value for element in [*at.warning, *at.error, *at.info])
 
 
-def test_the_idle_page_builds_its_report_once_per_window(monkeypatch, tmp_path):
-    from gpuwarden import analytics
+def test_the_idle_page_builds_its_ledger_once_per_window(monkeypatch, tmp_path):
+    from gpuwarden.analytics import idle_cost_report
 
     LocalStore(tmp_path).append(coerce(fleet()))
     calls = []
-    real = analytics.idle_report
-    monkeypatch.setattr(analytics, "idle_report", lambda ledger, *a, **k: calls.append(1) or real(ledger, *a, **k))
+    real = idle_cost_report.build_ledger
+    monkeypatch.setattr(idle_cost_report, "build_ledger", lambda *a, **k: calls.append(1) or real(*a, **k))
     at = run(monkeypatch, tmp_path, "idle.py")
     assert not at.exception and len(calls) == 1
     at.run()
     at.switch_page("views/fleet.py").run()  # the fleet page's idle tiles reuse it
+    assert not at.exception and len(calls) == 1
+    at.switch_page("views/cost.py").run()  # and so does the cost page
     assert not at.exception and len(calls) == 1
     at.selectbox(key="window_preset").set_value("1h").run()
     assert len(calls) == 2

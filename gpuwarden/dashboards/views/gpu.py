@@ -7,12 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuwarden.dashboards import data, show
-from gpuwarden.dashboards import health_view as hv
 
 info = data.require_store()
 st.title("GPU detail")
 window = data.current_window(info)
-gpus = data.gpu_list(info.path, window.start, window.end, info.version)
+gpus = data.bundle("fleet", info, window)["grid"][["node", "gpu_index", "gpu_uuid"]]
 if gpus.empty:
     st.info("No GPU reported in this window; widen the window in the sidebar.", icon=":material/info:")
     st.stop()
@@ -48,9 +47,11 @@ if missing:
     st.caption("Not measured on this GPU in this window: " + ", ".join(sorted(missing)) + ".")
 
 st.subheader("Findings on this GPU")
-found = [f for f in data.findings(info.path, window.start, window.end, info.version) if f.gpu_uuid == uuid]
-table = hv.findings_table(found, {uuid: int(on_node.loc[on_node["gpu_uuid"] == uuid, "gpu_index"].iloc[0])})
-if table.empty:
+health = data.bundle("health", info, window, wait=False)
+table = None if health is None else health["findings"][health["findings"]["gpu_uuid"] == uuid]
+if table is None:
+    st.caption("The health scan of this window is running; reload in a moment.")
+elif table.empty:
     st.caption("No health finding on this GPU in the window.")
 else:
     st.dataframe(table[["severity", "kind", "action", "confidence", "first_seen", "last_seen", "evidence"]], hide_index=True,

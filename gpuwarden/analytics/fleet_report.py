@@ -1,4 +1,6 @@
-"""The fleet overview's numbers: small pure functions, fleet samples in, small frames out.
+"""The Fleet overview and GPU detail pages' numbers: small pure functions, fleet samples in, small
+frames out, and :func:`fleet_bundle`, everything the Fleet page draws for one window in one
+:class:`~gpuwarden.analytics.report_bundle.Bundle`.
 
 Nothing here imports Streamlit, so every number the Fleet page shows can be unit tested on a frame
 built by hand. Inputs are fleet samples (``gpuwarden.fleet.samples``) holding at least the columns
@@ -19,20 +21,17 @@ Definitions used throughout:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import XID_COLUMN_NAMES
 
-WINDOWS: dict[str, pd.Timedelta] = {
-    "1h": pd.Timedelta(hours=1),
-    "6h": pd.Timedelta(hours=6),
-    "24h": pd.Timedelta(hours=24),
-    "7d": pd.Timedelta(days=7),
-}
-WINDOW_LABELS: dict[str, str] = {"1h": "Last 1 hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days"}
+from .report_bundle import Bundle
+from .windows import Window, bucket_for
 
 FLEET_COLUMNS: tuple[str, ...] = (
     "timestamp",
@@ -53,25 +52,6 @@ STALE_AFTER = pd.Timedelta(minutes=5)
 NO_TEAM = "(no team)"
 
 _MIG_SLICES = re.compile(r"(?:^|:)(\d+)g\.")
-
-
-def window_start(newest: pd.Timestamp, window: str | pd.Timedelta) -> pd.Timestamp:
-    """Start of a window that ends at the newest sample (inclusive on both ends when read with
-    ``end=newest + 1s``)."""
-    span = WINDOWS[window] if isinstance(window, str) else pd.Timedelta(window)
-    return pd.Timestamp(newest) - span
-
-
-def bucket_for(span: pd.Timedelta | str) -> str:
-    """Resampling bucket for a chart over ``span``: about 60-150 points whatever the window."""
-    span = WINDOWS[span] if isinstance(span, str) else pd.Timedelta(span)
-    if span <= pd.Timedelta(hours=1):
-        return "1min"
-    if span <= pd.Timedelta(hours=6):
-        return "5min"
-    if span <= pd.Timedelta(hours=24):
-        return "10min"
-    return "1h"
 
 
 def gpu_share(frame: pd.DataFrame) -> pd.Series:
@@ -330,3 +310,44 @@ def gpu_series(frame: pd.DataFrame, bucket: str) -> dict[str, pd.DataFrame]:
     }
     return {name: table.dropna(axis=1, how="all") for name, table in groups.items()
             if not table.dropna(axis=1, how="all").empty}
+
+
+class SamplesReader(Protocol):
+    """What the bundles read: a store (``LocalStore``) or anything else with its ``read``."""
+
+    def read(self, start: Any = None, end: Any = None, columns: Sequence[str] | None = None,
+             nodes: Iterable[str] | None = None) -> pd.DataFrame: ...
+
+
+def fleet_bundle(source: SamplesReader, window: Window, version: float = 0.0) -> Bundle:
+    """Everything the Fleet page draws over ``window``, from one read of the columns it needs:
+    headline figures, "N of M reporting", the node x GPU activity grid (also the GPU list of the
+    GPU detail page), utilisation over time, allocation by team and model, the node table and the
+    GPUs with XID events. Small frames only: the samples themselves are not kept."""
+    frame = source.read(start=window.start, end=window.end, columns=[*FLEET_COLUMNS, "gpu_index"])
+    snapshot = latest_snapshot(frame)
+    xids = xid_events(frame)
+    head = headline(frame, snapshot)
+    values: dict[str, Any] = {
+        "headline": {"gpus": head.gpus, "nodes": head.nodes, "allocated_gpus": head.allocated_gpus,
+                     "mean_util": head.mean_util, "mean_sm_active": head.mean_sm_active,
+                     "sm_measured_gpus": head.sm_measured_gpus},
+        "reporting": list(reporting(frame, snapshot)),
+        "grid": activity_grid(frame, snapshot),
+        "series": utilisation_over_time(frame, bucket_for(window.span)),
+        "teams": allocation_by_team(snapshot),
+        "models": allocation_by_model(snapshot),
+        "nodes": node_table(frame, snapshot, xids),
+        "xids": xids[xids["total"] > 0],
+    }
+    return Bundle(values, window.start, window.end, version)
+
+
+def gpu_history(source: SamplesReader, window: Window, node: str, uuid: str) -> dict[str, Any]:
+    """One GPU's chart groups (:func:`gpu_series`), model and holders (team, pod) over the window;
+    reads only its node's rows."""
+    frame = source.read(start=window.start, end=window.end, columns=list(GPU_DETAIL_COLUMNS), nodes=[node])
+    frame = frame[frame["gpu_uuid"].astype(str) == uuid]
+    model = frame["model"].dropna().astype(str).iloc[-1] if frame["model"].notna().any() else "unknown model"
+    holders = frame.dropna(subset=["pod"])[["team", "pod"]].astype(str).drop_duplicates()
+    return {"groups": gpu_series(frame, bucket_for(window.span)), "model": model, "holders": holders}

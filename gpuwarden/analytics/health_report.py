@@ -1,14 +1,21 @@
 """The Health page's tables: findings as rows (GPU index beside the UUID) and an XID / ECC /
-row-remap event timeline per node (pure: no Streamlit)."""
+row-remap event timeline per node (pure: no Streamlit), and :func:`health_bundle`, both for one
+window from one read of the samples. The Fleet, GPU detail and Actions pages read the same
+findings table (critical count, one GPU's findings, a node's findings)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
 from gpuwarden.fleet import XID_COLUMN_NAMES
 
-from .palette import SEVERITY_ORDER
+from .health.catalogue import CORDONING_ACTIONS
+from .report_bundle import Bundle
+from .windows import Window, bucket_for
+
+SEVERITY_ORDER: tuple[str, ...] = ("critical", "warning", "info")  # most urgent first
 
 FINDING_COLUMNS = ["severity", "kind", "node", "gpu_index", "gpu_uuid", "action", "cordons", "confidence",
                    "first_seen", "last_seen", "active", "model", "evidence", "note"]
@@ -27,7 +34,7 @@ def event_label(column: str) -> str:
     return "Row remap (" + column.split("_")[2] + ")"
 
 
-def findings_table(findings: list, gpu_index: dict[str, int] | None = None) -> pd.DataFrame:
+def findings_table(findings: list[Any], gpu_index: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per finding, critical first; always has :data:`FINDING_COLUMNS` (also when empty)."""
     gpu_index = gpu_index or {}
     rows = []
@@ -83,3 +90,30 @@ def event_timeline(frame: pd.DataFrame, bucket: str = "1h") -> pd.DataFrame:
     long["event"] = long["column"].map(event_label)
     out = long.groupby(["time", "node", "gpu", "event"], as_index=False, observed=True)["count"].sum()
     return out[columns].sort_values(["time", "node", "gpu"], ignore_index=True)
+
+
+def health_bundle(source: Any, window: Window, version: float = 0.0, pools: dict[str, str] | None = None) -> Bundle:
+    """The health scan of ``window`` as the findings table, and its event timeline in the window's
+    chart bucket, from one read of the columns both need. ``source``: a store (anything with
+    ``LocalStore.read``)."""
+    from .health import scan
+    from .health.features import NEEDED_COLUMNS
+
+    columns = list(dict.fromkeys([*NEEDED_COLUMNS, *TIMELINE_COLUMNS]))
+    frame = source.read(start=window.start, end=window.end, columns=columns)
+    found = scan(frame, pools=pools)
+    table = findings_table(found, gpu_indices(frame))
+    events = event_timeline(frame, bucket_for(window.span))
+    return Bundle({"findings": table, "events": events}, window.start, window.end, version)
+
+
+def active_critical(table: pd.DataFrame) -> int:
+    """Active critical findings in a findings table (the Fleet page's tile)."""
+    return int(((table["severity"] == "critical") & table["active"]).sum())
+
+
+def findings_on_node(table: pd.DataFrame, node: str) -> pd.DataFrame:
+    """A node's findings (on it or on its GPUs), for an action whose audit entry lists none."""
+    part = table[table["node"] == node]
+    return part[["kind", "severity", "gpu_uuid", "confidence", "last_seen"]].rename(
+        columns={"last_seen": "last_seen (sample time)"}).reset_index(drop=True)

@@ -118,11 +118,3 @@ def limit_check(snapshot: ClusterSnapshot | None, frame: pd.DataFrame, kind: str
     if kind in NODE_REMOVING_KINDS:
         return "unknown: no cluster snapshot to check the cordoned-node limit against"
     return "within limits"
-
-
-def findings_on(findings: list, target: str) -> pd.DataFrame:
-    """Health findings on a node (or on the GPUs of it), for an action whose log entry lists none."""
-    rows = [{"kind": f.kind, "severity": f.severity.value, "gpu_uuid": f.gpu_uuid, "confidence": f.confidence,
-             "last_seen (sample time)": pd.Timestamp(f.last_seen).tz_convert(None)}
-            for f in findings if f.node == target]
-    return pd.DataFrame(rows)
