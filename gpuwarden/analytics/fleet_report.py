@@ -12,15 +12,16 @@ Definitions used throughout:
   apart from it). The *snapshot* is each GPU's (or MIG instance's) last row that is at most
   ``stale_after`` older than the newest sample, so nodes scraped a few seconds apart still count.
 - **allocated** means the row's ``pod`` is set. A whole GPU counts 1; a MIG instance counts its
-  share of the GPU, compute slices out of 7 (``'1:3g.40gb'`` -> 3/7).
+  share of the GPU (``'1:3g.40gb'`` -> 3/7 on an H100), by the rule every room shares
+  (:mod:`gpuwarden.fleet.semantics`).
 - **XID events** in a window are the increase of each ``xid_*_total`` counter per GPU, as
-  Prometheus' ``increase()`` counts it: a drop is a counter reset (driver reload, GPU replaced), so
-  the drop is never counted and the value after it is taken as events since the reset.
+  Prometheus' ``increase()`` counts it (:func:`gpuwarden.fleet.semantics.counter_increase`): a drop
+  is a counter reset (driver reload, GPU replaced), so the drop is never counted and the value after
+  it is taken as events since the reset.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import XID_COLUMN_NAMES
+from gpuwarden.fleet.semantics import counter_increase, mig_shares
 
 from .report_bundle import Bundle
 from .windows import Window, bucket_for
@@ -47,33 +49,15 @@ FLEET_COLUMNS: tuple[str, ...] = (
     *XID_COLUMN_NAMES,
 )
 
-MIG_COMPUTE_SLICES = 7
 STALE_AFTER = pd.Timedelta(minutes=5)
 NO_TEAM = "(no team)"
 
-_MIG_SLICES = re.compile(r"(?:^|:)(\d+)g\.")
 
 
 def gpu_share(frame: pd.DataFrame) -> pd.Series:
-    """How much of a GPU each row is: 1.0 for a whole GPU, compute slices / 7 for a MIG instance.
-
-    A MIG profile whose slices cannot be read splits its GPU evenly among the GPU's instances at
-    that timestamp.
-    """
-    if "mig_instance" not in frame.columns or frame.empty:
-        return pd.Series(1.0, index=frame.index, dtype="float64")
-    mig = frame["mig_instance"].astype(object)
-    is_mig = mig.notna().to_numpy()
-    share = pd.Series(1.0, index=frame.index, dtype="float64")
-    if not is_mig.any():
-        return share
-    slices = mig[is_mig].astype(str).str.extract(_MIG_SLICES, expand=False).astype("float64")
-    share[is_mig] = (slices / MIG_COMPUTE_SLICES).to_numpy()
-    unknown = share.isna()
-    if unknown.any():
-        siblings = frame.loc[is_mig].groupby(["gpu_uuid", "timestamp"], observed=True)["gpu_uuid"].transform("size")
-        share[unknown] = 1.0 / siblings.reindex(share.index[unknown]).to_numpy(dtype="float64")
-    return share.clip(upper=1.0)
+    """How much of a GPU each row is: 1.0 for a whole GPU, a MIG instance by the one rule of
+    :func:`gpuwarden.fleet.semantics.mig_shares` (compute slices over its GPU's)."""
+    return mig_shares(frame)
 
 
 def _instance_key(frame: pd.DataFrame) -> pd.Series:
@@ -176,22 +160,6 @@ def allocation_by_model(snapshot: pd.DataFrame) -> pd.DataFrame:
     out = work.groupby("model").agg(gpus=("gpu_uuid", "nunique"), allocated=("allocated", "sum")).reset_index()
     out["free"] = (out["gpus"] - out["allocated"]).clip(lower=0.0)
     return out.sort_values(["gpus", "model"], ascending=[False, True], ignore_index=True)
-
-
-def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
-    """Increase of a cumulative counter per ``by`` over the frame, reset-aware (see module doc).
-
-    MIG rows repeat their GPU's counters, so each GPU contributes one value per timestamp. Nulls
-    (not measured) are skipped, not read as zero.
-    """
-    part = frame[[by, "timestamp", column]].dropna(subset=[column])
-    if part.empty:
-        return pd.Series(dtype="float64", name=column)
-    values = part.groupby([by, "timestamp"], observed=True, sort=True)[column].max().astype("float64")
-    previous = values.groupby(level=0, observed=True).shift()
-    delta = values - previous
-    step = delta.where(delta >= 0, values).where(previous.notna(), 0.0)
-    return step.groupby(level=0, observed=True).sum().rename(column)
 
 
 def xid_events(frame: pd.DataFrame, columns: tuple[str, ...] | list[str] = XID_COLUMN_NAMES) -> pd.DataFrame:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import XID_COLUMN_NAMES
+from gpuwarden.fleet.semantics import counter_increments, group_first_rows
 
 from .health.catalogue import CORDONING_ACTIONS
 from .report_bundle import Bundle
@@ -66,17 +68,16 @@ def gpu_indices(frame: pd.DataFrame) -> dict[str, int]:
 def event_timeline(frame: pd.DataFrame, bucket: str = "1h") -> pd.DataFrame:
     """Events per time bucket, GPU and kind: columns time (bucket start, UTC), node, gpu (index and
     UUID), event, count. A counter that drops was reset: the value after it counts as new events,
-    as Prometheus' ``increase()`` reads it. Rows only where something happened."""
+    as Prometheus' ``increase()`` reads it (:func:`gpuwarden.fleet.semantics.counter_increments`). Rows only where something happened."""
     columns = ["time", "node", "gpu", "event", "count"]
     present = [c for c in EVENT_COLUMNS if c in frame.columns]
     if frame.empty or not present:
         return pd.DataFrame(columns=columns)
     work = frame[["timestamp", "node", "gpu_uuid", "gpu_index", *present]].drop_duplicates(["gpu_uuid", "timestamp"])
     work = work.sort_values(["gpu_uuid", "timestamp"], kind="stable")
-    values = work[present].astype("float64")
-    previous = values.groupby(work["gpu_uuid"].astype(str).to_numpy()).shift()
-    delta = values - previous
-    steps = delta.where(delta >= 0, values).where(previous.notna(), 0.0).fillna(0.0)
+    first = group_first_rows(work["gpu_uuid"].astype(str).to_numpy())
+    steps = pd.DataFrame({c: counter_increments(work[c].to_numpy(dtype="float64", na_value=np.nan), first)[0]
+                          for c in present}, index=work.index)
     moved = steps.to_numpy().sum(axis=1) > 0
     if not moved.any():
         return pd.DataFrame(columns=columns)

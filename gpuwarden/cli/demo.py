@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace, config) -> int:
 def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
     from tqdm import tqdm
 
-    steps = int(round(days * 86400 / simulation.config.step_seconds))
+    steps = round(days * 86400 / simulation.config.step_seconds)
     chunk = max(1, int(6 * 3600 / simulation.config.step_seconds))  # six simulated hours per write
     with tqdm(total=steps, desc="backfill", unit="step", file=sys.stdout, mininterval=0.5,
               bar_format="{desc}: {percentage:3.0f}%|{bar:30}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}]") as bar:
