@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -16,7 +16,7 @@ PAGE = APP_PATH.parent / "views" / "actions.py"
 
 def write_log(path):
     log = AuditLog(path)
-    at = datetime(2026, 11, 23, 12, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 23, 12, tzinfo=UTC)
     for minute, (outcome, kind, target) in enumerate([
         (Outcome.PLANNED, "cordon", "node-a"),
         (Outcome.PLANNED, "drain", "node-b"),

@@ -81,13 +81,14 @@ def test_a_page_that_does_not_wait_gets_none_then_the_bundle(tmp_path):
 
 def test_the_demo_precomputes_what_the_pages_show(monkeypatch, tmp_path):
     """After ``precompute_reports`` (what ``gpuwarden demo`` runs before opening the dashboard),
-    the Fleet, Idle, Cost and Health pages draw without reading or analysing a single sample."""
+    the Fleet, GPU detail, Idle, Cost and Health pages draw without reading or analysing a single
+    sample."""
     from gpuwarden.analytics import fleet_report, health_report, idle_cost_report
     from gpuwarden.cli.demo import precompute_reports
 
     store = LocalStore(tmp_path)
     store.append(fleet())
-    assert precompute_reports(store) == ["fleet", "ledger", "health"]
+    assert precompute_reports(store) == ["fleet", "ledger", "health", "gpus"]
     oldest, newest = store.time_range()
     assert report_bundle.load(tmp_path, "ledger", window_for("24h", oldest, newest).key).version == \
         report_bundle.store_version(tmp_path)
@@ -96,12 +97,13 @@ def test_the_demo_precomputes_what_the_pages_show(monkeypatch, tmp_path):
         raise AssertionError("a page computed a report the demo had precomputed")
 
     for module, name in ((fleet_report, "fleet_bundle"), (idle_cost_report, "ledger_bundle"),
-                         (health_report, "health_bundle")):
+                         (health_report, "health_bundle"), (fleet_report, "gpu_histories_bundle"),
+                         (fleet_report, "gpu_history")):
         monkeypatch.setattr(module, name, refuse)
     monkeypatch.setenv(STORE_ENV, str(tmp_path))
     at = AppTest.from_file(str(APP_PATH), default_timeout=60)
     at.run()
-    for page in ("fleet.py", "idle.py", "cost.py", "health.py"):
+    for page in ("fleet.py", "gpu.py", "idle.py", "cost.py", "health.py"):
         at.switch_page(f"views/{page}").run()
         assert not at.exception and not at.error, page
     metrics = {m.label: m.value for m in at.switch_page("views/idle.py").run().metric}

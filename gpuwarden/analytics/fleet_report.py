@@ -254,30 +254,82 @@ GPU_DETAIL_COLUMNS: tuple[str, ...] = (
 )
 
 
+HISTORY_GROUPS: dict[str, dict[str, str]] = {  # chart -> {history column: line name}
+    "Memory (GiB)": {"mem_used_gib": "used GiB", "mem_total_gib": "total GiB"},
+    "Power (W)": {"power_watts": "power W"},
+    "Temperature (°C)": {"temperature_celsius": "temperature °C"},
+    "SM clock (MHz)": {"sm_clock_mhz": "SM clock MHz"},
+    "Activity (%)": {"gpu_util_pct": "NVML utilisation %", "sm_active_pct": "SM active %",
+                     "tensor_active_pct": "Tensor active %", "dram_active_pct": "DRAM active %"},
+}
+_MEANS = ("power_watts", "temperature_celsius", "sm_clock_mhz", "gpu_util_ratio", "sm_active_ratio",
+          "tensor_active_ratio", "dram_active_ratio")
+
+
+def bucketed_history(frame: pd.DataFrame, bucket: str) -> pd.DataFrame:
+    """Every GPU's history per chart bucket: columns gpu_uuid, time (bucket start, naive UTC) and
+    the :data:`HISTORY_GROUPS` columns. A GPU's MIG rows at one timestamp are one reading of it:
+    memory summed (total: the GPU's), the rest averaged. Unmeasured stays NaN, never 0."""
+    columns = ["gpu_uuid", "time", *(c for group in HISTORY_GROUPS.values() for c in group)]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    work = frame[["gpu_uuid", "timestamp", "mem_used_bytes", "mem_total_bytes", *_MEANS]].copy()
+    work["gpu_uuid"] = work["gpu_uuid"].astype(object)
+    for column in ("mem_used_bytes", "mem_total_bytes", *_MEANS):
+        work[column] = work[column].astype("float64")
+    mig = frame["mig_instance"].notna().to_numpy() if "mig_instance" in frame.columns else None
+    if mig is not None and mig.any():  # one reading per GPU and time (only MIG rows need it)
+        grouped = work[mig].groupby(["gpu_uuid", "timestamp"], sort=False)
+        readings = grouped[list(_MEANS)].mean()
+        readings["mem_used_bytes"] = grouped["mem_used_bytes"].sum(min_count=1)
+        readings["mem_total_bytes"] = grouped["mem_total_bytes"].max()
+        work = pd.concat([work[~mig], readings.reset_index()[work.columns]], ignore_index=True)
+    work["time"] = pd.DatetimeIndex(work["timestamp"]).floor(bucket).tz_convert(None)
+    out = work.groupby(["gpu_uuid", "time"], sort=True)[["mem_used_bytes", "mem_total_bytes", *_MEANS]].mean()
+    out = pd.DataFrame({
+        "mem_used_gib": out["mem_used_bytes"] / 2**30, "mem_total_gib": out["mem_total_bytes"] / 2**30,
+        "power_watts": out["power_watts"], "temperature_celsius": out["temperature_celsius"],
+        "sm_clock_mhz": out["sm_clock_mhz"], "gpu_util_pct": out["gpu_util_ratio"] * 100,
+        "sm_active_pct": out["sm_active_ratio"] * 100, "tensor_active_pct": out["tensor_active_ratio"] * 100,
+        "dram_active_pct": out["dram_active_ratio"] * 100,
+    })
+    return out.reset_index()[columns]
+
+
+def history_groups(history: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """One GPU's rows of :func:`bucketed_history` as chart groups (index: bucket start); metrics
+    nobody measured are dropped, not drawn as 0."""
+    table = history.set_index("time").sort_index()
+    groups = {}
+    for name, lines in HISTORY_GROUPS.items():
+        part = table[list(lines)].rename(columns=lines).dropna(axis=1, how="all")
+        if not part.empty and len(part.columns):
+            groups[name] = part
+    return groups
+
+
 def gpu_series(frame: pd.DataFrame, bucket: str) -> dict[str, pd.DataFrame]:
-    """One GPU's history in chart-ready groups (index: bucket start, naive UTC): memory (GiB),
-    power (W), temperature (°C), SM clock (MHz) and activity (%). MIG rows are summed for memory
-    and averaged otherwise; metrics nobody measured are dropped, not drawn as 0."""
+    """One GPU's history in chart-ready groups: memory (GiB), power (W), temperature (°C), SM
+    clock (MHz) and activity (%) (see :func:`bucketed_history`)."""
     if frame.empty:
         return {}
-    time = pd.DatetimeIndex(frame["timestamp"]).floor(bucket).tz_convert(None)
-    per_time = frame.assign(_t=time)
-    memory = per_time.groupby(["_t", "timestamp"])[["mem_used_bytes", "mem_total_bytes"]].agg(
-        {"mem_used_bytes": "sum", "mem_total_bytes": "max"}).groupby(level=0).mean() / 2**30
-    means = per_time.groupby("_t")[["power_watts", "temperature_celsius", "sm_clock_mhz", "gpu_util_ratio",
-                                     "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]].mean()
-    activity = (means[["gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]] * 100).rename(
-        columns={"gpu_util_ratio": "NVML utilisation %", "sm_active_ratio": "SM active %",
-                 "tensor_active_ratio": "Tensor active %", "dram_active_ratio": "DRAM active %"})
-    groups = {
-        "Memory (GiB)": memory.rename(columns={"mem_used_bytes": "used GiB", "mem_total_bytes": "total GiB"}),
-        "Power (W)": means[["power_watts"]].rename(columns={"power_watts": "power W"}),
-        "Temperature (°C)": means[["temperature_celsius"]].rename(columns={"temperature_celsius": "temperature °C"}),
-        "SM clock (MHz)": means[["sm_clock_mhz"]].rename(columns={"sm_clock_mhz": "SM clock MHz"}),
-        "Activity (%)": activity,
-    }
-    return {name: table.dropna(axis=1, how="all") for name, table in groups.items()
-            if not table.dropna(axis=1, how="all").empty}
+    return history_groups(bucketed_history(frame, bucket))
+
+
+def holders_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Who held each GPU in the frame, and its model: gpu_uuid, model, team, pod (one row per pod;
+    a GPU nobody held has one row with no pod)."""
+    models = frame[["gpu_uuid", "model"]].dropna().astype(str).drop_duplicates("gpu_uuid", keep="last")
+    held = frame.dropna(subset=["pod"])[["gpu_uuid", "team", "pod"]].astype(str).drop_duplicates()
+    return models.merge(held, on="gpu_uuid", how="left")
+
+
+def gpu_histories_bundle(source: SamplesReader, window: Window, version: float = 0.0) -> Bundle:
+    """Every GPU's chart history and holders over ``window`` (what the GPU detail page draws for
+    whichever GPU is chosen), from one read."""
+    frame = source.read(start=window.start, end=window.end, columns=list(GPU_DETAIL_COLUMNS))
+    return Bundle({"history": bucketed_history(frame, bucket_for(window.span)), "holders": holders_table(frame)},
+                  window.start, window.end, version)
 
 
 class SamplesReader(Protocol):

@@ -252,11 +252,11 @@ def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
 
 
 def precompute_reports(store: LocalStore, preset: str | None = None) -> list[str]:
-    """Compute the dashboard's report bundles (fleet summary, ledger, health scan) of its default
+    """Compute the dashboard's report bundles (fleet summary, ledger, health scan, GPU histories) of its default
     window once, beside the store, so its first page view reads them instead of scanning the
     backfilled samples; the dashboard refreshes them in the background as live samples arrive."""
     from gpuwarden.analytics import report_bundle
-    from gpuwarden.analytics.fleet_report import fleet_bundle
+    from gpuwarden.analytics.fleet_report import fleet_bundle, gpu_histories_bundle
     from gpuwarden.analytics.health_report import health_bundle
     from gpuwarden.analytics.idle_cost_report import ledger_bundle
     from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, window_for
@@ -269,7 +269,8 @@ def precompute_reports(store: LocalStore, preset: str | None = None) -> list[str
     version = report_bundle.store_version(store.root)
     started = time.monotonic()
     written = []
-    for kind, build in (("fleet", fleet_bundle), ("ledger", ledger_bundle), ("health", health_bundle)):
+    for kind, build in (("fleet", fleet_bundle), ("ledger", ledger_bundle), ("health", health_bundle),
+                        ("gpus", gpu_histories_bundle)):
         report_bundle.save(store.root, kind, window.key, build(store, window, version))
         written.append(kind)
     print(f"reports:   {', '.join(written)} of the {PRESET_LABELS[preset].lower()} precomputed for the dashboard "

@@ -271,9 +271,16 @@ def _health_builder(source: LocalStore, window: Window, version: float) -> Bundl
     return health_bundle(source, window, version)
 
 
-BUILDERS: dict[str, BundleBuilder] = {"fleet": _fleet_builder, "ledger": _ledger_builder, "health": _health_builder}
+def _gpus_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+    from gpuwarden.analytics.fleet_report import gpu_histories_bundle
+
+    return gpu_histories_bundle(source, window, version)
+
+
+BUILDERS: dict[str, BundleBuilder] = {"fleet": _fleet_builder, "ledger": _ledger_builder, "health": _health_builder,
+                                      "gpus": _gpus_builder}
 SPINNERS = {"fleet": "Summarising the fleet…", "ledger": "Classifying and pricing GPU time…",
-            "health": "Scanning for health findings…"}
+            "health": "Scanning for health findings…", "gpus": "Reading GPU histories…"}
 
 
 @overload
@@ -283,7 +290,7 @@ def bundle(kind: str, info: StoreInfo, window: Window, wait: bool) -> Bundle | N
 
 
 def bundle(kind: str, info: StoreInfo, window: Window, wait: bool = True) -> Bundle | None:
-    """The ``kind`` bundle (fleet, ledger, health) of ``window``: see :class:`Board`. With
+    """The ``kind`` bundle (fleet, ledger, health, gpus) of ``window``: see :class:`Board`. With
     ``wait=False``: None while it is first computed in the background."""
     with st.spinner(SPINNERS[kind]):
         return board().get(kind, info.path, window, info.version, BUILDERS[kind], wait=wait)
@@ -320,7 +327,7 @@ def queue_plan(directory: str, version: tuple[float, ...]) -> Any:
     snapshot = cs.read_snapshot(folder)
     if snapshot is None:
         return None
-    requests, problems = cs.read_requests(folder)
+    requests, problems = cs.read_requests(folder, snapshot)
     snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(folder))
     result = queue_report.plan_with(snapshot)
     return snapshot, result, queue_report.pending_table(snapshot, result), requests, problems

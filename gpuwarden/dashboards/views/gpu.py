@@ -27,14 +27,23 @@ choices = list(labels)
 uuid = right.selectbox("GPU", choices, index=choices.index(wanted) if wanted in choices else 0, format_func=labels.get)
 st.query_params["gpu"] = uuid
 
-history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
-data.window_caption(info, window, f" · {node}, {labels[uuid]}")
-model, holders = history["model"], history["holders"]
+histories = data.bundle("gpus", info, window, wait=False)  # every GPU's history, computed once per window
+if histories is not None:
+    from gpuwarden.analytics.fleet_report import history_groups
+
+    mine = histories["holders"][histories["holders"]["gpu_uuid"] == uuid]
+    model = str(mine["model"].iloc[0]) if len(mine) else "unknown model"
+    holders = mine.dropna(subset=["pod"])[["team", "pod"]]
+    groups = history_groups(histories["history"][histories["history"]["gpu_uuid"] == uuid])
+    data.window_caption(info, window, f" · {node}, {labels[uuid]}", bundles=(histories,))
+else:  # not ready yet: read this GPU's node only
+    history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
+    model, holders, groups = history["model"], history["holders"], history["groups"]
+    data.window_caption(info, window, f" · {node}, {labels[uuid]}")
 st.markdown(f"**{model}** · held in this window by "
             + (", ".join(f"`{p}` ({t})" for t, p in holders.itertuples(index=False)) if len(holders) else "nobody"))
 
 bucket = data.bucket_for(window.span)
-groups = history["groups"]
 names = list(groups)
 for start in range(0, len(names), 2):
     columns = st.columns(2)
