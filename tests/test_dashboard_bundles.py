@@ -114,3 +114,13 @@ def test_the_demo_precomputes_what_the_pages_show(monkeypatch, tmp_path):
 def test_presets_end_at_the_newest_sample_and_have_a_key(preset):
     window = window_for(preset, END - pd.Timedelta(days=3), END)
     assert window.key == preset and window.end == END + pd.Timedelta(seconds=1)
+
+
+def test_a_page_reading_a_bundle_finishes_it_when_a_newer_one_lands(tmp_path):
+    frame = pd.DataFrame({"gpus": [1.0, 2.0]})
+    report_bundle.save(tmp_path, "ledger", "24h", Bundle({"table": frame, "n": 1}, END - pd.Timedelta(hours=1), END, 1.0))
+    old = report_bundle.load(tmp_path, "ledger", "24h")  # frames are read when first asked for
+    report_bundle.save(tmp_path, "ledger", "24h", Bundle({"table": frame * 10, "n": 2}, END - pd.Timedelta(hours=1), END, 2.0))
+    assert old["table"]["gpus"].tolist() == [1.0, 2.0] and old["n"] == 1  # its own copy, not half of the new one
+    new = report_bundle.load(tmp_path, "ledger", "24h")
+    assert new["table"]["gpus"].tolist() == [10.0, 20.0] and new.version == 2.0

@@ -4,8 +4,8 @@ store, so the first view of a page reads a few small files instead of scanning a
 A bundle is a flat mapping of names to small DataFrames (kept as Parquet) or JSON values, with the
 window it covers and the *store version* it was computed from (the newest modification time of
 the store's day folders: a write makes a new version). It lives in
-``<store>/reports/<kind>/<window key>/``; writing one replaces the previous bundle of that kind and
-window key as a whole (a rename), so a reader never sees half of one.
+``<store>/reports/<kind>/<window key>`` (a link to the newest copy); writing one replaces the
+previous bundle of that kind and window key as a whole, so a reader never sees half of one.
 
 ``gpuwarden demo`` writes the default window's bundles right after its backfill; the dashboard
 reads them, and writes what it computes itself where it may. Nothing here is the source of truth:
@@ -18,8 +18,10 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,11 +61,16 @@ def _folder(root: str | Path, kind: str, key: str) -> Path:
     return Path(root) / REPORTS_DIR / kind / safe
 
 
+KEEP_OLD_SECONDS = 600.0  # an older copy stays this long for a page still reading it
+
+
 def save(root: str | Path, kind: str, key: str, bundle: Bundle) -> Path:
-    """Write ``bundle`` as the one ``kind`` bundle of window ``key`` (atomically replaces the old)."""
+    """Write ``bundle`` as the one ``kind`` bundle of window ``key``. Each copy is a folder of its
+    own, and ``<key>`` a link switched to the new one atomically, so a reader never sees half a
+    bundle and one that is reading an older copy finishes it (older copies go after a while)."""
     target = _folder(root, kind, key)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
     try:
         scalars: dict[str, Any] = {}
         frames: list[str] = []
@@ -77,32 +84,68 @@ def save(root: str | Path, kind: str, key: str, bundle: Bundle) -> Path:
                 "end": bundle.end.isoformat(), "version": bundle.version,
                 "computed_at": bundle.computed_at.isoformat(), "frames": frames, "values": scalars}
         (staging / META_FILE).write_text(json.dumps(meta, default=str))
-        old = target.parent / f".old-{uuid.uuid4().hex}"
-        if target.exists():
-            os.replace(target, old)
-        os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
+        link = target.parent / f".link-{uuid.uuid4().hex}"
+        os.symlink(staging.name, link)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(link, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return target
+    _forget_old_copies(target, staging)
+    return staging
+
+
+def _forget_old_copies(target: Path, current: Path) -> None:
+    now = time.time()
+    for copy in target.parent.glob(f"{target.name}.*"):
+        try:
+            if copy != current and copy.is_dir() and now - copy.stat().st_mtime > KEEP_OLD_SECONDS:
+                shutil.rmtree(copy, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def load(root: str | Path, kind: str, key: str) -> Bundle | None:
     """The stored ``kind`` bundle of window ``key``, or None when there is none or it cannot be
     read (it is then simply computed again)."""
-    folder = _folder(root, kind, key)
     try:
+        folder = _folder(root, kind, key).resolve(strict=True)  # this copy, even if a newer one lands
         meta = json.loads((folder / META_FILE).read_text())
         if meta.get("format") != FORMAT_VERSION:
             return None
-        values: dict[str, Any] = dict(meta["values"])
-        for name in meta["frames"]:
-            values[name] = pd.read_parquet(folder / f"{name}.parquet")
+        frames = [str(name) for name in meta["frames"]]
+        if not all((folder / f"{name}.parquet").is_file() for name in frames):
+            return None
+        values = _StoredValues(folder, dict(meta["values"]), frames)
         return Bundle(values, pd.Timestamp(meta["start"]), pd.Timestamp(meta["end"]), float(meta["version"]),
                       pd.Timestamp(meta["computed_at"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+class _StoredValues(Mapping[str, Any]):
+    """A stored bundle's values; each frame is read when a page first asks for it (the Fleet page
+    needs one figure of the ledger bundle, not its sixteen tables)."""
+
+    def __init__(self, folder: Path, scalars: dict[str, Any], frames: list[str]) -> None:
+        self._folder = folder
+        self._values: dict[str, Any] = dict(scalars)
+        self._frames = set(frames)
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._frames and name not in self._values:
+            with self._lock:
+                if name not in self._values:
+                    self._values[name] = pd.read_parquet(self._folder / f"{name}.parquet")
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*(k for k in self._values if k not in self._frames), *sorted(self._frames)])
+
+    def __len__(self) -> int:
+        return len(set(self._values) | self._frames)
 
 
 def remove_all(root: str | Path) -> None:
