@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+from gpuwarden.cli.demo import precompute_reports
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium
 from gpuwarden.dashboards.launch import launch_dashboard
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Path(tmp) / "store"
         print(f"screenshots: simulating {args.nodes} nodes x 8 GPUs for {args.days:g} day(s)…", flush=True)
         build_demo_store(store, nodes=args.nodes, days=args.days, fault_rate_scale=args.fault_rate_scale)
+        precompute_reports(LocalStore(store))  # as gpuwarden demo does before it opens the dashboard
         port = free_port()
         process = start_dashboard(store, port, {"GPUWARDEN_DEMO_APPROVER": APPROVER})
         try:
