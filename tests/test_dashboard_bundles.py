@@ -124,3 +124,20 @@ def test_a_page_reading_a_bundle_finishes_it_when_a_newer_one_lands(tmp_path):
     assert old["table"]["gpus"].tolist() == [1.0, 2.0] and old["n"] == 1  # its own copy, not half of the new one
     new = report_bundle.load(tmp_path, "ledger", "24h")
     assert new["table"]["gpus"].tolist() == [10.0, 20.0] and new.version == 2.0
+
+
+def test_a_page_that_waits_joins_the_computation_another_page_started(tmp_path):
+    import threading
+
+    release = threading.Event()
+    build = CountingBuilder()
+
+    def slow(source, window, version):
+        release.wait(30)
+        return build(source, window, version)
+
+    board = Board()
+    assert board.get("ledger", str(tmp_path), day_ending(END), 1.0, slow, wait=False) is None  # the Fleet tile
+    threading.Timer(0.2, release.set).start()
+    assert board.get("ledger", str(tmp_path), day_ending(END), 1.0, slow)["n"] == 1  # the Idle page: same one
+    assert build.calls == 1

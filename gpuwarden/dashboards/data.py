@@ -21,7 +21,7 @@ import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -175,7 +175,7 @@ class Board:
     def __init__(self, max_entries: int = 32) -> None:
         self._entries: OrderedDict[tuple[str, str, str], Bundle] = OrderedDict()
         self._lock = threading.Lock()
-        self._refreshing: set[tuple[str, str, str]] = set()
+        self._refreshing: dict[tuple[str, str, str], Future[None]] = {}
         self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-reports")
         self._max_entries = max_entries
         self.computed: Counter[str] = Counter()  # kind -> bundles computed (tests, bench)
@@ -201,6 +201,14 @@ class Board:
         if not wait:
             self._refresh(key, path, window, version, build)
             return None
+        with self._lock:
+            running = self._refreshing.get(key)
+        if running is not None:  # a page that did not wait already asked for it: wait for that one
+            running.result()
+            with self._lock:
+                done = self._entries.get(key)
+            if done is not None and done.version == version:
+                return done
         return self._compute(key, path, window, version, build)
 
     def _keep(self, key: tuple[str, str, str], bundle: Bundle) -> None:
@@ -229,18 +237,20 @@ class Board:
         with self._lock:
             if key in self._refreshing:
                 return
-            self._refreshing.add(key)
+            started = threading.Event()  # registered before it can finish, so it is never waited on twice
 
-        def work() -> None:
-            try:
-                self._compute(key, path, window, version, build)
-            except Exception:  # the stale bundle stays; the next page run tries again
-                log.warning("refreshing the %s report failed", key[0], exc_info=True)
-            finally:
-                with self._lock:
-                    self._refreshing.discard(key)
+            def work() -> None:
+                started.wait()
+                try:
+                    self._compute(key, path, window, version, build)
+                except Exception:  # the stale bundle stays; the next page run tries again
+                    log.warning("refreshing the %s report failed", key[0], exc_info=True)
+                finally:
+                    with self._lock:
+                        self._refreshing.pop(key, None)
 
-        self._workers.submit(work)
+            self._refreshing[key] = self._workers.submit(work)
+            started.set()
 
     def wait(self) -> None:
         """Block until the refreshes queued so far are done (tests and the bench)."""

@@ -2,7 +2,8 @@
 a node x GPU heatmap of activity, who holds the fleet and how busy it is over the shared window.
 Numbers come from the window's fleet, ledger and health bundles (:mod:`gpuwarden.analytics.fleet_report`,
 :mod:`~gpuwarden.analytics.idle_cost_report`, :mod:`~gpuwarden.analytics.health_report`); the
-health scan is the slowest, so the page never waits for it: until it is ready the tile says so."""
+ledger and the health scan are slow to compute and only feed tiles here, so the page never waits
+for them: until they are ready (the demo precomputes them) the tiles say so."""
 
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ info = data.require_store()
 st.title("Fleet overview")
 window = data.current_window(info)
 summary = data.bundle("fleet", info, window)
-ledger = data.bundle("ledger", info, window)
+ledger = data.bundle("ledger", info, window, wait=False)  # tiles only: never waited for here
 health = data.bundle("health", info, window, wait=False)
-data.window_caption(info, window, bundles=(summary, ledger))
+data.window_caption(info, window, bundles=(summary,) + ((ledger,) if ledger is not None else ()))
 head = summary["headline"]
-idle = ledger["idle_headline"]
 try:
     cluster = data.cluster_snapshot(cs.state_dir(info.path))
 except ValueError:
@@ -30,8 +30,13 @@ except ValueError:
 reporting, seen = summary["reporting"]
 
 c1, c2, c3, c4, c5 = st.columns(5)
-c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
-c2.metric("Idle cost", fmt.money(idle["idle_cost"], idle["currency"], 0))
+if ledger is None:
+    c1.metric("Idle share", "…", help="The window's GPU time is being classified; reload in a moment.")
+    c2.metric("Idle cost", "…", help="The window's GPU time is being priced; reload in a moment.")
+else:
+    idle = ledger["idle_headline"]
+    c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
+    c2.metric("Idle cost", fmt.money(idle["idle_cost"], idle["currency"], 0))
 if health is None:
     c3.metric("Critical findings", "…", help="The health scan of this window is running; reload in a moment.")
 else:
