@@ -8,11 +8,12 @@ import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from gpuwarden.actuator import SafetyLimits
-from gpuwarden.fleet import ClusterSnapshot, WorkloadPhase
+from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
 
 AUDIT_ENV = "GPUWARDEN_AUDIT"  # the actuator's audit log (JSON lines); default beside the store
 AUDIT_COLUMNS = ["at", "mode", "outcome", "kind", "target", "reason", "message", "approval_id", "by", "comment"]
@@ -27,11 +28,12 @@ def audit_path(store_path: str | None) -> Path | None:
     return Path(store_path) / "actuator" / "audit.jsonl" if store_path else None
 
 
-def read_entries(path: Path | None) -> tuple[list[dict], list[str]]:
+def read_entries(path: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
     """Entries in log order and one ``file:line`` note per line that is not a JSON object."""
     if path is None or not path.exists():
         return [], []
-    entries, problems = [], []
+    entries: list[dict[str, Any]] = []
+    problems: list[str] = []
     for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
