@@ -105,6 +105,17 @@ def start_dashboard(store: Path, port: int, env_extra: dict[str, str] | None = N
     raise RuntimeError(f"the dashboard never answered on port {port}")
 
 
+def shrink(path: Path, colours: int = 128) -> Path:
+    """Rewrite a screenshot with a palette of ``colours`` (a quarter of the bytes; dashboards are
+    flat colours). Pillow comes with Streamlit."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(path, optimize=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=16, help="simulated nodes of 8 GPUs (default 16)")
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 for path, needle, name in PAGES:
                     chrome.goto(f"http://127.0.0.1:{port}/{path}")
                     chrome.settle((needle,), timeout_s=180)
-                    saved = chrome.screenshot(args.out / f"{name}.png")
+                    saved = shrink(chrome.screenshot(args.out / f"{name}.png"))
                     print(f"screenshots: {saved.relative_to(ROOT) if saved.is_relative_to(ROOT) else saved}", flush=True)
         finally:
             process.terminate()
