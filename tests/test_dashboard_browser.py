@@ -136,7 +136,7 @@ def test_a_heatmap_cell_opens_that_gpus_detail(full, chrome):
     """Click a cell of the node x GPU heatmap on the Fleet page: the GPU detail page opens on that
     GPU (its UUID in the URL, its charts and name on the page)."""
     url, _root, built = full
-    load(chrome, url + "/", ("Activity by node and GPU (%)",), in_app="")
+    load(chrome, url + "/", ("Activity by node and GPU (%)",))  # by URL: the browser may be on another server
     heatmap = '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg'  # the page's first chart
     assert chrome.box(heatmap) is not None, "no heatmap on the Fleet page"
     time.sleep(0.5)  # after scrolling it into view, let the page stop moving
