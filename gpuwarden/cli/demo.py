@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     config = sim_config_from(args)
     if not args.config:  # the simulated week ends just before now (a config file's start is kept)
         end = pd.Timestamp.now(tz="UTC").floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
-        config = config.replace(start=(end - pd.Timedelta(days=args.days)).to_pydatetime())
+        config = config.replace(start=(end - pd.Timedelta(days=args.days)).floor("us").to_pydatetime())
     try:
         preflight(args)
     except DemoError as error:
