@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+from gpuwarden.cli.demo import precompute_reports
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium
 from gpuwarden.dashboards.launch import launch_dashboard
@@ -104,6 +105,17 @@ def start_dashboard(store: Path, port: int, env_extra: dict[str, str] | None = N
     raise RuntimeError(f"the dashboard never answered on port {port}")
 
 
+def shrink(path: Path, colours: int = 128) -> Path:
+    """Rewrite a screenshot with a palette of ``colours`` (a quarter of the bytes; dashboards are
+    flat colours). Pillow comes with Streamlit."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(path, optimize=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=16, help="simulated nodes of 8 GPUs (default 16)")
@@ -120,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Path(tmp) / "store"
         print(f"screenshots: simulating {args.nodes} nodes x 8 GPUs for {args.days:g} day(s)…", flush=True)
         build_demo_store(store, nodes=args.nodes, days=args.days, fault_rate_scale=args.fault_rate_scale)
+        precompute_reports(LocalStore(store))  # as gpuwarden demo does before it opens the dashboard
         port = free_port()
         process = start_dashboard(store, port, {"GPUWARDEN_DEMO_APPROVER": APPROVER})
         try:
@@ -129,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 for path, needle, name in PAGES:
                     chrome.goto(f"http://127.0.0.1:{port}/{path}")
                     chrome.settle((needle,), timeout_s=180)
-                    saved = chrome.screenshot(args.out / f"{name}.png")
+                    saved = shrink(chrome.screenshot(args.out / f"{name}.png"))
                     print(f"screenshots: {saved.relative_to(ROOT) if saved.is_relative_to(ROOT) else saved}", flush=True)
         finally:
             process.terminate()

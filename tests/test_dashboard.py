@@ -14,8 +14,8 @@ import pytest
 from polling import wait_for
 from streamlit.testing.v1 import AppTest
 
+from gpuwarden.analytics import fleet_report as fv
 from gpuwarden.dashboards import STORE_ENV
-from gpuwarden.dashboards import fleet_view as fv
 from gpuwarden.dashboards.launch import APP_PATH, dashboard_command, dashboard_url, launch_dashboard
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES
 from gpuwarden.fleet.processes import stop_process
@@ -280,3 +280,33 @@ def test_launch_dashboard_serves(store_dir):
                         tolerate_errors=True) == b"ok"
     finally:
         stop_process(process)
+
+
+def test_gpu_history_sums_mig_memory_and_matches_the_one_gpu_read(tmp_path):
+    from gpuwarden.analytics.fleet_report import bucketed_history, gpu_histories_bundle, gpu_history, history_groups
+    from gpuwarden.analytics.windows import window_for
+
+    rows = []
+    for minute in range(20):
+        for mig, used_gib, power in (("1:3g.40gb", 10, 100.0), ("2:4g.40gb", 20, 100.0), (None, 5, 300.0)):
+            row = dict.fromkeys(SAMPLE_COLUMN_NAMES, np.nan)
+            row.update(timestamp=START + pd.Timedelta(minutes=minute), cluster="c", node="n-0",
+                       gpu_uuid="GPU-m" if mig else "GPU-w", gpu_index=0 if mig else 1, model=H100, mig_instance=mig,
+                       pod=None, mem_used_bytes=used_gib * 2**30, mem_total_bytes=80 * 2**30, power_watts=power,
+                       gpu_util_ratio=0.5)
+            rows.append(row)
+    frame = coerce(pd.DataFrame(rows))
+    history = bucketed_history(frame, "10min").set_index(["gpu_uuid", "time"])
+    assert history.loc["GPU-m", "mem_used_gib"].tolist() == [30.0, 30.0]  # both instances: one GPU's memory
+    assert history.loc["GPU-w", "power_watts"].tolist() == [300.0, 300.0]
+    assert history["sm_active_pct"].isna().all()  # not measured: NaN, and its line is left out
+    LocalStore(tmp_path).append(frame)
+    window = window_for("1h", frame["timestamp"].min(), frame["timestamp"].max())
+    store = LocalStore(tmp_path)
+    bundle = gpu_histories_bundle(store, window)
+    for uuid in ("GPU-m", "GPU-w"):
+        from_bundle = history_groups(bundle["history"][bundle["history"]["gpu_uuid"] == uuid])
+        direct = gpu_history(store, window, "n-0", uuid)["groups"]
+        assert list(from_bundle) == list(direct) and "Activity (%)" in direct
+        for name in direct:
+            pd.testing.assert_frame_equal(from_bundle[name], direct[name], check_freq=False, check_names=False)

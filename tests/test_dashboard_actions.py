@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from gpuwarden.actuator import AuditEntry, AuditLog, Mode, Outcome
-from gpuwarden.dashboards import actions_view as av
+from gpuwarden.actuator import audit_report as av
 from gpuwarden.dashboards.launch import APP_PATH
 
 PAGE = APP_PATH.parent / "views" / "actions.py"
@@ -16,7 +16,7 @@ PAGE = APP_PATH.parent / "views" / "actions.py"
 
 def write_log(path):
     log = AuditLog(path)
-    at = datetime(2026, 11, 23, 12, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 23, 12, tzinfo=UTC)
     for minute, (outcome, kind, target) in enumerate([
         (Outcome.PLANNED, "cordon", "node-a"),
         (Outcome.PLANNED, "drain", "node-b"),

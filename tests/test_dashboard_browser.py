@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,25 @@ def test_every_page_on_an_empty_store(empty, chrome):
     chrome.goto(empty + "/")
     for path, needle in EMPTY_CONTENT.items():
         load(chrome, f"{empty}/{path}", (needle,), in_app=path)
+
+
+def test_a_heatmap_cell_opens_that_gpus_detail(full, chrome):
+    """Click a cell of the node x GPU heatmap on the Fleet page: the GPU detail page opens on that
+    GPU (its UUID in the URL, its charts and name on the page)."""
+    url, _root, built = full
+    load(chrome, url + "/", ("Activity by node and GPU (%)",))  # by URL: the browser may be on another server
+    heatmap = '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg'  # the page's first chart
+    assert chrome.box(heatmap) is not None, "no heatmap on the Fleet page"
+    time.sleep(0.5)  # after scrolling it into view, let the page stop moving
+    x, y, width, height = chrome.box(heatmap)
+    # The cells fill the plot area: right of the node names, above the GPU-index axis, left of the legend.
+    chrome.click_at(x + width * 0.45, y + height * 0.35)
+    text = chrome.settle(("GPU detail", "Memory (GiB)", "Findings on this GPU"), timeout_s=120)
+    href = chrome.evaluate("location.href")
+    assert "/gpu" in href and "gpu=" in href, href
+    chosen = urllib.parse.parse_qs(urllib.parse.urlparse(href).query)["gpu"][0]
+    assert chosen in {gpu.uuid for gpu in built["cluster"].snapshot().gpus}
+    assert chosen in text  # the page shows the GPU that was clicked
 
 
 def test_approve_in_the_browser_then_the_actuator_applies_it(full, chrome):

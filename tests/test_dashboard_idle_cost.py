@@ -9,8 +9,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from gpuwarden.analytics import cost_report, idle_report
+from gpuwarden.analytics import idle_cost_report as icv
 from gpuwarden.dashboards import STORE_ENV
-from gpuwarden.dashboards import idle_cost_view as icv
 from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES
 from gpuwarden.store import LocalStore, coerce

@@ -4,7 +4,9 @@ reports, run headless with Streamlit's AppTest."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -14,10 +16,9 @@ from streamlit.testing.v1 import AppTest
 from test_dashboard_idle_cost import fleet
 
 from gpuwarden.actuator import approvals
+from gpuwarden.analytics import health_report as hv
 from gpuwarden.dashboards import STORE_ENV, auth, fmt, palette
 from gpuwarden.dashboards import cluster_state as cs
-from gpuwarden.dashboards import health_view as hv
-from gpuwarden.dashboards import queue_view as qv
 from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.fleet import (
     ClusterSnapshot,
@@ -31,6 +32,7 @@ from gpuwarden.fleet import (
     WorkloadPhase,
     WorkloadState,
 )
+from gpuwarden.scheduling import queue_report as qv
 from gpuwarden.store import LocalStore, coerce
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
@@ -132,6 +134,32 @@ def test_cluster_state_round_trips_and_requests_join_the_queue(tmp_path):
         cs.read_snapshot(tmp_path)
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    ({"gpus": 0}, "GPUs 0: a whole number from 1 to 8 (the cluster's GPUs)"),
+    ({"gpus": 9}, "GPUs 9: a whole number from 1 to 8"),
+    ({"fraction_milli": 50}, "fraction of one GPU 5%: from 10% to 100% in steps of 10%"),
+    ({"fraction_milli": 250}, "fraction of one GPU 25%"),
+    ({"gpus": 2, "fraction_milli": 500}, "a fraction asks for one GPU"),
+    ({"mig_profile": "9g.99gb"}, "MIG profile '9g.99gb': not offered by this cluster's GPUs; allowed: 1g.10gb"),
+    ({"mig_profile": "1g.10gb", "gpus": 2}, "a MIG request is one instance"),
+    ({"priority_class": "urgent"}, "priority class 'urgent': allowed: best-effort, low, normal, high, critical"),
+    ({"team": "gamma"}, "team 'gamma': not a team of this cluster; allowed: alpha, beta"),
+    ({"name": "-x"}, "workload name '-x'"),
+    ({"name": "x" * 64}, "use 1..63 lower-case letters"),
+])
+def test_portal_requests_are_bounded_with_one_clear_line(tmp_path, change, message):
+    snap = snapshot((Team("alpha", 6, 8), Team("beta", 2, 8)))
+    good = cs.WorkloadRequest(name="job-1", team="beta")
+    cs.validate_request(good, snap)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cs.append_request(tmp_path, dataclasses.replace(good, **change), snap)
+    assert not (tmp_path / "requests.jsonl").exists()
+    # A hand-edited line out of bounds is skipped and named, never queued.
+    (tmp_path / "requests.jsonl").write_text(json.dumps(dataclasses.asdict(dataclasses.replace(good, **change))) + "\n")
+    requests, problems = cs.read_requests(tmp_path, snap)
+    assert requests == [] and "requests.jsonl:1: skipped" in problems[0]
+
+
 def test_team_weights_are_positive_and_applied(tmp_path):
     cs.write_weights(tmp_path, {"alpha": 3.0})
     assert cs.with_weights(snapshot(), cs.read_weights(tmp_path)).teams[0].weight == 3.0
@@ -183,17 +211,19 @@ def test_a_corrupt_store_file_is_quarantined_and_named_on_the_page(monkeypatch, 
     assert all("Traceback" not in element.value for element in [*at.warning, *at.error, *at.info])
 
 
-def test_the_idle_page_builds_its_report_once_per_window(monkeypatch, tmp_path):
-    from gpuwarden import analytics
+def test_the_idle_page_builds_its_ledger_once_per_window(monkeypatch, tmp_path):
+    from gpuwarden.analytics import idle_cost_report
 
     LocalStore(tmp_path).append(coerce(fleet()))
     calls = []
-    real = analytics.idle_report
-    monkeypatch.setattr(analytics, "idle_report", lambda ledger, *a, **k: calls.append(1) or real(ledger, *a, **k))
+    real = idle_cost_report.build_ledger
+    monkeypatch.setattr(idle_cost_report, "build_ledger", lambda *a, **k: calls.append(1) or real(*a, **k))
     at = run(monkeypatch, tmp_path, "idle.py")
     assert not at.exception and len(calls) == 1
     at.run()
     at.switch_page("views/fleet.py").run()  # the fleet page's idle tiles reuse it
+    assert not at.exception and len(calls) == 1
+    at.switch_page("views/cost.py").run()  # and so does the cost page
     assert not at.exception and len(calls) == 1
     at.selectbox(key="window_preset").set_value("1h").run()
     assert len(calls) == 2
@@ -229,6 +259,11 @@ def test_the_portal_queues_a_request_and_only_admins_edit_priorities(monkeypatch
     row = queued.set_index("workload").loc["beta/train-7"]
     assert row["position"] >= 1 and row["reason"]  # 4 GPUs asked, 2 free: it waits, and says why
     assert "Only admins can change team priorities." in [c.value for c in at.caption]
+
+    next(b for b in at.text_input if b.label == "Workload name").set_value("Train_8")
+    next(b for b in at.button if b.label == "Submit request").click().run()
+    assert not at.exception and at.error and "Not submitted: workload name 'Train_8'" in at.error[0].value
+    assert len(cs.read_requests(tmp_path / "cluster")[0]) == 1  # nothing written
 
     monkeypatch.setenv("GPUWARDEN_ADMIN_TOKEN", "adm1n")
     at = run(monkeypatch, tmp_path, "portal.py")

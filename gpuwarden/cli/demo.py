@@ -1,8 +1,9 @@
 """``gpuwarden demo``: the whole pipeline on the embedded simulated fleet, no GPU, no cluster.
 
-simulated fleet -> backfill a week into the embedded store (progress bar) -> serve exporter
-metrics for every simulated node on localhost -> keep stepping the fleet while the embedded
-scraper reads /metrics into the store -> open the dashboard. ``--headless --duration S`` does the
+simulated fleet -> backfill a week into the embedded store (progress bar) -> precompute the
+dashboard's reports of its default window beside the store -> serve exporter metrics for every
+simulated node on localhost -> keep stepping the fleet while the embedded scraper reads /metrics
+into the store -> open the dashboard. ``--headless --duration S`` does the
 same without the dashboard and prints a summary. Ctrl-C or SIGTERM stops everything and prints the
 same summary.
 
@@ -127,12 +128,15 @@ def reset_store(root: Path) -> None:
     """Delete what a store holds (only the store's own parts, never other files in the folder)."""
     import shutil
 
+    from gpuwarden.analytics import report_bundle
+
     for part in STORE_PARTS:
         target = root / part
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
+    report_bundle.remove_all(root)  # reports of the samples just deleted
     mark_demo_store(root)
 
 
@@ -142,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     config = sim_config_from(args)
     if not args.config:  # the simulated week ends just before now (a config file's start is kept)
         end = pd.Timestamp.now(tz="UTC").floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
-        config = config.replace(start=(end - pd.Timedelta(days=args.days)).to_pydatetime())
+        config = config.replace(start=(end - pd.Timedelta(days=args.days)).floor("us").to_pydatetime())
     try:
         preflight(args)
     except DemoError as error:
@@ -192,6 +196,7 @@ def _run(args: argparse.Namespace, config) -> int:
               f"{len(first.plan.actions)} action(s); audit log {audit_path(args.store)}", flush=True)
         print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
         if not args.headless:
+            precompute_reports(store)
             # On a laptop the person running the demo is its approver (no sign-in).
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, local_approver=os.environ.get("USER") or "demo")
@@ -236,7 +241,7 @@ def _run(args: argparse.Namespace, config) -> int:
 def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
     from tqdm import tqdm
 
-    steps = int(round(days * 86400 / simulation.config.step_seconds))
+    steps = round(days * 86400 / simulation.config.step_seconds)
     chunk = max(1, int(6 * 3600 / simulation.config.step_seconds))  # six simulated hours per write
     with tqdm(total=steps, desc="backfill", unit="step", file=sys.stdout, mininterval=0.5,
               bar_format="{desc}: {percentage:3.0f}%|{bar:30}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}]") as bar:
@@ -244,6 +249,33 @@ def backfill(simulation: Simulation, store: LocalStore, days: float) -> None:
             store.append(frame)
             bar.update(len(frame) // simulation.device_count)
     store.compact(min_files=2)
+
+
+def precompute_reports(store: LocalStore, preset: str | None = None) -> list[str]:
+    """Compute the dashboard's report bundles (fleet summary, ledger, health scan, GPU histories) of its default
+    window once, beside the store, so its first page view reads them instead of scanning the
+    backfilled samples; the dashboard refreshes them in the background as live samples arrive."""
+    from gpuwarden.analytics import report_bundle
+    from gpuwarden.analytics.fleet_report import fleet_bundle, gpu_histories_bundle
+    from gpuwarden.analytics.health_report import health_bundle
+    from gpuwarden.analytics.idle_cost_report import ledger_bundle
+    from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, window_for
+
+    span = store.time_range()
+    if span is None:
+        return []
+    preset = preset or DEFAULT_PRESET
+    window = window_for(preset, span[0], span[1])
+    version = report_bundle.store_version(store.root)
+    started = time.monotonic()
+    written = []
+    for kind, build in (("fleet", fleet_bundle), ("ledger", ledger_bundle), ("health", health_bundle),
+                        ("gpus", gpu_histories_bundle)):
+        report_bundle.save(store.root, kind, window.key, build(store, window, version))
+        written.append(kind)
+    print(f"reports:   {', '.join(written)} of the {PRESET_LABELS[preset].lower()} precomputed for the dashboard "
+          f"({time.monotonic() - started:.0f} s)", flush=True)
+    return written
 
 
 def has_display() -> bool:

@@ -8,14 +8,15 @@ Environment:
     unset, or the store holds no samples, each page says how to fill it (``gpuwarden demo``)
     instead of failing.
 ``GPUWARDEN_AUDIT``, ``GPUWARDEN_CLUSTER_STATE``, ``GPUWARDEN_APPROVER_TOKEN_FILE``...
-    See :mod:`gpuwarden.dashboards.actions_view`, :mod:`~gpuwarden.dashboards.cluster_state` and
+    See :mod:`gpuwarden.actuator.audit_report`, :mod:`~gpuwarden.dashboards.cluster_state` and
     :mod:`~gpuwarden.dashboards.auth`.
 
 This file is only a router: ``st.navigation`` over pages grouped in sections, plus what every
 page shares in the sidebar: the window (presets or a custom range), "data as of" and the
 auto-refresh. A page is a script under ``views/`` (not ``pages/``: Streamlit would list that
-folder on its own, beside the router). Pages keep their computations in pure modules next to this
-file and get reports through ``data.py`` (computed once per window and store version).
+folder on its own, beside the router). Pages only draw: their numbers come from analytics report
+bundles through ``data.py`` (computed once per window, kept beside the store, refreshed in the
+background when new samples arrive).
 """
 
 from __future__ import annotations

@@ -122,6 +122,21 @@ class Chromium:
             "(() => { const b = [...document.querySelectorAll('button')].find(e => e.innerText.trim() === "
             + json.dumps(label) + "); if (!b) return false; b.click(); return true; })()"))
 
+    def box(self, selector: str) -> tuple[float, float, float, float] | None:
+        """(x, y, width, height) of the first element matching ``selector``, scrolled into view;
+        None when there is none."""
+        found = self.evaluate(
+            "(() => { const e = document.querySelector(" + json.dumps(selector) + "); if (!e) return null;"
+            " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+            " return [r.x, r.y, r.width, r.height]; })()")
+        return tuple(found) if found else None
+
+    def click_at(self, x: float, y: float) -> None:
+        """A real left click (press and release) at viewport point (x, y), as a mouse does it."""
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+
     def screenshot(self, path: str | Path) -> Path:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         path = Path(path)

@@ -152,15 +152,73 @@ class WorkloadRequest:
             checkpointable=self.checkpointable, checkpoint_interval_seconds=1800.0 if self.checkpointable else None)
 
 
-def append_request(directory: Path, request: WorkloadRequest) -> None:
-    request.workload()  # refuse what the fleet vocabulary refuses, before anything is written
+NAME_MAX_CHARS = 63  # a Kubernetes object name (DNS label)
+FRACTION_STEP_MILLI = 100  # the portal offers 10 % steps
+FRACTION_MIN_MILLI = 100
+
+
+def request_limits(snapshot: ClusterSnapshot | None) -> tuple[int | None, list[str], list[str]]:
+    """(most whole GPUs one request may ask for: the cluster's GPUs; MIG profiles its GPU models
+    offer; its team names). Without a snapshot: no GPU bound, every known profile, any team."""
+    from gpuwarden.scheduling.mig import MIG_TABLES, mig_table
+
+    if snapshot is None or not snapshot.gpus:
+        return None, sorted({p for table in MIG_TABLES.values() for p in table}), []
+    models = {gpu.model for gpu in snapshot.gpus}
+    profiles = sorted({p for model in models for p in mig_table(model)})
+    return len(snapshot.gpus), profiles, [t.name for t in snapshot.teams]
+
+
+def validate_request(request: WorkloadRequest, snapshot: ClusterSnapshot | None = None) -> None:
+    """Refuse a request the portal must not queue, with one line naming the field, the value and
+    what is allowed (ValueError). Bounds come from the cluster (``request_limits``)."""
+    max_gpus, profiles, teams = request_limits(snapshot)
+    name = request.name
+    allowed_chars = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+    if not name or len(name) > NAME_MAX_CHARS or set(name) - allowed_chars or name[0] == "-" or name[-1] == "-":
+        raise ValueError(f"workload name {name!r}: use 1..{NAME_MAX_CHARS} lower-case letters, digits and '-', "
+                         "starting and ending with a letter or digit")
+    if teams and request.team not in teams:
+        raise ValueError(f"team {request.team!r}: not a team of this cluster; allowed: {', '.join(teams)}")
+    gpus = request.gpus
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1 or (max_gpus is not None and gpus > max_gpus):
+        bound = f"from 1 to {max_gpus} (the cluster's GPUs)" if max_gpus is not None else "of at least 1"
+        raise ValueError(f"GPUs {gpus!r}: a whole number {bound}")
+    fraction = request.fraction_milli
+    if (not isinstance(fraction, int) or isinstance(fraction, bool) or not FRACTION_MIN_MILLI <= fraction <= 1000
+            or fraction % FRACTION_STEP_MILLI):
+        shown = f"{fraction / 10:g}%" if isinstance(fraction, (int, float)) else repr(fraction)
+        raise ValueError(f"fraction of one GPU {shown}: from 10% to 100% in steps of 10%")
+    if fraction < 1000 and request.gpus != 1:
+        raise ValueError(f"fraction of one GPU {fraction / 10:g}% with {request.gpus} GPUs: a fraction asks for one GPU")
+    if request.mig_profile is not None:
+        if request.mig_profile not in profiles:
+            raise ValueError(f"MIG profile {request.mig_profile!r}: not offered by this cluster's GPUs; allowed: "
+                             + (", ".join(profiles) or "none (no GPU here has MIG)"))
+        if request.gpus != 1 or fraction != 1000:
+            raise ValueError("MIG profile: a MIG request is one instance, not a count of GPUs or a fraction")
+    priorities = [p.value for p in PriorityClass]
+    if request.priority_class not in priorities:
+        raise ValueError(f"priority class {request.priority_class!r}: allowed: {', '.join(priorities)}")
+    kinds = [k.value for k in WorkloadKind]
+    if request.kind not in kinds:
+        raise ValueError(f"workload kind {request.kind!r}: allowed: {', '.join(kinds)}")
+    if not isinstance(request.checkpointable, bool):
+        raise ValueError(f"checkpointable {request.checkpointable!r}: true or false")  # noqa: TRY004 - one error type for every bad field
+    request.workload()  # and whatever else the fleet vocabulary refuses
+
+
+def append_request(directory: Path, request: WorkloadRequest, snapshot: ClusterSnapshot | None = None) -> None:
+    """Queue a portal request (appended to ``requests.jsonl``) once :func:`validate_request` accepts it."""
+    validate_request(request, snapshot)  # refuse before anything is written
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "requests.jsonl").open("a") as handle:
         handle.write(json.dumps(dataclasses.asdict(request)) + "\n")
 
 
-def read_requests(directory: Path | None) -> tuple[list[WorkloadRequest], list[str]]:
-    """Requests in submission order, and one line per line that could not be read (file:line)."""
+def read_requests(directory: Path | None, snapshot: ClusterSnapshot | None = None) -> tuple[list[WorkloadRequest], list[str]]:
+    """Requests in submission order, and one line per line that could not be read or is out of
+    the portal's bounds on ``snapshot``'s cluster (file:line and why)."""
     if directory is None or not (directory / "requests.jsonl").exists():
         return [], []
     path = directory / "requests.jsonl"
@@ -169,7 +227,9 @@ def read_requests(directory: Path | None) -> tuple[list[WorkloadRequest], list[s
         if not line.strip():
             continue
         try:
-            requests.append(WorkloadRequest(**json.loads(line)))
+            request = WorkloadRequest(**json.loads(line))
+            validate_request(request, snapshot)  # a hand-edited line is held to the portal's bounds too
+            requests.append(request)
         except (ValueError, TypeError) as error:
             problems.append(f"{path}:{number}: skipped, not a workload request ({str(error).splitlines()[0][:80]})")
     return requests, problems

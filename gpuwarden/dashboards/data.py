@@ -16,16 +16,27 @@ simulated).
 
 from __future__ import annotations
 
-import datetime as dt
+import logging
 import os
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, overload
 
 import pandas as pd
 import streamlit as st
 
+from gpuwarden.analytics import report_bundle
+from gpuwarden.analytics.report_bundle import Bundle
+from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, PRESETS, Window, bucket_for, window_for
 from gpuwarden.dashboards import STORE_ENV
 from gpuwarden.store import LocalStore
+
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LABELS", "Window", "bucket_for", "window_for"]  # re-exported for pages
+log = logging.getLogger("gpuwarden.dashboards")
 
 CACHE_TTL_S = 300  # also bounded by the store version: new samples make a new key at once
 REFRESH_EVERY_S = 60
@@ -35,15 +46,6 @@ HOW_TO_FILL = (
     f"or set `{STORE_ENV}` to the directory of a store that gpuwarden is writing to."
 )
 
-PRESETS: dict[str, pd.Timedelta] = {
-    "1h": pd.Timedelta(hours=1),
-    "6h": pd.Timedelta(hours=6),
-    "24h": pd.Timedelta(hours=24),
-    "7d": pd.Timedelta(days=7),
-}
-PRESET_LABELS: dict[str, str] = {"1h": "Last 1 hour", "6h": "Last 6 hours", "24h": "Last 24 hours",
-                                 "7d": "Last 7 days", "custom": "Custom range"}
-DEFAULT_PRESET = "24h"
 WINDOW_KEY = "window_preset"
 CUSTOM_KEY = "window_custom"
 
@@ -60,12 +62,7 @@ def store_path() -> str | None:
 
 def store_version(path: str) -> float:
     """Newest modification time of the store's day folders (a new or merged file changes it)."""
-    samples = Path(path) / "samples"
-    try:
-        stamps = [samples.stat().st_mtime, *(p.stat().st_mtime for p in samples.glob("date=*"))]
-    except OSError:
-        return 0.0
-    return max(stamps)
+    return report_bundle.store_version(path)
 
 
 def _one_line(error: BaseException) -> str:
@@ -137,34 +134,7 @@ def unreadable(path: str, why: str) -> None:
     st.stop()
 
 
-# -- the shared window -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Window:
-    start: pd.Timestamp  # inclusive
-    end: pd.Timestamp  # exclusive (newest sample + 1 s for presets)
-    label: str
-
-    @property
-    def span(self) -> pd.Timedelta:
-        return self.end - self.start
-
-
-def window_for(preset: str, oldest: pd.Timestamp, newest: pd.Timestamp,
-               custom: tuple[dt.date, dt.date] | None = None) -> Window:
-    """The window a preset (or a custom day range) means over a store whose newest sample is ``newest``."""
-    end = newest + pd.Timedelta(seconds=1)
-    if preset == "custom" and custom and len(custom) == 2:
-        first = pd.Timestamp(custom[0], tz="UTC")
-        last = pd.Timestamp(custom[1], tz="UTC") + pd.Timedelta(days=1)
-        start, end = max(first, oldest), min(last, end)
-        if start >= end:
-            start = end - pd.Timedelta(hours=1)
-        return Window(start, end, "custom range")
-    span = PRESETS.get(preset, PRESETS[DEFAULT_PRESET])
-    start = max(end - span, oldest)
-    return Window(start, end, PRESET_LABELS.get(preset, preset).lower())
+# -- the shared window (defined in analytics, so the demo precomputes exactly what a page asks for) --
 
 
 def current_window(info: StoreInfo) -> Window:
@@ -172,87 +142,175 @@ def current_window(info: StoreInfo) -> Window:
     return window_for(preset, info.oldest, info.newest, st.session_state.get(CUSTOM_KEY))
 
 
-def window_caption(info: StoreInfo, window: Window, extra: str = "") -> None:
+def window_caption(info: StoreInfo, window: Window, extra: str = "", bundles: tuple[Bundle, ...] = ()) -> None:
+    """The window, "data as of", and, when a page shows figures computed a few samples ago while
+    fresh ones are computed, up to when they go."""
     clipped = " (the store holds less than that)" if window.start <= info.oldest else ""
+    behind = min((b.end for b in bundles), default=window.end)
+    stale = ""
+    if behind < window.end - pd.Timedelta(seconds=1):
+        stale = (f" · **figures cover samples up to {behind - pd.Timedelta(seconds=1):%Y-%m-%d %H:%M} UTC**; "
+                 "newer ones are being added in the background")
     st.caption(f"{window.label}: {window.start:%Y-%m-%d %H:%M} → {window.end:%Y-%m-%d %H:%M} UTC, sample time{clipped} · "
-               f"data as of {info.newest:%Y-%m-%d %H:%M:%S} UTC{extra}")
+               f"data as of {info.newest:%Y-%m-%d %H:%M:%S} UTC{extra}{stale}")
 
 
-def bucket_for(span: pd.Timedelta) -> str:
-    """Chart bucket for a window (one rule for every page: :func:`fleet_view.bucket_for`)."""
-    from gpuwarden.dashboards import fleet_view as fv
+# -- report bundles: computed once per window, kept beside the store, refreshed in the background ----
 
-    return fv.bucket_for(span)
+BundleBuilder = Callable[[LocalStore, Window, float], Bundle]
 
 
-# -- cached reads and reports ------------------------------------------------------------------------
+class Board:
+    """Report bundles by (kind, store, window key).
+
+    - The bundle of the current store version is returned as it is.
+    - A bundle of an older version (new samples arrived since; or the one ``gpuwarden demo`` wrote
+      after its backfill) is returned at once while one worker thread computes the fresh one, as
+      long as it lags the window's end by at most a quarter of the window; the page says how far
+      it goes. Further behind, it is computed now.
+    - Nothing at all: computed now, then kept in memory and written beside the store (where the
+      dashboard may write) for the next dashboard process.
+    """
+
+    def __init__(self, max_entries: int = 32) -> None:
+        self._entries: OrderedDict[tuple[str, str, str], Bundle] = OrderedDict()
+        self._lock = threading.Lock()
+        self._refreshing: dict[tuple[str, str, str], Future[None]] = {}
+        self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-reports")
+        self._max_entries = max_entries
+        self.computed: Counter[str] = Counter()  # kind -> bundles computed (tests, bench)
+
+    def get(self, kind: str, path: str, window: Window, version: float, build: BundleBuilder,
+            wait: bool = True) -> Bundle | None:
+        """The bundle (see the class doc); with ``wait=False``, None instead of computing now (the
+        computation is queued, and a later page run finds it)."""
+        key = (kind, path, window.key)
+        with self._lock:
+            bundle = self._entries.get(key)
+            if bundle is not None:
+                self._entries.move_to_end(key)
+        if bundle is None:
+            bundle = report_bundle.load(path, kind, window.key)
+            if bundle is not None:
+                self._keep(key, bundle)
+        if bundle is not None and bundle.version == version and bundle.start == window.start and bundle.end == window.end:
+            return bundle
+        if bundle is not None and window.end - bundle.end <= window.span / 4:
+            self._refresh(key, path, window, version, build)
+            return bundle
+        if not wait:
+            self._refresh(key, path, window, version, build)
+            return None
+        with self._lock:
+            running = self._refreshing.get(key)
+        if running is not None:  # a page that did not wait already asked for it: wait for that one
+            running.result()
+            with self._lock:
+                done = self._entries.get(key)
+            if done is not None and done.version == version:
+                return done
+        return self._compute(key, path, window, version, build)
+
+    def _keep(self, key: tuple[str, str, str], bundle: Bundle) -> None:
+        with self._lock:
+            self._entries[key] = bundle
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+    def _compute(self, key: tuple[str, str, str], path: str, window: Window, version: float,
+                 build: BundleBuilder) -> Bundle:
+        try:
+            bundle = build(LocalStore(path), window, version)
+        except Exception as error:  # noqa: BLE001 - any reader failure becomes one line on the page
+            raise StoreUnreadable(f"the samples could not be analysed ({_one_line(error)})") from None
+        self.computed[key[0]] += 1
+        self._keep(key, bundle)
+        try:
+            report_bundle.save(path, key[0], key[2], bundle)
+        except OSError as error:  # a read-only store: keep it in memory only
+            log.debug("report bundle not written beside %s: %s", path, error)
+        return bundle
+
+    def _refresh(self, key: tuple[str, str, str], path: str, window: Window, version: float,
+                 build: BundleBuilder) -> None:
+        with self._lock:
+            if key in self._refreshing:
+                return
+            started = threading.Event()  # registered before it can finish, so it is never waited on twice
+
+            def work() -> None:
+                started.wait()
+                try:
+                    self._compute(key, path, window, version, build)
+                except Exception:  # the stale bundle stays; the next page run tries again
+                    log.warning("refreshing the %s report failed", key[0], exc_info=True)
+                finally:
+                    with self._lock:
+                        self._refreshing.pop(key, None)
+
+            self._refreshing[key] = self._workers.submit(work)
+            started.set()
+
+    def wait(self) -> None:
+        """Block until the refreshes queued so far are done (tests and the bench)."""
+        self._workers.submit(lambda: None).result()
 
 
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=16, show_spinner="Reading fleet samples…")
-def read_window(path: str, start: pd.Timestamp, end: pd.Timestamp, columns: tuple[str, ...], version: float,
-                nodes: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Samples in ``[start, end)`` with ``columns`` (optionally of some nodes only). Shared, not
-    copied on each rerun (a cache_resource): callers filter into new frames, never change it."""
-    try:
-        return LocalStore(path).read(start=start, end=end, columns=list(columns), nodes=nodes)
-    except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
-        raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None
+@st.cache_resource(show_spinner=False)
+def board() -> Board:
+    """The dashboard process's one :class:`Board` (a new one after :func:`clear_caches`)."""
+    return Board()
 
 
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner="Classifying and pricing GPU time…")
-def ledger(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float):
-    """The analytics ledger of the window (shared, read-only: never mutate it)."""
-    from gpuwarden.analytics import build_ledger
+def _fleet_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+    from gpuwarden.analytics.fleet_report import fleet_bundle
 
-    try:
-        return build_ledger(LocalStore(path), start, end)
-    except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
-        raise StoreUnreadable(f"the samples could not be analysed ({_one_line(error)})") from None
+    return fleet_bundle(source, window, version)
 
 
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner=False)
-def idle(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float):
-    from gpuwarden.analytics import idle_report
+def _ledger_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+    from gpuwarden.analytics.idle_cost_report import ledger_bundle
 
-    return idle_report(ledger(path, start, end, version))
-
-
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner=False)
-def cost(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float):
-    from gpuwarden.analytics import cost_report
-
-    return cost_report(ledger(path, start, end, version))
+    return ledger_bundle(source, window, version)
 
 
-@st.cache_data(ttl=CACHE_TTL_S, max_entries=8, show_spinner="Scanning for health findings…")
-def health_tables(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, bucket: str):
-    """(findings table with GPU indices, XID/ECC/remap event timeline) of the window."""
-    from gpuwarden.dashboards import health_view as hv
+def _health_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+    from gpuwarden.analytics.health_report import health_bundle
 
-    frame = read_window(path, start, end, hv.TIMELINE_COLUMNS, version)
-    table = hv.findings_table(findings(path, start, end, version), hv.gpu_indices(frame))
-    return table, hv.event_timeline(frame, bucket)
+    return health_bundle(source, window, version)
 
 
-@st.cache_data(ttl=CACHE_TTL_S, max_entries=8, show_spinner="Scanning for health findings…")
-def findings(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float) -> list:
-    from gpuwarden.analytics.health import scan
-    from gpuwarden.analytics.health.features import NEEDED_COLUMNS
+def _gpus_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+    from gpuwarden.analytics.fleet_report import gpu_histories_bundle
 
-    return scan(read_window(path, start, end, tuple(NEEDED_COLUMNS), version))
+    return gpu_histories_bundle(source, window, version)
+
+
+BUILDERS: dict[str, BundleBuilder] = {"fleet": _fleet_builder, "ledger": _ledger_builder, "health": _health_builder,
+                                      "gpus": _gpus_builder}
+SPINNERS = {"fleet": "Summarising the fleet…", "ledger": "Classifying and pricing GPU time…",
+            "health": "Scanning for health findings…", "gpus": "Reading GPU histories…"}
+
+
+@overload
+def bundle(kind: str, info: StoreInfo, window: Window) -> Bundle: ...
+@overload
+def bundle(kind: str, info: StoreInfo, window: Window, wait: bool) -> Bundle | None: ...
+
+
+def bundle(kind: str, info: StoreInfo, window: Window, wait: bool = True) -> Bundle | None:
+    """The ``kind`` bundle (fleet, ledger, health, gpus) of ``window``: see :class:`Board`. With
+    ``wait=False``: None while it is first computed in the background."""
+    with st.spinner(SPINNERS[kind]):
+        return board().get(kind, info.path, window, info.version, BUILDERS[kind], wait=wait)
 
 
 def clear_caches() -> None:
-    """Forget every cached read and report (the bench's uncached path)."""
+    """Forget every cached read and report held in memory (the bench's uncached path); bundles
+    written beside the store stay (``report_bundle.remove_all`` forgets those)."""
     st.cache_data.clear()
     st.cache_resource.clear()
-
-
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner=False)
-def efficiency(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float):
-    from gpuwarden.analytics import efficiency_report
-
-    return efficiency_report(ledger(path, start, end, version))
 
 
 def cluster_version(directory: Path | None) -> tuple[float, ...]:
@@ -269,73 +327,42 @@ def cluster_version(directory: Path | None) -> tuple[float, ...]:
 
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=8, show_spinner="Planning the queue…")
-def queue_plan(directory: str, version: tuple[float, ...]):
+def queue_plan(directory: str, version: tuple[float, ...]) -> Any:
     """(snapshot with portal requests and admin weights, the planner's plan, pending table,
-    unreadable request lines), or None without a snapshot. ValueError for a damaged snapshot."""
+    requests, unreadable request lines), or None without a snapshot. ValueError for a damaged snapshot."""
     from gpuwarden.dashboards import cluster_state as cs
-    from gpuwarden.dashboards import queue_view
+    from gpuwarden.scheduling import queue_report
 
     folder = Path(directory)
     snapshot = cs.read_snapshot(folder)
     if snapshot is None:
         return None
-    requests, problems = cs.read_requests(folder)
+    requests, problems = cs.read_requests(folder, snapshot)
     snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(folder))
-    result = queue_view.plan_with(snapshot)
-    return snapshot, result, queue_view.pending_table(snapshot, result), requests, problems
-
-
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner="Summarising the fleet…")
-def fleet_summary(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float) -> dict:
-    """Everything the Fleet page draws, computed once per window: small frames only (the samples
-    themselves are not kept, so a rerun never copies them)."""
-    from gpuwarden.dashboards import fleet_view as fv
-
-    frame = read_window(path, start, end, (*fv.FLEET_COLUMNS, "gpu_index"), version)
-    snapshot = fv.latest_snapshot(frame)
-    xids = fv.xid_events(frame)
-    return {
-        "headline": fv.headline(frame, snapshot),
-        "reporting": fv.reporting(frame, snapshot),
-        "grid": fv.activity_grid(frame, snapshot),
-        "series": fv.utilisation_over_time(frame, bucket_for(end - start)),
-        "teams": fv.allocation_by_team(snapshot),
-        "models": fv.allocation_by_model(snapshot),
-        "nodes": fv.node_table(frame, snapshot, xids),
-        "xids": xids[xids["total"] > 0],
-    }
+    result = queue_report.plan_with(snapshot)
+    return snapshot, result, queue_report.pending_table(snapshot, result), requests, problems
 
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=4, show_spinner=False)
-def _snapshot(directory: str, version: tuple[float, ...]):
+def _snapshot(directory: str, version: tuple[float, ...]) -> Any:
     from gpuwarden.dashboards import cluster_state as cs
 
     return cs.read_snapshot(Path(directory))
 
 
-def cluster_snapshot(directory: Path | None):
+def cluster_snapshot(directory: Path | None) -> Any:
     """The newest cluster snapshot (cached by file time), None without one; ValueError if damaged."""
     if directory is None:
         return None
     return _snapshot(str(directory), cluster_version(directory))
 
 
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=6, show_spinner=False)
-def gpu_list(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float) -> pd.DataFrame:
-    """One row per GPU seen in the window: node, gpu_index, gpu_uuid (sorted by node and index)."""
-    index = read_window(path, start, end, ("timestamp", "node", "gpu_uuid", "gpu_index"), version)
-    gpus = index.drop_duplicates("gpu_uuid", keep="last")[["node", "gpu_index", "gpu_uuid"]].astype(
-        {"node": str, "gpu_uuid": str})
-    return gpus.sort_values(["node", "gpu_index"], ignore_index=True)
+@st.cache_resource(ttl=CACHE_TTL_S, max_entries=32, show_spinner="Reading the GPU's history…")
+def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, node: str, uuid: str) -> dict[str, Any]:
+    """One GPU's chart groups, model and holders over the window (``fleet_report.gpu_history``)."""
+    from gpuwarden.analytics.fleet_report import gpu_history as history
 
-
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, node: str, uuid: str) -> dict:
-    """One GPU's chart groups, model and holders over the window (see ``fleet_view.gpu_series``)."""
-    from gpuwarden.dashboards import fleet_view as fv
-
-    frame = read_window(path, start, end, fv.GPU_DETAIL_COLUMNS, version, nodes=(node,))
-    frame = frame[frame["gpu_uuid"].astype(str) == uuid]
-    model = frame["model"].dropna().astype(str).iloc[-1] if frame["model"].notna().any() else "unknown model"
-    holders = frame.dropna(subset=["pod"])[["team", "pod"]].astype(str).drop_duplicates()
-    return {"groups": fv.gpu_series(frame, bucket_for(end - start)), "model": model, "holders": holders}
+    try:
+        return history(LocalStore(path), Window(start, end, ""), node, uuid)
+    except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
+        raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None

@@ -8,7 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from gpuwarden.actuator import approvals
-from gpuwarden.dashboards import actions_view as av
+from gpuwarden.actuator import audit_report as av
+from gpuwarden.analytics.health_report import findings_on_node
+from gpuwarden.analytics.windows import window_for
 from gpuwarden.dashboards import auth, data, show
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards.data import store_path
@@ -49,11 +51,11 @@ c2.metric("Planned (observe)", int((frame["outcome"] == "planned").sum()))
 c3.metric("Applied", int((frame["outcome"] == "applied").sum()))
 c4.metric("Blocked or refused", int(frame["outcome"].isin(["blocked-by-limit", "refused", "error"]).sum()))
 
-health_findings: list = []
+health_findings = None
 info = data.store_info()
 if waiting and info is not None:  # findings of the last 24 h, for actions whose log entry does not carry them
-    start = max(info.oldest, info.newest - pd.Timedelta(hours=24))
-    health_findings = data.findings(info.path, start, info.newest + pd.Timedelta(seconds=1), info.version)
+    health = data.bundle("health", info, window_for("24h", info.oldest, info.newest))
+    health_findings = health["findings"]
 
 st.subheader("Awaiting approval")
 if not waiting:
@@ -65,7 +67,12 @@ else:
             st.markdown(f"**{item.kind} `{item.target}`** · approval `{item.approval_id}` · planned at "
                         f"{item.planned_at} (wall clock)")
             st.caption(f"Why: {item.reason}")
-            behind = pd.DataFrame(list(item.findings)) if item.findings else av.findings_on(health_findings, item.target)
+            if item.findings:
+                behind = pd.DataFrame(list(item.findings))
+            elif health_findings is not None:
+                behind = findings_on_node(health_findings, item.target)
+            else:
+                behind = pd.DataFrame()
             if not behind.empty:
                 st.caption("Findings behind it:")
                 st.dataframe(behind, hide_index=True, width="stretch")

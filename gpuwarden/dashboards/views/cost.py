@@ -1,54 +1,54 @@
 """Cost and chargeback: what the window's GPU time cost, by pool and by idle reason, over time, who
-is charged for it, what reclaiming idle time would save, and buy vs rent. One ledger and one cost
-report per window (:mod:`gpuwarden.dashboards.data`)."""
+is charged for it, what reclaiming idle time would save, and buy vs rent. One ledger per window, shared
+with the Idle and Queue pages (the ledger bundle of :mod:`gpuwarden.analytics.idle_cost_report`)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from gpuwarden.dashboards import data, fmt, show
-from gpuwarden.dashboards import idle_cost_view as icv
 
 info = data.require_store()
 st.title("Cost and chargeback")
 window = data.current_window(info)
-report = data.cost(info.path, window.start, window.end, info.version)
-ledger = report.ledger
-head = icv.cost_headline(report)
-currency = head.currency
-data.window_caption(info, window, f" · built-in price book ({currency}); nodes priced by the default inventory patterns")
+ledger = data.bundle("ledger", info, window)
+head = ledger["cost_headline"]
+currency = head["currency"]
+data.window_caption(info, window, f" · built-in price book ({currency}); nodes priced by the default inventory patterns",
+                    bundles=(ledger,))
 
 c1, c2, c3, c4 = st.columns(4)
-c1.metric("Fleet cost", fmt.money(head.fleet_cost, currency, 0))
-c2.metric("Idle cost", fmt.money(head.idle_cost, currency, 0),
+c1.metric("Fleet cost", fmt.money(head["fleet_cost"], currency, 0))
+c2.metric("Idle cost", fmt.money(head["idle_cost"], currency, 0),
           help="Cost of unallocated, allocated-idle, hoarded, fake-busy and starved GPU-hours.")
-c3.metric("Cost per used GPU-hour", fmt.money(head.cost_per_used_gpu_hour, currency, 2),
+c3.metric("Cost per used GPU-hour", fmt.money(head["cost_per_used_gpu_hour"], currency, 2),
           help="Fleet cost over useful SM-hours: what real work costs.")
-c4.metric("Energy", f"{head.energy_kwh:,.0f} kWh")
+c4.metric("Energy", f"{head['energy_kwh']:,.0f} kWh")
 
 st.subheader(f"Cost over time ({currency} per bucket, by state)")
-show.stacked_states(icv.cost_timeline(ledger), f"{currency} per bucket", key="cost_over_time")
+show.stacked_states(ledger["cost_timeline"], f"{currency} per bucket", key="cost_over_time")
 
 left, right = st.columns(2)
 with left:
     st.subheader("By pool")
-    show.table(report.tables["by_pool"], currency,
+    show.table(ledger["cost_by_pool"], currency,
                key_columns=["pool", "tier", "model"])
 with right:
     st.subheader(f"Idle cost by reason ({currency})")
-    show.state_bars(icv.idle_cost_by_reason(report), "cost", currency)
+    show.state_bars(ledger["idle_cost_by_reason"], "cost", currency)
 
 st.subheader("Chargeback")
 proportional = st.toggle("Spread unallocated cost over teams", value=False,
                          help="Off: capacity nobody held is its own row. On: its cost is shared by allocated GPU-hours.")
-charges = icv.chargeback_table(ledger, proportional)
+charges = ledger["chargeback_proportional" if proportional else "chargeback"]
 show.table(charges, currency, key_columns=["team", "project"])
-st.caption(f"Charged {fmt.money(charges['cost'].sum(), currency, 2)} = fleet cost {fmt.money(head.fleet_cost, currency, 2)}.")
+st.caption(f"Charged {fmt.money(charges['cost'].sum(), currency, 2)} = fleet cost {fmt.money(head['fleet_cost'], currency, 2)}.")
 st.download_button("Download chargeback CSV", charges.to_csv(index=False), file_name="chargeback.csv", mime="text/csv")
 
 st.subheader("Reclaim what-if")
 percent = st.slider("Share of idle GPU-hours reclaimed (unallocated, allocated idle, hoarded), %", 0, 100, 50, step=5)
-what_if = icv.reclaim(ledger, percent / 100)
+steps = ledger["reclaim"]
+what_if = steps.iloc[int((steps["fraction"] - percent / 100).abs().argmin())]
 r1, r2, r3 = st.columns(3)
 r1.metric("Bill falls by", fmt.money(what_if["cost_reduction"], currency, 0),
           help="Released on-demand and spot capacity; reserved and owned capacity is paid for anyway.")
@@ -57,6 +57,6 @@ r3.metric("Throughput rises by", fmt.percent(what_if["throughput_gain"]),
           help="Reclaimed hours put to work at the measured productivity of busy and underutilised hours.")
 
 st.subheader("Buy vs rent")
-show.table(icv.buy_vs_rent(report), currency, key_columns=["model"])
+show.table(ledger["buy_vs_rent"], currency, key_columns=["model"])
 st.caption("Months until owning the GPUs costs less than renting the GPU-hours actually allocated, on demand, "
            "at the measured allocation and power.")

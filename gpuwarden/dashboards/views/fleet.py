@@ -1,25 +1,28 @@
 """Fleet overview: idle share and cost, critical findings, cordoned nodes and how many GPUs report,
 a node x GPU heatmap of activity, who holds the fleet and how busy it is over the shared window.
-Numbers come from :mod:`gpuwarden.dashboards.fleet_view` and the cached analytics reports."""
+Numbers come from the window's fleet, ledger and health bundles (:mod:`gpuwarden.analytics.fleet_report`,
+:mod:`~gpuwarden.analytics.idle_cost_report`, :mod:`~gpuwarden.analytics.health_report`); the
+ledger and the health scan are slow to compute and only feed tiles here, so the page never waits
+for them: until they are ready (the demo precomputes them) the tiles say so."""
 
 from __future__ import annotations
 
 import altair as alt
 import streamlit as st
 
+from gpuwarden.analytics import fleet_report as fr
+from gpuwarden.analytics.health_report import active_critical
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards import data, fmt
-from gpuwarden.dashboards import fleet_view as fv
 
 info = data.require_store()
 st.title("Fleet overview")
 window = data.current_window(info)
-summary = data.fleet_summary(info.path, window.start, window.end, info.version)
-data.window_caption(info, window)
+summary = data.bundle("fleet", info, window)
+ledger = data.bundle("ledger", info, window, wait=False)  # tiles only: never waited for here
+health = data.bundle("health", info, window, wait=False)
+data.window_caption(info, window, bundles=(summary,) + ((ledger,) if ledger is not None else ()))
 head = summary["headline"]
-idle = data.idle(info.path, window.start, window.end, info.version).summary
-findings = data.findings(info.path, window.start, window.end, info.version)
-critical = sum(1 for f in findings if f.severity.value == "critical" and f.evidence.get("active"))
 try:
     cluster = data.cluster_snapshot(cs.state_dir(info.path))
 except ValueError:
@@ -27,26 +30,33 @@ except ValueError:
 reporting, seen = summary["reporting"]
 
 c1, c2, c3, c4, c5 = st.columns(5)
-c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
-c2.metric("Idle cost", fmt.money(idle["idle_cost"], data.idle(info.path, window.start, window.end, info.version)
-                                 .ledger.price_book.currency, 0))
-c3.metric("Critical findings", critical, help="Active critical health findings (see GPU health).")
+if ledger is None:
+    c1.metric("Idle share", "…", help="The window's GPU time is being classified; reload in a moment.")
+    c2.metric("Idle cost", "…", help="The window's GPU time is being priced; reload in a moment.")
+else:
+    idle = ledger["idle_headline"]
+    c1.metric("Idle share", fmt.percent(idle["idle_share"]), help="Idle GPU-hours over all GPU-hours in the window.")
+    c2.metric("Idle cost", fmt.money(idle["idle_cost"], idle["currency"], 0))
+if health is None:
+    c3.metric("Critical findings", "…", help="The health scan of this window is running; reload in a moment.")
+else:
+    c3.metric("Critical findings", active_critical(health["findings"]), help="Active critical health findings (see GPU health).")
 c4.metric("Cordoned nodes", "n/a" if cluster is None else len(cluster.cordoned),
           help="From the newest cluster snapshot" if cluster else "No cluster snapshot beside this store.")
 c5.metric("GPUs reporting", f"{reporting} of {seen}",
-          help=f"GPUs with a sample in the last {fv.STALE_AFTER.seconds // 60} min before the newest, of those seen in the window.")
+          help=f"GPUs with a sample in the last {fr.STALE_AFTER.seconds // 60} min before the newest, of those seen in the window.")
 if reporting < seen:
     st.warning(f"{seen - reporting} of {seen} GPUs stopped reporting before the newest sample.", icon=":material/sensors_off:")
 
 d1, d2, d3, d4 = st.columns(4)
-d1.metric("Nodes", head.nodes)
-d2.metric("GPUs allocated now", fv.format_gpus(head.allocated_gpus),
+d1.metric("Nodes", head["nodes"])
+d2.metric("GPUs allocated now", fr.format_gpus(head["allocated_gpus"]),
           help="GPUs whose latest sample names a pod; a MIG instance counts as its share of the GPU.")
-d3.metric("Mean GPU utilisation", fmt.percent(head.mean_util), help="NVML utilisation.gpu: share of time any kernel ran.")
-d4.metric("Mean SM activity", fmt.percent(head.mean_sm_active, missing="not measured"),
+d3.metric("Mean GPU utilisation", fmt.percent(head["mean_util"]), help="NVML utilisation.gpu: share of time any kernel ran.")
+d4.metric("Mean SM activity", fmt.percent(head["mean_sm_active"], missing="not measured"),
           help="GPM SM activity, averaged over the GPUs that measure it (Hopper and newer).")
-if head.mean_sm_active is not None and head.sm_measured_gpus < head.gpus:
-    st.caption(f"SM activity is measured on {head.sm_measured_gpus} of {head.gpus} GPUs; the mean covers those only.")
+if head["mean_sm_active"] is not None and head["sm_measured_gpus"] < head["gpus"]:
+    st.caption(f"SM activity is measured on {head['sm_measured_gpus']} of {head['gpus']} GPUs; the mean covers those only.")
 
 st.subheader("Activity by node and GPU (%)")
 grid = summary["grid"]

@@ -7,12 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 from gpuwarden.dashboards import data, show
-from gpuwarden.dashboards import health_view as hv
 
 info = data.require_store()
 st.title("GPU detail")
 window = data.current_window(info)
-gpus = data.gpu_list(info.path, window.start, window.end, info.version)
+gpus = data.bundle("fleet", info, window)["grid"][["node", "gpu_index", "gpu_uuid"]]
 if gpus.empty:
     st.info("No GPU reported in this window; widen the window in the sidebar.", icon=":material/info:")
     st.stop()
@@ -28,14 +27,23 @@ choices = list(labels)
 uuid = right.selectbox("GPU", choices, index=choices.index(wanted) if wanted in choices else 0, format_func=labels.get)
 st.query_params["gpu"] = uuid
 
-history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
-data.window_caption(info, window, f" · {node}, {labels[uuid]}")
-model, holders = history["model"], history["holders"]
+histories = data.bundle("gpus", info, window, wait=False)  # every GPU's history, computed once per window
+if histories is not None:
+    from gpuwarden.analytics.fleet_report import history_groups
+
+    mine = histories["holders"][histories["holders"]["gpu_uuid"] == uuid]
+    model = str(mine["model"].iloc[0]) if len(mine) else "unknown model"
+    holders = mine.dropna(subset=["pod"])[["team", "pod"]]
+    groups = history_groups(histories["history"][histories["history"]["gpu_uuid"] == uuid])
+    data.window_caption(info, window, f" · {node}, {labels[uuid]}", bundles=(histories,))
+else:  # not ready yet: read this GPU's node only
+    history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
+    model, holders, groups = history["model"], history["holders"], history["groups"]
+    data.window_caption(info, window, f" · {node}, {labels[uuid]}")
 st.markdown(f"**{model}** · held in this window by "
             + (", ".join(f"`{p}` ({t})" for t, p in holders.itertuples(index=False)) if len(holders) else "nobody"))
 
 bucket = data.bucket_for(window.span)
-groups = history["groups"]
 names = list(groups)
 for start in range(0, len(names), 2):
     columns = st.columns(2)
@@ -48,9 +56,11 @@ if missing:
     st.caption("Not measured on this GPU in this window: " + ", ".join(sorted(missing)) + ".")
 
 st.subheader("Findings on this GPU")
-found = [f for f in data.findings(info.path, window.start, window.end, info.version) if f.gpu_uuid == uuid]
-table = hv.findings_table(found, {uuid: int(on_node.loc[on_node["gpu_uuid"] == uuid, "gpu_index"].iloc[0])})
-if table.empty:
+health = data.bundle("health", info, window, wait=False)
+table = None if health is None else health["findings"][health["findings"]["gpu_uuid"] == uuid]
+if table is None:
+    st.caption("The health scan of this window is running; reload in a moment.")
+elif table.empty:
     st.caption("No health finding on this GPU in the window.")
 else:
     st.dataframe(table[["severity", "kind", "action", "confidence", "first_seen", "last_seen", "evidence"]], hide_index=True,

@@ -22,9 +22,10 @@ info = data.require_store()
 st.title("GPU health")
 window = data.current_window(info)
 bucket = data.bucket_for(window.span)
-table, events = data.health_tables(info.path, window.start, window.end, info.version, bucket)
+health = data.bundle("health", info, window)
+table, events = health["findings"], health["events"]
 data.window_caption(info, window, ". Application XIDs (13, 31, 43, 45, 68) are the workload's own faults and never "
-                    "recommend a cordon.")
+                    "recommend a cordon.", bundles=(health,))
 active_only = st.toggle("Active findings only", value=True, help="Seen in the last 10 minutes of the window.")
 shown = table[table["active"]] if active_only else table
 

@@ -12,7 +12,6 @@ import streamlit as st
 from gpuwarden.dashboards import auth, data
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.fleet import FleetValueError, PriorityClass
-from gpuwarden.scheduling.mig import MIG_TABLES
 
 st.title("Request GPUs")
 directory = cs.state_dir(data.store_path())
@@ -27,32 +26,34 @@ if snapshot is None:
     st.stop()
 
 teams = [t.name for t in snapshot.teams]
-profiles = sorted({p for table in MIG_TABLES.values() for p in (table if isinstance(table, dict) else [])}) or []
+max_gpus, profiles, _ = cs.request_limits(snapshot)
 with st.form("request"):
     left, right = st.columns(2)
     team = left.selectbox("Team", teams)
-    name = right.text_input("Workload name", value="my-job", help="Lower-case letters, digits and '-'.")
+    name = right.text_input("Workload name", value="my-job", max_chars=cs.NAME_MAX_CHARS,
+                            help="Lower-case letters, digits and '-', starting and ending with a letter or digit.")
     shape = left.radio("Shape", ["Whole GPUs", "Fraction of one GPU", "MIG profile"], horizontal=True)
-    gpus = right.number_input("GPUs (whole)", min_value=1, max_value=64, value=1)
+    gpus = right.number_input("GPUs (whole)", min_value=1, max_value=max_gpus, value=1, step=1,
+                              help=f"1 to {max_gpus}, the GPUs of this cluster.")
     fraction = left.slider("Fraction of one GPU (%)", 10, 100, 50, step=10)
-    profile = right.selectbox("MIG profile", profiles or ["1g.10gb"])
+    profile = right.selectbox("MIG profile", profiles or ["(no GPU here has MIG)"], disabled=not profiles,
+                              help="The MIG profiles this cluster's GPU models offer.")
     priority = left.selectbox("Priority class", [p.value for p in PriorityClass], index=2)
     checkpointable = right.checkbox("Checkpointable (may be suspended and resumed instead of killed)")
     submitted = st.form_submit_button("Submit request", type="primary")
 
 if submitted:
     who = auth.identity()
+    whole = shape == "Whole GPUs"
     request = cs.WorkloadRequest(
-        name=name.strip(), team=team, gpus=int(gpus) if shape == "Whole GPUs" else 1,
-        fraction_milli=fraction * 10 if shape == "Fraction of one GPU" else 1000,
+        name=name.strip(), team=team, gpus=int(gpus) if whole else 1,
+        fraction_milli=int(fraction) * 10 if shape == "Fraction of one GPU" else 1000,
         mig_profile=profile if shape == "MIG profile" else None, priority_class=priority, checkpointable=checkpointable,
         submitted_by=who.name if who else "anonymous", submitted_at=snapshot.taken_at.astimezone(UTC).isoformat())
     try:
-        if not name.strip() or any(c not in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in name.strip()):
-            raise FleetValueError(f"workload name {name!r}: use lower-case letters, digits and '-'")
-        cs.append_request(directory, request)
+        cs.append_request(directory, request, snapshot)
     except (FleetValueError, ValueError) as error:
-        st.error(str(error).splitlines()[0], icon=":material/error:")
+        st.error(f"Not submitted: {str(error).splitlines()[0]}", icon=":material/error:")
     else:
         st.session_state["portal_last"] = f"{team}/{request.name}"
         st.success(f"Submitted {team}/{request.name}.", icon=":material/check_circle:")

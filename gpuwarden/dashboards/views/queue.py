@@ -9,7 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from gpuwarden.dashboards import cluster_state as cs
-from gpuwarden.dashboards import data, queue_view, show
+from gpuwarden.dashboards import data, show
+from gpuwarden.scheduling import queue_report
 
 st.title("Queue & quotas")
 directory = cs.state_dir(data.store_path())
@@ -30,13 +31,13 @@ st.caption(f"Cluster snapshot taken at {snapshot.taken_at:%Y-%m-%d %H:%M} UTC (s
 
 used: dict[str, float] = {}
 info = data.store_info()
-if info is not None:
-    window = data.current_window(info)
-    by_team = data.efficiency(info.path, window.start, window.end, info.version).tables["by_team"]
-    hours = max(window.span.total_seconds() / 3600.0, 1e-9)
-    used = {str(t): float(h) / hours for t, h in zip(by_team["team"], by_team["used_gpu_hours"])}
+ledger = None
+if info is not None:  # the window's ledger, shared with the Idle and Cost pages; never waited for here
+    ledger = data.bundle("ledger", info, data.current_window(info), wait=False)
+    if ledger is not None:
+        used = dict(zip(ledger["used_by_team"]["team"], ledger["used_by_team"]["used_gpus"].astype(float)))
 
-quotas = queue_view.quota_table(snapshot, used)
+quotas = queue_report.quota_table(snapshot, used)
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("GPUs guaranteed", f"{quotas['guaranteed_gpus'].sum():,.0f}")
 c2.metric("GPUs allocated", f"{quotas['allocated_gpus'].sum():,.1f}")
@@ -54,8 +55,9 @@ st.altair_chart(alt.Chart(bars).mark_bar().encode(
         range=["#90caf9", "#e3f2fd", "#1565c0", "#2e7d32"]))), width="stretch")
 show.table(quotas, key_columns=["team", "guaranteed_gpus", "burst_limit_gpus", "allocated_gpus", "used_gpus",
                                 "lent_gpus", "borrowed_gpus"])
-st.caption("Used: mean GPUs doing useful work (SM activity) over the window. Lent: unused guarantee other teams "
-           "borrow, shared in proportion to each lender's unused guarantee.")
+st.caption("Used: mean GPUs doing useful work (SM activity) over the window"
+           + (" (being computed: reload in a moment)" if info is not None and ledger is None else "")
+           + ". Lent: unused guarantee other teams borrow, shared in proportion to each lender's unused guarantee.")
 
 st.subheader("Pending workloads, in queue order")
 if pending.empty:

@@ -1,14 +1,23 @@
 """The Health page's tables: findings as rows (GPU index beside the UUID) and an XID / ECC /
-row-remap event timeline per node (pure: no Streamlit)."""
+row-remap event timeline per node (pure: no Streamlit), and :func:`health_bundle`, both for one
+window from one read of the samples. The Fleet, GPU detail and Actions pages read the same
+findings table (critical count, one GPU's findings, a node's findings)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pandas as pd
 
-from gpuwarden.analytics.health.catalogue import CORDONING_ACTIONS
 from gpuwarden.fleet import XID_COLUMN_NAMES
+from gpuwarden.fleet.semantics import counter_increments, group_first_rows
 
-from .palette import SEVERITY_ORDER
+from .health.catalogue import CORDONING_ACTIONS
+from .report_bundle import Bundle
+from .windows import Window, bucket_for
+
+SEVERITY_ORDER: tuple[str, ...] = ("critical", "warning", "info")  # most urgent first
 
 FINDING_COLUMNS = ["severity", "kind", "node", "gpu_index", "gpu_uuid", "action", "cordons", "confidence",
                    "first_seen", "last_seen", "active", "model", "evidence", "note"]
@@ -27,12 +36,12 @@ def event_label(column: str) -> str:
     return "Row remap (" + column.split("_")[2] + ")"
 
 
-def findings_table(findings: list, gpu_index: dict[str, int] | None = None) -> pd.DataFrame:
+def findings_table(findings: list[Any], gpu_index: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per finding, critical first; always has :data:`FINDING_COLUMNS` (also when empty)."""
     gpu_index = gpu_index or {}
     rows = []
     for f in findings:
-        evidence = {k: v for k, v in f.evidence.items() if k not in ("active", "model", "pool", "note")}
+        evidence = {k: v for k, v in f.evidence.items() if k != "note"}
         index = gpu_index.get(f.gpu_uuid) if f.gpu_uuid else None
         rows.append({
             "severity": f.severity.value, "kind": f.kind, "node": f.node,
@@ -40,7 +49,7 @@ def findings_table(findings: list, gpu_index: dict[str, int] | None = None) -> p
             "action": f.recommended_action.value if f.recommended_action else "",
             "cordons": f.recommended_action in CORDONING_ACTIONS, "confidence": float(f.confidence),
             "first_seen": pd.Timestamp(f.first_seen).tz_convert(None), "last_seen": pd.Timestamp(f.last_seen).tz_convert(None),
-            "active": bool(f.evidence.get("active")), "model": f.evidence.get("model", ""),
+            "active": bool(f.active), "model": f.model or "",
             "evidence": ", ".join(f"{k}={v}" for k, v in evidence.items()), "note": f.evidence.get("note", ""),
         })
     table = pd.DataFrame(rows, columns=FINDING_COLUMNS)
@@ -59,17 +68,16 @@ def gpu_indices(frame: pd.DataFrame) -> dict[str, int]:
 def event_timeline(frame: pd.DataFrame, bucket: str = "1h") -> pd.DataFrame:
     """Events per time bucket, GPU and kind: columns time (bucket start, UTC), node, gpu (index and
     UUID), event, count. A counter that drops was reset: the value after it counts as new events,
-    as Prometheus' ``increase()`` reads it. Rows only where something happened."""
+    as Prometheus' ``increase()`` reads it (:func:`gpuwarden.fleet.semantics.counter_increments`). Rows only where something happened."""
     columns = ["time", "node", "gpu", "event", "count"]
     present = [c for c in EVENT_COLUMNS if c in frame.columns]
     if frame.empty or not present:
         return pd.DataFrame(columns=columns)
     work = frame[["timestamp", "node", "gpu_uuid", "gpu_index", *present]].drop_duplicates(["gpu_uuid", "timestamp"])
     work = work.sort_values(["gpu_uuid", "timestamp"], kind="stable")
-    values = work[present].astype("float64")
-    previous = values.groupby(work["gpu_uuid"].astype(str).to_numpy()).shift()
-    delta = values - previous
-    steps = delta.where(delta >= 0, values).where(previous.notna(), 0.0).fillna(0.0)
+    first = group_first_rows(work["gpu_uuid"].astype(str).to_numpy())
+    steps = pd.DataFrame({c: counter_increments(work[c].to_numpy(dtype="float64", na_value=np.nan), first)[0]
+                          for c in present}, index=work.index)
     moved = steps.to_numpy().sum(axis=1) > 0
     if not moved.any():
         return pd.DataFrame(columns=columns)
@@ -83,3 +91,30 @@ def event_timeline(frame: pd.DataFrame, bucket: str = "1h") -> pd.DataFrame:
     long["event"] = long["column"].map(event_label)
     out = long.groupby(["time", "node", "gpu", "event"], as_index=False, observed=True)["count"].sum()
     return out[columns].sort_values(["time", "node", "gpu"], ignore_index=True)
+
+
+def health_bundle(source: Any, window: Window, version: float = 0.0, pools: dict[str, str] | None = None) -> Bundle:
+    """The health scan of ``window`` as the findings table, and its event timeline in the window's
+    chart bucket, from one read of the columns both need. ``source``: a store (anything with
+    ``LocalStore.read``)."""
+    from .health import scan
+    from .health.features import NEEDED_COLUMNS
+
+    columns = list(dict.fromkeys([*NEEDED_COLUMNS, *TIMELINE_COLUMNS]))
+    frame = source.read(start=window.start, end=window.end, columns=columns)
+    found = scan(frame, pools=pools)
+    table = findings_table(found, gpu_indices(frame))
+    events = event_timeline(frame, bucket_for(window.span))
+    return Bundle({"findings": table, "events": events}, window.start, window.end, version)
+
+
+def active_critical(table: pd.DataFrame) -> int:
+    """Active critical findings in a findings table (the Fleet page's tile)."""
+    return int(((table["severity"] == "critical") & table["active"]).sum())
+
+
+def findings_on_node(table: pd.DataFrame, node: str) -> pd.DataFrame:
+    """A node's findings (on it or on its GPUs), for an action whose audit entry lists none."""
+    part = table[table["node"] == node]
+    return part[["kind", "severity", "gpu_uuid", "confidence", "last_seen"]].rename(
+        columns={"last_seen": "last_seen (sample time)"}).reset_index(drop=True)

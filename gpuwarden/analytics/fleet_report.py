@@ -1,4 +1,6 @@
-"""The fleet overview's numbers: small pure functions, fleet samples in, small frames out.
+"""The Fleet overview and GPU detail pages' numbers: small pure functions, fleet samples in, small
+frames out, and :func:`fleet_bundle`, everything the Fleet page draws for one window in one
+:class:`~gpuwarden.analytics.report_bundle.Bundle`.
 
 Nothing here imports Streamlit, so every number the Fleet page shows can be unit tested on a frame
 built by hand. Inputs are fleet samples (``gpuwarden.fleet.samples``) holding at least the columns
@@ -10,29 +12,28 @@ Definitions used throughout:
   apart from it). The *snapshot* is each GPU's (or MIG instance's) last row that is at most
   ``stale_after`` older than the newest sample, so nodes scraped a few seconds apart still count.
 - **allocated** means the row's ``pod`` is set. A whole GPU counts 1; a MIG instance counts its
-  share of the GPU, compute slices out of 7 (``'1:3g.40gb'`` -> 3/7).
+  share of the GPU (``'1:3g.40gb'`` -> 3/7 on an H100), by the rule every room shares
+  (:mod:`gpuwarden.fleet.semantics`).
 - **XID events** in a window are the increase of each ``xid_*_total`` counter per GPU, as
-  Prometheus' ``increase()`` counts it: a drop is a counter reset (driver reload, GPU replaced), so
-  the drop is never counted and the value after it is taken as events since the reset.
+  Prometheus' ``increase()`` counts it (:func:`gpuwarden.fleet.semantics.counter_increase`): a drop
+  is a counter reset (driver reload, GPU replaced), so the drop is never counted and the value after
+  it is taken as events since the reset.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import XID_COLUMN_NAMES
+from gpuwarden.fleet.semantics import counter_increase, mig_shares
 
-WINDOWS: dict[str, pd.Timedelta] = {
-    "1h": pd.Timedelta(hours=1),
-    "6h": pd.Timedelta(hours=6),
-    "24h": pd.Timedelta(hours=24),
-    "7d": pd.Timedelta(days=7),
-}
-WINDOW_LABELS: dict[str, str] = {"1h": "Last 1 hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days"}
+from .report_bundle import Bundle
+from .windows import Window, bucket_for
 
 FLEET_COLUMNS: tuple[str, ...] = (
     "timestamp",
@@ -48,52 +49,15 @@ FLEET_COLUMNS: tuple[str, ...] = (
     *XID_COLUMN_NAMES,
 )
 
-MIG_COMPUTE_SLICES = 7
 STALE_AFTER = pd.Timedelta(minutes=5)
 NO_TEAM = "(no team)"
 
-_MIG_SLICES = re.compile(r"(?:^|:)(\d+)g\.")
-
-
-def window_start(newest: pd.Timestamp, window: str | pd.Timedelta) -> pd.Timestamp:
-    """Start of a window that ends at the newest sample (inclusive on both ends when read with
-    ``end=newest + 1s``)."""
-    span = WINDOWS[window] if isinstance(window, str) else pd.Timedelta(window)
-    return pd.Timestamp(newest) - span
-
-
-def bucket_for(span: pd.Timedelta | str) -> str:
-    """Resampling bucket for a chart over ``span``: about 60-150 points whatever the window."""
-    span = WINDOWS[span] if isinstance(span, str) else pd.Timedelta(span)
-    if span <= pd.Timedelta(hours=1):
-        return "1min"
-    if span <= pd.Timedelta(hours=6):
-        return "5min"
-    if span <= pd.Timedelta(hours=24):
-        return "10min"
-    return "1h"
 
 
 def gpu_share(frame: pd.DataFrame) -> pd.Series:
-    """How much of a GPU each row is: 1.0 for a whole GPU, compute slices / 7 for a MIG instance.
-
-    A MIG profile whose slices cannot be read splits its GPU evenly among the GPU's instances at
-    that timestamp.
-    """
-    if "mig_instance" not in frame.columns or frame.empty:
-        return pd.Series(1.0, index=frame.index, dtype="float64")
-    mig = frame["mig_instance"].astype(object)
-    is_mig = mig.notna().to_numpy()
-    share = pd.Series(1.0, index=frame.index, dtype="float64")
-    if not is_mig.any():
-        return share
-    slices = mig[is_mig].astype(str).str.extract(_MIG_SLICES, expand=False).astype("float64")
-    share[is_mig] = (slices / MIG_COMPUTE_SLICES).to_numpy()
-    unknown = share.isna()
-    if unknown.any():
-        siblings = frame.loc[is_mig].groupby(["gpu_uuid", "timestamp"], observed=True)["gpu_uuid"].transform("size")
-        share[unknown] = 1.0 / siblings.reindex(share.index[unknown]).to_numpy(dtype="float64")
-    return share.clip(upper=1.0)
+    """How much of a GPU each row is: 1.0 for a whole GPU, a MIG instance by the one rule of
+    :func:`gpuwarden.fleet.semantics.mig_shares` (compute slices over its GPU's)."""
+    return mig_shares(frame)
 
 
 def _instance_key(frame: pd.DataFrame) -> pd.Series:
@@ -198,22 +162,6 @@ def allocation_by_model(snapshot: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["gpus", "model"], ascending=[False, True], ignore_index=True)
 
 
-def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
-    """Increase of a cumulative counter per ``by`` over the frame, reset-aware (see module doc).
-
-    MIG rows repeat their GPU's counters, so each GPU contributes one value per timestamp. Nulls
-    (not measured) are skipped, not read as zero.
-    """
-    part = frame[[by, "timestamp", column]].dropna(subset=[column])
-    if part.empty:
-        return pd.Series(dtype="float64", name=column)
-    values = part.groupby([by, "timestamp"], observed=True, sort=True)[column].max().astype("float64")
-    previous = values.groupby(level=0, observed=True).shift()
-    delta = values - previous
-    step = delta.where(delta >= 0, values).where(previous.notna(), 0.0)
-    return step.groupby(level=0, observed=True).sum().rename(column)
-
-
 def xid_events(frame: pd.DataFrame, columns: tuple[str, ...] | list[str] = XID_COLUMN_NAMES) -> pd.DataFrame:
     """XID events in the frame per GPU: one column per ``xid_*_total`` present plus ``total``
     (index: gpu_uuid). GPUs without events are included with zeros."""
@@ -306,27 +254,120 @@ GPU_DETAIL_COLUMNS: tuple[str, ...] = (
 )
 
 
+HISTORY_GROUPS: dict[str, dict[str, str]] = {  # chart -> {history column: line name}
+    "Memory (GiB)": {"mem_used_gib": "used GiB", "mem_total_gib": "total GiB"},
+    "Power (W)": {"power_watts": "power W"},
+    "Temperature (°C)": {"temperature_celsius": "temperature °C"},
+    "SM clock (MHz)": {"sm_clock_mhz": "SM clock MHz"},
+    "Activity (%)": {"gpu_util_pct": "NVML utilisation %", "sm_active_pct": "SM active %",
+                     "tensor_active_pct": "Tensor active %", "dram_active_pct": "DRAM active %"},
+}
+_MEANS = ("power_watts", "temperature_celsius", "sm_clock_mhz", "gpu_util_ratio", "sm_active_ratio",
+          "tensor_active_ratio", "dram_active_ratio")
+
+
+def bucketed_history(frame: pd.DataFrame, bucket: str) -> pd.DataFrame:
+    """Every GPU's history per chart bucket: columns gpu_uuid, time (bucket start, naive UTC) and
+    the :data:`HISTORY_GROUPS` columns. A GPU's MIG rows at one timestamp are one reading of it:
+    memory summed (total: the GPU's), the rest averaged. Unmeasured stays NaN, never 0."""
+    columns = ["gpu_uuid", "time", *(c for group in HISTORY_GROUPS.values() for c in group)]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    work = frame[["gpu_uuid", "timestamp", "mem_used_bytes", "mem_total_bytes", *_MEANS]].copy()
+    work["gpu_uuid"] = work["gpu_uuid"].astype(object)
+    for column in ("mem_used_bytes", "mem_total_bytes", *_MEANS):
+        work[column] = work[column].astype("float64")
+    mig = frame["mig_instance"].notna().to_numpy() if "mig_instance" in frame.columns else None
+    if mig is not None and mig.any():  # one reading per GPU and time (only MIG rows need it)
+        grouped = work[mig].groupby(["gpu_uuid", "timestamp"], sort=False)
+        readings = grouped[list(_MEANS)].mean()
+        readings["mem_used_bytes"] = grouped["mem_used_bytes"].sum(min_count=1)
+        readings["mem_total_bytes"] = grouped["mem_total_bytes"].max()
+        work = pd.concat([work[~mig], readings.reset_index()[work.columns]], ignore_index=True)
+    work["time"] = pd.DatetimeIndex(work["timestamp"]).floor(bucket).tz_convert(None)
+    out = work.groupby(["gpu_uuid", "time"], sort=True)[["mem_used_bytes", "mem_total_bytes", *_MEANS]].mean()
+    out = pd.DataFrame({
+        "mem_used_gib": out["mem_used_bytes"] / 2**30, "mem_total_gib": out["mem_total_bytes"] / 2**30,
+        "power_watts": out["power_watts"], "temperature_celsius": out["temperature_celsius"],
+        "sm_clock_mhz": out["sm_clock_mhz"], "gpu_util_pct": out["gpu_util_ratio"] * 100,
+        "sm_active_pct": out["sm_active_ratio"] * 100, "tensor_active_pct": out["tensor_active_ratio"] * 100,
+        "dram_active_pct": out["dram_active_ratio"] * 100,
+    })
+    return out.reset_index()[columns]
+
+
+def history_groups(history: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """One GPU's rows of :func:`bucketed_history` as chart groups (index: bucket start); metrics
+    nobody measured are dropped, not drawn as 0."""
+    table = history.set_index("time").sort_index()
+    groups = {}
+    for name, lines in HISTORY_GROUPS.items():
+        part = table[list(lines)].rename(columns=lines).dropna(axis=1, how="all")
+        if not part.empty and len(part.columns):
+            groups[name] = part
+    return groups
+
+
 def gpu_series(frame: pd.DataFrame, bucket: str) -> dict[str, pd.DataFrame]:
-    """One GPU's history in chart-ready groups (index: bucket start, naive UTC): memory (GiB),
-    power (W), temperature (°C), SM clock (MHz) and activity (%). MIG rows are summed for memory
-    and averaged otherwise; metrics nobody measured are dropped, not drawn as 0."""
+    """One GPU's history in chart-ready groups: memory (GiB), power (W), temperature (°C), SM
+    clock (MHz) and activity (%) (see :func:`bucketed_history`)."""
     if frame.empty:
         return {}
-    time = pd.DatetimeIndex(frame["timestamp"]).floor(bucket).tz_convert(None)
-    per_time = frame.assign(_t=time)
-    memory = per_time.groupby(["_t", "timestamp"])[["mem_used_bytes", "mem_total_bytes"]].agg(
-        {"mem_used_bytes": "sum", "mem_total_bytes": "max"}).groupby(level=0).mean() / 2**30
-    means = per_time.groupby("_t")[["power_watts", "temperature_celsius", "sm_clock_mhz", "gpu_util_ratio",
-                                     "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]].mean()
-    activity = (means[["gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]] * 100).rename(
-        columns={"gpu_util_ratio": "NVML utilisation %", "sm_active_ratio": "SM active %",
-                 "tensor_active_ratio": "Tensor active %", "dram_active_ratio": "DRAM active %"})
-    groups = {
-        "Memory (GiB)": memory.rename(columns={"mem_used_bytes": "used GiB", "mem_total_bytes": "total GiB"}),
-        "Power (W)": means[["power_watts"]].rename(columns={"power_watts": "power W"}),
-        "Temperature (°C)": means[["temperature_celsius"]].rename(columns={"temperature_celsius": "temperature °C"}),
-        "SM clock (MHz)": means[["sm_clock_mhz"]].rename(columns={"sm_clock_mhz": "SM clock MHz"}),
-        "Activity (%)": activity,
+    return history_groups(bucketed_history(frame, bucket))
+
+
+def holders_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Who held each GPU in the frame, and its model: gpu_uuid, model, team, pod (one row per pod;
+    a GPU nobody held has one row with no pod)."""
+    models = frame[["gpu_uuid", "model"]].dropna().astype(str).drop_duplicates("gpu_uuid", keep="last")
+    held = frame.dropna(subset=["pod"])[["gpu_uuid", "team", "pod"]].astype(str).drop_duplicates()
+    return models.merge(held, on="gpu_uuid", how="left")
+
+
+def gpu_histories_bundle(source: SamplesReader, window: Window, version: float = 0.0) -> Bundle:
+    """Every GPU's chart history and holders over ``window`` (what the GPU detail page draws for
+    whichever GPU is chosen), from one read."""
+    frame = source.read(start=window.start, end=window.end, columns=list(GPU_DETAIL_COLUMNS))
+    return Bundle({"history": bucketed_history(frame, bucket_for(window.span)), "holders": holders_table(frame)},
+                  window.start, window.end, version)
+
+
+class SamplesReader(Protocol):
+    """What the bundles read: a store (``LocalStore``) or anything else with its ``read``."""
+
+    def read(self, start: Any = None, end: Any = None, columns: Sequence[str] | None = None,
+             nodes: Iterable[str] | None = None) -> pd.DataFrame: ...
+
+
+def fleet_bundle(source: SamplesReader, window: Window, version: float = 0.0) -> Bundle:
+    """Everything the Fleet page draws over ``window``, from one read of the columns it needs:
+    headline figures, "N of M reporting", the node x GPU activity grid (also the GPU list of the
+    GPU detail page), utilisation over time, allocation by team and model, the node table and the
+    GPUs with XID events. Small frames only: the samples themselves are not kept."""
+    frame = source.read(start=window.start, end=window.end, columns=[*FLEET_COLUMNS, "gpu_index"])
+    snapshot = latest_snapshot(frame)
+    xids = xid_events(frame)
+    head = headline(frame, snapshot)
+    values: dict[str, Any] = {
+        "headline": {"gpus": head.gpus, "nodes": head.nodes, "allocated_gpus": head.allocated_gpus,
+                     "mean_util": head.mean_util, "mean_sm_active": head.mean_sm_active,
+                     "sm_measured_gpus": head.sm_measured_gpus},
+        "reporting": list(reporting(frame, snapshot)),
+        "grid": activity_grid(frame, snapshot),
+        "series": utilisation_over_time(frame, bucket_for(window.span)),
+        "teams": allocation_by_team(snapshot),
+        "models": allocation_by_model(snapshot),
+        "nodes": node_table(frame, snapshot, xids),
+        "xids": xids[xids["total"] > 0],
     }
-    return {name: table.dropna(axis=1, how="all") for name, table in groups.items()
-            if not table.dropna(axis=1, how="all").empty}
+    return Bundle(values, window.start, window.end, version)
+
+
+def gpu_history(source: SamplesReader, window: Window, node: str, uuid: str) -> dict[str, Any]:
+    """One GPU's chart groups (:func:`gpu_series`), model and holders (team, pod) over the window;
+    reads only its node's rows."""
+    frame = source.read(start=window.start, end=window.end, columns=list(GPU_DETAIL_COLUMNS), nodes=[node])
+    frame = frame[frame["gpu_uuid"].astype(str) == uuid]
+    model = frame["model"].dropna().astype(str).iloc[-1] if frame["model"].notna().any() else "unknown model"
+    holders = frame.dropna(subset=["pod"])[["team", "pod"]].astype(str).drop_duplicates()
+    return {"groups": gpu_series(frame, bucket_for(window.span)), "model": model, "holders": holders}

@@ -8,11 +8,12 @@ import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from gpuwarden.actuator import SafetyLimits
-from gpuwarden.fleet import ClusterSnapshot, WorkloadPhase
+from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
 
 AUDIT_ENV = "GPUWARDEN_AUDIT"  # the actuator's audit log (JSON lines); default beside the store
 AUDIT_COLUMNS = ["at", "mode", "outcome", "kind", "target", "reason", "message", "approval_id", "by", "comment"]
@@ -27,11 +28,12 @@ def audit_path(store_path: str | None) -> Path | None:
     return Path(store_path) / "actuator" / "audit.jsonl" if store_path else None
 
 
-def read_entries(path: Path | None) -> tuple[list[dict], list[str]]:
+def read_entries(path: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
     """Entries in log order and one ``file:line`` note per line that is not a JSON object."""
     if path is None or not path.exists():
         return [], []
-    entries, problems = [], []
+    entries: list[dict[str, Any]] = []
+    problems: list[str] = []
     for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -118,11 +120,3 @@ def limit_check(snapshot: ClusterSnapshot | None, frame: pd.DataFrame, kind: str
     if kind in NODE_REMOVING_KINDS:
         return "unknown: no cluster snapshot to check the cordoned-node limit against"
     return "within limits"
-
-
-def findings_on(findings: list, target: str) -> pd.DataFrame:
-    """Health findings on a node (or on the GPUs of it), for an action whose log entry lists none."""
-    rows = [{"kind": f.kind, "severity": f.severity.value, "gpu_uuid": f.gpu_uuid, "confidence": f.confidence,
-             "last_seen (sample time)": pd.Timestamp(f.last_seen).tz_convert(None)}
-            for f in findings if f.node == target]
-    return pd.DataFrame(rows)

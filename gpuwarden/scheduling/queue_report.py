@@ -13,8 +13,9 @@ from datetime import timedelta
 
 import pandas as pd
 
-from gpuwarden.fleet import ClusterSnapshot, WorkloadPhase
-from gpuwarden.scheduling import Plan, plan
+from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
+
+from .planner import Plan, plan
 
 
 def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = None) -> pd.DataFrame:
@@ -23,8 +24,8 @@ def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = 
     allocated: dict[str, float] = {}
     for state in snapshot.workloads:
         if state.phase == WorkloadPhase.RUNNING:
-            team = state.workload.team
-            allocated[team] = allocated.get(team, 0.0) + state.workload.total_gpu_equivalents
+            owner = state.workload.team
+            allocated[owner] = allocated.get(owner, 0.0) + state.workload.total_gpu_equivalents
     rows = []
     for team in snapshot.teams:
         held = allocated.get(team.name, 0.0)
@@ -32,10 +33,10 @@ def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = 
                      "allocated_gpus": held, "used_gpus": (used_gpus or {}).get(team.name, float("nan")),
                      "borrowed_gpus": max(0.0, held - team.guaranteed_gpus), "weight": float(team.weight)})
     known = {t.name for t in snapshot.teams}
-    for team, held in sorted(allocated.items()):
-        if team not in known:
-            rows.append({"team": team, "guaranteed_gpus": 0.0, "burst_limit_gpus": float("nan"), "allocated_gpus": held,
-                         "used_gpus": (used_gpus or {}).get(team, float("nan")), "borrowed_gpus": held, "weight": float("nan")})
+    for name, held in sorted(allocated.items()):
+        if name not in known:
+            rows.append({"team": name, "guaranteed_gpus": 0.0, "burst_limit_gpus": float("nan"), "allocated_gpus": held,
+                         "used_gpus": (used_gpus or {}).get(name, float("nan")), "borrowed_gpus": held, "weight": float("nan")})
     table = pd.DataFrame(rows, columns=["team", "guaranteed_gpus", "burst_limit_gpus", "allocated_gpus", "used_gpus",
                                         "borrowed_gpus", "weight"])
     unused = (table["guaranteed_gpus"] - table["allocated_gpus"]).clip(lower=0.0)
@@ -84,8 +85,8 @@ def estimated_starts(snapshot: ClusterSnapshot, result: Plan) -> dict[str, objec
         if job in binding:
             out[job] = snapshot.taken_at
             continue
-        state = by_key.get(job)
-        needed += state.workload.total_gpu_equivalents if state else 1.0
+        waiting = by_key.get(job)
+        needed += waiting.workload.total_gpu_equivalents if waiting else 1.0
         while freed < needed and i < len(ends):
             freed += ends[i][1]
             i += 1

@@ -1,37 +1,43 @@
-"""The Idle and Cost pages' numbers: small pure functions over analytics reports (no Streamlit).
+"""The Idle, Cost and Queue pages' numbers: small pure functions over the analytics reports (no
+Streamlit), and :func:`ledger_bundle`, which builds one ledger per window and keeps from it exactly
+what those pages show (headlines, states, timelines, chargeback both ways, the reclaim what-if at
+every slider step, buy vs rent, used GPUs per team).
 
-A page gets its ledger and its idle / cost reports once per window from :mod:`.data` (cached) and
-hands them to the functions here, which only pick, label and order what analytics computed (every
-definition is analytics' own, ``gpuwarden/analytics/REPORTS.md``).
+The functions here only pick and order what the reports computed (every definition is analytics'
+own, ``gpuwarden/analytics/REPORTS.md``); labels and colours are the dashboards' business.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import pandas as pd
 
-from gpuwarden.analytics import (
-    IDLE_STATES,
-    Ledger,
+from .engine import COLUMNS as ANALYTICS_COLUMNS
+from .engine import Ledger, build_ledger
+from .params import IDLE_STATES
+from .report_bundle import Bundle
+from .reports import (
     Report,
-    build_ledger,
     chargeback,
+    cost_report,
+    efficiency_report,
+    idle_report,
     reclaim_whatif,
+    states_over_time,
 )
-from gpuwarden.analytics.engine import COLUMNS as ANALYTICS_COLUMNS
-from gpuwarden.analytics.reports import states_over_time
-
-from .palette import STATE_LABELS
+from .windows import Window
 
 COLUMNS: tuple[str, ...] = tuple(ANALYTICS_COLUMNS)
+RECLAIM_STEPS: tuple[float, ...] = tuple(round(i / 20, 2) for i in range(21))  # the Cost page's 5 % slider
 
 
 def ledger_for(frame: pd.DataFrame) -> Ledger:
     return build_ledger(frame)
 
 
-def _finite(value) -> float | None:
+def _finite(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
@@ -57,9 +63,8 @@ def idle_headline(report: Report) -> IdleHeadline:
 
 
 def state_hours(report: Report) -> pd.DataFrame:
-    """GPU-hours, share and cost per state, labelled, largest first (states with no time dropped)."""
+    """GPU-hours, share and cost per state, largest first (states with no time dropped)."""
     table = report.tables["states"] if "states" in report.tables else report.tables["by_state"]
-    table = table.assign(label=table["state"].map(STATE_LABELS).fillna(table["state"]))
     table = table[table["gpu_hours"] > 0]
     return table.sort_values(["gpu_hours", "state"], ascending=[False, True], ignore_index=True)
 
@@ -121,17 +126,53 @@ def cost_headline(report: Report) -> CostHeadline:
 def idle_cost_by_reason(report: Report) -> pd.DataFrame:
     table = state_hours(report)
     table = table[table["state"].isin(IDLE_STATES)]
-    return table[["state", "label", "gpu_hours", "cost"]].rename(columns={"label": "reason"}).reset_index(drop=True)
+    return table[["state", "gpu_hours", "cost"]].reset_index(drop=True)
 
 
 def chargeback_table(ledger: Ledger, proportional: bool = False) -> pd.DataFrame:
     return chargeback(ledger, ("team", "project"), "proportional" if proportional else "separate")
 
 
-def reclaim(ledger: Ledger, fraction: float) -> dict:
+def reclaim(ledger: Ledger, fraction: float) -> dict[str, float | None]:
     row = reclaim_whatif(ledger, (fraction,)).iloc[0]
     return {k: (None if pd.isna(v) else float(v)) for k, v in row.items()}
 
 
 def buy_vs_rent(report: Report) -> pd.DataFrame:
     return report.tables["buy_vs_rent"]
+
+
+def used_gpus_by_team(ledger: Ledger) -> pd.DataFrame:
+    """Mean GPUs doing useful work (SM activity) per team over the ledger's window: team, used_gpus."""
+    by_team = efficiency_report(ledger).tables["by_team"]
+    hours = max((ledger.end - ledger.start).total_seconds() / 3600.0, 1e-9)
+    return pd.DataFrame({"team": by_team["team"].astype(str).to_numpy(),
+                         "used_gpus": by_team["used_gpu_hours"].astype("float64").to_numpy() / hours})
+
+
+def ledger_bundle(source: Any, window: Window, version: float = 0.0) -> Bundle:
+    """One ledger over ``window`` and, from it, everything the Idle, Cost and Queue pages show.
+    ``source``: a store or a fleet-samples frame (as :func:`build_ledger` takes)."""
+    ledger = build_ledger(source, window.start, window.end)
+    idle = idle_report(ledger)
+    cost = cost_report(ledger)
+    reclaim_table = reclaim_whatif(ledger, RECLAIM_STEPS)
+    values: dict[str, Any] = {
+        "idle_headline": asdict(idle_headline(idle)),
+        "cost_headline": asdict(cost_headline(cost)),
+        "states": state_hours(idle).reset_index(drop=True),
+        "states_timeline": states_timeline(ledger),
+        "cost_timeline": cost_timeline(ledger),
+        "idle_by_pool": idle_by(idle, "pool"),
+        "idle_by_team": idle_by(idle, "team"),
+        "hoarding_pods": hoarding_pods(idle),
+        "fallback_gpus": fallback_gpus(idle),
+        "cost_by_pool": cost.tables["by_pool"],
+        "idle_cost_by_reason": idle_cost_by_reason(cost),
+        "chargeback": chargeback_table(ledger, False),
+        "chargeback_proportional": chargeback_table(ledger, True),
+        "reclaim": reclaim_table,
+        "buy_vs_rent": buy_vs_rent(cost),
+        "used_by_team": used_gpus_by_team(ledger),
+    }
+    return Bundle(values, window.start, window.end, version)
