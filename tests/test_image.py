@@ -20,7 +20,6 @@ the tests skip with the reason, and fail under ``CI=true``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import shutil
@@ -35,23 +34,11 @@ from pathlib import Path
 import pytest
 import yaml
 from polling import wait_for
+from system_needs import load_script, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE_TARGET_BYTES = 400 * 2**20
 IMAGE_UID = 10001
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
-    pytest.skip(reason)
-
-
-def _build_module():
-    spec = importlib.util.spec_from_file_location("gpuwarden_build_rootfs", ROOT / "scripts" / "build_rootfs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _report(request, line: str) -> None:
@@ -62,11 +49,11 @@ def _report(request, line: str) -> None:
 
 def _rootfs(request, variant: str) -> dict:
     if os.geteuid() != 0:
-        _unavailable("building and entering the image's root file system needs root (mmdebstrap --mode=root, mount, chroot)")
+        unavailable("building and entering the image's root file system needs root (mmdebstrap --mode=root, mount, chroot)")
     for tool in ("mmdebstrap", "unshare", "chroot"):
         if shutil.which(tool) is None:
-            _unavailable(f"{tool} is not installed (Debian: apt-get install mmdebstrap util-linux coreutils)")
-    build = _build_module()
+            unavailable(f"{tool} is not installed (Debian: apt-get install mmdebstrap util-linux coreutils)")
+    build = load_script("scripts/build_rootfs.py")
     try:
         manifest = build.build(variant)
     except build.BuildError as error:
@@ -148,7 +135,7 @@ def _uid_of(pid: int) -> int:
 # --- no build needed -------------------------------------------------------------------------------
 
 def test_containerfile_targets_share_the_non_root_read_only_runtime():
-    stages = _build_module().parse_containerfile()
+    stages = load_script("scripts/build_rootfs.py").parse_containerfile()
     for target, entrypoint in (("gpuwarden", ["gpuwarden"]), ("exporter", ["python", "-m", "gpuwarden.exporter"])):
         stage = stages[target]
         assert stage["from"] == "runtime" and stage["entrypoint"] == entrypoint
@@ -161,9 +148,7 @@ def test_containerfile_targets_share_the_non_root_read_only_runtime():
 
 
 def test_exporter_variant_requires_only_what_the_exporter_imports(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpuwarden_image_install", ROOT / "scripts" / "image" / "install.py")
-    install = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(install)
+    install = load_script("scripts/image/install.py")
     wheel = tmp_path / "gpuwarden-0.1.0-py3-none-any.whl"
     pyproject = (ROOT / "pyproject.toml").read_text()
     declared = tomllib.loads(pyproject)["project"]["dependencies"]
