@@ -300,7 +300,9 @@ def test_service_monitor_and_prometheus_rule_are_opt_in(helm):
     ("exporter.bogus=1", ["exporter", "Additional property bogus is not allowed"]),
     ("remediation.limits.maxCordonedNodeRatio=2", ["remediation.limits.maxCordonedNodeRatio", "less than or equal to 1"]),
     ("exporter.logLevel=LOUD", ["exporter.logLevel", "DEBUG", "ERROR"]),
-], ids=["mode", "unknown-key", "ratio", "log-level"])
+    ("dashboard.source=grafana", ["dashboard.source", '"prometheus", "store"']),
+    ("prometheus.url=prometheus:9090", ["prometheus.url", "Does not match pattern"]),
+], ids=["mode", "unknown-key", "ratio", "log-level", "dashboard-source", "prometheus-url"])
 def test_bad_values_fail_with_the_key_and_allowed_values(helm, command, value, expected):
     args = [command, RELEASE, str(CHART)] if command == "template" else [command, str(CHART)]
     result = run_helm(helm, *args, "--set", value)
