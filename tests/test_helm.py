@@ -41,6 +41,9 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 # Values a switch needs beside itself to render (schema: actions need the approver role's Secret).
 COMPANIONS = {"dashboard.actions.enabled": ["dashboard.actions.approverTokenSecret=gw-approver"]}
 WORKLOAD_KINDS = {"DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob"}
+# Rendering and linting 2^9 combinations is ~1,000 helm runs (~130 s of CPU): about a minute on 2 idle
+# cores, 4 min measured on a shared, loaded machine; the first test using them pays it.
+COMBINATIONS_TIMEOUT = pytest.mark.timeout(900)
 
 
 def switches() -> list[str]:
@@ -347,12 +350,14 @@ def test_switches_are_found_in_values():
     assert len(combinations()) == 2 ** len(found)
 
 
+@COMBINATIONS_TIMEOUT
 def test_every_combination_passes_helm_lint_strict(all_combinations):
     failed = {sets: lint.stdout + lint.stderr for sets, (_, lint) in all_combinations.items()
               if lint.returncode != 0 or "0 chart(s) failed" not in lint.stdout}
     assert not failed, next(iter(failed.items()))
 
 
+@COMBINATIONS_TIMEOUT
 def test_every_manifest_validates_against_kubernetes_1_29_to_1_37(all_combinations, cached_schemas):
     distinct = {}
     for docs, _ in all_combinations.values():
@@ -386,6 +391,7 @@ def _pod_spec(doc: dict) -> dict:
     return spec["template"]["spec"]
 
 
+@COMBINATIONS_TIMEOUT
 def test_every_container_is_locked_down_in_every_combination(all_combinations):
     for sets, (docs, _) in all_combinations.items():
         for doc in docs:
@@ -429,6 +435,7 @@ def test_exporter_is_root_only_for_root_only_host_files(helm):
     assert (security["runAsUser"], security["runAsNonRoot"]) == (2000, True)
 
 
+@COMBINATIONS_TIMEOUT
 def test_rbac_exists_only_with_remediation_and_grants_only_its_verbs(all_combinations):
     for sets, (docs, _) in all_combinations.items():
         roles = [doc for doc in docs if doc["kind"] in {"Role", "ClusterRole"}]
