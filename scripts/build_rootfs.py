@@ -8,11 +8,14 @@ CI reaches PyPI and Debian but no container registry, so it cannot pull the Cont
    sources give the same bytes);
 2. the wheels of the variant's dependencies, for CPython 3.11 on manylinux x86_64: ``pip download``
    from PyPI (pip's HTTP cache makes a second download cheap);
-3. a Debian bookworm base: ``mmdebstrap --variant=minbase --include=python3,python3-venv`` (no
-   documentation, manual pages or locales), cached by its options;
+3. a Debian bookworm base: ``mmdebstrap --variant=minbase`` with python3, python3-venv (the venv
+   installer), binutils (``strip``) and ca-certificates, no recommended packages, documentation,
+   manual pages or locales; cached by its options;
 4. a copy of the base where ``scripts/image/install.py`` runs in a ``chroot``, exactly as the
    Containerfile's build stages run it (``--offline``: pip reads only the wheels of steps 1-2),
-   then adds the image's non-root user; the venv installer and apt's lists are removed.
+   then adds the image's non-root user and slims the system (``--add-user --slim-system``, as the
+   Containerfile's runtime stage): the build-only packages (venv installer, binutils, Perl, apt)
+   are purged.
 
 The result lives in ``build/image/<variant>-<key>/rootfs`` (ignored by git), ``key`` hashing the
 wheel, the Containerfile, install.py, this script and the base, so repeated runs reuse it.
@@ -26,6 +29,7 @@ time. Needs root (``mmdebstrap`` in root mode, ``chroot``) and ``mmdebstrap``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -43,9 +47,9 @@ CONTAINERFILE = ROOT / "Containerfile"
 INSTALL_SCRIPT = ROOT / "scripts" / "image" / "install.py"
 CACHE = ROOT / "build" / "image"
 SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv")
-# python3-venv only brings ensurepip's bundled pip for the install step; purged afterwards.
-PURGE_AFTER_INSTALL = ("python3-venv", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl")
+# python3-venv (ensurepip's bundled pip) and binutils (strip) serve the install step only:
+# install.py --slim-system purges them, and usrmerge (usr-is-merged stands in for it) with the Perl it needs.
+BASE_PACKAGES = ("python3", "python3-venv", "binutils", "ca-certificates", "usr-is-merged")
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
                  "/usr/share/lintian/*")
 TARGETS = {"full": "gpuwarden", "exporter": "exporter"}  # variant -> Containerfile stage
@@ -178,7 +182,7 @@ def download_wheels(wheel: Path, variant: str, dest: Path) -> None:
 
 
 def base_key() -> str:
-    options = [SUITE, *BASE_PACKAGES, *DPKG_EXCLUDES]
+    options = [SUITE, *BASE_PACKAGES, *DPKG_EXCLUDES, "no-recommends"]
     return _sha256(*(o.encode() for o in options))
 
 
@@ -188,6 +192,7 @@ def build_base(dest: Path) -> None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     command = ["mmdebstrap", "--mode=root", "--variant=minbase", "--quiet", f"--include={','.join(BASE_PACKAGES)}",
+               "--aptopt=APT::Install-Recommends \"false\"",
                *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
                "--dpkgopt=path-include=/usr/share/doc/*/copyright", SUITE, str(tmp)]
     _run(command, timeout=900)
@@ -202,15 +207,15 @@ def install_into(rootfs: Path, wheels: Path, variant: str) -> None:
     inside = "/tmp/gpuwarden-install"
     _run(["chroot", str(rootfs), "python3", f"{inside}/install.py", "--variant", variant, "--wheels", f"{inside}/wheels",
           "--offline"], env=env, timeout=900)
-    _run(["chroot", str(rootfs), "python3", f"{inside}/install.py", "--add-user"], env=env, timeout=60)
-    _run(["chroot", str(rootfs), "dpkg", "--purge", *PURGE_AFTER_INSTALL], env=env, timeout=120)
+    _run(["chroot", str(rootfs), "python3", f"{inside}/install.py", "--add-user", "--slim-system"], env=env,
+         timeout=300)
     shutil.rmtree(staged)
-    for leftover in ("var/lib/apt/lists", "var/cache/apt", "var/cache/debconf", "var/log"):
-        target = rootfs / leftover
-        if target.is_dir():
-            for child in target.iterdir():
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     (rootfs / "var" / "lib" / "gpuwarden").mkdir(mode=0o755, exist_ok=True)  # the store volume's mount point
+
+
+def size_text(size_bytes: int) -> str:
+    """``676 MB (645 MiB)``: registries and engines print one or the other."""
+    return f"{size_bytes / 1e6:.0f} MB ({size_bytes / 2**20:.0f} MiB)"
 
 
 def tree_bytes(path: Path) -> int:
@@ -227,13 +232,20 @@ def tree_bytes(path: Path) -> int:
 
 
 def build(variant: str = "exporter", *, rebuild: bool = False) -> dict:
-    """Build (or reuse) the root file system of ``variant``; return its ``image.json``."""
+    """Build (or reuse) the root file system of ``variant``; return its ``image.json``. One build at a
+    time per cache (a lock file): two test runs would otherwise remove each other's trees."""
     if variant not in TARGETS:
         raise BuildError(f"--variant {variant}: expected one of {sorted(TARGETS)}")
     if os.geteuid() != 0:
         raise BuildError("building the root file system needs root (mmdebstrap --mode=root, chroot)")
-    started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(variant, rebuild)
+
+
+def _build_locked(variant: str, rebuild: bool) -> dict:
+    started = time.monotonic()
     wheel = build_wheel(CACHE / "dist")
     key = _sha256(wheel.read_bytes(), CONTAINERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(),
                   Path(__file__).read_bytes(), base_key().encode(), variant.encode())
@@ -309,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(manifest, indent=2))
     how = "cached" if manifest["cached"] else f"built in {manifest['build_seconds']} s"
-    _log(f"{args.variant}: {manifest['rootfs_bytes'] / 2**20:.0f} MiB in {manifest['rootfs']} ({how})")
+    _log(f"{args.variant}: {size_text(manifest['rootfs_bytes'])} in {manifest['rootfs']} ({how})")
     return 0
 
 

@@ -12,7 +12,10 @@ up and as the image's non-root UID it runs: a private mount namespace where the 
 is bind-mounted READ-ONLY, a tmpfs on ``/tmp`` (the pod's emptyDir) and on ``/dev/shm`` (as a
 container runtime mounts it), a tmpfs store volume, the recorded H200 data bound
 read-only under ``/tmp/data``, the environment taken from the Containerfile's ENV (parsed). The
-network namespace is the host's, so the test reads ``/metrics`` over 127.0.0.1.
+network namespace is the host's, so the test reads ``/metrics`` over 127.0.0.1. The whole-stack tree
+runs the CLI, a simulation, a report, every module's import and the dashboard, which is how the
+slimming in ``scripts/image/install.py`` proves it removed nothing gpuwarden uses. Sizes (MB and
+MiB) and build times are printed.
 
 Needs root (mmdebstrap in root mode, mount, chroot), ``mmdebstrap`` and ``unshare``: without them
 the tests skip with the reason, and fail under ``CI=true``.
@@ -20,7 +23,6 @@ the tests skip with the reason, and fail under ``CI=true``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import shutil
@@ -35,25 +37,20 @@ from pathlib import Path
 import pytest
 import yaml
 from polling import wait_for
+from system_needs import load_script, unavailable
 
 from gpuwarden.fleet.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZE_TARGET_BYTES = 400 * 2**20
+# A cold build downloads ~150 MB of Debian packages and wheels and installs them (1-3 min on 2 idle
+# cores, 8 min measured on a shared, loaded machine): more than the suite's 300 s per test.
+pytestmark = pytest.mark.timeout(900)
+SIZE_TARGET_BYTES = 400 * 10**6  # the issue's "< 400 MB", met by the exporter image
+FULL_IMAGE_BOUND_BYTES = 560 * 10**6
 IMAGE_UID = 10001
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
-    pytest.skip(reason)
-
-
-def _build_module():
-    spec = importlib.util.spec_from_file_location("gpuwarden_build_rootfs", ROOT / "scripts" / "build_rootfs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The chart's /tmp emptyDir sizeLimit (bytecode, HOME and caches live there): dashboard, exporter.
+FULL_TMP_BYTES = 256 * 2**20
+EXPORTER_TMP_BYTES = 16 * 2**20
 
 
 def _report(request, line: str) -> None:
@@ -64,21 +61,21 @@ def _report(request, line: str) -> None:
 
 def _rootfs(request, variant: str) -> dict:
     if os.geteuid() != 0:
-        _unavailable("building and entering the image's root file system needs root (mmdebstrap --mode=root, mount, chroot)")
+        unavailable("building and entering the image's root file system needs root (mmdebstrap --mode=root, mount, chroot)")
     for tool in ("mmdebstrap", "unshare", "chroot"):
         if shutil.which(tool) is None:
-            _unavailable(f"{tool} is not installed (Debian: apt-get install mmdebstrap util-linux coreutils)")
-    build = _build_module()
+            unavailable(f"{tool} is not installed (Debian: apt-get install mmdebstrap util-linux coreutils)")
+    build = load_script("scripts/build_rootfs.py")
     try:
         manifest = build.build(variant)
     except build.BuildError as error:
         pytest.fail(f"build_rootfs.py --variant {variant}: {error}", pytrace=False)
     how = "reused from build/image (cached)" if manifest["cached"] else \
         f"built in {manifest['build_seconds']} s {manifest['step_seconds']}"
-    _report(request, f"{variant} rootfs {manifest['rootfs_bytes'] / 2**20:.0f} MiB "
-                     f"(Debian base {manifest['base_bytes'] / 2**20:.0f} MiB, /opt/gpuwarden "
-                     f"{manifest['venv_bytes'] / 2**20:.0f} MiB), {how}; runtime: unshare --mount + chroot "
-                     f"--userspec={manifest['user']}")
+    _report(request, f"{variant} rootfs {build.size_text(manifest['rootfs_bytes'])}: /opt/gpuwarden "
+                     f"{build.size_text(manifest['venv_bytes'])}, Debian + Python "
+                     f"{build.size_text(manifest['rootfs_bytes'] - manifest['venv_bytes'])}; {how}; "
+                     f"runtime: unshare --mount + chroot --userspec={manifest['user']}")
     return manifest
 
 
@@ -99,7 +96,8 @@ def _free_port() -> int:
 
 
 @contextmanager
-def run_in_image(manifest: dict, argv: list[str], data: Path | None = None, **popen):
+def run_in_image(manifest: dict, argv: list[str], data: Path | None = None, tmp_bytes: int = FULL_TMP_BYTES,
+                 **popen):
     """Start ``argv`` in the image's tree as the image would: read-only root, tmpfs /tmp, the
     Containerfile's ENV and USER. Yields the Popen (its pid is the image's process: unshare,
     sh and chroot all exec)."""
@@ -107,7 +105,7 @@ def run_in_image(manifest: dict, argv: list[str], data: Path | None = None, **po
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in {**manifest["env"], "GPUWARDEN_DATA": "/tmp/data"}.items())
     setup = [
         f"mount --bind {rootfs} {rootfs}",
-        f"mount -t tmpfs -o size=64m,mode=1777 tmpfs {rootfs}/tmp",
+        f"mount -t tmpfs -o size={tmp_bytes},mode=1777 tmpfs {rootfs}/tmp",
         f"mount -t tmpfs -o size=16m,mode=1777 tmpfs {rootfs}/dev/shm",  # as every container runtime gives
         f"mount -t tmpfs -o size=16m,mode=0755,uid={IMAGE_UID},gid={IMAGE_UID} tmpfs {rootfs}/var/lib/gpuwarden",
     ]
@@ -123,9 +121,10 @@ def run_in_image(manifest: dict, argv: list[str], data: Path | None = None, **po
         stop_process(process)
 
 
-def _run_in_image(manifest: dict, argv: list[str], data: Path | None = None) -> subprocess.CompletedProcess:
+def _run_in_image(manifest: dict, argv: list[str], data: Path | None = None,
+                  timeout: float = 120) -> subprocess.CompletedProcess:
     with run_in_image(manifest, argv, data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=timeout)
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
@@ -144,7 +143,7 @@ def _uid_of(pid: int) -> int:
 # --- no build needed -------------------------------------------------------------------------------
 
 def test_containerfile_targets_share_the_non_root_read_only_runtime():
-    stages = _build_module().parse_containerfile()
+    stages = load_script("scripts/build_rootfs.py").parse_containerfile()
     for target, entrypoint in (("gpuwarden", ["gpuwarden"]), ("exporter", ["python", "-m", "gpuwarden.exporter"])):
         stage = stages[target]
         assert stage["from"] == "runtime" and stage["entrypoint"] == entrypoint
@@ -157,9 +156,7 @@ def test_containerfile_targets_share_the_non_root_read_only_runtime():
 
 
 def test_exporter_variant_requires_only_what_the_exporter_imports(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpuwarden_image_install", ROOT / "scripts" / "image" / "install.py")
-    install = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(install)
+    install = load_script("scripts/image/install.py")
     wheel = tmp_path / "gpuwarden-0.1.0-py3-none-any.whl"
     pyproject = (ROOT / "pyproject.toml").read_text()
     declared = tomllib.loads(pyproject)["project"]["dependencies"]
@@ -179,8 +176,8 @@ def test_exporter_serves_metrics_from_the_debian_rootfs(exporter_image, data_dir
     port = _free_port()
     argv = [*exporter_image["entrypoint"], "--backend", "replay", "--listen", f"127.0.0.1:{port}",
             "--kubelet-socket", "none", "--interval", "1", "--node-name", "image-test"]
-    with run_in_image(exporter_image, argv, data_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                      text=True) as process:
+    with run_in_image(exporter_image, argv, data_dir, EXPORTER_TMP_BYTES, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True) as process:
         def metrics():
             if process.poll() is not None:
                 raise AssertionError(f"the exporter exited {process.returncode}: {process.stdout.read()}")
@@ -205,21 +202,53 @@ def test_the_image_root_is_read_only_and_tmp_is_not(exporter_image):
     assert result.stdout.split("\n")[:2] == ["root EROFS", f"uid {IMAGE_UID} root_ro True"]
 
 
-def test_full_image_runs_the_whole_stack_from_its_entrypoint(full_image, request):
-    """The default target: ``gpuwarden`` entrypoint, and every room's heavy imports work after slimming."""
-    probe = ("import pandas as pd, pyarrow.parquet as pq, sklearn.ensemble, scipy.stats, streamlit, kubernetes.client, grpc\n"
-             "import gpuwarden.store, gpuwarden.analytics, gpuwarden.actuator\n"
-             "pd.DataFrame({'a': [1.5]}).to_parquet('/tmp/x.parquet'); print('parquet rows', pq.read_table('/tmp/x.parquet').num_rows)\n")
-    # One session, so the second command reuses the bytecode the first cached under /tmp.
-    script = f"{shlex.join([*full_image['entrypoint'], '--version'])} && python -c {shlex.quote(probe)}"
-    result = _run_in_image(full_image, ["sh", "-c", script])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "0.1.0" in result.stdout and "parquet rows 1" in result.stdout, result.stdout
+# Run in the full image after a CLI simulation and report: every gpuwarden module imports (the
+# dashboard's page scripts run under Streamlit below), and the dashboard renders its first page over
+# the simulated store (Streamlit's AppTest: the app's script run headless, no browser).
+FULL_IMAGE_PROBE = """
+import importlib, json, pkgutil, sys
+import gpuwarden
+names = [m.name for m in pkgutil.walk_packages(gpuwarden.__path__, "gpuwarden.")
+         if not m.name.endswith("__main__") and not m.name.startswith("gpuwarden.dashboards.views.")]
+for name in names:
+    importlib.import_module(name)
+print("imported", len(names), "gpuwarden modules")
+print("idle report gpus", json.load(open("/tmp/idle.json"))["summary"]["gpus"])
+from streamlit.testing.v1 import AppTest
+app = AppTest.from_file(sys.argv[1], default_timeout=120)
+app.run()
+assert not app.exception, app.exception
+print("dashboard GPUs reporting", {m.label: m.value for m in app.metric}["GPUs reporting"])
+import os
+cached = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.environ["PYTHONPYCACHEPREFIX"]) for f in fs)
+print(f"bytecode cached under /tmp: {cached / 2**20:.0f} MiB")
+"""
+
+
+def test_full_image_runs_the_whole_stack_from_its_entrypoint(full_image, data_dir, request):
+    """The default target after slimming: ``gpuwarden --help``, a simulation into a store, a report
+    over it, every module imported and the dashboard rendered, as UID 10001 on a read-only root."""
     # The chart's dashboard Deployment runs this file with `streamlit run`.
     app = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "values.yaml").read_text())["dashboard"]["app"]
     assert (Path(full_image["rootfs"]) / app.lstrip("/")).is_file(), app
-    _report(request, f"full image: {full_image['rootfs_bytes'] / 2**20:.0f} MiB "
-                     f"(target {SIZE_TARGET_BYTES / 2**20:.0f} MiB is met by the exporter image)")
+    gpuwarden = shlex.join(full_image["entrypoint"])
+    # One session, so each command reuses the bytecode the ones before it cached under /tmp.
+    script = " && ".join([
+        f"{gpuwarden} --help",
+        f"{gpuwarden} sim generate --days 1 --nodes 2 --gpus-per-node 2 --step-seconds 600 --store /tmp/store",
+        f"{gpuwarden} report idle --store /tmp/store --since 7d --format json > /tmp/idle.json",
+        f"GPUWARDEN_STORE=/tmp/store python -c {shlex.quote(FULL_IMAGE_PROBE)} {shlex.quote(app)}",
+    ])
+    result = _run_in_image(full_image, ["sh", "-c", script], data_dir, timeout=600)  # the simulator's traces
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "usage: gpuwarden" in result.stdout and "576 samples for 4 GPUs" in result.stdout, result.stdout[-2000:]
+    assert "idle report gpus 4" in result.stdout and "dashboard GPUs reporting 4 of 4" in result.stdout, result.stdout[-2000:]
+    # The issue's target is < 400 MB, which the exporter image meets; the whole stack measures ~525 MB
+    # after slimming (docs/helm.md). This bound fails when a slimming step silently stops working.
+    assert full_image["rootfs_bytes"] < FULL_IMAGE_BOUND_BYTES, full_image["rootfs_bytes"]
+    build = load_script("scripts/build_rootfs.py")
+    _report(request, f"full image: {build.size_text(full_image['rootfs_bytes'])} (target < 400 MB); "
+                     f"{result.stdout.splitlines()[-1]}")
 
 
 # --- make image: engine detection (stub engines on PATH: no engine can build here) ---------------------
