@@ -9,7 +9,7 @@ are the model). Counters default to 0, everything unmeasured to null: never a fa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 import pandas as pd
@@ -40,7 +40,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
 GIB = 2**30
 START = pd.Timestamp("2026-11-23T00:00:00Z")
-NOW = datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 # Sample columns that are monotonic counters (or codes whose healthy value is 0).
 COUNTER_COLUMNS = tuple(name for name in SAMPLE_COLUMN_NAMES
@@ -102,13 +102,16 @@ def sample_row(timestamp: pd.Timestamp | datetime, node: str, gpu_index: int, *,
     return row
 
 
+ONE_MINUTE = pd.Timedelta(minutes=1)
+
+
 def samples_frame(rows: Iterable[Mapping[str, object]]) -> pd.DataFrame:
     """Rows as a frame with every sample column, in the documented order (absent ones null)."""
     return pd.DataFrame(list(rows)).reindex(columns=list(SAMPLE_COLUMN_NAMES))
 
 
 def fleet_samples(minutes: int, nodes: Sequence[str] = ("gpu-a", "gpu-b"), gpus_per_node: int = 2, *,
-                  start: pd.Timestamp = START, step: pd.Timedelta = pd.Timedelta(minutes=1),
+                  start: pd.Timestamp = START, step: pd.Timedelta = ONE_MINUTE,
                   vary: Callable[[int, str, int], Mapping[str, object]] | None = None,
                   **values: object) -> pd.DataFrame:
     """``minutes`` samples of every GPU of ``nodes``; ``vary(minute, node, gpu_index)`` gives the
@@ -127,8 +130,11 @@ def fleet_samples(minutes: int, nodes: Sequence[str] = ("gpu-a", "gpu-b"), gpus_
 # -- cluster snapshots and workloads ----------------------------------------------------------------
 
 
+ONE_TOPOLOGY = Topology("nvl-0", "leaf-0", "rack-0")
+
+
 def node(name: str, gpus: int = 4, *, pool: str = "train", model: str = H100, price_tier: str = "on-demand",
-         topology: Topology = Topology("nvl-0", "leaf-0", "rack-0")) -> Node:
+         topology: Topology = ONE_TOPOLOGY) -> Node:
     return Node(name, pool, Location("cloud"), PriceTier(price_tier), topology, model, gpus, 64000, 2**39)
 
 
