@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden.fleet import ATTRIBUTION_STATES, IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
+from gpuwarden.fleet.semantics import to_utc
 
 from .local import LocalStore
 from .schema import PANDAS_DTYPES, empty_samples
@@ -382,8 +383,7 @@ class Scraper:
 
     def _now(self) -> pd.Timestamp:
         value = self._sample_time()
-        stamp = pd.Timestamp(value, unit="s") if isinstance(value, (int, float)) else pd.Timestamp(value)
-        return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+        return to_utc(pd.Timestamp(value, unit="s") if isinstance(value, (int, float)) else value)
 
     def fetch(self, url: str) -> str:
         request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
