@@ -99,6 +99,12 @@ def test_the_fleet_page_shows_the_gpus_prometheus_holds(scraped, monkeypatch, tm
     assert metrics["GPUs reporting"] == f"{gpus} of {gpus}"
     assert metrics["Nodes"] == str(latest["node"].nunique())
 
+    # A page fed only by files beside a store says what it lacks and which variable gives it.
+    at.switch_page("views/queue.py")
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.info) == 1 and "GPUWARDEN_CLUSTER_STATE" in at.info[0].value and url in at.info[0].value
+
 
 def test_an_unreachable_prometheus_is_one_clear_line(monkeypatch, tmp_path):
     """No Prometheus at all (a closed port): the page names the URL and the variable to fix."""
@@ -130,3 +136,4 @@ def test_a_misconfigured_source_names_the_variable(monkeypatch, env, expected):
     assert len(at.error) == 1, [e.value for e in at.error]
     for text in expected:
         assert text in at.error[0].value
+

@@ -283,6 +283,14 @@ def require_prometheus(settings: PrometheusSettings) -> StoreInfo:
     return info
 
 
+def no_local_files(what: str, env: str) -> NoReturn:
+    """Stop a page fed only by files a store keeps beside it (cluster snapshot, audit log) when
+    there is no store (Prometheus, or nothing configured) and ``env`` names none."""
+    st.info(f"No {what} to show: the dashboard reads {source_label()}, which keeps no {what}. "
+            f"Set `{env}` to where the actuator writes it.", icon=":material/info:")
+    st.stop()
+
+
 def misconfigured(why: str) -> NoReturn:
     st.error(f"The dashboard's data source is misconfigured: {why}.", icon=":material/error:")
     st.stop()
