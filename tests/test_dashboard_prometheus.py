@@ -70,6 +70,7 @@ def test_the_data_layer_reads_the_fleet_from_prometheus(scraped, monkeypatch, tm
     assert info.path.startswith(str(tmp_path / "cache"))  # the bundles' folder: under the cache dir
     assert info.oldest < info.newest <= pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=1)
     assert info.version % 2 == 0 and info.newest.timestamp() - 2 < info.version <= info.newest.timestamp()
+    assert data.current_version() == info.version  # what the auto-refresh compares
 
     window = window_for(DEFAULT_PRESET, info.oldest, info.newest)
     board = data.Board()

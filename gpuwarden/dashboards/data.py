@@ -265,6 +265,21 @@ def store_info() -> StoreInfo | None:
     return None if span is None else StoreInfo(path, span[0], span[1], store_version(path))
 
 
+def current_version() -> float | None:
+    """The samples source's version now (a change means new samples; the auto-refresh compares it):
+    the store's folder times, or Prometheus' newest sample floored to the step (asked at most once
+    per refresh interval). None without a usable source."""
+    try:
+        settings = prometheus_settings()
+    except SourceMisconfigured:
+        return None
+    if settings is None:
+        path = store_path()
+        return None if path is None else store_version(path)
+    info = store_info()
+    return None if info is None else info.version
+
+
 def require_prometheus(settings: PrometheusSettings) -> StoreInfo:
     """Prometheus' samples; otherwise explain (misconfigured, unreachable or empty) and stop."""
     try:
