@@ -517,12 +517,7 @@ def _variables_read_by_gpuwarden() -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("source", [
-    "store",
-    pytest.param("prometheus", marks=pytest.mark.xfail(strict=True, reason=(
-        "the dashboard reads only GPUWARDEN_STORE so far: GPUWARDEN_SOURCE, GPUWARDEN_PROMETHEUS_URL and "
-        "GPUWARDEN_PROMETHEUS_STEP need gpuwarden/dashboards/data.py (issue #13's owner); remove this mark then"))),
-])
+@pytest.mark.parametrize("source", ["store", "prometheus"])
 def test_the_dashboard_reads_every_variable_the_chart_gives_it(helm, source):
     env = _dashboard_env(helm, source)
     unread = sorted(set(env) - _variables_read_by_gpuwarden())

@@ -98,18 +98,14 @@ def add_source_options(parser: argparse.ArgumentParser, since_default: str = "7d
 def open_prometheus(args: argparse.Namespace):
     """The Prometheus source the ``--prometheus-*`` options describe (errors are SamplesError)."""
     from gpuwarden.store import SamplesError
-    from gpuwarden.store.prometheus import PrometheusSource
-    from gpuwarden.store.sources import ValidatedReads
-
-    class ValidatedPrometheusSource(ValidatedReads, PrometheusSource):
-        validation_name = f"Prometheus {args.prometheus_url}"
+    from gpuwarden.store.sources import open_prometheus as validated_prometheus
 
     if not args.prometheus_url:
         raise SamplesError("--source prometheus needs --prometheus-url URL (e.g. http://prometheus:9090)")
     for flag, path in (("--prometheus-token-file", args.prometheus_token_file), ("--prometheus-ca-file", args.prometheus_ca_file)):
         if path is not None and not Path(path).is_file():
             raise SamplesError(f"{flag} {path}: " + ("is a directory; expected a file" if Path(path).is_dir() else "no such file"))
-    return ValidatedPrometheusSource(
+    return validated_prometheus(
         args.prometheus_url,
         step=args.prometheus_step.total_seconds(),
         selector=args.prometheus_selector,

@@ -87,11 +87,13 @@ def window_sidebar() -> None:
 
 @st.fragment(run_every=data.REFRESH_EVERY_S)
 def refresh_when_new_samples() -> None:
-    """Rerun the whole page when the store changed since the last run (cheap: folder mtimes)."""
-    path = data.store_path()
-    if path is None or not st.session_state.get("auto_refresh", True):
+    """Rerun the whole page when the source has new samples since the last run (cheap: folder
+    mtimes, or Prometheus' newest sample asked once per interval)."""
+    if not st.session_state.get("auto_refresh", True):
         return
-    version = data.store_version(path)
+    version = data.current_version()
+    if version is None:
+        return
     seen = st.session_state.setdefault("_store_version", version)
     if version != seen:
         st.session_state["_store_version"] = version

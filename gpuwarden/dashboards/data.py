@@ -1,12 +1,18 @@
 """What every dashboard page needs: where the store is, a friendly stop when it is empty or
 unreadable, the one window every page shares, and reports computed once per window.
 
-The store is the directory named by ``GPUWARDEN_STORE`` (an embedded
-:class:`gpuwarden.store.LocalStore`). Every cached read or report is keyed on the store path, the
-window and the store's *version* (the newest modification time of its day folders), so a page
-that switches windows or pages does not recompute, and a live demo that appends samples is
-picked up at the next refresh. Reports are built by :mod:`gpuwarden.analytics` only; this module
-just decides when.
+The samples come from the directory named by ``GPUWARDEN_STORE`` (an embedded
+:class:`gpuwarden.store.LocalStore`), or, with ``GPUWARDEN_SOURCE=prometheus`` (what the helm
+chart sets), from the Prometheus at ``GPUWARDEN_PROMETHEUS_URL`` read at
+``GPUWARDEN_PROMETHEUS_STEP`` (opened as ``--source prometheus`` opens it:
+:func:`gpuwarden.store.sources.open_prometheus`). Every cached read or report is keyed on the
+source's *key* (the store path; for Prometheus a folder under ``GPUWARDEN_CACHE_DIR``, default
+``/tmp/gpuwarden-reports``, named for its URL and step, where its bundles are written), the window
+and the source's *version*: for a store the newest modification time of its day folders, for
+Prometheus (no files to look at) the newest sample's time floored to the step, looked up at most
+once per refresh interval. So a page that switches windows or pages does not recompute, and new
+samples are picked up at the next refresh. Reports are built by :mod:`gpuwarden.analytics` only;
+this module just decides when.
 
 The window is chosen once, in the sidebar of the router (``app.py``), and kept in
 ``st.session_state`` under :data:`WINDOW_KEY` / :data:`CUSTOM_KEY`; pages read it with
@@ -16,24 +22,36 @@ simulated).
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import os
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 import pandas as pd
 import streamlit as st
 
 from gpuwarden.analytics import report_bundle
+from gpuwarden.analytics.fleet_report import SamplesReader
 from gpuwarden.analytics.report_bundle import Bundle
 from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, PRESETS, Window, bucket_for, window_for
-from gpuwarden.dashboards import STORE_ENV
+from gpuwarden.dashboards import (
+    CACHE_DIR_ENV,
+    DEFAULT_CACHE_DIR,
+    PROMETHEUS_STEP_ENV,
+    PROMETHEUS_URL_ENV,
+    SOURCE_ENV,
+    SOURCES,
+    STORE_ENV,
+)
 from gpuwarden.store import LocalStore
+from gpuwarden.store.sources import SamplesSource, open_prometheus
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LABELS", "Window", "bucket_for", "window_for"]  # re-exported for pages
 log = logging.getLogger("gpuwarden.dashboards")
@@ -51,13 +69,115 @@ CUSTOM_KEY = "window_custom"
 
 
 class StoreUnreadable(Exception):
-    """The store exists but a file in it cannot be read; the message is one line for the page."""
+    """The store exists but a file in it cannot be read (or Prometheus cannot be read); the message
+    is one line for the page."""
+
+
+class SourceMisconfigured(Exception):
+    """``GPUWARDEN_SOURCE`` or a Prometheus setting is unusable; the message names the variable."""
 
 
 def store_path() -> str | None:
-    """The store directory from ``GPUWARDEN_STORE``, or None when unset or blank."""
+    """The store directory from ``GPUWARDEN_STORE``, or None when unset or blank. Pages that only a
+    local store feeds (cluster snapshot, audit log beside it) read this, also with Prometheus."""
     value = os.environ.get(STORE_ENV, "").strip()
     return value or None
+
+
+# -- where samples come from: the embedded store (default) or Prometheus -----------------------------
+
+DEFAULT_PROMETHEUS_STEP = "60s"
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    url: str
+    step: str  # as given ("30s"); PrometheusSource parses it
+
+    @property
+    def cache_root(self) -> str:
+        """The folder this source's report bundles go to (its key in every cache)."""
+        digest = hashlib.sha256(f"{self.url}\n{self.step}".encode()).hexdigest()[:12]
+        base = os.environ.get(CACHE_DIR_ENV, "").strip() or DEFAULT_CACHE_DIR
+        return str(Path(base) / f"prometheus-{digest}")
+
+
+def prometheus_settings() -> PrometheusSettings | None:
+    """The Prometheus to read (``GPUWARDEN_SOURCE=prometheus``), or None for the store (unset,
+    blank or ``store``). SourceMisconfigured for another source or a missing URL."""
+    source = os.environ.get(SOURCE_ENV, "").strip().lower() or "store"
+    if source not in SOURCES:
+        raise SourceMisconfigured(f"{SOURCE_ENV}={source!r} is not a source; allowed: {', '.join(SOURCES)}")
+    if source == "store":
+        return None
+    url = os.environ.get(PROMETHEUS_URL_ENV, "").strip()
+    if not url:
+        raise SourceMisconfigured(f"{SOURCE_ENV}=prometheus needs {PROMETHEUS_URL_ENV} (e.g. http://prometheus:9090)")
+    return PrometheusSettings(url, os.environ.get(PROMETHEUS_STEP_ENV, "").strip() or DEFAULT_PROMETHEUS_STEP)
+
+
+_prometheus_sources: dict[PrometheusSettings, SamplesSource] = {}
+_prometheus_lock = threading.Lock()
+
+
+def prometheus_source(settings: PrometheusSettings) -> SamplesSource:
+    """The one source per URL and step (kept: it holds connection settings, not data).
+    SourceMisconfigured, naming the variable, for a URL or step it rejects."""
+    with _prometheus_lock:
+        source = _prometheus_sources.get(settings)
+        if source is None:
+            try:
+                source = open_prometheus(settings.url, step=settings.step)
+            except Exception as error:  # noqa: BLE001 - PrometheusError: one line naming the variables
+                raise SourceMisconfigured(f"{PROMETHEUS_URL_ENV}={settings.url!r} / {PROMETHEUS_STEP_ENV}="
+                                          f"{settings.step!r}: {_one_line(error)}") from None
+            _prometheus_sources[settings] = source
+    return source
+
+
+class NodeFilteredReads:
+    """A source whose ``read`` has no ``nodes=`` (Prometheus) as one that has (a store): the rows
+    of other nodes are dropped after the read. Everything else (time range, rollups, step) is the
+    wrapped source's, so analytics finds the same methods on it."""
+
+    def __init__(self, source: SamplesSource) -> None:
+        self.source = source
+
+    def read(self, start: Any = None, end: Any = None, columns: Sequence[str] | None = None,
+             nodes: Iterable[str] | None = None) -> pd.DataFrame:
+        if nodes is None:
+            return self.source.read(start, end, columns)
+        wanted = None if columns is None else list(dict.fromkeys([*columns, "node"]))
+        frame = self.source.read(start, end, wanted)
+        frame = frame[frame["node"].astype(object).isin(set(nodes))].reset_index(drop=True)
+        return frame if columns is None else frame[list(columns)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+def samples_source(key: str) -> SamplesReader:
+    """The source behind a cache key (``StoreInfo.path``): Prometheus for its cache folder, else
+    the store at that path."""
+    try:
+        settings = prometheus_settings()
+    except SourceMisconfigured:
+        settings = None
+    if settings is not None and key == settings.cache_root:
+        return NodeFilteredReads(prometheus_source(settings))
+    return LocalStore(key)
+
+
+def source_label() -> str:
+    """What the pages read, for messages: the store path or the Prometheus URL."""
+    try:
+        settings = prometheus_settings()
+    except SourceMisconfigured:
+        settings = None
+    if settings is not None:
+        return f"Prometheus at {settings.url}"
+    path = store_path()
+    return f"the store at {path}" if path else "no store"
 
 
 def store_version(path: str) -> float:
@@ -80,16 +200,61 @@ def _time_range(path: str, version: float) -> tuple[pd.Timestamp, pd.Timestamp] 
         raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None
 
 
+@st.cache_data(ttl=REFRESH_EVERY_S, show_spinner=False)
+def _prometheus_time_range(url: str, step: str, refresh: int) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    """Prometheus' sample span, asked again each ``refresh`` (wall-clock interval number)."""
+    try:
+        return prometheus_source(PrometheusSettings(url, step)).time_range()
+    except SourceMisconfigured:
+        raise
+    except Exception as error:  # noqa: BLE001 - unreachable, refused, timed out: one line, never a traceback
+        raise StoreUnreadable(_one_line(error)) from None
+
+
+RETRY_FAILED_AFTER_S = 10.0  # a Prometheus that did not answer is asked again after this long, not on every call
+_failures: dict[PrometheusSettings, tuple[float, str]] = {}
+
+
+def _prometheus_info(settings: PrometheusSettings) -> StoreInfo | None:
+    """Prometheus' span and version. SourceMisconfigured / StoreUnreadable for the page to explain.
+    A failure is remembered for a few seconds: a page asks several times per run (sidebar, page),
+    and each ask of a Prometheus that does not answer waits for its retries."""
+    import time
+
+    now = time.monotonic()
+    failed = _failures.get(settings)
+    if failed is not None and now - failed[0] < RETRY_FAILED_AFTER_S:
+        raise StoreUnreadable(failed[1])
+    try:
+        span = _prometheus_time_range(settings.url, settings.step, int(time.time() // REFRESH_EVERY_S))
+    except StoreUnreadable as error:
+        _failures[settings] = (now, str(error))
+        raise
+    _failures.pop(settings, None)
+    if span is None:
+        return None
+    step_s = float(getattr(prometheus_source(settings), "step", 60.0)) or 60.0
+    version = math.floor(span[1].timestamp() / step_s) * step_s  # the newest sample, floored to the step
+    return StoreInfo(settings.cache_root, span[0], span[1], version)
+
+
 @dataclass(frozen=True)
 class StoreInfo:
-    path: str
+    path: str  # the store directory, or the folder a Prometheus source's bundles go to: the cache key
     oldest: pd.Timestamp
     newest: pd.Timestamp
     version: float
 
 
 def store_info() -> StoreInfo | None:
-    """The store and its time range, or None when it is unset, empty or unreadable (no message)."""
+    """The samples source and its time range, or None when it is unset, empty, unreadable or
+    misconfigured (no message)."""
+    try:
+        settings = prometheus_settings()
+        if settings is not None:
+            return _prometheus_info(settings)
+    except (SourceMisconfigured, StoreUnreadable):
+        return None
     path = store_path()
     if path is None:
         return None
@@ -100,8 +265,61 @@ def store_info() -> StoreInfo | None:
     return None if span is None else StoreInfo(path, span[0], span[1], store_version(path))
 
 
+def current_version() -> float | None:
+    """The samples source's version now (a change means new samples; the auto-refresh compares it):
+    the store's folder times, or Prometheus' newest sample floored to the step (asked at most once
+    per refresh interval). None without a usable source."""
+    try:
+        settings = prometheus_settings()
+    except SourceMisconfigured:
+        return None
+    if settings is None:
+        path = store_path()
+        return None if path is None else store_version(path)
+    info = store_info()
+    return None if info is None else info.version
+
+
+def require_prometheus(settings: PrometheusSettings) -> StoreInfo:
+    """Prometheus' samples; otherwise explain (misconfigured, unreachable or empty) and stop."""
+    try:
+        info = _prometheus_info(settings)
+    except SourceMisconfigured as error:
+        misconfigured(str(error))
+    except StoreUnreadable as error:
+        st.error(f"Prometheus at `{settings.url}` could not be read: {error}. Check `{PROMETHEUS_URL_ENV}` "
+                 "(helm value `prometheus.url`) and that Prometheus answers there, then reload.", icon=":material/error:")
+        st.stop()
+    if info is None:
+        st.info(f"Prometheus at `{settings.url}` holds no GPU samples yet. Check that it scrapes the gpuwarden "
+                "exporters (helm values `serviceMonitor.enabled` or the exporter pods' `prometheus.io/scrape` "
+                "annotations).", icon=":material/info:")
+        st.stop()
+    return info
+
+
+def no_local_files(what: str, env: str) -> NoReturn:
+    """Stop a page fed only by files a store keeps beside it (cluster snapshot, audit log) when
+    there is no store (Prometheus, or nothing configured) and ``env`` names none."""
+    st.info(f"No {what} to show: the dashboard reads {source_label()}, which keeps no {what}. "
+            f"Set `{env}` to where the actuator writes it.", icon=":material/info:")
+    st.stop()
+
+
+def misconfigured(why: str) -> NoReturn:
+    st.error(f"The dashboard's data source is misconfigured: {why}.", icon=":material/error:")
+    st.stop()
+
+
 def require_store() -> StoreInfo:
-    """The store; otherwise explain (unset, empty or unreadable) and stop the page."""
+    """The samples source (the store, or Prometheus); otherwise explain (unset, misconfigured,
+    empty or unreadable) and stop the page."""
+    try:
+        settings = prometheus_settings()
+    except SourceMisconfigured as error:
+        misconfigured(str(error))
+    if settings is not None:
+        return require_prometheus(settings)
     path = store_path()
     if path is None:
         st.info(f"No store configured: `{STORE_ENV}` is not set.\n\n{HOW_TO_FILL}", icon=":material/info:")
@@ -157,7 +375,7 @@ def window_caption(info: StoreInfo, window: Window, extra: str = "", bundles: tu
 
 # -- report bundles: computed once per window, kept beside the store, refreshed in the background ----
 
-BundleBuilder = Callable[[LocalStore, Window, float], Bundle]
+BundleBuilder = Callable[[SamplesReader, Window, float], Bundle]
 
 
 class Board:
@@ -221,14 +439,14 @@ class Board:
     def _compute(self, key: tuple[str, str, str], path: str, window: Window, version: float,
                  build: BundleBuilder) -> Bundle:
         try:
-            bundle = build(LocalStore(path), window, version)
+            bundle = build(samples_source(path), window, version)
         except Exception as error:  # noqa: BLE001 - any reader failure becomes one line on the page
             raise StoreUnreadable(f"the samples could not be analysed ({_one_line(error)})") from None
         self.computed[key[0]] += 1
         self._keep(key, bundle)
         try:
             report_bundle.save(path, key[0], key[2], bundle)
-        except OSError as error:  # a read-only store: keep it in memory only
+        except OSError as error:  # a read-only store or cache folder: keep it in memory only
             log.debug("report bundle not written beside %s: %s", path, error)
         return bundle
 
@@ -263,25 +481,25 @@ def board() -> Board:
     return Board()
 
 
-def _fleet_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+def _fleet_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
     from gpuwarden.analytics.fleet_report import fleet_bundle
 
     return fleet_bundle(source, window, version)
 
 
-def _ledger_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+def _ledger_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
     from gpuwarden.analytics.idle_cost_report import ledger_bundle
 
     return ledger_bundle(source, window, version)
 
 
-def _health_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+def _health_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
     from gpuwarden.analytics.health_report import health_bundle
 
     return health_bundle(source, window, version)
 
 
-def _gpus_builder(source: LocalStore, window: Window, version: float) -> Bundle:
+def _gpus_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
     from gpuwarden.analytics.fleet_report import gpu_histories_bundle
 
     return gpu_histories_bundle(source, window, version)
@@ -363,6 +581,6 @@ def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: floa
     from gpuwarden.analytics.fleet_report import gpu_history as history
 
     try:
-        return history(LocalStore(path), Window(start, end, ""), node, uuid)
+        return history(samples_source(path), Window(start, end, ""), node, uuid)
     except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
         raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None

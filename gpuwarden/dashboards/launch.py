@@ -2,7 +2,8 @@
 
 ``launch_dashboard`` never opens a browser: Streamlit runs headless and the caller (the CLI)
 decides whether to open :func:`dashboard_url`. The store is handed over in the
-``GPUWARDEN_STORE`` environment variable of the child.
+``GPUWARDEN_STORE`` environment variable of the child (a dashboard over Prometheus instead is
+started with ``GPUWARDEN_SOURCE=prometheus`` in ``env``: see :mod:`gpuwarden.dashboards.data`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import STORE_ENV
 
@@ -38,8 +40,8 @@ def launch_dashboard(
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
     local_approver: str | None = None,
-    **popen_kwargs,
-) -> subprocess.Popen:
+    **popen_kwargs: Any,
+) -> subprocess.Popen[bytes]:
     """Start Streamlit serving the dashboard over the store at ``store_path``; return the process.
 
     ``env`` replaces the inherited environment (``GPUWARDEN_STORE`` is always set on top);

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pandas as pd
 
@@ -70,4 +70,17 @@ class ValidatedReads:
         return kept
 
 
-__all__ = ["FileSource", "LocalStore", "SamplesSource", "ValidatedReads"]
+def open_prometheus(url: str, **options: Any) -> SamplesSource:
+    """A :class:`~gpuwarden.store.prometheus.PrometheusSource` on ``url`` (``options``: its keyword
+    arguments) whose reads drop implausible rows (:class:`ValidatedReads`). The one way the CLI's
+    ``--source prometheus`` and the dashboard's ``GPUWARDEN_SOURCE=prometheus`` open Prometheus;
+    bad settings raise :class:`~gpuwarden.store.prometheus.PrometheusError` (a SamplesError)."""
+    from .prometheus import PrometheusSource
+
+    class ValidatedPrometheusSource(ValidatedReads, PrometheusSource):
+        validation_name = f"Prometheus {url}"
+
+    return ValidatedPrometheusSource(url, **options)
+
+
+__all__ = ["FileSource", "LocalStore", "SamplesSource", "ValidatedReads", "open_prometheus"]

@@ -31,7 +31,8 @@ if len(problems) > 5:
 
 status = av.actuator_status(path, frame, snapshot.taken_at if snapshot else None)
 if status == "never-ran":
-    st.info(f"The actuator has never run against this store: no audit log at `{path}` and no cluster snapshot. "
+    where = f"at `{path}`" if path is not None else f"(`{av.AUDIT_ENV}` is not set and there is no store)"
+    st.info(f"The actuator has never run against this store: no audit log {where} and no cluster snapshot. "
             f"`gpuwarden demo` runs it in observe mode; set `{av.AUDIT_ENV}` to read another log.", icon=":material/info:")
     st.stop()
 if status == "planned-nothing":

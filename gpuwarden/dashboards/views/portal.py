@@ -15,6 +15,8 @@ from gpuwarden.fleet import FleetValueError, PriorityClass
 
 st.title("Request GPUs")
 directory = cs.state_dir(data.store_path())
+if directory is None:
+    data.no_local_files("cluster snapshot", cs.STATE_ENV)
 try:
     snapshot = data.cluster_snapshot(directory)
 except ValueError as error:

@@ -14,6 +14,8 @@ from gpuwarden.scheduling import queue_report
 
 st.title("Queue & quotas")
 directory = cs.state_dir(data.store_path())
+if directory is None:
+    data.no_local_files("cluster snapshot", cs.STATE_ENV)
 try:
     planned = data.queue_plan(str(directory), data.cluster_version(directory)) if directory else None
 except ValueError as error:
