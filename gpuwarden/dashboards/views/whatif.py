@@ -17,10 +17,9 @@ from gpuwarden.scheduling.whatif import WHATIF_POLICIES as POLICIES
 def whatif(path: str, start: pd.Timestamp, end: pd.Timestamp, version: float, policies: tuple[str, ...]) -> WhatIfReport:
     """The what-if report of the window (shared, read-only)."""
     from gpuwarden.scheduling.whatif import whatif_report
-    from gpuwarden.store import LocalStore
 
-    try:
-        return whatif_report(LocalStore(path), start, end, policies)
+    try:  # the store, or Prometheus in a cluster (the cache key names which)
+        return whatif_report(data.samples_source(path), start, end, policies)
     except OSError as error:  # a damaged file in the store: one line, never a traceback
         raise data.StoreUnreadable(f"the samples could not be read ({error})") from None
 
