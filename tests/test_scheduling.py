@@ -103,7 +103,7 @@ def kinds(decisions) -> dict[str, str]:
 
 def finish(state: State, name: str) -> None:
     j = state.jobs[name]
-    state._release(j, j.placements)
+    state.release(j, j.placements)
     j.placements, j.state = [], "done"
 
 

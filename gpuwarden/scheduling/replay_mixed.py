@@ -29,7 +29,7 @@ import numpy as np
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
-from .engine import Job, NodeState, PlacementOptions, QueuePolicy, Scheduler, State
+from .engine import Job, JobState, NodeState, PlacementOptions, QueuePolicy, Scheduler, State
 from .mig import MODEL_ALIASES, advise_layouts
 
 INFERENCE_MIX = {"1g": 0.5, "2g": 0.3, "3g": 0.2}
@@ -130,7 +130,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict:
     for j in jobs:
         heapq.heappush(events, (j.submitted, 0, j.name))
         state.jobs[j.name] = j
-        j.state = "future"
+        j.state = JobState.FUTURE
     now = 0.0
     horizon = spec.hours * 3600
     alloc_integral = useful_integral = training_done = 0.0
@@ -166,7 +166,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict:
         if ep == 0:
             job.state = "pending"
         elif ep == epoch.get(name) and name in running:
-            state._release(job, job.placements)
+            state.release(job, job.placements)
             job.placements, job.state = [], "done"
             running.discard(name)
         else:

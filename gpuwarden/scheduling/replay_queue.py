@@ -23,7 +23,7 @@ import pandas as pd
 
 from gpuwarden.fleet.traces import load_philly_jobs, load_philly_vcs
 
-from .engine import POLICIES, Job, NodeState, Quotas, QuotaSpec, Scheduler, State
+from .engine import POLICIES, WAITING, DecisionKind, Job, JobState, NodeState, QueueOrder, Quotas, QuotaSpec, Scheduler, State
 from .errors import TraceOrderError
 
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
@@ -147,7 +147,7 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
             alloc[j.team] = alloc.get(j.team, 0.0) + j.gpu_equivalents
         for name in list(waiting):
             j = state.jobs[name]
-            if j.state in ("pending", "suspended"):
+            if j.state in WAITING:
                 demand.setdefault(j.team, []).append(j.gpu_equivalents)
             else:
                 waiting.discard(name)
@@ -169,10 +169,10 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
         nonlocal preemptions, suspends
         for d in decisions:
             job = state.jobs[d.job]
-            if d.kind in ("bind", "resume"):
+            if d.kind in (DecisionKind.BIND, DecisionKind.RESUME):
                 epoch[job.name] = epoch.get(job.name, 0) + 1
-                remaining = job.duration - job.progress + (spec.resume_overhead if d.kind == "resume" else 0.0)
-                job.progress -= spec.resume_overhead if d.kind == "resume" else 0.0
+                remaining = job.duration - job.progress + (spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0)
+                job.progress -= spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0
                 last_ckpt[job.name] = job.progress
                 heapq.heappush(completions, (now + max(remaining, 0.0), epoch[job.name], job.name))
                 running.add(job.name)
@@ -180,7 +180,7 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
                 running.discard(job.name)
                 waiting.add(job.name)
                 epoch[job.name] = epoch.get(job.name, 0) + 1
-                if d.kind == "suspend":
+                if d.kind == DecisionKind.SUSPEND:
                     suspends += 1
                     job.progress = max(job.progress, 0.0)
                 else:
@@ -188,7 +188,7 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
                     # killed: back to the last periodic checkpoint
                     ran = job.progress - max(last_ckpt.get(job.name, 0.0), 0.0)
                     job.progress = max(last_ckpt.get(job.name, 0.0), 0.0) + (ran // spec.checkpoint_interval) * spec.checkpoint_interval
-                    job.state = "pending"
+                    job.state = JobState.PENDING
 
     while arrivals_index < len(pending_arrivals) or running or waiting:
         candidates = []
@@ -212,15 +212,15 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
             if ep != epoch.get(name) or name not in running:
                 continue
             job = state.jobs[name]
-            state._release(job, job.placements)
+            state.release(job, job.placements)
             job.placements = []
-            job.state = "done"
+            job.state = JobState.DONE
             job.finished = now
             running.discard(name)
             changed = True
         if now >= next_tick:
             next_tick += tick
-            changed = changed or scheduler.policy.order == "las"
+            changed = changed or scheduler.policy.order == QueueOrder.LAS
         if changed:
             apply(scheduler.schedule(state, now))
         if horizon_end is None and arrivals_index >= len(pending_arrivals):
