@@ -33,15 +33,18 @@ def _tier_ok(job: Job, node: NodeState) -> bool:
     return True
 
 
-def _node_ok(job: Job, node: NodeState) -> bool:
+def node_allowed(job: Job, node: NodeState) -> bool:
+    """Whether ``job`` may ever run on ``node`` (schedulable, GPU model, price tier, pool), free room aside."""
     return (
         node.schedulable
+        and (not job.pools or node.pool in job.pools)
         and (job.gpu_model is None or node.model == job.gpu_model or mig.MODEL_ALIASES.get(job.gpu_model) == node.model)
         and _tier_ok(job, node)
-        and node.cpu_free >= job.cpu_milli
-        and node.mem_free >= job.mem_bytes
-        and (not job.pools or node.pool in job.pools)
     )
+
+
+def _node_ok(job: Job, node: NodeState) -> bool:
+    return node_allowed(job, node) and node.cpu_free >= job.cpu_milli and node.mem_free >= job.mem_bytes
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
-from .placement import find_placement
+from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy, policy_named
 from .quotas import Admission
 from .state import WAITING, Job, JobState, Slot, State, Statement
@@ -161,7 +161,10 @@ class Scheduler:
 
     def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
         policy = self.policy
-        running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job]
+        # evicting a job on nodes this job may never use frees nothing it can take
+        allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
+        running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job
+                   and any(slot[0] in allowed for slot in j.placements)]
         out = []
         for victim in running:
             if victim.protected_until > now:
@@ -207,9 +210,15 @@ class Scheduler:
         candidates = self._candidates(state, job, verdict, now)
         if not candidates:
             return [], None, ""
+        need = job.pods * job.gpus_per_pod
+        allowed = [node for node in state.nodes.values() if node_allowed(job, node)]
+
+        def free_here() -> int:
+            return sum(node.whole_free() for node in allowed)
+
         if job.whole:
-            freeable = state.free_whole() + sum(len(v.placements) for v in candidates)
-            if freeable < job.pods * job.gpus_per_pod:
+            freeable = free_here() + sum(len(v.placements) for v in candidates)
+            if freeable < need:
                 return [], None, "not enough preemptible GPUs"
         mark = statement.checkpoint()
         victims: list[Job] = []
@@ -220,6 +229,8 @@ class Scheduler:
                 continue  # earlier victims already took this team down to its guarantee
             statement.evict(victim)
             victims.append(victim)
+            if job.whole and free_here() < need:
+                continue  # not enough whole GPUs free yet: no placement can exist
             placements, _ = find_placement(state, job, policy.placement)
             if placements is not None:
                 # keep only victims that were needed: try giving back each (latest first)

@@ -69,7 +69,8 @@ class NodeState:
                 self.gpu_free[i] = 0
 
     def whole_free(self) -> int:
-        return sum(1 for g, free in enumerate(self.gpu_free) if free == MILLI and self.mig_layout[g] is None)
+        # a MIG GPU's gpu_free is always 0 (its capacity is in mig_used), so counting is enough
+        return self.gpu_free.count(MILLI)
 
 
 @dataclass
@@ -192,6 +193,13 @@ class State:
         self.jobs[job.name] = job
         self.occupy(job, placements)
         job.placements, job.state = placements, JobState.RUNNING
+
+    def add_placed(self, job: Job, placements: list[Slot]) -> None:
+        """A running job whose GPUs the nodes already show as taken (built from a cluster's free
+        capacity): registered and counted against its quota, not booked on the nodes again."""
+        self.jobs[job.name] = job
+        job.placements, job.state = placements, JobState.RUNNING
+        self.quotas.add(job.team, job.flavour, job.gpu_equivalents)
 
     @property
     def used_gpus(self) -> float:

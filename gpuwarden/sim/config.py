@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from gpuwarden.scheduling.policy import POLICIES
+
 LLAMA3_GPU_DAYS = 54 * 16384
 # Llama 3 paper, Table 5 (GPU-related root causes), interruptions in 54 days.
 LLAMA3_INTERRUPTIONS = {
@@ -61,9 +63,14 @@ class SimConfig:
     # Pod attribution: "on" (the kubelet answers everywhere), "off" (no pod labels anywhere: pod,
     # namespace, team, project null, attribution 'off'), "mixed" (a third of the nodes without).
     attribution: str = "on"
+    # The production queue policy that schedules the fleet (gpuwarden.scheduling.POLICIES), and how
+    # often it runs a pass when jobs arrived or finished (a cluster action, such as an uncordon or a
+    # resume, triggers a pass at the next step).
+    scheduler_policy: str = "gpuwarden"
+    scheduling_interval_seconds: int = 300
 
     def __post_init__(self) -> None:
-        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus")
+        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus", "scheduling_interval_seconds")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -79,6 +86,8 @@ class SimConfig:
                 raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")
         if self.attribution not in ATTRIBUTION_MODES:
             raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
+        if self.scheduler_policy not in POLICIES:
+            raise ConfigError(f"scheduler_policy: {self.scheduler_policy!r} is not allowed; expected one of {', '.join(POLICIES)}")
         if not isinstance(self.background_noise, bool):
             raise ConfigError(f"background_noise: {self.background_noise!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:

@@ -2,8 +2,9 @@
 
 One ``step()`` advances the clock by ``step_seconds``: arrivals join the queue, faults and spot
 reclaims strike, running jobs progress (at the speed of their slowest GPU) and finish, the built-in
-scheduler places what fits (priority then arrival order, best-fit by node, gangs on whole nodes,
-MIG slices for fractional inference), and one row of fleet samples per device is rendered:
+production scheduler (``gpuwarden.scheduling``, run by ``dispatch.Dispatcher``) decides what starts,
+resumes, suspends or is preempted, carried out through ``SimCluster``; and one row of fleet
+samples per device is rendered:
 
 - training / fine-tuning / notebook devices draw a real sample of their current H200 phase
   (``phase_trace.csv``), scaled to the device's model (power by TDP, clocks by max SM clock);
@@ -38,7 +39,9 @@ from gpuwarden.fleet import (
 )
 
 from .catalog import MODELS
+from .cluster import SimCluster
 from .config import SimConfig
+from .dispatch import Dispatcher
 from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, NVLINK_COUNTERS, SLOW_KINDS, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
 from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
@@ -108,7 +111,9 @@ class Simulation:
         )
         self.faults = FaultInjector(cfg, len(self.gpus), self.rng)
         self.jobs: list[SimJob] = []
-        self.queue: list[SimJob] = []
+        self.job_by_name: dict[str, SimJob] = {}
+        self.queue: list[SimJob] = []  # pending jobs (the scheduler's suspended ones: dispatcher.suspended)
+        self.dispatcher = Dispatcher(self, SimCluster(self), cfg.scheduler_policy)
         self.origin = cfg.start - timedelta(days=cfg.warmup_days)
         self.now_s = 0.0
         self.step_index = 0
@@ -117,6 +122,7 @@ class Simulation:
                                      "spot_reclaims", "application_xids", "counter_resets"), 0)
         self.latest: pd.DataFrame | None = None
         self._capacity_changed = True
+        self.acted = False  # a SimCluster action since the last pass
         warmup_steps = int(round(cfg.warmup_days * 86400 / cfg.step_seconds))
         for _ in range(warmup_steps):
             self._advance(render=False)
@@ -178,7 +184,7 @@ class Simulation:
         self.job_mem_ratio = _Column(np.float64)
         self.job_team = _Column(np.int32)
         self.job_project = _Column(np.int32)
-        self._pool_masks: dict[tuple[str, ...], np.ndarray] = {}
+        self.gpu_index_of = {g.uuid: i for i, g in enumerate(self.gpus)}
 
     def _build_noise(self) -> None:
         """Background noise of healthy GPUs, from its own random stream (jobs and faults do not
@@ -292,6 +298,7 @@ class Simulation:
                 self._project_names.append(spec.workload.project)
             self.job_project.append(self._project_names.index(spec.workload.project))
             self.jobs.append(job)
+            self.job_by_name[job.name] = job
             self.queue.append(job)
             self.counts["submitted"] += 1
             self._capacity_changed = True
@@ -473,66 +480,15 @@ class Simulation:
         return (self.dev_job < 0) & node_ok[self.dev_node] & gpu_ok[self.dev_gpu]
 
     def _schedule(self, now: float) -> None:
-        if not self._capacity_changed or not self.queue:
+        """One pass of the production scheduler (``dispatch``): at once after a cluster action,
+        else every ``scheduling_interval_seconds`` when jobs arrived, finished or were stopped."""
+        if not (self.queue or self.dispatcher.suspended):
             return
-        self._capacity_changed = False
-        self.queue = [j for j in self.queue if j.phase == WorkloadPhase.PENDING]
-        self.queue.sort(key=lambda j: (-j.priority.rank, j.spec.submit_s, j.index))
-        free = self._available(now)
-        still_waiting = []
-        failed_shapes: set[tuple] = set()  # free capacity only shrinks during a pass
-        for job in self.queue:
-            request = job.spec.workload.gpus
-            shape = (job.spec.pools, request.count, request.fraction_milli, request.mig_profile, job.spec.workload.gang_size)
-            devices = None if shape in failed_shapes else self._fit(job, free)
-            if devices is None:
-                failed_shapes.add(shape)
-                still_waiting.append(job)
-                continue
-            free[devices] = False
-            self._bind(job, devices, now)
-        self.queue = still_waiting
-
-    def _fit(self, job: SimJob, free: np.ndarray) -> np.ndarray | None:
-        """Devices for ``job`` among ``free`` ones, or None. Best-fit: the fullest node that fits."""
-        spec = job.spec
-        request = spec.workload.gpus
-        in_pool = self._pool_masks.get(spec.pools)
-        if in_pool is None:
-            in_pool = self._pool_masks[spec.pools] = np.isin(self.dev_pool, spec.pools)
-        candidates = free & in_pool
-        if not candidates.any():
-            return None
-        if request.fraction_milli < 1000 or request.mig_profile:
-            slices = max(1, int(round(request.fraction_milli * 7 / 1000))) if not request.mig_profile else int(request.mig_profile[0])
-            mig = np.flatnonzero(candidates & self.dev_is_mig & (self.dev_slices >= slices))
-            if mig.size:
-                smallest = mig[self.dev_slices[mig] == self.dev_slices[mig].min()]
-                return smallest[:1]
-            if request.mig_profile:
-                return None
-        whole = candidates & ~self.dev_is_mig
-        per_node = np.bincount(self.dev_node[whole], minlength=len(self.nodes))
-        need, gang = max(1, request.count), spec.workload.gang_size
-        if gang == 1:
-            fits = np.flatnonzero(per_node >= need)
-            if not fits.size:
-                return None
-            node = fits[np.argmin(per_node[fits])]
-            return np.flatnonzero(whole & (self.dev_node == node))[:need]
-        full = np.flatnonzero(per_node >= need)
-        if full.size < gang:
-            return None
-        # Keep a gang under one leaf switch when one has room.
-        leaves = np.array([self.nodes[n].topology.leaf_switch for n in full])
-        for leaf in dict.fromkeys(leaves):
-            chosen = full[leaves == leaf]
-            if chosen.size >= gang:
-                break
-        else:
-            chosen = full
-        picked = [np.flatnonzero(whole & (self.dev_node == node))[:need] for node in chosen[:gang]]
-        return np.concatenate(picked)
+        due = now - self.dispatcher.last_now >= self.config.scheduling_interval_seconds
+        if not (self.acted or (due and self._capacity_changed)):
+            return
+        self.dispatcher.schedule(now)
+        self._capacity_changed = self.acted = False
 
     def _bind(self, job: SimJob, devices: np.ndarray, now: float) -> None:
         self.dev_job[devices] = job.index
