@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwarden.fleet.traces import default_data_dir  # noqa: E402
-from gpuwarden.scheduling.replay_mixed import run_mixed  # noqa: E402
+from gpuwarden.sim.replay_mixed import run_mixed  # noqa: E402
 from gpuwarden.scheduling.replay_openb import OPENB_LISTS, load_published, replay_openb, summarise  # noqa: E402
 from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # noqa: E402
 

@@ -11,6 +11,8 @@ re-exports them): ``State``, ``Job`` (``JobState``), ``NodeState``, ``Quotas`` /
 from .engine import (
     ANY_FLAVOUR,
     POLICIES,
+    STARTS,
+    WAITING,
     Decision,
     DecisionKind,
     FractionMode,

@@ -53,6 +53,7 @@ class PlacementOptions:
     best_fit: bool = True  # pack tightly (else first fit)
     mig: bool = True  # use MIG instances for MIG requests (else a whole GPU per request)
     fractions: FractionMode = FractionMode.SHARE
+    spot_first: bool = True  # jobs allowed on spot (checkpointable training) fill it before other tiers
 
 
 DEFAULT_OPTIONS = PlacementOptions()
@@ -100,9 +101,12 @@ def _place_whole(nodes: list[NodeState], job: Job, options: PlacementOptions) ->
         return None, f"capacity: needs {need * job.pods} whole GPUs, {free} free on allowed nodes"
     by_node = {n.name: n for n in nodes}
 
-    def tightness(n: NodeState) -> tuple[int, str]:
+    def tightness(n: NodeState) -> tuple[int, int, str]:
+        # spot capacity first for the jobs allowed there (checkpointable training: the cheapest
+        # GPUs, and on-demand ones stay free for work that cannot be reclaimed), then best fit
+        tier = 0 if options.spot_first and n.tier == PriceTier.SPOT else 1
         left = n.whole_free() - need
-        return (left if options.best_fit else 0, n.name if not options.best_fit else "")
+        return (tier, left if options.best_fit else 0, n.name if not options.best_fit else "")
 
     if job.pods == 1 or not options.topology:
         chosen: list[str] = []

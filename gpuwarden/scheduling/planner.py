@@ -59,7 +59,7 @@ def state_from_snapshot(snapshot: ClusterSnapshot,
             name=node.name, model=node.gpu_model, gpu_count=len(gpus), cpu_free=node.cpu_milli,
             mem_free=node.memory_bytes, tier=node.price_tier, nvlink_domain=node.topology.nvlink_domain,
             leaf_switch=node.topology.leaf_switch, schedulable=node.name not in snapshot.cordoned,
-            gpu_free=free, mig_layout=layout, gpu_ids=[g.uuid for g in gpus],
+            gpu_free=free, mig_layout=layout, gpu_ids=[g.uuid for g in gpus], pool=node.pool,
         ))
     if quotas is None:
         quotas = Quotas(QuotaSpec(t.name, t.guaranteed_gpus, t.burst_limit_gpus, weight=t.weight) for t in snapshot.teams)

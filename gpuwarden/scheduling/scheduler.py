@@ -15,7 +15,7 @@ from typing import TypedDict
 from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy, policy_named
 from .quotas import Admission
-from .state import WAITING, Job, JobState, Slot, State, Statement
+from .state import MILLI, WAITING, Job, JobState, Slot, State, Statement
 
 
 class DecisionKind(StrEnum):
@@ -163,8 +163,11 @@ class Scheduler:
         policy = self.policy
         # evicting a job on nodes this job may never use frees nothing it can take
         allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
+        # nor does evicting whole-GPU work free a MIG instance, or MIG work a whole GPU
+        wants_mig = job.mig_profile is not None
         running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job
-                   and any(slot[0] in allowed for slot in j.placements)]
+                   and any(node in allowed and (job.milli < MILLI and not wants_mig or isinstance(amount, str) == wants_mig)
+                           for node, _, amount in j.placements)]
         out = []
         for victim in running:
             if victim.protected_until > now:

@@ -420,6 +420,9 @@ class Simulation:
         rate = self.config.spot_reclaims_per_node_day * self.config.step_seconds / 86400.0
         if rate <= 0:
             return
+        back = (self.node_down_until > now - self.config.step_seconds) & (self.node_down_until <= now)
+        if back.any():
+            self._capacity_changed = True  # a reclaimed node came back
         for node in np.flatnonzero(self.node_spot & (self.node_down_until <= now)):
             if self.rng.random() < rate:
                 self.node_down_until[node] = now + float(self.rng.uniform(1, 6)) * 3600.0
