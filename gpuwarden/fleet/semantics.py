@@ -1,0 +1,243 @@
+"""GPU-time semantics every room shares: one home, so two pages never disagree on the same GPU.
+
+- **MIG share**: how much of its GPU a MIG instance is. A readable profile (``3g.40gb``,
+  ``1:3g.40gb``, ``mig-3g.40gb``) counts its compute slices over the GPU's compute slices (7 on
+  A100 / H100 / H200 / B200, 4 on A30: NVIDIA's MIG user guide). A profile whose slices cannot be
+  read gets what its readable siblings (the other instances of the same GPU at the same time) leave,
+  split evenly among the unreadable ones, so a GPU's instances never add up to more than the GPU.
+  Only when nothing is known about the siblings does it count as one slice (1/7). A whole GPU
+  (no profile) is 1.0. :func:`mig_share` is the scalar form, :func:`mig_shares` the one over a
+  frame of fleet samples.
+- **Counter increase**: a cumulative ``*_total`` counter read as Prometheus' ``increase()`` reads
+  it: a drop is a reset (driver reload, GPU reset or replaced), after which the new value counts
+  from zero. Nulls (not measured) are skipped, never read as 0. :func:`counter_increments` works on
+  sorted numpy arrays, :func:`counter_increase` on a frame.
+- **UTC**: every timestamp is tz-aware UTC; a naive one is read as UTC (:func:`to_utc`,
+  :func:`utc_times`).
+- **Pool** of a node no inventory names: the node name without its trailing ``-<number>``
+  (:func:`default_pool`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+DEFAULT_COMPUTE_SLICES = 7
+# GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
+_COMPUTE_SLICES_BY_MODEL_WORD: dict[str, int] = {"A30": 4}
+# The compute slices of a profile: '3g.40gb', '1:3g.40gb' (instance id first), 'mig-3g.40gb'.
+_PROFILE_SLICES = re.compile(r"(?:^|[:/\s-])(\d+)g\.")
+_POOL_ORDINAL = re.compile(r"-\d+$")
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+# -- MIG share -------------------------------------------------------------------------------------
+
+
+def gpu_compute_slices(model: str | None) -> int:
+    """Compute slices a GPU of ``model`` splits into under MIG (7 unless the model is known to
+    differ; an unknown model counts as 7)."""
+    if model:
+        for word in str(model).replace("-", " ").split():
+            if word in _COMPUTE_SLICES_BY_MODEL_WORD:
+                return _COMPUTE_SLICES_BY_MODEL_WORD[word]
+    return DEFAULT_COMPUTE_SLICES
+
+
+def profile_slices(profile: str | None) -> int | None:
+    """Compute slices named by a MIG profile, or None where none can be read."""
+    if profile is None:
+        return None
+    match = _PROFILE_SLICES.search(str(profile))
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def mig_share(profile: str | None, model: str | None = None, siblings: Sequence[str | None] | None = None) -> float:
+    """Share of its GPU one row holds (see the module doc for the rule).
+
+    ``siblings`` are the profiles of the GPU's *other* MIG instances at the same time: ``None``
+    when they are not known, ``()`` when the instance is alone on its GPU.
+    """
+    if profile is None:
+        return 1.0
+    total = gpu_compute_slices(model)
+    slices = profile_slices(profile)
+    if slices is not None:
+        return min(1.0, slices / total)
+    if siblings is None:
+        return 1.0 / total  # nothing known: one slice
+    readable = [profile_slices(p) for p in siblings if p is not None]
+    used = sum(min(1.0, s / total) for s in readable if s is not None)
+    unreadable = 1 + sum(s is None for s in readable)
+    return max(0.0, 1.0 - used) / unreadable
+
+
+def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "timestamp") -> pd.Series:
+    """:func:`mig_share` for every row of fleet samples (float64, the frame's index).
+
+    Siblings are the MIG rows with the same ``gpu`` at the same ``at`` (all of the GPU's rows when
+    ``at`` is None or absent). The GPU model, where a ``model`` column is present, gives the GPU's
+    slice count.
+    """
+    share = pd.Series(1.0, index=frame.index, dtype="float64")
+    if frame.empty or "mig_instance" not in frame.columns:
+        return share
+    mig = frame["mig_instance"].astype(object)
+    is_mig = mig.notna().to_numpy()
+    if not is_mig.any():
+        return share
+    part = frame.loc[is_mig]
+    slices = part["mig_instance"].astype(str).str.extract(_PROFILE_SLICES, expand=False).astype("float64")
+    slices = slices.where(slices > 0)
+    if "model" in part.columns:
+        models = part["model"].astype(object)
+        totals = models.map(lambda m: gpu_compute_slices(None if pd.isna(m) else str(m))).astype("float64")
+    else:
+        totals = pd.Series(float(DEFAULT_COMPUTE_SLICES), index=part.index)
+    readable = (slices / totals).clip(upper=1.0)
+    unknown = readable.isna()
+    if unknown.any():
+        if gpu in part.columns:
+            keys = [part[gpu].astype(object).to_numpy()]
+            if at is not None and at in part.columns:
+                keys.append(part[at].to_numpy())
+            grouped_used = readable.fillna(0.0).groupby(keys, sort=False, dropna=False).transform("sum")
+            grouped_unknown = unknown.astype("float64").groupby(keys, sort=False, dropna=False).transform("sum")
+            left = (1.0 - grouped_used).clip(lower=0.0) / grouped_unknown
+        else:
+            left = 1.0 / totals  # nothing known about siblings: one slice
+        readable = readable.where(~unknown, left)
+    share.loc[is_mig] = readable.to_numpy(dtype="float64")
+    return share
+
+
+def request_gpu_equivalents(mig_profile: str | None, count: int = 1, fraction_milli: int = 1000,
+                            model: str | None = None) -> float:
+    """Whole-GPU equivalents a request holds: a MIG profile by its compute share, otherwise
+    ``count`` GPUs of ``fraction_milli`` thousandths each."""
+    if mig_profile is not None:
+        return count * mig_share(mig_profile, model)
+    return count * fraction_milli / 1000.0
+
+
+# -- counters --------------------------------------------------------------------------------------
+
+
+def counter_increments(values: npt.ArrayLike, first: npt.ArrayLike) -> tuple[FloatArray, BoolArray]:
+    """Increments of a cumulative counter per row, and where it was reset.
+
+    Rows are sorted by (group, time); ``first`` is the index of each row's group's first row. A row
+    compares with the last non-null value before it in its group; a drop means a reset, after which
+    the new value counts from zero. Null rows and each group's first valid row add nothing.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    starts = np.asarray(first, dtype=np.int64)
+    n = v.size
+    inc = np.zeros(n, dtype=np.float64)
+    reset = np.zeros(n, dtype=np.bool_)
+    if n == 0:
+        return inc, reset
+    valid = ~np.isnan(v)
+    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
+    prev = np.empty(n, dtype=np.int64)
+    prev[0] = -1
+    prev[1:] = last_valid[:-1]
+    prev[prev < starts] = -1
+    has = valid & (prev >= 0)
+    current = v[has]
+    delta = current - v[prev[has]]
+    dropped = delta < 0
+    inc[has] = np.where(dropped, current, delta)
+    reset[np.flatnonzero(has)[dropped]] = True
+    return inc, reset
+
+
+def group_first_rows(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """For rows sorted by group, the index of each row's group's first row."""
+    k = np.asarray(keys)
+    n = len(k)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.ones(n, dtype=np.bool_)
+    starts[1:] = k[1:] != k[:-1]
+    return np.maximum.accumulate(np.where(starts, np.arange(n), 0)).astype(np.int64)
+
+
+def _per_time(frame: pd.DataFrame, column: str, by: str) -> pd.DataFrame:
+    """One value per (``by``, timestamp), sorted: MIG rows repeat their GPU's counters."""
+    part = frame[[by, "timestamp", column]].dropna(subset=[column])
+    part = part.assign(**{column: pd.to_numeric(part[column], errors="coerce").astype("float64")})
+    part = part.groupby([by, "timestamp"], observed=True, sort=True, as_index=False)[column].max()
+    return part
+
+
+def counter_increase(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> pd.Series:
+    """Reset-aware increase of a cumulative counter per ``by`` over the frame (float64, indexed by
+    ``by``; groups with no measured value are left out)."""
+    part = _per_time(frame, column, by)
+    if part.empty:
+        return pd.Series(dtype="float64", name=column)
+    keys = part[by].astype(object).to_numpy()
+    inc, _reset = counter_increments(part[column].to_numpy(dtype="float64"), group_first_rows(keys))
+    return pd.Series(inc, index=part.index).groupby(keys, sort=True).sum().rename(column)
+
+
+def counter_resets(frame: pd.DataFrame, column: str, by: str = "gpu_uuid") -> int:
+    """How many times a cumulative counter dropped (was reset) within its ``by`` groups."""
+    part = _per_time(frame, column, by)
+    if len(part) < 2:
+        return 0
+    _inc, reset = counter_increments(part[column].to_numpy(dtype="float64"),
+                                     group_first_rows(part[by].astype(object).to_numpy()))
+    return int(reset.sum())
+
+
+# -- UTC -------------------------------------------------------------------------------------------
+
+
+def to_utc(value: object) -> pd.Timestamp:
+    """A timestamp in UTC; a naive one is read as UTC. Raises ``ValueError`` on what is not a time."""
+    stamp = pd.Timestamp(value)
+    if stamp is pd.NaT:
+        raise ValueError(f"not a time: {value!r}")
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+
+
+def to_utc_or_none(value: object) -> pd.Timestamp | None:
+    """:func:`to_utc`, passing None through."""
+    return None if value is None else to_utc(value)
+
+
+def utc_times(values: object) -> pd.Series:
+    """A column of times as tz-aware UTC (naive read as UTC; what is not a time becomes NaT)."""
+    series = values if isinstance(values, pd.Series) else pd.Series(values)
+    if isinstance(series.dtype, pd.DatetimeTZDtype):
+        return series.dt.tz_convert("UTC")
+    return pd.to_datetime(series, utc=True, errors="coerce", format="ISO8601" if series.dtype == object else None)
+
+
+def iso_utc(value: object, fraction: bool = False) -> str:
+    """``2026-01-02T03:04:05Z`` (with microseconds when ``fraction``)."""
+    return str(to_utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if fraction else "%Y-%m-%dT%H:%M:%SZ"))
+
+
+# -- pools -----------------------------------------------------------------------------------------
+
+
+def default_pool(node: str) -> str:
+    """A node's pool when no inventory names it: its name without a trailing ``-<number>``
+    (``train-h100-007`` -> ``train-h100``); the whole name when that would leave nothing."""
+    name = str(node)
+    return _POOL_ORDINAL.sub("", name) or name
+
+
+def default_pools(nodes: Iterable[str]) -> dict[str, str]:
+    """:func:`default_pool` for each node name."""
+    return {str(node): default_pool(str(node)) for node in nodes}
