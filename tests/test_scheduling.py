@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pandas as pd
 import pytest
@@ -17,7 +17,6 @@ from gpuwarden.scheduling import (
     Job, NodeState, QueuePolicy, QuotaError, Quotas, QuotaSpec, Scheduler, State, Statement, TraceOrderError,
     UnknownMigProfile, advise_layouts, find_placement, plan,
 )
-from gpuwarden.scheduling.engine import PlacementOptions
 from gpuwarden.scheduling.replay_queue import check_order
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -276,7 +275,7 @@ def test_mig_layout_advice_fits_demand_with_little_waste():
 
 
 def _snapshot() -> ClusterSnapshot:
-    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
     topo = Topology("nvl-0", "leaf-0", "rack-0")
     nodes = (Node("n1", "pool", "cloud", "reserved", topo, H100, 2, 64000, 512 * 2**30),)
     gpus = (Gpu("g0", 0, "n1", H100), Gpu("g1", 1, "n1", H100, mig_enabled=True,

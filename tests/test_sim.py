@@ -9,7 +9,6 @@ module-scoped fixtures; anything that acts on a simulation builds its own.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import math
 import os
 import subprocess

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable
+from collections.abc import Callable
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
@@ -118,9 +118,10 @@ def _place_whole(nodes: list[NodeState], job: Job, options: PlacementOptions) ->
             if len(chosen) == job.pods:
                 break
     else:
-        chosen = _gang_by_topology(nodes, cap, job.pods, lambda n: n.whole_free())
-        if chosen is None:
+        gang = _gang_by_topology(nodes, cap, job.pods, lambda n: n.whole_free())
+        if gang is None:
             return None, f"topology: no leaf switch holds all {job.pods} pods x {need} GPUs"
+        chosen = gang
     placements: list[Slot] = []
     used: dict[str, set[int]] = {}
     for name in chosen:

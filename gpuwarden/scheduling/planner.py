@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Gpu, WorkloadPhase, WorkloadState
 

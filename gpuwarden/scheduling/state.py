@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
+from gpuwarden.fleet.semantics import request_gpu_equivalents
 
 from . import mig
 from .errors import SchedulingError
@@ -20,7 +21,7 @@ from .quotas import ANY_FLAVOUR, Quotas
 MILLI = 1000
 
 # Where one pod of a job sits: (node, GPU index on the node, milli-GPU taken or MIG profile held).
-Slot = tuple[str, int, Union[int, str]]
+Slot = tuple[str, int, int | str]
 
 
 class JobState(StrEnum):
@@ -108,9 +109,10 @@ class Job:
 
     @property
     def gpu_equivalents(self) -> float:
+        """Whole GPUs the job holds: a MIG slice by its compute share (``fleet.semantics``)."""
         if self.mig_profile:
-            return int(self.mig_profile.split("g.")[0]) / 7.0 * self.pods
-        return self.pods * self.gpus_per_pod * self.milli / MILLI
+            return request_gpu_equivalents(self.mig_profile, self.pods, model=self.gpu_model)
+        return request_gpu_equivalents(None, self.pods * self.gpus_per_pod, self.milli)
 
     @property
     def whole(self) -> bool:

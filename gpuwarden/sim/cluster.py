@@ -14,7 +14,6 @@ import numpy as np
 
 from gpuwarden.fleet import (
     Action,
-    ActionKind,
     ActionResult,
     ClusterSnapshot,
     Placement,

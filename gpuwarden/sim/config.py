@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
@@ -43,7 +44,7 @@ class SimConfig:
     nodes: int = 64
     gpus_per_node: int = 8
     step_seconds: int = 60
-    start: datetime = datetime(2026, 11, 23, tzinfo=timezone.utc)
+    start: datetime = datetime(2026, 11, 23, tzinfo=UTC)
     warmup_days: float = 1.0  # simulated but not recorded, so the first recorded day starts busy
     cluster: str = "sim"
     training_load: float = 0.95  # Philly GPU-time demand relative to training capacity
@@ -91,14 +92,14 @@ class SimConfig:
         if not isinstance(self.background_noise, bool):
             raise ConfigError(f"background_noise: {self.background_noise!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:
-            object.__setattr__(self, "start", self.start.replace(tzinfo=timezone.utc))
+            object.__setattr__(self, "start", self.start.replace(tzinfo=UTC))
 
     @classmethod
     def keys(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> "SimConfig":
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> SimConfig:
         unknown = [key for key in values if key not in cls.keys()]
         if unknown:
             raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(cls.keys())}")
@@ -119,7 +120,7 @@ class SimConfig:
             raise ConfigError(f"{source}: {error}") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "SimConfig":
+    def from_yaml(cls, path: str | Path) -> SimConfig:
         path = Path(path)
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
@@ -132,5 +133,5 @@ class SimConfig:
         section = loaded.get("sim", loaded) if set(loaded) <= {"sim"} else loaded
         return cls.from_mapping(section, source=str(path))
 
-    def replace(self, **changes: Any) -> "SimConfig":
+    def replace(self, **changes: Any) -> SimConfig:
         return dataclasses.replace(self, **changes)

@@ -30,7 +30,6 @@ from gpuwarden.fleet import (
     SAMPLE_COLUMNS,
     SAMPLE_COLUMN_NAMES,
     PriorityClass,
-    TRACKED_XIDS,
     THROTTLE_REASONS,
     WorkloadKind,
     WorkloadPhase,
@@ -44,6 +43,7 @@ from .config import SimConfig
 from .dispatch import Dispatcher
 from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, NVLINK_COUNTERS, SLOW_KINDS, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
+from gpuwarden.fleet.semantics import mig_share
 from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
 from .workloads import PROFILES, ArrivalStream, JobSpec
 
@@ -149,7 +149,7 @@ class Simulation:
         self.dev_mig_id = np.array([r[2] for r in rows])
         self.dev_mig_profile = np.array([r[3] for r in rows], dtype=object)
         self.dev_slices = np.array([r[4] for r in rows])
-        self.dev_share = self.dev_slices / 7.0
+        self.dev_share = np.array([mig_share(r[3] or None, self.gpus[r[0]].model) for r in rows])
         self.dev_is_mig = self.dev_mig_id > 0
         self.dev_mem_total = np.array([r[5] for r in rows], dtype=float)
         self.dev_pool = self.node_pool[self.dev_node]

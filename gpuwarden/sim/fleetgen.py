@@ -15,7 +15,7 @@ import pandas as pd
 
 from gpuwarden.fleet import Gpu, Location, MigInstance, Node, PriceTier, Team, Topology
 
-from .catalog import GIB, MIG_LAYOUTS, MODELS
+from .catalog import GIB, MIG_LAYOUTS
 
 # (pool, model, location, tier, share of nodes, MIG share of the pool's nodes)
 POOLS = (

@@ -31,11 +31,12 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import numpy as np
 
 from gpuwarden.fleet import ClusterSnapshot, Location, PriceTier, WorkloadKind
+from gpuwarden.fleet.semantics import mig_share
 from gpuwarden.scheduling import (
     WAITING,
     DecisionKind,
@@ -55,7 +56,6 @@ from .fleetgen import PoolSpec, build_fleet
 INFERENCE_MIX = {"1g": 0.5, "2g": 0.3, "3g": 0.2}
 PROFILES = {"H100": {"1g": "1g.10gb", "2g": "2g.20gb", "3g": "3g.40gb"},
             "H200": {"1g": "1g.18gb", "2g": "2g.35gb", "3g": "3g.71gb"}}
-SLICES = {"1g": 1, "2g": 2, "3g": 3}
 TRAINING_GPUS = {1: 0.3, 2: 0.2, 4: 0.2, 8: 0.2, 16: 0.1}
 TRAINING_BUSY_RATIO = 0.9  # a training GPU's busy compute
 SERVICE_BUSY_RATIO = 0.7  # a service's busy share of its slice
@@ -93,7 +93,7 @@ def fleet(spec: MixedSpec) -> list[NodeState]:
     """The simulator's fleet generator, read into the engine as the planner reads a cluster."""
     built = build_fleet("mixed", spec.h100_nodes + spec.h200_nodes, spec.gpus_per_node, None,
                         pools=spec.pools(), leaf_nodes=4)
-    snapshot = ClusterSnapshot(taken_at=datetime(2026, 1, 1, tzinfo=timezone.utc), nodes=built.nodes,
+    snapshot = ClusterSnapshot(taken_at=datetime(2026, 1, 1, tzinfo=UTC), nodes=built.nodes,
                                gpus=built.gpus, workloads=(), teams=())
     state, _ = state_from_snapshot(snapshot)
     return list(state.nodes.values())
@@ -185,7 +185,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
     alloc_integral = useful_integral = training_done = 0.0
     served = {"inference": 0, "training": 0}
     running: set[str] = set()
-    slices = {j.name: SLICES[j.mig_profile.split(".")[0]] for j in template if j.mig_profile}
+    asked_share = {j.name: mig_share(j.mig_profile, j.gpu_model) for j in template if j.mig_profile}
 
     def accrue(to: float) -> None:
         nonlocal now, alloc_integral, useful_integral, training_done
@@ -194,7 +194,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
             for name in running:
                 j = state.jobs[name]
                 if j.kind == WorkloadKind.INFERENCE:
-                    share = slices[name] / 7.0
+                    share = asked_share[name]  # the slice it asked for, also when it holds a whole GPU
                     useful_integral += dt * SERVICE_BUSY_RATIO * share
                     alloc_integral += dt * (share if j.mig_profile else 1.0)
                 else:
