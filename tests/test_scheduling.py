@@ -332,3 +332,36 @@ def test_cli_simulate_queue_rejects_out_of_order_trace(tmp_path, capsys, data_di
     trace.write_text("timestamp,duration,num_gpus,cluster\n2017-10-01 10:00:00,60,1,a\n2017-10-01 09:00:00,60,1,a\n")
     assert main(["simulate", "queue", "--trace", str(trace), "--data-dir", str(data_dir)]) == 2
     assert "not in time order" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- enums and scorers
+
+
+def test_job_states_decision_kinds_and_policy_modes_are_enums():
+    from gpuwarden.scheduling import DecisionKind, JobState, PreemptMode, QueueOrder, SchedulingError
+
+    state = ClusterBuilder().node("n1", gpus=1).obj()
+    state.add_job(Job("a", "t"))
+    decisions = Scheduler("fifo").schedule(state, 0.0)
+    assert [d.kind for d in decisions] == [DecisionKind.BIND]
+    assert state.jobs["a"].state is JobState.RUNNING
+    policy = QueuePolicy("by-hand", order="las", preempt="priority")  # strings from YAML become enums
+    assert policy.order is QueueOrder.LAS and policy.preempt is PreemptMode.PRIORITY
+    with pytest.raises(SchedulingError, match="preempt 'sometimes' is not one of: none, priority, las"):
+        QueuePolicy("bad", preempt="sometimes")
+
+
+def test_fragmentation_scorer_keeps_room_for_the_expected_pods():
+    """FGD inside the engine: tightest fit takes the shared GPU and strands 200 milli that the
+    expected 300-milli pods cannot use; the fragmentation scorer keeps that GPU usable."""
+    import numpy as np
+
+    from gpuwarden.scheduling import PlacementOptions
+    from gpuwarden.scheduling.packing import TargetWorkload
+
+    target = TargetWorkload(need=np.array([300]), count=np.array([1]), cpu=np.array([0]), mem=np.array([0]),
+                            model_ok=np.array([[True]]), weight=np.array([1.0]))
+    state = ClusterBuilder().node("a", gpus=2).node("b", gpus=2, gpu_free=[700, 1000]).obj()
+    job = Job("frac", "t", milli=500)
+    assert find_placement(state, job, PlacementOptions())[0] == [("b", 0, 500)]
+    assert find_placement(state, job, PlacementOptions(fragmentation=target))[0] == [("a", 0, 500)]

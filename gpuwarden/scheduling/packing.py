@@ -1,7 +1,10 @@
-"""Vectorised node packing: fractional / whole / CPU-only pods onto nodes, scored over all nodes at once.
+"""Fragmentation-aware (FGD) packing: the fragmentation measure and score, and the array cluster the
+openb replay runs on.
 
-This is the placement core that both the openb replay and the live planner use for shared GPUs.
-A cluster is held as arrays (``free_milli[n, g]`` per GPU, free CPU and memory per node) so a
+``TargetWorkload.fragmentation`` and ``fgd_score`` are the one FGD implementation: the scheduling
+engine scores fractional placements with them when ``PlacementOptions.fragmentation`` names a
+target workload (``placement._place_fraction_by_fragmentation``), and the openb replay's
+``FragmentationGradient`` uses them over all nodes at once. The openb replay holds a cluster as arrays (``free_milli[n, g]`` per GPU, free CPU and memory per node) so a
 score is computed for every node in a few numpy operations.
 
 Fragmentation (our implementation of the FGD idea, Weng et al., USENIX ATC'23): for a *target

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
 from collections.abc import Callable
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
 from . import mig
+from .packing import TargetWorkload, fgd_score
 from .state import MILLI, Job, NodeState, Slot, State
 
 Placement = tuple[list[Slot] | None, str]
@@ -54,6 +57,9 @@ class PlacementOptions:
     mig: bool = True  # use MIG instances for MIG requests (else a whole GPU per request)
     fractions: FractionMode = FractionMode.SHARE
     spot_first: bool = True  # jobs allowed on spot (checkpointable training) fill it before other tiers
+    # Fragmentation-aware placement of fractions (FGD): the pod shapes expected to arrive; a fraction
+    # goes where the expected fragmentation grows least (``packing``). None: tightest GPU first.
+    fragmentation: TargetWorkload | None = None
 
 
 DEFAULT_OPTIONS = PlacementOptions()
@@ -166,6 +172,8 @@ def _gang_by_topology(nodes: list[NodeState], cap: dict[str, int], pods: int,
 
 
 def _place_fraction(nodes: list[NodeState], job: Job, options: PlacementOptions) -> Placement:
+    if options.fragmentation is not None and job.pods == 1:
+        return _place_fraction_by_fragmentation(nodes, job, options.fragmentation)
     best = None
     for n in nodes:
         for g, free in enumerate(n.gpu_free):
@@ -246,3 +254,31 @@ def _place_fraction_on_mig(nodes: list[NodeState], job: Job) -> Placement:
     if best is None:
         return None, f"capacity: no free MIG instance with {slices} compute slice(s)"
     return [(best[1], best[2], best[3])], ""
+
+
+def _place_fraction_by_fragmentation(nodes: list[NodeState], job: Job, target: TargetWorkload) -> Placement:
+    """FGD as a scorer of the one engine: every (node, GPU) that holds the fraction is scored by how
+    much it grows the node's fragmentation against ``target`` (``packing.fgd_score``, lower is
+    better); among equal scores the tightest GPU, then node order. ``target``'s model constraints
+    are not applied here (one model column)."""
+    width = max((n.gpu_count for n in nodes), default=0)
+    rows: list[tuple[NodeState, int]] = [(n, g) for n in nodes for g, free in enumerate(n.gpu_free)
+                                         if n.mig_layout[g] is None and free >= job.milli]
+    if not rows:
+        return None, f"capacity: no GPU has {job.milli} milli-GPU free"
+    before = np.zeros((len(nodes), width), dtype=np.int32)
+    for i, n in enumerate(nodes):
+        before[i, : n.gpu_count] = n.gpu_free
+    index = {n.name: i for i, n in enumerate(nodes)}
+    cpu = np.array([n.cpu_free for n in nodes], dtype=np.int64)
+    mem = np.array([n.mem_free for n in nodes], dtype=np.int64)
+    model = np.zeros(len(nodes), dtype=np.int32)
+    base = target.fragmentation(before, cpu, mem, model)
+    after = np.array([before[index[n.name]] for n, _ in rows])
+    at = np.array([index[n.name] for n, _ in rows])
+    after[np.arange(len(rows)), [g for _, g in rows]] -= job.milli
+    grown = target.fragmentation(after, cpu[at] - job.cpu_milli, mem[at] - job.mem_bytes, model[at]) - base[at]
+    score = fgd_score(grown)
+    order = min(range(len(rows)), key=lambda k: (float(score[k]), rows[k][0].gpu_free[rows[k][1]], at[k], rows[k][1]))
+    node, gpu = rows[order]
+    return [(node.name, gpu, job.milli)], ""
