@@ -57,6 +57,8 @@ class Scheduler:
     def __init__(self, policy: QueuePolicy | str = "gpuwarden") -> None:
         self.policy = policy_named(policy) if isinstance(policy, str) else policy
         self._state: State | None = None
+        self._service_levels: dict[str, int] = {}
+        self._mixed_fleet = True  # MIG GPUs or nodes some jobs may not use: victims need filtering
 
     # -- ordering ---------------------------------------------------------------------------
     def level(self, job: Job, now: float, aging: bool = True) -> int:
@@ -64,7 +66,9 @@ class Scheduler:
         Aging lifts waiting jobs in the *order* only; preemption compares levels without aging."""
         if self.policy.order != QueueOrder.LAS:
             return 0
-        level = sum(1 for t in self.policy.las_thresholds if job.attained >= t)
+        level = self._service_levels.get(job.name)
+        if level is None:  # attained service does not change within a pass
+            level = self._service_levels[job.name] = sum(1 for t in self.policy.las_thresholds if job.attained >= t)
         if aging and self.policy.aging_seconds and job.state != JobState.RUNNING:
             level -= int((now - job.submitted) // self.policy.aging_seconds)
         return level
@@ -83,6 +87,9 @@ class Scheduler:
     # -- one pass -----------------------------------------------------------------------------
     def schedule(self, state: State, now: float) -> list[Decision]:
         policy = self.policy
+        self._service_levels = {}
+        self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
+            or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
         decisions: list[Decision] = []
         statement = Statement(state)
         blocked_head = False
@@ -162,12 +169,14 @@ class Scheduler:
     def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
         policy = self.policy
         # evicting a job on nodes this job may never use frees nothing it can take
-        allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
-        # nor does evicting whole-GPU work free a MIG instance, or MIG work a whole GPU
-        wants_mig = job.mig_profile is not None
-        running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job
-                   and any(node in allowed and (job.milli < MILLI and not wants_mig or isinstance(amount, str) == wants_mig)
-                           for node, _, amount in j.placements)]
+        running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job]
+        if self._mixed_fleet:
+            allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
+            # nor does evicting whole-GPU work free a MIG instance, or MIG work a whole GPU
+            wants_mig = job.mig_profile is not None
+            running = [j for j in running if any(
+                node in allowed and (job.milli < MILLI and not wants_mig or isinstance(amount, str) == wants_mig)
+                for node, _, amount in j.placements)]
         out = []
         for victim in running:
             if victim.protected_until > now:

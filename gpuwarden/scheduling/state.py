@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import StrEnum
 from collections.abc import Iterable
 
@@ -107,9 +108,10 @@ class Job:
     finished: float | None = None
     waited: float = 0.0  # seconds between submission and finish not running (queued or suspended)
 
-    @property
+    @cached_property
     def gpu_equivalents(self) -> float:
-        """Whole GPUs the job holds: a MIG slice by its compute share (``fleet.semantics``)."""
+        """Whole GPUs the job holds: a MIG slice by its compute share (``fleet.semantics``). Cached:
+        the request does not change once the job exists."""
         if self.mig_profile:
             return request_gpu_equivalents(self.mig_profile, self.pods, model=self.gpu_model)
         return request_gpu_equivalents(None, self.pods * self.gpus_per_pod, self.milli)
