@@ -28,7 +28,8 @@ LIMITS = {
     "default_10_seed_seconds": 60.0,
     "default_gpuwarden_min_pct": 95.5,  # the target; measured 95.71 (seeds 42-51)
     "baseline_max_gap_pts": 1.0,
-    # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906)
+    # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906; its p99 wait, 84,322 s,
+    # is above Tiresias's 74,616 s, so the p99-wait check below reports a miss: docs/scheduling.md)
     "queue_gpuwarden_min_guarantee_met": 0.95,
     "queue_gpuwarden_min_worst_team": 0.85,
     "mixed_min_training_gain": 0.38,  # measured +40.2% (target +40%)
