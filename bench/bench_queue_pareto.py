@@ -28,7 +28,7 @@ BASE = POLICIES["gpuwarden"]
 VARIANTS: dict[str, QueuePolicy] = {
     "tiresias": POLICIES["tiresias"],
     "gpuwarden": BASE,
-    "gw-tiresias-edges": replace(BASE, name="gw-tiresias-edges", las_thresholds=(3600.0, 36000.0)),
+    "gw-gittins-edges": replace(BASE, name="gw-gittins-edges", las_thresholds=(300.0, 3600.0, 36000.0)),
     "gw-4-edges-gap2": replace(BASE, name="gw-4-edges-gap2", las_thresholds=(900.0, 3600.0, 14400.0, 57600.0), las_gap=2),
     "gw-no-guarantee-first": replace(BASE, name="gw-no-guarantee-first", guarantee_first=False),
     "gw-protect-1": replace(BASE, name="gw-protect-1", protect_after=1),
