@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwarden.fleet.traces import default_data_dir  # noqa: E402
-from gpuwarden.scheduling.replay_mixed import run_mixed  # noqa: E402
+from gpuwarden.sim.replay_mixed import run_mixed  # noqa: E402
 from gpuwarden.scheduling.replay_openb import OPENB_LISTS, load_published, replay_openb, summarise  # noqa: E402
 from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # noqa: E402
 
@@ -28,9 +28,11 @@ LIMITS = {
     "default_10_seed_seconds": 60.0,
     "default_gpuwarden_min_pct": 95.5,  # the target; measured 95.71 (seeds 42-51)
     "baseline_max_gap_pts": 1.0,
-    # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906, p99 delay 0 s)
+    # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906; its p99 wait, 84,322 s,
+    # is above Tiresias's 74,616 s, so the p99-wait check below reports a miss: docs/scheduling.md)
     "queue_gpuwarden_min_guarantee_met": 0.95,
     "queue_gpuwarden_min_worst_team": 0.85,
+    "mixed_min_training_gain": 0.38,  # measured +40.2% (target +40%)
 }
 
 
@@ -45,7 +47,7 @@ def main() -> int:
     failures = []
 
     started = time.perf_counter()
-    default = replay_openb(data_dir, ("default",), ("gpuwarden",), tuple(range(42, 52)), workers=args.workers)
+    replay_openb(data_dir, ("default",), ("gpuwarden",), tuple(range(42, 52)), workers=args.workers)
     seconds = time.perf_counter() - started
     print(f"default list, gpuwarden, 10 seeds: {seconds:.1f} s wall on {args.workers} workers")
     if seconds > LIMITS["default_10_seed_seconds"]:
@@ -73,13 +75,26 @@ def main() -> int:
         print(f"queue replay: {time.perf_counter() - started:.1f} s")
         by = {r.policy: r for r in queue}
         ours_q = by["gpuwarden"]
-        if ours_q.queue_delay_p99 > min(r.queue_delay_p99 for r in queue):
-            failures.append(f"queue: gpuwarden p99 delay {ours_q.queue_delay_p99:,.0f} s is not the lowest")
+        for r in queue:
+            print(f"  {r.policy:10s} JCT mean {r.jct_mean:>8,.0f} s  wait mean {r.wait_mean:>8,.0f} s  "
+                  f"wait p99 {r.wait_p99:>8,.0f} s  worst team {r.worst_team_guarantee_met:.3f}")
+        if ours_q.wait_p99 > min(r.wait_p99 for r in queue):
+            failures.append(f"queue: gpuwarden p99 wait {ours_q.wait_p99:,.0f} s is not the lowest")
+        tiresias = by.get("tiresias")
+        if tiresias is not None:
+            print(f"queue: gpuwarden mean JCT / Tiresias's = {ours_q.jct_mean / tiresias.jct_mean:.3f} "
+                  f"(target <= 1; see docs/scheduling.md for the Pareto front)")
         if ours_q.guarantee_met < LIMITS["queue_gpuwarden_min_guarantee_met"]:
             failures.append(f"queue: gpuwarden guarantee met {ours_q.guarantee_met:.3f}")
         if ours_q.worst_team_guarantee_met < LIMITS["queue_gpuwarden_min_worst_team"]:
             failures.append(f"queue: gpuwarden worst team guarantee met {ours_q.worst_team_guarantee_met:.3f}")
-    print(json.dumps(run_mixed(), indent=1, default=str))
+    naive, ours_m = run_mixed()
+    print(json.dumps([naive, ours_m], indent=1, default=str))
+    gain = float(ours_m["training_gpu_hours_per_hour"]) / float(naive["training_gpu_hours_per_hour"]) - 1  # type: ignore[arg-type]
+    print(f"mixed: demand {float(ours_m['demand_ratio']):.0%} of the fleet, useful utilisation "  # type: ignore[arg-type]
+          f"{float(ours_m['useful_utilisation']):.1%} (target 85%), training GPU-hours {gain:+.1%} over naive (target +40%)")  # type: ignore[arg-type]
+    if gain < LIMITS["mixed_min_training_gain"]:
+        failures.append(f"mixed: training GPU-hours {gain:+.1%} over naive")
     for failure in failures:
         print("REGRESSION:", failure)
     return 1 if failures else 0

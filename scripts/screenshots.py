@@ -29,7 +29,7 @@ from gpuwarden.cli.demo import precompute_reports
 from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium
 from gpuwarden.dashboards.launch import launch_dashboard
-from gpuwarden.fleet import ActionKind, Finding, Severity
+from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
 from gpuwarden.sim import Simulation
 from gpuwarden.sim.cluster import SimCluster
 from gpuwarden.sim.config import SimConfig
@@ -51,7 +51,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
 
 
 def xid79_finding(node: str, gpu_uuid: str, at) -> Finding:
-    return Finding("xid_79_gpu_fell_off_bus", Severity.CRITICAL, node, gpu_uuid,
+    return Finding(FindingKind.OFF_THE_BUS, Severity.CRITICAL, node, gpu_uuid,
                    {"xid": 79, "events": 2, "active": True}, ActionKind.CORDON, 0.99, at - timedelta(minutes=20), at)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pandas as pd
 import pytest
@@ -17,7 +17,6 @@ from gpuwarden.scheduling import (
     Job, NodeState, QueuePolicy, QuotaError, Quotas, QuotaSpec, Scheduler, State, Statement, TraceOrderError,
     UnknownMigProfile, advise_layouts, find_placement, plan,
 )
-from gpuwarden.scheduling.engine import PlacementOptions
 from gpuwarden.scheduling.replay_queue import check_order
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -103,7 +102,7 @@ def kinds(decisions) -> dict[str, str]:
 
 def finish(state: State, name: str) -> None:
     j = state.jobs[name]
-    state._release(j, j.placements)
+    state.release(j, j.placements)
     j.placements, j.state = [], "done"
 
 
@@ -276,7 +275,7 @@ def test_mig_layout_advice_fits_demand_with_little_waste():
 
 
 def _snapshot() -> ClusterSnapshot:
-    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
     topo = Topology("nvl-0", "leaf-0", "rack-0")
     nodes = (Node("n1", "pool", "cloud", "reserved", topo, H100, 2, 64000, 512 * 2**30),)
     gpus = (Gpu("g0", 0, "n1", H100), Gpu("g1", 1, "n1", H100, mig_enabled=True,
@@ -333,3 +332,36 @@ def test_cli_simulate_queue_rejects_out_of_order_trace(tmp_path, capsys, data_di
     trace.write_text("timestamp,duration,num_gpus,cluster\n2017-10-01 10:00:00,60,1,a\n2017-10-01 09:00:00,60,1,a\n")
     assert main(["simulate", "queue", "--trace", str(trace), "--data-dir", str(data_dir)]) == 2
     assert "not in time order" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- enums and scorers
+
+
+def test_job_states_decision_kinds_and_policy_modes_are_enums():
+    from gpuwarden.scheduling import DecisionKind, JobState, PreemptMode, QueueOrder, SchedulingError
+
+    state = ClusterBuilder().node("n1", gpus=1).obj()
+    state.add_job(Job("a", "t"))
+    decisions = Scheduler("fifo").schedule(state, 0.0)
+    assert [d.kind for d in decisions] == [DecisionKind.BIND]
+    assert state.jobs["a"].state is JobState.RUNNING
+    policy = QueuePolicy("by-hand", order="las", preempt="priority")  # strings from YAML become enums
+    assert policy.order is QueueOrder.LAS and policy.preempt is PreemptMode.PRIORITY
+    with pytest.raises(SchedulingError, match="preempt 'sometimes' is not one of: none, priority, las"):
+        QueuePolicy("bad", preempt="sometimes")
+
+
+def test_fragmentation_scorer_keeps_room_for_the_expected_pods():
+    """FGD inside the engine: tightest fit takes the shared GPU and strands 200 milli that the
+    expected 300-milli pods cannot use; the fragmentation scorer keeps that GPU usable."""
+    import numpy as np
+
+    from gpuwarden.scheduling import PlacementOptions
+    from gpuwarden.scheduling.packing import TargetWorkload
+
+    target = TargetWorkload(need=np.array([300]), count=np.array([1]), cpu=np.array([0]), mem=np.array([0]),
+                            model_ok=np.array([[True]]), weight=np.array([1.0]))
+    state = ClusterBuilder().node("a", gpus=2).node("b", gpus=2, gpu_free=[700, 1000]).obj()
+    job = Job("frac", "t", milli=500)
+    assert find_placement(state, job, PlacementOptions())[0] == [("b", 0, 500)]
+    assert find_placement(state, job, PlacementOptions(fragmentation=target))[0] == [("a", 0, 500)]

@@ -9,7 +9,6 @@ module-scoped fixtures; anything that acts on a simulation builds its own.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import math
 import os
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, GpuBackend, WorkloadKind, WorkloadPhase
 from gpuwarden.sim import ConfigError, SimConfig, Simulation, TraceError
-from gpuwarden.sim import engine as sim_engine
+from gpuwarden.sim import hardware as sim_hardware
 from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.catalog import MODELS
 from gpuwarden.sim.faults import APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, KINDS
@@ -398,7 +397,7 @@ def test_xid79_off_bus_loses_the_gpu_until_repair(off_bus):
 
 
 def test_application_xids_kill_jobs_but_are_not_gpu_faults(data_dir, monkeypatch):
-    monkeypatch.setattr(sim_engine, "APPLICATION_XID_RATE_PER_GPU_DAY", 30.0)
+    monkeypatch.setattr(sim_hardware, "APPLICATION_XID_RATE_PER_GPU_DAY", 30.0)
     sim = Simulation(small(data_dir, warmup_days=0.0))
     frame = sim.run(120)
     assert sim.counts["application_xids"] > 0

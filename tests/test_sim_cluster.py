@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gpuwarden.fleet import (
@@ -414,3 +413,36 @@ def test_unhealthy_gpus_show_in_the_snapshot(data_dir):
     assert lost and lost <= snapshot.unhealthy_gpus
     placed = {p.gpu_uuid for w in snapshot.workloads for p in w.placements}
     assert not placed & snapshot.unhealthy_gpus
+
+
+# -- the production scheduler ----------------------------------------------------------------------
+
+
+def test_the_simulator_is_scheduled_by_the_production_scheduler(sim, cluster):
+    """The simulator keeps no placement code: every start is a BIND or RESUME the scheduling
+    engine decided and SimCluster carried out, within the job's pools and off spot unless
+    checkpointable training; the engine's view and the simulator's never disagree."""
+    import inspect
+
+    from gpuwarden.sim import engine
+
+    source = inspect.getsource(engine)
+    assert "gpuwarden.scheduling" in inspect.getsource(__import__("gpuwarden.sim.dispatch", fromlist=["x"]))
+    assert "_fit" not in source and "best-fit" not in source.lower()
+    applied = []
+    real_apply = sim.dispatcher.cluster.apply
+    sim.dispatcher.cluster.apply = lambda action: applied.append(action) or real_apply(action)
+    empty_node(cluster, busiest_training_node(cluster))  # room, and an action: a pass at the next step
+    step(sim, 15)
+    assert sim.dispatcher.refused == 0
+    assert applied and {a.kind for a in applied} <= {ActionKind.BIND, ActionKind.RESUME, ActionKind.SUSPEND,
+                                                     ActionKind.PREEMPT}
+    snapshot = cluster.snapshot()
+    pool_of = {n.name: n.pool for n in snapshot.nodes}
+    spot = {n.name for n in snapshot.nodes if n.price_tier.value == "spot"}
+    for workload in snapshot.workloads:
+        job = sim.job_by_name[workload.workload.name]
+        for placement in workload.placements:
+            assert pool_of[placement.node] in job.spec.pools
+            if placement.node in spot:
+                assert workload.workload.kind in TRAINING_KINDS and workload.workload.checkpointable

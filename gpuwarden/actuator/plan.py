@@ -17,10 +17,21 @@ a separate step (:mod:`gpuwarden.actuator.apply`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from datetime import datetime
 
-from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding, Severity, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import (
+    Action,
+    ActionKind,
+    ClusterSnapshot,
+    Finding,
+    FindingKind,
+    Severity,
+    WorkloadPhase,
+    WorkloadState,
+)
 
 # Node actions a health finding may lead to, weakest to strongest.
 NODE_ACTIONS = (ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN)
@@ -64,7 +75,7 @@ class Plan:
     snapshot_at: datetime | None = None
 
 
-def _label_true(labels, key: str) -> bool:
+def _label_true(labels: Mapping[str, str] | None, key: str) -> bool:
     return str((labels or {}).get(key, "")).lower() == "true"
 
 
@@ -89,7 +100,7 @@ def _passes(finding: Finding, policy: PlanningPolicy) -> str | None:
 
 
 def already_standing(action: Action, snapshot: ClusterSnapshot, policy: PlanningPolicy,
-                     index: "_Index | None" = None) -> str | None:
+                     index: _Index | None = None) -> str | None:
     """Why ``action`` would change nothing (its effect already stands), or None."""
     index = index or _Index(snapshot)
     target, kind = action.target, action.kind
@@ -116,11 +127,14 @@ def already_standing(action: Action, snapshot: ClusterSnapshot, policy: Planning
 
 
 def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy,
-               skipped: list, index: _Index) -> list[PlannedAction]:
+               skipped: list[tuple[Finding, str]], index: _Index) -> list[PlannedAction]:
     nodes = {node.name for node in snapshot.nodes}
     strongest: dict[str, tuple[ActionKind, list[Finding]]] = {}
     for finding in findings:
         action = finding.recommended_action
+        if action is None:  # the caller passes node actions only; kept for the type checker
+            skipped.append((finding, "recommends no node action"))
+            continue
         why = _passes(finding, policy)
         if why:
             skipped.append((finding, why))
@@ -140,12 +154,12 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
     for node, (kind, evidence) in sorted(strongest.items()):
         params = {"taint": policy.taint} if kind == ActionKind.TAINT else {}
         reason = "; ".join(sorted({f"{f.kind} on {f.gpu_uuid or node}" for f in evidence}))
-        action = Action(kind, node, reason, params)
-        standing = already_standing(action, snapshot, policy, index)
+        node_action = Action(kind, node, reason, params)
+        standing = already_standing(node_action, snapshot, policy, index)
         if standing:
             skipped.extend((finding, standing) for finding in evidence)
             continue
-        planned.append(PlannedAction(action, tuple(evidence)))
+        planned.append(PlannedAction(node_action, tuple(evidence)))
     return planned
 
 
@@ -177,7 +191,7 @@ def _workload_of(finding: Finding, index: _Index) -> WorkloadState | None:
     if named:
         return index.by_key.get(named)
     if pod:
-        return index.by_pod.get((namespace, pod))
+        return index.by_pod.get((str(namespace or ""), str(pod)))
     if finding.gpu_uuid:
         return index.by_gpu.get(finding.gpu_uuid)
     return None
@@ -203,7 +217,7 @@ def _idle_action(finding: Finding, state: WorkloadState, snapshot: ClusterSnapsh
 
 
 def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: PlanningPolicy, now: datetime,
-                   skipped: list, index: _Index) -> list[PlannedAction]:
+                   skipped: list[tuple[Finding, str]], index: _Index) -> list[PlannedAction]:
     planned: dict[str, PlannedAction] = {}
     for finding in findings:
         idle = finding.kind in policy.idle_kinds
@@ -219,7 +233,7 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
         if namespace_protected(snapshot, namespace):
             skipped.append((finding, f"namespace {namespace!r} is protected"))
             continue
-        params: dict = {}
+        params: dict[str, Any] = {}
         if idle:
             if not _label_true(snapshot.namespace_labels.get(namespace), RECLAIM_LABEL):
                 skipped.append((finding, f"namespace {namespace!r} has not opted in ({RECLAIM_LABEL}=true)"))
@@ -234,7 +248,11 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
                                      f"{finding.first_seen.isoformat()}; it will be reclaimed after "
                                      f"{policy.reclaim_grace_seconds:.0f} s unless it is used"}
         else:
-            kind = finding.recommended_action
+            recommended = finding.recommended_action
+            if recommended is None:  # the caller passes workload actions only; kept for the type checker
+                skipped.append((finding, "recommends no workload action"))
+                continue
+            kind = recommended
             params = {k: finding.evidence[k] for k in ("priority_class",) if k in finding.evidence}
         if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT):
             params["grace_seconds"] = policy.suspend_grace_seconds
@@ -269,7 +287,7 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
     return Plan(tuple(actions), tuple(skipped), snapshot.taken_at)
 
 
-def scheduling_findings(actions, snapshot: ClusterSnapshot) -> list[Finding]:
+def scheduling_findings(actions: Iterable[Action], snapshot: ClusterSnapshot) -> list[Finding]:
     """The scheduling planner's decisions as findings, so they travel the same plan, limits and audit.
     BIND is left to the Kubernetes scheduler (or Kueue), which places pods itself."""
     placement = {workload_key(w): w for w in snapshot.workloads}
@@ -282,7 +300,7 @@ def scheduling_findings(actions, snapshot: ClusterSnapshot) -> list[Finding]:
         evidence = {"workload": action.target, "decision": action.kind.value, "reason": action.reason}
         if state is not None:
             evidence.update(team=state.workload.team, gpus=state.workload.total_gpu_equivalents)
-        kind = "quota-reclaim" if "preempted for" in action.reason else "queue-order"
+        kind = FindingKind.QUOTA_RECLAIM if "preempted for" in action.reason else FindingKind.QUEUE_ORDER
         out.append(Finding(kind, Severity.WARNING, node, None, evidence, action.kind, 1.0,
                            snapshot.taken_at, snapshot.taken_at))
     return out
@@ -291,7 +309,7 @@ def scheduling_findings(actions, snapshot: ClusterSnapshot) -> list[Finding]:
 def merge(*plans: Plan) -> Plan:
     """One plan from several: one action per target (the first plan's wins), skipped reasons kept."""
     seen: dict[str, PlannedAction] = {}
-    skipped: list = []
+    skipped: list[tuple[Finding, str]] = []
     for plan in plans:
         skipped.extend(plan.skipped)
         for planned in plan.actions:

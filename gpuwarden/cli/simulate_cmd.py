@@ -147,8 +147,8 @@ def run_queue(args: argparse.Namespace) -> int:
 
 
 def run_mixed(args: argparse.Namespace) -> int:
-    from gpuwarden.scheduling.replay_mixed import MixedSpec
-    from gpuwarden.scheduling.replay_mixed import run_mixed as replay
+    from gpuwarden.sim.replay_mixed import MixedSpec
+    from gpuwarden.sim.replay_mixed import run_mixed as replay
 
     rows = replay(MixedSpec(hours=args.hours, seed=args.seed))
     _emit(args, rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import UnknownMigProfile
 
@@ -25,7 +25,7 @@ class MigSpec:
     max_instances: int
 
 
-def _table(rows) -> dict[str, MigSpec]:
+def _table(rows: Sequence[tuple[str, int, int, float, int]]) -> dict[str, MigSpec]:
     return {name: MigSpec(name, c, m, gib, n) for name, c, m, gib, n in rows}
 
 
@@ -88,7 +88,7 @@ class LayoutAdvice:
     wasted_compute_slices: int  # slices provisioned beyond the demand, over the pool
     unused_slices: int  # slices left unpartitioned
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {
             "model": self.model, "gpus": self.gpus,
             "layouts": [{"layout": list(layout), "gpus": count} for layout, count in self.layouts],
@@ -151,7 +151,7 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
             key = (served, -waste)
             if best_key is None or key > best_key:
                 best, best_key = layout, key
-        if best is None or best_key[0] == 0:
+        if best is None or best_key is None or best_key[0] == 0:
             break
         chosen[best] = chosen.get(best, 0) + 1
         for name in best:
@@ -160,7 +160,7 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
             else:
                 wasted += table[name].compute_slices
         unused += 7 - sum(table[name].compute_slices for name in best)
-    served = {p: int(demand[p]) - remaining.get(p, 0) for p in demand}
+    provided = {p: int(demand[p]) - remaining.get(p, 0) for p in demand}
     return LayoutAdvice(model=model, gpus=gpus, layouts=tuple(sorted(chosen.items(), key=lambda kv: -kv[1])),
-                        served=served, unmet={p: c for p, c in remaining.items() if c > 0},
+                        served=provided, unmet={p: c for p, c in remaining.items() if c > 0},
                         wasted_compute_slices=wasted, unused_slices=unused)

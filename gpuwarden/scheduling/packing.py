@@ -1,7 +1,10 @@
-"""Vectorised node packing: fractional / whole / CPU-only pods onto nodes, scored over all nodes at once.
+"""Fragmentation-aware (FGD) packing: the fragmentation measure and score, and the array cluster the
+openb replay runs on.
 
-This is the placement core that both the openb replay and the live planner use for shared GPUs.
-A cluster is held as arrays (``free_milli[n, g]`` per GPU, free CPU and memory per node) so a
+``TargetWorkload.fragmentation`` and ``fgd_score`` are the one FGD implementation: the scheduling
+engine scores fractional placements with them when ``PlacementOptions.fragmentation`` names a
+target workload (``placement._place_fraction_by_fragmentation``), and the openb replay's
+``FragmentationGradient`` uses them over all nodes at once. The openb replay holds a cluster as arrays (``free_milli[n, g]`` per GPU, free CPU and memory per node) so a
 score is computed for every node in a few numpy operations.
 
 Fragmentation (our implementation of the FGD idea, Weng et al., USENIX ATC'23): for a *target
@@ -28,9 +31,11 @@ node states are scored once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 MILLI = 1000
 SCORE_SCALE = 1000.0  # milli-GPU of fragmentation growth per unit of the sigmoid's argument (FGD's plugin)
@@ -57,7 +62,8 @@ class PodShapes:
 
     @property
     def gpu_milli_total(self) -> np.ndarray:
-        return self.gpus * self.milli
+        total: np.ndarray = self.gpus * self.milli
+        return total
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class TargetWorkload:
     weight: np.ndarray  # (T,) float, sums to 1
 
     @classmethod
-    def from_shapes(cls, shapes: PodShapes, popularity: np.ndarray) -> "TargetWorkload":
+    def from_shapes(cls, shapes: PodShapes, popularity: np.ndarray) -> TargetWorkload:
         weight = np.asarray(popularity, dtype=float)
         weight = weight / weight.sum()
         need = np.where(shapes.gpus > 0, shapes.milli, 0)
@@ -92,13 +98,16 @@ class TargetWorkload:
             & (self.count[None, :] > 0)  # a CPU-only shape uses no GPU: all free GPU is a fragment for it
         )
         total = free.sum(axis=1).astype(np.float64)
-        return total - (host * usable_milli) @ self.weight
+        fragmented: np.ndarray = total - (host * usable_milli) @ self.weight
+        return fragmented
 
 
 class ArrayCluster:
     """Nodes as arrays. ``free_milli`` pads nodes with fewer GPUs with zeros (a zero GPU is never used)."""
 
-    def __init__(self, names, model_index, model_names, gpu_count, cpu_milli, memory_mib, max_gpus: int | None = None):
+    def __init__(self, names: Sequence[str], model_index: npt.ArrayLike, model_names: Sequence[str],
+                 gpu_count: npt.ArrayLike, cpu_milli: npt.ArrayLike, memory_mib: npt.ArrayLike,
+                 max_gpus: int | None = None) -> None:
         self.names = tuple(names)
         self.model = np.asarray(model_index, dtype=np.int32)
         self.model_names = tuple(model_names)
@@ -127,14 +136,14 @@ class ArrayCluster:
 
     def feasible(self, shapes: PodShapes, s: int) -> np.ndarray:
         """Nodes where shape ``s`` fits: model, CPU, memory and GPUs."""
-        ok = shapes.model_ok[s][self.model] & (self.cpu_free >= shapes.cpu[s]) & (self.mem_free >= shapes.mem[s])
+        ok: np.ndarray = shapes.model_ok[s][self.model] & (self.cpu_free >= shapes.cpu[s]) & (self.mem_free >= shapes.mem[s])
         k = int(shapes.gpus[s])
         if k == 0:
             return ok
         milli = int(shapes.milli[s])
-        if k == 1:
-            return ok & (self.free.max(axis=1) >= milli)
-        return ok & ((self.free >= milli).sum(axis=1) >= k)
+        fits: np.ndarray = (self.free.max(axis=1) >= milli) if k == 1 else ((self.free >= milli).sum(axis=1) >= k)
+        feasible: np.ndarray = ok & fits
+        return feasible
 
     def bind(self, node: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
         for g in gpus:
@@ -187,7 +196,7 @@ class RandomFit(PackingPolicy):
 
     name = "random"
 
-    def choose(self, s):
+    def choose(self, s: int) -> tuple[int, tuple[int, ...]] | None:
         nodes = np.flatnonzero(self.cluster.feasible(self.shapes, s))
         if not len(nodes):
             return None
@@ -204,7 +213,7 @@ class BestFit(PackingPolicy):
 
     name = "bestfit"
 
-    def choose(self, s):
+    def choose(self, s: int) -> tuple[int, tuple[int, ...]] | None:
         c = self.cluster
         nodes = np.flatnonzero(c.feasible(self.shapes, s))
         if not len(nodes):
@@ -230,7 +239,7 @@ class FragmentationGradient(PackingPolicy):
     name = "fgd"
 
     def __init__(self, target: TargetWorkload, packing_weight: float = 0.0, cpu_weight: float = 0.0,
-                 ties: str = "random"):
+                 ties: str = "random") -> None:
         if ties not in ("random", "first"):
             raise ValueError(f"ties must be 'random' or 'first', not {ties!r}")
         self.target = target
@@ -238,7 +247,7 @@ class FragmentationGradient(PackingPolicy):
         self.cpu_weight = cpu_weight
         self.ties = ties
 
-    def reset(self, cluster, shapes, rng):
+    def reset(self, cluster: ArrayCluster, shapes: PodShapes, rng: np.random.Generator) -> None:
         super().reset(cluster, shapes, rng)
         n, s = len(cluster), len(shapes)
         self.base = self.target.fragmentation(cluster.free, cluster.cpu_free, cluster.mem_free, cluster.model)
@@ -307,7 +316,7 @@ class FragmentationGradient(PackingPolicy):
         self.best_gpu[nodes, s] = best[inverse]
         self.scored_version[nodes, s] = c.version[nodes]
 
-    def choose(self, s):
+    def choose(self, s: int) -> tuple[int, tuple[int, ...]] | None:
         c = self.cluster
         nodes = np.flatnonzero(c.feasible(self.shapes, s))
         if not len(nodes):

@@ -15,7 +15,7 @@ import pandas as pd
 
 from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
 
-from .planner import Plan, plan
+from .planner import Schedule, plan
 
 
 def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = None) -> pd.DataFrame:
@@ -46,7 +46,7 @@ def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = 
     return table.sort_values(["allocated_gpus", "team"], ascending=[False, True], ignore_index=True)
 
 
-def pending_table(snapshot: ClusterSnapshot, result: Plan) -> pd.DataFrame:
+def pending_table(snapshot: ClusterSnapshot, result: Schedule) -> pd.DataFrame:
     """Waiting workloads in the planner's order: position, workload, team, GPUs, priority class,
     waiting time, reason and a rough estimated start."""
     by_key = {f"{s.workload.namespace}/{s.workload.name}": s for s in snapshot.workloads}
@@ -66,7 +66,7 @@ def pending_table(snapshot: ClusterSnapshot, result: Plan) -> pd.DataFrame:
                                        "reason", "estimated_start"])
 
 
-def estimated_starts(snapshot: ClusterSnapshot, result: Plan) -> dict[str, object]:
+def estimated_starts(snapshot: ClusterSnapshot, result: Schedule) -> dict[str, object]:
     """A rough start time per waiting workload: running workloads free their GPUs when their known
     duration ends, and the queue takes freed GPUs in order. None where no duration is known."""
     ends = []
@@ -94,6 +94,6 @@ def estimated_starts(snapshot: ClusterSnapshot, result: Plan) -> dict[str, objec
     return out
 
 
-def plan_with(snapshot: ClusterSnapshot) -> Plan:
+def plan_with(snapshot: ClusterSnapshot) -> Schedule:
     """The scheduling room's plan on this snapshot (the same planner the actuator calls)."""
     return plan(snapshot)

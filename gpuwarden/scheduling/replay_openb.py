@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet.traces import TraceError
 
-from .packing import MILLI, ArrayCluster, BestFit, FragmentationGradient, PodShapes, RandomFit, TargetWorkload
+from .packing import (MILLI, ArrayCluster, BestFit, FragmentationGradient, PackingPolicy, PodShapes, RandomFit,
+                      TargetWorkload)
 
 OPENB_LISTS = (
     "cpu050", "cpu100", "cpu200", "cpu250", "default",
@@ -34,7 +37,7 @@ PUBLISHED_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FG
 
 @dataclass(frozen=True)
 class OpenbInput:
-    cluster_args: dict
+    cluster_args: dict[str, Any]
     shapes: PodShapes
     pod_shape: np.ndarray  # shape id of each pod of the list
     popularity: np.ndarray  # pods per shape in the list
@@ -141,7 +144,7 @@ def arrival_sequence(data: OpenbInput, seed: int, inflation: float = 1.3) -> np.
     return sequence[:stop]
 
 
-def make_policy(name: str, data: OpenbInput):
+def make_policy(name: str, data: OpenbInput) -> PackingPolicy:
     if name == "random":
         return RandomFit()
     if name == "bestfit":
@@ -176,7 +179,7 @@ class SeedResult:
     allocated_milli: int
     cluster_milli: int
     fragmented_milli: float
-    failure_reasons: dict = field(default_factory=dict)
+    failure_reasons: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -232,23 +235,23 @@ def _failure_reason(cluster: ArrayCluster, shapes: PodShapes, s: int) -> str:
     return f"no node has {k} whole GPUs free together with the CPU and memory"
 
 
-def _run_one(args) -> SeedResult:
+def _run_one(args: tuple[str, str, str, int]) -> SeedResult:
     data_dir, pod_list, policy, seed = args
     return replay_seed(_cached_prepare(data_dir, pod_list), policy, seed, pod_list)
 
 
-_PREPARED: dict = {}
+_PREPARED: dict[tuple[str, str], OpenbInput] = {}
 
 
-def _cached_prepare(data_dir: Path, pod_list: str) -> OpenbInput:
+def _cached_prepare(data_dir: Path | str, pod_list: str) -> OpenbInput:
     key = (str(data_dir), pod_list)
     if key not in _PREPARED:
         _PREPARED[key] = prepare(Path(data_dir), pod_list)
     return _PREPARED[key]
 
 
-def replay_openb(data_dir: Path, pod_lists=("default",), policies=POLICIES, seeds=DEFAULT_SEEDS,
-                 workers: int = 1) -> list[SeedResult]:
+def replay_openb(data_dir: Path, pod_lists: Sequence[str] = ("default",), policies: Sequence[str] = POLICIES,
+                 seeds: Sequence[int] = DEFAULT_SEEDS, workers: int = 1) -> list[SeedResult]:
     """Every (list, policy, seed) replay; ``workers`` > 1 runs seeds in parallel processes."""
     for policy in policies:
         if policy not in POLICIES:

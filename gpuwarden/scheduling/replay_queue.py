@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,8 @@ import pandas as pd
 
 from gpuwarden.fleet.traces import load_philly_jobs, load_philly_vcs
 
-from .engine import POLICIES, Job, NodeState, Quotas, QuotaSpec, Scheduler, State
+from .engine import (POLICIES, WAITING, Decision, DecisionKind, Job, JobState, NodeState, QueueOrder, QueuePolicy, Quotas, QuotaSpec,
+                     Scheduler, State)
 from .errors import TraceOrderError
 
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
@@ -86,8 +88,11 @@ class QueueResult:
     policy: str
     jobs: int
     finished: int
-    queue_delay_p50: float
+    queue_delay_p50: float  # submission to first start
     queue_delay_p99: float
+    wait_mean: float  # every second between submission and finish not running: queued or suspended
+    wait_p50: float
+    wait_p99: float
     jct_mean: float
     jct_p99: float
     utilisation: float
@@ -98,18 +103,19 @@ class QueueResult:
     jain_index: float
     seconds: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float | int | str]:
         return dict(self.__dict__)
 
 
-def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spec: QueueSlice) -> QueueResult:
+def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str | QueuePolicy,
+                 spec: QueueSlice) -> QueueResult:
     started_wall = time.perf_counter()
     nodes = [NodeState(name=f"node-{i:03d}", model="philly-gpu", gpu_count=spec.gpus_per_node, cpu_free=10**9,
                        mem_free=10**15, nvlink_domain=f"node-{i:03d}", leaf_switch=f"leaf-{i // 16}")
              for i in range(spec.nodes)]
     quotas = Quotas(QuotaSpec(team, g, spec.nodes * spec.gpus_per_node) for team, g in guarantees.items())
     state = State(nodes, quotas)
-    scheduler = Scheduler(POLICIES[policy])
+    scheduler = Scheduler(POLICIES[policy] if isinstance(policy, str) else policy)
     jobs = [Job(**{k: v for k, v in job.__dict__.items() if k in _INIT_FIELDS}) for job in jobs]
     for job in jobs:
         job.placements = []
@@ -139,15 +145,16 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
         if dt <= 0:
             return
         alloc = {t: 0.0 for t in teams}
-        demand = {t: [] for t in teams}
+        demand: dict[str, list[float]] = {t: [] for t in teams}
         for name in running:
             j = state.jobs[name]
+            j.waited -= dt  # waited = time since submission minus time running, settled at the finish
             j.progress += dt
             j.attained += dt * j.gpu_equivalents
             alloc[j.team] = alloc.get(j.team, 0.0) + j.gpu_equivalents
         for name in list(waiting):
             j = state.jobs[name]
-            if j.state in ("pending", "suspended"):
+            if j.state in WAITING:
                 demand.setdefault(j.team, []).append(j.gpu_equivalents)
             else:
                 waiting.discard(name)
@@ -165,14 +172,14 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
                 share_time[t] += dt
         now = to
 
-    def apply(decisions) -> None:
+    def apply(decisions: list[Decision]) -> None:
         nonlocal preemptions, suspends
         for d in decisions:
             job = state.jobs[d.job]
-            if d.kind in ("bind", "resume"):
+            if d.kind in (DecisionKind.BIND, DecisionKind.RESUME):
                 epoch[job.name] = epoch.get(job.name, 0) + 1
-                remaining = job.duration - job.progress + (spec.resume_overhead if d.kind == "resume" else 0.0)
-                job.progress -= spec.resume_overhead if d.kind == "resume" else 0.0
+                remaining = (job.duration or 0.0) - job.progress + (spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0)
+                job.progress -= spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0
                 last_ckpt[job.name] = job.progress
                 heapq.heappush(completions, (now + max(remaining, 0.0), epoch[job.name], job.name))
                 running.add(job.name)
@@ -180,7 +187,7 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
                 running.discard(job.name)
                 waiting.add(job.name)
                 epoch[job.name] = epoch.get(job.name, 0) + 1
-                if d.kind == "suspend":
+                if d.kind == DecisionKind.SUSPEND:
                     suspends += 1
                     job.progress = max(job.progress, 0.0)
                 else:
@@ -188,7 +195,7 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
                     # killed: back to the last periodic checkpoint
                     ran = job.progress - max(last_ckpt.get(job.name, 0.0), 0.0)
                     job.progress = max(last_ckpt.get(job.name, 0.0), 0.0) + (ran // spec.checkpoint_interval) * spec.checkpoint_interval
-                    job.state = "pending"
+                    job.state = JobState.PENDING
 
     while arrivals_index < len(pending_arrivals) or running or waiting:
         candidates = []
@@ -212,15 +219,16 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
             if ep != epoch.get(name) or name not in running:
                 continue
             job = state.jobs[name]
-            state._release(job, job.placements)
+            state.release(job, job.placements)
             job.placements = []
-            job.state = "done"
+            job.state = JobState.DONE
             job.finished = now
+            job.waited += now - job.submitted
             running.discard(name)
             changed = True
         if now >= next_tick:
             next_tick += tick
-            changed = changed or scheduler.policy.order == "las"
+            changed = changed or scheduler.policy.order == QueueOrder.LAS
         if changed:
             apply(scheduler.schedule(state, now))
         if horizon_end is None and arrivals_index >= len(pending_arrivals):
@@ -228,15 +236,17 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str, spe
         if now > 400 * 86400:
             break
     done = [j for j in state.jobs.values() if j.finished is not None]
-    delay = np.array([j.first_started - j.submitted for j in done])
-    jct = np.array([j.finished - j.submitted for j in done])
+    delay = np.array([(j.first_started or j.submitted) - j.submitted for j in done])
+    jct = np.array([(j.finished or j.submitted) - j.submitted for j in done])
+    wait = np.array([j.waited for j in done])
     span = max(now, 1.0)
     met = {t: granted[t] / asked[t] for t in teams if asked[t] > 0}
     shares = np.array([share_integral[t] / share_time[t] for t in teams if share_time[t] > 0])
     jain = float(shares.sum() ** 2 / (len(shares) * (shares**2).sum())) if len(shares) else 1.0
     return QueueResult(
-        policy=policy, jobs=len(jobs), finished=len(done),
+        policy=scheduler.policy.name, jobs=len(jobs), finished=len(done),
         queue_delay_p50=float(np.percentile(delay, 50)), queue_delay_p99=float(np.percentile(delay, 99)),
+        wait_mean=float(wait.mean()), wait_p50=float(np.percentile(wait, 50)), wait_p99=float(np.percentile(wait, 99)),
         jct_mean=float(jct.mean()), jct_p99=float(np.percentile(jct, 99)),
         utilisation=busy_integral / (span * spec.nodes * spec.gpus_per_node),
         preemptions=preemptions, suspends=suspends,
@@ -250,7 +260,8 @@ _INIT_FIELDS = ("name", "team", "priority", "pods", "gpus_per_pod", "milli", "mi
                 "mem_bytes", "kind", "checkpointable", "submitted", "duration", "flavour")
 
 
-def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(), policies=QUEUE_POLICIES) -> list[QueueResult]:
+def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(),
+                     policies: Sequence[str] = QUEUE_POLICIES) -> list[QueueResult]:
     for policy in policies:
         if policy not in POLICIES:
             from .errors import SchedulingError
@@ -262,7 +273,7 @@ def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(), policies=Q
 
 
 def run_queue_replay_file(path: Path, data_dir: Path, spec: QueueSlice = QueueSlice(),
-                          policies=QUEUE_POLICIES) -> list[QueueResult]:
+                          policies: Sequence[str] = QUEUE_POLICIES) -> list[QueueResult]:
     """Replay a user's Philly-format CSV (timestamp,duration,num_gpus,cluster). It must be time-ordered."""
     from gpuwarden.fleet.traces import TraceError
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from .state import JobState
 from .whatif_history import DEFAULT_MAX_GAP_SECONDS, NEEDED_COLUMNS, History, Workload, rebuild
 
 if TYPE_CHECKING:
@@ -144,15 +145,15 @@ class _Engine:
                     kept = self._last_checkpoint.get(job.name, 0.0)
                     ran = max(job.progress - kept, 0.0)
                     job.progress = kept + (ran // CHECKPOINT_INTERVAL_SECONDS) * CHECKPOINT_INTERVAL_SECONDS
-                    job.state = "pending"
+                    job.state = JobState.PENDING
                 out.append(("stop", job.name, kind))
         return out
 
     def finish(self, name: str, now: float) -> None:
         job = self.state.jobs[name]
-        self.state._release(job, job.placements)
+        self.state.release(job, job.placements)
         job.placements = []
-        job.state = "done"
+        job.state = JobState.DONE
         job.finished = now
         del self.state.jobs[name]  # done: every pass scans the jobs it holds, so keep only live ones
 

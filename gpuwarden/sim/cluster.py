@@ -8,12 +8,12 @@ the reason, never an exception.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpuwarden.fleet import (
     Action,
-    ActionKind,
     ActionResult,
     ClusterSnapshot,
     Placement,
@@ -22,7 +22,8 @@ from gpuwarden.fleet import (
     WorkloadState,
 )
 
-from .engine import SimJob, Simulation
+if TYPE_CHECKING:
+    from .engine import SimJob, Simulation
 
 _LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
 
@@ -78,7 +79,7 @@ class SimCluster:
                 message = handler(action)
             except (LookupError, TypeError, ValueError) as error:  # bad target or params: refused, not raised
                 return ActionResult(action, False, f"{action.kind.value} {action.target}: {error}")
-            self.sim._capacity_changed = True
+            self.sim._capacity_changed = self.sim.acted = True
         return ActionResult(action, True, message)
 
     def _node(self, name: str) -> int:
@@ -88,10 +89,9 @@ class SimCluster:
         raise LookupError(f"node {name!r} not found")
 
     def _job(self, target: str) -> SimJob:
-        name = target.split("/", 1)[-1]
-        for job in reversed(self.sim.jobs):
-            if job.name == name and job.phase in _LIVE:
-                return job
+        job = self.sim.job_by_name.get(target.split("/", 1)[-1])
+        if job is not None and job.phase in _LIVE:
+            return job
         raise LookupError(f"workload {target!r} not found or already finished")
 
     def _do_cordon(self, action: Action) -> str:
@@ -160,11 +160,21 @@ class SimCluster:
         return self._do_evict(action)
 
     def _do_resume(self, action: Action) -> str:
+        """Back to the queue; with ``params['placements']`` (the scheduler's resume) straight onto them.
+        A preempted job that was requeued (pending) may also be resumed onto placements."""
         job = self._job(action.target)
-        if job.phase != WorkloadPhase.SUSPENDED:
+        placements = action.params.get("placements")
+        if job.phase != WorkloadPhase.SUSPENDED and not (placements and job.phase == WorkloadPhase.PENDING):
             raise LookupError(f"workload {action.target!r} is {job.phase.value}, not suspended")
+        if placements:
+            devices = self._devices(action, job, placements)
+            self.sim._bind(job, devices, self.sim.now_s)
+            if job in self.sim.queue:
+                self.sim.queue.remove(job)
+            return f"resumed {action.target} on {len(devices)} device(s)"
         job.phase = WorkloadPhase.PENDING
-        self.sim.queue.append(job)
+        if job not in self.sim.queue:
+            self.sim.queue.append(job)
         return f"resumed {action.target} (queued)"
 
     def _do_set_priority(self, action: Action) -> str:
@@ -184,11 +194,20 @@ class SimCluster:
         return f"notified the owner of {action.target}"
 
     def _do_bind(self, action: Action) -> str:
-        """Place a pending workload on the GPUs named in ``params['gpu_uuids']`` (whole GPUs)."""
+        """Place a pending workload: on ``params['placements']`` as the scheduler's planner writes them
+        (node, gpu_uuid, and milli or mig_profile per pod), or on the whole GPUs named in
+        ``params['gpu_uuids']``."""
         sim = self.sim
         job = self._job(action.target)
         if job.phase != WorkloadPhase.PENDING:
             raise LookupError(f"workload {action.target!r} is {job.phase.value}, not pending")
+        placements = action.params.get("placements")
+        if placements:
+            devices = self._devices(action, job, placements)
+            sim._bind(job, devices, sim.now_s)
+            if job in sim.queue:
+                sim.queue.remove(job)
+            return f"bound {action.target} to {len(devices)} device(s)"
         uuids = list(action.params.get("gpu_uuids", ()))
         index_of = {g.uuid: i for i, g in enumerate(sim.gpus)}
         unknown = [u for u in uuids if u not in index_of]
@@ -204,3 +223,27 @@ class SimCluster:
         if job in sim.queue:
             sim.queue.remove(job)
         return f"bound {action.target} to {len(devices)} GPU(s)"
+
+    def _devices(self, action: Action, job: SimJob, placements: Any) -> np.ndarray:
+        """The free devices the placements name: a whole GPU, or a free MIG instance of the named
+        profile on it. A fraction on a whole GPU takes the GPU (a simulated GPU is never shared)."""
+        sim = self.sim
+        free = sim._available(sim.now_s)
+        index_of = sim.gpu_index_of
+        devices: list[int] = []
+        for placement in placements:
+            uuid = placement["gpu_uuid"]
+            if uuid not in index_of:
+                raise LookupError(f"GPU {uuid!r} not found")
+            on_gpu = np.flatnonzero((sim.dev_gpu == index_of[uuid]) & free)
+            on_gpu = on_gpu[~np.isin(on_gpu, devices)]
+            profile = placement.get("mig_profile")
+            if profile is not None:
+                on_gpu = on_gpu[sim.dev_mig_profile[on_gpu] == profile]
+            else:
+                on_gpu = on_gpu[~sim.dev_is_mig[on_gpu]]
+            if not on_gpu.size:
+                what = f"MIG instance {profile}" if profile else "whole GPU"
+                raise LookupError(f"cannot place {action.target}: no free {what} on {uuid}")
+            devices.append(int(on_gpu[0]))
+        return np.array(devices)

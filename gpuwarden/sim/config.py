@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
+
+from gpuwarden.scheduling.policy import POLICIES
 
 LLAMA3_GPU_DAYS = 54 * 16384
 # Llama 3 paper, Table 5 (GPU-related root causes), interruptions in 54 days.
@@ -41,7 +44,7 @@ class SimConfig:
     nodes: int = 64
     gpus_per_node: int = 8
     step_seconds: int = 60
-    start: datetime = datetime(2026, 11, 23, tzinfo=timezone.utc)
+    start: datetime = datetime(2026, 11, 23, tzinfo=UTC)
     warmup_days: float = 1.0  # simulated but not recorded, so the first recorded day starts busy
     cluster: str = "sim"
     training_load: float = 0.95  # Philly GPU-time demand relative to training capacity
@@ -61,9 +64,14 @@ class SimConfig:
     # Pod attribution: "on" (the kubelet answers everywhere), "off" (no pod labels anywhere: pod,
     # namespace, team, project null, attribution 'off'), "mixed" (a third of the nodes without).
     attribution: str = "on"
+    # The production queue policy that schedules the fleet (gpuwarden.scheduling.POLICIES), and how
+    # often it runs a pass when jobs arrived or finished (a cluster action, such as an uncordon or a
+    # resume, triggers a pass at the next step).
+    scheduler_policy: str = "gpuwarden"
+    scheduling_interval_seconds: int = 300
 
     def __post_init__(self) -> None:
-        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus")
+        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus", "scheduling_interval_seconds")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -79,17 +87,19 @@ class SimConfig:
                 raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")
         if self.attribution not in ATTRIBUTION_MODES:
             raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
+        if self.scheduler_policy not in POLICIES:
+            raise ConfigError(f"scheduler_policy: {self.scheduler_policy!r} is not allowed; expected one of {', '.join(POLICIES)}")
         if not isinstance(self.background_noise, bool):
             raise ConfigError(f"background_noise: {self.background_noise!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:
-            object.__setattr__(self, "start", self.start.replace(tzinfo=timezone.utc))
+            object.__setattr__(self, "start", self.start.replace(tzinfo=UTC))
 
     @classmethod
     def keys(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> "SimConfig":
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> SimConfig:
         unknown = [key for key in values if key not in cls.keys()]
         if unknown:
             raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(cls.keys())}")
@@ -110,7 +120,7 @@ class SimConfig:
             raise ConfigError(f"{source}: {error}") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "SimConfig":
+    def from_yaml(cls, path: str | Path) -> SimConfig:
         path = Path(path)
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
@@ -123,5 +133,5 @@ class SimConfig:
         section = loaded.get("sim", loaded) if set(loaded) <= {"sim"} else loaded
         return cls.from_mapping(section, source=str(path))
 
-    def replace(self, **changes: Any) -> "SimConfig":
+    def replace(self, **changes: Any) -> SimConfig:
         return dataclasses.replace(self, **changes)

@@ -2,8 +2,9 @@
 
 One ``step()`` advances the clock by ``step_seconds``: arrivals join the queue, faults and spot
 reclaims strike, running jobs progress (at the speed of their slowest GPU) and finish, the built-in
-scheduler places what fits (priority then arrival order, best-fit by node, gangs on whole nodes,
-MIG slices for fractional inference), and one row of fleet samples per device is rendered:
+production scheduler (``gpuwarden.scheduling``, run by ``dispatch.Dispatcher``) decides what starts,
+resumes, suspends or is preempted, carried out through ``SimCluster``; and one row of fleet
+samples per device is rendered:
 
 - training / fine-tuning / notebook devices draw a real sample of their current H200 phase
   (``phase_trace.csv``), scaled to the device's model (power by TDP, clocks by max SM clock);
@@ -11,6 +12,8 @@ MIG slices for fractional inference), and one row of fleet samples per device is
 - free devices draw from the ``idle_no_process`` phase;
 - active faults then bend the numbers (clocks, temperature, throttle bits, error counters).
 
+The seams are modules: ``hardware`` (noise, faults, repairs, spot reclaims), ``dispatch`` (the
+production scheduler's pass), ``render`` (samples), ``cluster`` (the ``Cluster`` protocol view).
 Everything random comes from one ``numpy`` generator seeded by ``SimConfig.seed``; the same
 config gives the same samples, bit for bit. The ``Cluster`` protocol view is ``SimCluster``.
 """
@@ -25,29 +28,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet import (
-    SAMPLE_COLUMNS,
-    SAMPLE_COLUMN_NAMES,
-    PriorityClass,
-    TRACKED_XIDS,
-    THROTTLE_REASONS,
-    WorkloadKind,
-    WorkloadPhase,
-    XID_COLUMN_NAMES,
-    xid_column,
-)
+from gpuwarden.fleet import PriorityClass, WorkloadKind, WorkloadPhase, XID_COLUMN_NAMES
 
 from .catalog import MODELS
+from .cluster import SimCluster
 from .config import SimConfig
-from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, NVLINK_COUNTERS, SLOW_KINDS, APPLICATION_XIDS, GROUND_TRUTH_COLUMNS, FaultEvent, FaultInjector
+from .dispatch import Dispatcher
+from .faults import GROUND_TRUTH_COLUMNS, NVLINK_COUNTERS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
+from gpuwarden.fleet.semantics import mig_share
 from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
+from .hardware import HardwareSteps
+from .render import FREE_MEMORY_BYTES, H200_MAX_SM_MHZ, H200_TDP_WATTS, IDLE_BIT, Renderer  # noqa: F401 (re-exported)
 from .workloads import PROFILES, ArrivalStream, JobSpec
-
-FREE_MEMORY_BYTES = 615 * 1024**2  # what NVML reports used with no process (H200 trace)
-H200_TDP_WATTS = 700.0
-H200_MAX_SM_MHZ = 1980.0
-IDLE_BIT = THROTTLE_REASONS["gpu_idle"]
 
 
 class _Column:
@@ -86,7 +79,7 @@ class SimJob:
         return self.spec.workload.name
 
 
-class Simulation:
+class Simulation(HardwareSteps, Renderer):
     """A simulated fleet you can step, read and act on."""
 
     def __init__(self, config: SimConfig | None = None) -> None:
@@ -108,7 +101,9 @@ class Simulation:
         )
         self.faults = FaultInjector(cfg, len(self.gpus), self.rng)
         self.jobs: list[SimJob] = []
-        self.queue: list[SimJob] = []
+        self.job_by_name: dict[str, SimJob] = {}
+        self.queue: list[SimJob] = []  # pending jobs (the scheduler's suspended ones: dispatcher.suspended)
+        self.dispatcher = Dispatcher(self, SimCluster(self), cfg.scheduler_policy)
         self.origin = cfg.start - timedelta(days=cfg.warmup_days)
         self.now_s = 0.0
         self.step_index = 0
@@ -117,6 +112,7 @@ class Simulation:
                                      "spot_reclaims", "application_xids", "counter_resets"), 0)
         self.latest: pd.DataFrame | None = None
         self._capacity_changed = True
+        self.acted = False  # a SimCluster action since the last pass
         warmup_steps = int(round(cfg.warmup_days * 86400 / cfg.step_seconds))
         for _ in range(warmup_steps):
             self._advance(render=False)
@@ -143,7 +139,7 @@ class Simulation:
         self.dev_mig_id = np.array([r[2] for r in rows])
         self.dev_mig_profile = np.array([r[3] for r in rows], dtype=object)
         self.dev_slices = np.array([r[4] for r in rows])
-        self.dev_share = self.dev_slices / 7.0
+        self.dev_share = np.array([mig_share(r[3] or None, self.gpus[r[0]].model) for r in rows])
         self.dev_is_mig = self.dev_mig_id > 0
         self.dev_mem_total = np.array([r[5] for r in rows], dtype=float)
         self.dev_pool = self.node_pool[self.dev_node]
@@ -178,54 +174,7 @@ class Simulation:
         self.job_mem_ratio = _Column(np.float64)
         self.job_team = _Column(np.int32)
         self.job_project = _Column(np.int32)
-        self._pool_masks: dict[tuple[str, ...], np.ndarray] = {}
-
-    def _build_noise(self) -> None:
-        """Background noise of healthy GPUs, from its own random stream (jobs and faults do not
-        change when it is switched on): per-GPU steady error rates (log-normal: most GPUs quiet,
-        a few noisier), per-node temperature offsets, hot-node episodes, driver reloads."""
-        cfg = self.config
-        n_gpu, n_node = len(self.gpus), len(self.nodes)
-        rng = self.noise_rng = np.random.default_rng([cfg.seed, 0x5EED])
-        per_step = cfg.step_seconds / 86400.0
-        self.noise_sbe = rng.lognormal(np.log(0.3), 1.0, n_gpu) * per_step  # SBE per step
-        self.noise_nvlink = rng.lognormal(np.log(5.0), 1.2, n_gpu) * per_step  # NVLink CRC per step
-        self.noise_pcie_bursts = np.full(n_gpu, 2.0 * per_step)  # PCIe replay bursts per step
-        self.node_temp_offset = rng.normal(0.0, 2.0, n_node)
-        self.hot_node_start = np.full(n_node, -np.inf)
-        self.hot_node_end = np.full(n_node, -np.inf)
-        self.hot_node_celsius = np.zeros(n_node)
-        # Attribution: which nodes' samples carry pod labels.
-        if cfg.attribution == "off":
-            self.node_attributed = np.zeros(n_node, dtype=bool)
-        elif cfg.attribution == "mixed":
-            self.node_attributed = (np.arange(n_node) % 3) != 1
-        else:
-            self.node_attributed = np.ones(n_node, dtype=bool)
-
-    def _background(self, now: float) -> None:
-        """One step of noise on every GPU, and the confounders: hot-but-healthy nodes, driver
-        reloads that reset the volatile counters of a healthy GPU."""
-        rng, c, step = self.noise_rng, self.counters, self.config.step_seconds
-        c["ecc_sbe_volatile_total"] += rng.poisson(self.noise_sbe)
-        crc = rng.poisson(self.noise_nvlink)
-        c["nvlink_crc_flit_errors_total"] += crc
-        c["nvlink_replay_errors_total"] += rng.binomial(crc, 0.1)
-        bursts = rng.random(len(self.gpus)) < self.noise_pcie_bursts
-        c["pcie_replay_total"] += bursts * rng.integers(1, 20, len(self.gpus))
-        per_step = step / 86400.0
-        starting = (rng.random(len(self.nodes)) < 0.05 * per_step) & (self.hot_node_end < now)
-        for node in np.flatnonzero(starting):
-            self.hot_node_start[node] = now
-            self.hot_node_end[node] = now + float(rng.uniform(2, 10)) * 3600.0
-            self.hot_node_celsius[node] = float(rng.uniform(8, 15))
-        faulty = self.faults.busy_until > now
-        reload = np.flatnonzero((rng.random(len(self.gpus)) < 0.01 * per_step) & ~faulty)
-        for gpu in reload:
-            for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "pcie_replay_total", *NVLINK_COUNTERS,
-                         *XID_COLUMN_NAMES):
-                c[name][gpu] = 0
-            self.counts["counter_resets"] += 1
+        self.gpu_index_of = {g.uuid: i for i, g in enumerate(self.gpus)}
 
     @property
     def now(self) -> datetime:
@@ -292,137 +241,10 @@ class Simulation:
                 self._project_names.append(spec.workload.project)
             self.job_project.append(self._project_names.index(spec.workload.project))
             self.jobs.append(job)
+            self.job_by_name[job.name] = job
             self.queue.append(job)
             self.counts["submitted"] += 1
             self._capacity_changed = True
-
-    # -- faults ------------------------------------------------------------------------------------
-    def _inject_faults(self, now: float) -> None:
-        self.faults.draw_until(now)
-        step = self.config.step_seconds
-        self.active_faults = [e for e in self.faults.events if e.onset_s <= now and e.ends_s > now - step]
-        self.gpu_speed[:] = 1.0
-        for event in self.active_faults:
-            self._apply_fault(event, now, step)
-        if self.config.background_noise:
-            self._background(now)
-        # Application XIDs (13/31/43/45) on allocated GPUs: the job dies, the GPU is fine.
-        allocated = np.unique(self.dev_gpu[self.dev_job >= 0])
-        if allocated.size:
-            expected = APPLICATION_XID_RATE_PER_GPU_DAY * allocated.size * step / 86400.0
-            for _ in range(int(self.rng.poisson(expected))):
-                gpu = int(self.rng.choice(allocated))
-                code = int(self.rng.choice(APPLICATION_XIDS))
-                self.counters[xid_column(code)][gpu] += 1
-                self.counts["application_xids"] += 1
-                self._fail_jobs_on_gpu(gpu, now, fault=False)
-
-    def _apply_fault(self, event: FaultEvent, now: float, step: float) -> None:
-        kind, gpu, c = event.kind.name, event.gpu, self.counters
-        at_event = event.event_s <= now < event.event_s + step
-        at_end = event.ends_s <= now
-        if at_end:
-            self._repair(event)
-            return
-        if now < event.event_s:  # precursors
-            progress = (now - event.onset_s) / max(event.event_s - event.onset_s, 1.0)
-            if kind == "ecc_dbe":
-                c["ecc_sbe_volatile_total"][gpu] += self.rng.poisson(0.05 * np.exp(6.0 * progress))
-                if self.rng.random() < 0.01 + 0.05 * progress:
-                    c["remapped_rows_correctable_total"][gpu] += 1
-            elif kind == "row_remap_failure":
-                c["ecc_sbe_volatile_total"][gpu] += self.rng.poisson(0.02 * np.exp(4.0 * progress))
-                if self.rng.random() < 0.02 + 0.2 * progress:
-                    c["remapped_rows_correctable_total"][gpu] += 1
-            elif kind == "xid79_off_bus":
-                c["pcie_replay_total"][gpu] += self.rng.poisson(2.0 + 50.0 * progress)
-            elif kind == "nvlink_degrading":
-                crc = self.rng.poisson(0.1 + 6.0 * progress**2)
-                c["nvlink_crc_flit_errors_total"][gpu] += crc
-                c["nvlink_crc_data_errors_total"][gpu] += self.rng.poisson(1.0 * progress**2)
-                c["nvlink_replay_errors_total"][gpu] += self.rng.binomial(crc, 0.2)
-            return
-        # At and after the event.
-        if at_event and event.kind.xid is not None:
-            c[xid_column(event.kind.xid)][gpu] += 1
-        if kind == "ecc_dbe" and at_event:
-            c["ecc_dbe_volatile_total"][gpu] += 1
-            c["remapped_rows_uncorrectable_total"][gpu] += 1
-            c["remapped_rows_pending"][gpu] = 1
-            c["recovery_action"][gpu] = 4
-        elif kind == "row_remap_failure" and at_event:
-            c["remapped_rows_failure"][gpu] = 1
-            c["recovery_action"][gpu] = 4
-        elif kind == "row_remap_pending" and at_event:
-            c["remapped_rows_uncorrectable_total"][gpu] += 1
-            c["remapped_rows_pending"][gpu] = 1
-            c["recovery_action"][gpu] = 1
-        elif kind == "xid79_off_bus" and at_event:
-            self.gpu_lost[gpu] = True
-            c["recovery_action"][gpu] = 2
-        elif kind in ("xid95_uncontained_ecc", "xid94_contained_ecc") and at_event:
-            c["ecc_dbe_volatile_total"][gpu] += 1
-            c["recovery_action"][gpu] = 4 if kind == "xid95_uncontained_ecc" else 0
-        elif kind == "xid119_gsp_timeout" and at_event:
-            c["recovery_action"][gpu] = 1
-        elif kind == "nvlink_degrading" and at_event:
-            c["nvlink_recovery_errors_total"][gpu] += 1
-            c["recovery_action"][gpu] = 1
-        elif kind == "clock_straggler":
-            self.gpu_speed[gpu] = 0.78
-        elif kind == "cooling_failure":
-            self.gpu_speed[gpu] = 0.6
-        elif kind == "pcie_replay_storm":
-            c["pcie_replay_total"][gpu] += self.rng.poisson(300.0)
-        elif kind in ("straggler", "silent_straggler"):
-            self.gpu_speed[gpu] = 0.7
-        elif kind == "thermal_throttle":
-            self.gpu_speed[gpu] = 0.6
-        elif kind == "power_brake":
-            self.gpu_speed[gpu] = 0.5
-        if at_event and event.kind.takes_gpu_down:
-            self.gpu_down_until[gpu] = event.ends_s
-            self._capacity_changed = True
-        if at_event and event.kind.kills_job:
-            self._fail_jobs_on_gpu(gpu, now, fault=True)
-
-    def _repair(self, event: FaultEvent) -> None:
-        """The GPU was reset, rebooted or replaced: the driver reloads and volatile counters restart."""
-        gpu, c = event.gpu, self.counters
-        if not (event.kind.takes_gpu_down or event.kind.name == "row_remap_pending"):
-            return
-        for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_pending",
-                     "recovery_action", "pcie_replay_total", *NVLINK_COUNTERS, *XID_COLUMN_NAMES):
-            c[name][gpu] = 0
-        if event.kind.expected_action == "replace":
-            for name in ("remapped_rows_correctable_total", "remapped_rows_uncorrectable_total", "remapped_rows_failure"):
-                c[name][gpu] = 0
-        self.gpu_lost[gpu] = False
-        self.gpu_down_until[gpu] = 0.0
-        self._capacity_changed = True
-
-    def _fail_jobs_on_gpu(self, gpu: int, now: float, fault: bool) -> None:
-        for job_index in np.unique(self.dev_job[(self.dev_gpu == gpu) & (self.dev_job >= 0)]):
-            job = self.jobs[int(job_index)]
-            self._stop(job, keep_checkpoint=True, graceful=False)
-            job.restarts += 1
-            if fault:
-                self.counts["failed_by_fault"] += 1
-
-    def _spot_reclaims(self, now: float) -> None:
-        rate = self.config.spot_reclaims_per_node_day * self.config.step_seconds / 86400.0
-        if rate <= 0:
-            return
-        for node in np.flatnonzero(self.node_spot & (self.node_down_until <= now)):
-            if self.rng.random() < rate:
-                self.node_down_until[node] = now + float(self.rng.uniform(1, 6)) * 3600.0
-                self.counts["spot_reclaims"] += 1
-                for job_index in np.unique(self.dev_job[(self.dev_node == node) & (self.dev_job >= 0)]):
-                    job = self.jobs[int(job_index)]
-                    self._stop(job, keep_checkpoint=True, graceful=True)  # two-minute notice: checkpoint
-                    job.preemptions += 1
-                    self.counts["preempted"] += 1
-                self._capacity_changed = True
 
     # -- jobs --------------------------------------------------------------------------------------
     def _stop(self, job: SimJob, keep_checkpoint: bool, graceful: bool, to_phase: WorkloadPhase = WorkloadPhase.PENDING) -> None:
@@ -473,66 +295,15 @@ class Simulation:
         return (self.dev_job < 0) & node_ok[self.dev_node] & gpu_ok[self.dev_gpu]
 
     def _schedule(self, now: float) -> None:
-        if not self._capacity_changed or not self.queue:
+        """One pass of the production scheduler (``dispatch``): at once after a cluster action,
+        else every ``scheduling_interval_seconds`` when jobs arrived, finished or were stopped."""
+        if not (self.queue or self.dispatcher.suspended):
             return
-        self._capacity_changed = False
-        self.queue = [j for j in self.queue if j.phase == WorkloadPhase.PENDING]
-        self.queue.sort(key=lambda j: (-j.priority.rank, j.spec.submit_s, j.index))
-        free = self._available(now)
-        still_waiting = []
-        failed_shapes: set[tuple] = set()  # free capacity only shrinks during a pass
-        for job in self.queue:
-            request = job.spec.workload.gpus
-            shape = (job.spec.pools, request.count, request.fraction_milli, request.mig_profile, job.spec.workload.gang_size)
-            devices = None if shape in failed_shapes else self._fit(job, free)
-            if devices is None:
-                failed_shapes.add(shape)
-                still_waiting.append(job)
-                continue
-            free[devices] = False
-            self._bind(job, devices, now)
-        self.queue = still_waiting
-
-    def _fit(self, job: SimJob, free: np.ndarray) -> np.ndarray | None:
-        """Devices for ``job`` among ``free`` ones, or None. Best-fit: the fullest node that fits."""
-        spec = job.spec
-        request = spec.workload.gpus
-        in_pool = self._pool_masks.get(spec.pools)
-        if in_pool is None:
-            in_pool = self._pool_masks[spec.pools] = np.isin(self.dev_pool, spec.pools)
-        candidates = free & in_pool
-        if not candidates.any():
-            return None
-        if request.fraction_milli < 1000 or request.mig_profile:
-            slices = max(1, int(round(request.fraction_milli * 7 / 1000))) if not request.mig_profile else int(request.mig_profile[0])
-            mig = np.flatnonzero(candidates & self.dev_is_mig & (self.dev_slices >= slices))
-            if mig.size:
-                smallest = mig[self.dev_slices[mig] == self.dev_slices[mig].min()]
-                return smallest[:1]
-            if request.mig_profile:
-                return None
-        whole = candidates & ~self.dev_is_mig
-        per_node = np.bincount(self.dev_node[whole], minlength=len(self.nodes))
-        need, gang = max(1, request.count), spec.workload.gang_size
-        if gang == 1:
-            fits = np.flatnonzero(per_node >= need)
-            if not fits.size:
-                return None
-            node = fits[np.argmin(per_node[fits])]
-            return np.flatnonzero(whole & (self.dev_node == node))[:need]
-        full = np.flatnonzero(per_node >= need)
-        if full.size < gang:
-            return None
-        # Keep a gang under one leaf switch when one has room.
-        leaves = np.array([self.nodes[n].topology.leaf_switch for n in full])
-        for leaf in dict.fromkeys(leaves):
-            chosen = full[leaves == leaf]
-            if chosen.size >= gang:
-                break
-        else:
-            chosen = full
-        picked = [np.flatnonzero(whole & (self.dev_node == node))[:need] for node in chosen[:gang]]
-        return np.concatenate(picked)
+        due = now - self.dispatcher.last_now >= self.config.scheduling_interval_seconds
+        if not (self.acted or (due and self._capacity_changed)):
+            return
+        self.dispatcher.schedule(now)
+        self._capacity_changed = self.acted = False
 
     def _bind(self, job: SimJob, devices: np.ndarray, now: float) -> None:
         self.dev_job[devices] = job.index
@@ -541,195 +312,6 @@ class Simulation:
         if job.started_s is None:
             job.started_s = now
             self.counts["started"] += 1
-
-    # -- rendering -------------------------------------------------------------------------------
-    def _render(self, now: float) -> dict[str, np.ndarray]:
-        rng, phases = self.rng, self.phases
-        n = self.device_count
-        gpu = self.dev_gpu
-        job = self.dev_job
-        allocated = job >= 0
-        # Which phase each device is in: jobs draw one phase per step so a gang moves together.
-        phase = np.full(n, phases.index("idle_no_process"))
-        profiles = np.where(allocated, self.job_profile.values[np.maximum(job, 0)], self._profile_names.index("free"))
-        inference = profiles == self._profile_names.index("inference")
-        job_phase = np.zeros(len(self.jobs), dtype=np.int64)
-        for code in np.unique(profiles[allocated & ~inference]):
-            mix = PROFILES[self._profile_names[code]]
-            jobs_here = np.unique(job[profiles == code])
-            draws = rng.choice(len(mix), size=jobs_here.size, p=np.array(list(mix.values())))
-            job_phase[jobs_here] = np.array([phases.index(p) for p in mix])[draws]
-        drawn = allocated & ~inference
-        phase[drawn] = job_phase[job[drawn]]
-        row = phases.offsets[phase] + (rng.random(n) * phases.counts[phase]).astype(int)
-        rows = phases.rows
-        util = rows["gpu_util"][row] / 100.0
-        sm = rows["gpm_sm_util"][row] / 100.0
-        tensor = rows["gpm_any_tensor_util"][row] / 100.0
-        dram = rows["gpm_dram_bw_util"][row] / 100.0
-        power = rows["power_w"][row].copy()
-        temp = rows["temp_c"][row].copy()
-        clock = rows["sm_clock_mhz"][row].copy()
-        throttle = rows["clocks_event_reasons"][row].astype(np.int64)
-        mem = np.full(n, float(FREE_MEMORY_BYTES))
-        if allocated.any():
-            job_mem = self.job_mem_ratio.values[job[allocated]]
-            mem[allocated] = np.maximum(job_mem * self.dev_mem_total[allocated], FREE_MEMORY_BYTES)
-            hoarding = allocated & (phase == phases.index("idle_memory_hoarded_64g"))
-            mem[hoarding] = np.minimum(64 * 1024**3, 0.9 * self.dev_mem_total[hoarding])
-        if inference.any():
-            self._render_inference(np.flatnonzero(inference), util, sm, tensor, dram, power, clock, throttle, mem)
-        # Scale the H200's numbers to each device's model, and MIG instances to their share.
-        power = power * self.gpu_power_scale[gpu] * np.where(self.dev_is_mig, self.dev_share, 1.0)
-        clock = clock * self.gpu_clock_scale[gpu]
-        temp = temp + self.gpu_temp_offset[gpu]
-        if self.config.background_noise:
-            node = self.dev_node
-            warm = np.clip((now - self.hot_node_start) / 1800.0, 0.0, 1.0) * (now < self.hot_node_end)
-            temp = temp + self.node_temp_offset[node] + (self.hot_node_celsius * warm)[node]
-        mem = np.minimum(mem, self.dev_mem_total)
-        self._render_faults(power, temp, clock, throttle)
-        for event in self.active_faults:
-            if event.kind.name in SLOW_KINDS and event.event_s <= now < event.ends_s:
-                event.loaded_steps += int((util[self.dev_gpu == event.gpu] >= 0.5).any())
-        no_gpm = ~self.gpu_gpm[gpu]
-        sm[no_gpm] = tensor[no_gpm] = dram[no_gpm] = np.nan
-        lost = self.gpu_lost[gpu]
-        for values in (util, sm, tensor, dram, power, temp, clock, mem):
-            values[lost] = np.nan
-        throttle = np.where(lost, -1, throttle)
-        pods = np.full(n, -1)
-        if allocated.any():
-            pods[allocated] = self._pod_codes(job[allocated], np.flatnonzero(allocated))
-        columns = {
-            "timestamp": np.full(n, int(now), dtype=np.int64),
-            "device": np.arange(n),
-            "job": job.copy(),
-            "pod_code": pods,
-            "gpu_util_ratio": util,
-            "sm_active_ratio": sm,
-            "tensor_active_ratio": tensor,
-            "dram_active_ratio": dram,
-            "mem_used_bytes": mem,
-            "power_watts": power,
-            "temperature_celsius": temp,
-            "sm_clock_mhz": clock,
-            "throttle_reasons_bitmask": throttle,
-        }
-        for name, values in self.counters.items():
-            columns[name] = values[gpu]
-        return columns
-
-    def _render_inference(self, devices, util, sm, tensor, dram, power, clock, throttle, mem) -> None:
-        """Inference follows a real GenAI pod: duty cycle -> NVML util; the rest derived from the
-        H200 trace's busy phase scaled by the duty (sub-linear power, as measured)."""
-        series_len = self.genai.duty_ratio.shape[1]
-        specs = [self.jobs[j].spec for j in self.dev_job[devices]]
-        series = np.array([s.genai_series for s in specs])
-        offset = np.array([s.genai_offset for s in specs])
-        fraction = np.array([min(1.0, s.workload.gpus.fraction_milli / 1000.0) for s in specs])
-        t = (self.step_index + offset) % series_len
-        duty = self.genai.duty_ratio[series, t]
-        on_mig = self.dev_is_mig[devices]
-        # A fractional pod that got a whole GPU (no MIG slice left) only uses its fraction of it.
-        duty = np.where(on_mig, duty, duty * fraction)
-        util[devices] = duty
-        sm[devices] = duty * 0.8
-        tensor[devices] = duty * 0.45
-        dram[devices] = duty * 0.35
-        power[devices] = 124.0 + (520.0 - 124.0) * duty**0.8  # idle context 124 W .. busy ~520 W
-        clock[devices] = 1980.0
-        throttle[devices] = np.where(duty == 0, IDLE_BIT, 0)
-        mem_ratio = self.genai.mem_used_bytes[series, t] / (141 * 1024**3)
-        mem[devices] = np.maximum(mem_ratio * self.dev_mem_total[devices] * 1.6, FREE_MEMORY_BYTES)
-
-    def _render_faults(self, power, temp, clock, throttle) -> None:
-        for event in self.active_faults:
-            kind = event.kind.name
-            if kind == "cooling_failure" and event.onset_s <= self.now_s < event.event_s:
-                progress = (self.now_s - event.onset_s) / max(event.event_s - event.onset_s, 1.0)
-                temp[np.flatnonzero(self.dev_gpu == event.gpu)] += 25.0 * progress  # warming at the same load
-                continue
-            if not (event.event_s <= self.now_s < event.ends_s):
-                continue
-            devices = np.flatnonzero(self.dev_gpu == event.gpu)
-            if kind == "cooling_failure":
-                temp[devices] += 25.0
-                clock[devices] *= 0.6
-                throttle[devices] |= THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_thermal_slowdown"]
-            elif kind == "clock_straggler":
-                clock[devices] *= 0.78  # power unchanged: nothing but the clock gives it away
-            elif kind == "thermal_throttle":
-                temp[devices] = 88.0 + self.rng.normal(0, 2.0, devices.size)
-                clock[devices] *= 0.55
-                throttle[devices] |= THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_thermal_slowdown"]
-            elif kind == "power_brake":
-                clock[devices] *= 0.4
-                power[devices] *= 0.5
-                throttle[devices] |= THROTTLE_REASONS["hw_power_brake_slowdown"] | THROTTLE_REASONS["hw_slowdown"]
-            elif kind in ("straggler", "silent_straggler"):
-                clock[devices] *= 0.8
-                power[devices] *= 0.85
-
-    def _pod_codes(self, jobs: np.ndarray, devices: np.ndarray) -> np.ndarray:
-        """Pod of each allocated device: gang pods are 8-GPU slices of the job's devices in order."""
-        out = np.empty(jobs.size, dtype=np.int64)
-        for k, (j, d) in enumerate(zip(jobs.tolist(), devices.tolist())):
-            spec = self.jobs[j].spec.workload
-            codes = self._job_pod_codes[j]
-            if spec.gang_size == 1:
-                out[k] = codes[0]
-            else:
-                position = int(np.flatnonzero(self.jobs[j].devices == d)[0])
-                out[k] = codes[position // max(1, spec.gpus.count)]
-        return out
-
-    def _frame(self, columns: dict[str, np.ndarray]) -> pd.DataFrame:
-        """Columnar step output -> fleet samples frame (strings as categoricals built from codes)."""
-        device = columns.pop("device")
-        job = columns.pop("job")
-        pod_code = columns.pop("pod_code")
-        stamp = self.origin + pd.to_timedelta(columns.pop("timestamp"), unit="s")
-        node_code = self.dev_node[device]
-        gpu_code = self.dev_gpu[device]
-        team_names, project_names = self._team_names, list(self._project_names)
-        team_code = np.where(job >= 0, self.job_team.values[np.maximum(job, 0)], -1) if len(self.jobs) else np.full(job.size, -1)
-        project_code = np.where(job >= 0, self.job_project.values[np.maximum(job, 0)], -1) if len(self.jobs) else np.full(job.size, -1)
-        models = [g.model for g in self.gpus]
-        model_names = self.model_names
-        model_code = np.array([model_names.index(m) for m in models])[gpu_code]
-        mig_names = sorted({m for m in self._mig_labels if m})
-        mig_code = np.array([mig_names.index(m) if m else -1 for m in self._mig_labels])[device]
-        frame = {
-            "timestamp": pd.DatetimeIndex(stamp).tz_convert("UTC") if pd.DatetimeIndex(stamp).tz else pd.DatetimeIndex(stamp).tz_localize("UTC"),
-            "cluster": pd.Categorical.from_codes(np.zeros(device.size, dtype=int), [self.config.cluster]),
-            "node": pd.Categorical.from_codes(node_code, self._node_names),
-            "gpu_uuid": pd.Categorical.from_codes(gpu_code, self._gpu_uuids),
-            "gpu_index": np.array([g.index for g in self.gpus])[gpu_code],
-            "model": pd.Categorical.from_codes(model_code, model_names),
-            "mig_instance": pd.Categorical.from_codes(mig_code, mig_names),
-            "namespace": pd.Categorical.from_codes(team_code, team_names),
-            "pod": pd.Categorical.from_codes(pod_code, self._pod_names),
-            "team": pd.Categorical.from_codes(team_code, team_names),
-            "project": pd.Categorical.from_codes(project_code, project_names),
-        }
-        frame.update(columns)
-        if not self.node_attributed.all():
-            # Nodes without attribution: nobody could see the pods, so the pod columns are null.
-            unattributed = ~self.node_attributed[node_code]
-            for name in ("namespace", "pod", "team", "project"):
-                codes = frame[name].codes.copy()
-                codes[unattributed] = -1
-                frame[name] = pd.Categorical.from_codes(codes, frame[name].categories)
-        out = pd.DataFrame(frame)
-        out["throttle_reasons_bitmask"] = out["throttle_reasons_bitmask"].astype("Int64").mask(out["throttle_reasons_bitmask"] < 0)
-        out.insert(list(out.columns).index("power_watts"), "mem_total_bytes", self.dev_mem_total[device])
-        # Allocation is known where the node's kubelet answers (SimConfig.attribution), else 'off'.
-        out["attribution"] = pd.Categorical.from_codes(np.where(self.node_attributed[node_code], 0, 1), ["known", "off"])
-        for column in SAMPLE_COLUMNS:
-            if column.name not in out.columns:  # not simulated: not measured (null), never a fake 0
-                out[column.name] = pd.Series(np.nan, index=out.index, dtype="Int64" if column.kind == "int" else "float64")
-        return out[list(SAMPLE_COLUMN_NAMES)]
 
     # -- views -------------------------------------------------------------------------------------
     def ground_truth(self) -> pd.DataFrame:

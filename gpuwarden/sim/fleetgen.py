@@ -15,7 +15,7 @@ import pandas as pd
 
 from gpuwarden.fleet import Gpu, Location, MigInstance, Node, PriceTier, Team, Topology
 
-from .catalog import GIB, MIG_LAYOUTS, MODELS
+from .catalog import GIB, MIG_LAYOUTS
 
 # (pool, model, location, tier, share of nodes, MIG share of the pool's nodes)
 POOLS = (
@@ -59,16 +59,22 @@ class SimFleet:
     team_of_virtual_cluster: dict[str, str]
 
 
-def build_fleet(cluster: str, node_count: int, gpus_per_node: int, philly_vcs: pd.DataFrame) -> SimFleet:
-    counts = _split(node_count, [pool[4] for pool in POOLS])
+PoolSpec = tuple[str, str, Location, PriceTier, float, float]
+
+
+def build_fleet(cluster: str, node_count: int, gpus_per_node: int, philly_vcs: pd.DataFrame | None,
+                pools: tuple[PoolSpec, ...] = POOLS, leaf_nodes: int = 8) -> SimFleet:
+    """Nodes split over ``pools`` by share (the demo's mix by default), ``leaf_nodes`` nodes per leaf
+    switch; teams from Philly's virtual clusters (none without ``philly_vcs``)."""
+    counts = _split(node_count, [pool[4] for pool in pools])
     nodes: list[Node] = []
     gpus: list[Gpu] = []
-    for (pool, model_name, location, tier, _share, mig_share), count in zip(POOLS, counts):
+    for (pool, model_name, location, tier, _share, mig_share), count in zip(pools, counts):
         mig_nodes = int(round(count * mig_share))
         for ordinal in range(count):
             position = len(nodes)
             name = f"{pool}-{ordinal:03d}"
-            topology = Topology(nvlink_domain=name, leaf_switch=f"leaf-{pool}-{ordinal // 8}", rack=f"rack-{position // 4:02d}")
+            topology = Topology(nvlink_domain=name, leaf_switch=f"leaf-{pool}-{ordinal // leaf_nodes}", rack=f"rack-{position // 4:02d}")
             nodes.append(
                 Node(name, pool, location, tier, topology, model_name, gpus_per_node, cpu_milli=192_000,
                      memory_bytes=2048 * GIB)
@@ -77,6 +83,8 @@ def build_fleet(cluster: str, node_count: int, gpus_per_node: int, philly_vcs: p
             for index in range(gpus_per_node):
                 instances = tuple(MigInstance(i + 1, p) for i, p in enumerate(MIG_LAYOUTS[model_name])) if mig else ()
                 gpus.append(Gpu(gpu_uuid(cluster, name, index), index, name, model_name, mig, instances))
+    if philly_vcs is None:
+        return SimFleet(tuple(nodes), tuple(gpus), (), {})
     return SimFleet(tuple(nodes), tuple(gpus), *_teams(philly_vcs, len(gpus)))
 
 

@@ -1,0 +1,68 @@
+"""The Philly queue replay's trade-off: mean JCT against p99 wait and the worst team's guarantee.
+
+Runs Tiresias and variants of the gpuwarden policy on the default slice (4,000 jobs from
+2017-10-09, 16 x 8 GPUs) and prints one row each: mean JCT, p99 wait (queued or suspended), worst
+team's share of its asked-for guarantee, suspends. A point is on the Pareto front when no other
+point is at least as good on all three and better on one. docs/scheduling.md holds the figures.
+
+    .venv/bin/python bench/bench_queue_pareto.py [--variants a,b,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pandas as pd  # noqa: E402
+
+from gpuwarden.fleet.traces import default_data_dir  # noqa: E402
+from gpuwarden.scheduling.policy import POLICIES, QueuePolicy  # noqa: E402
+from gpuwarden.scheduling.replay_queue import QueueSlice, build_jobs, replay_queue, slice_jobs  # noqa: E402
+
+BASE = POLICIES["gpuwarden"]
+VARIANTS: dict[str, QueuePolicy] = {
+    "tiresias": POLICIES["tiresias"],
+    "gpuwarden": BASE,
+    "gw-gittins-edges": replace(BASE, name="gw-gittins-edges", las_thresholds=(300.0, 3600.0, 36000.0)),
+    "gw-4-edges-gap2": replace(BASE, name="gw-4-edges-gap2", las_thresholds=(900.0, 3600.0, 14400.0, 57600.0), las_gap=2),
+    "gw-no-guarantee-first": replace(BASE, name="gw-no-guarantee-first", guarantee_first=False),
+    "gw-protect-1": replace(BASE, name="gw-protect-1", protect_after=1),
+    "gw-las-takes-guarantee": replace(BASE, name="gw-las-takes-guarantee", las_keep_guarantee=False),
+}
+
+
+def pareto(rows: list[dict[str, float]]) -> list[bool]:
+    def better_or_equal(a: dict[str, float], b: dict[str, float]) -> bool:
+        return (a["jct_mean"] <= b["jct_mean"] and a["wait_p99"] <= b["wait_p99"]
+                and a["worst_team_guarantee_met"] >= b["worst_team_guarantee_met"])
+    return [not any(better_or_equal(o, r) and o != r for o in rows) for r in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    spec = QueueSlice()
+    frame, guarantees = slice_jobs(default_data_dir(), spec)
+    jobs = build_jobs(frame, spec.gpus_per_node, pd.Timestamp(spec.start, tz="UTC"))
+    rows = []
+    for name in args.variants.split(","):
+        result = replay_queue(jobs, guarantees, VARIANTS[name], spec)
+        rows.append(result.as_dict())
+        r = rows[-1]
+        print(f"{name:24s} jct {r['jct_mean']:>9,.0f}  wait p99 {r['wait_p99']:>9,.0f}  wait mean {r['wait_mean']:>8,.0f}  "
+              f"delay p99 {r['queue_delay_p99']:>8,.0f}  worst team {r['worst_team_guarantee_met']:.3f}  "
+              f"suspends {r['suspends']:>5}  {r['seconds']:.0f} s", flush=True)
+    for r, front in zip(rows, pareto(rows)):
+        print(f"{r['policy']:24s} {'on the Pareto front' if front else 'dominated'}")
+    if not math.isfinite(sum(r["jct_mean"] for r in rows)):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The working copy decisions are made on: nodes, jobs, quota usage, and tentative changes.
+
+Every tentative change goes through a ``Statement`` that can be checkpointed and rolled back (a
+gang that does not fully fit, a preemption that would not free enough room).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from enum import StrEnum
+from collections.abc import Iterable
+
+from gpuwarden.fleet import PriceTier, WorkloadKind
+from gpuwarden.fleet.semantics import request_gpu_equivalents
+
+from . import mig
+from .errors import SchedulingError
+from .quotas import ANY_FLAVOUR, Quotas
+
+MILLI = 1000
+
+# Where one pod of a job sits: (node, GPU index on the node, milli-GPU taken or MIG profile held).
+Slot = tuple[str, int, int | str]
+
+
+class JobState(StrEnum):
+    """Where a job stands. ``FUTURE``: known to a replay but not yet submitted; ``EVICTING``: taken
+    off its GPUs inside a pass, before the scheduler decides whether it is suspended or requeued."""
+
+    FUTURE = "future"
+    PENDING = "pending"
+    RUNNING = "running"
+    EVICTING = "evicting"
+    SUSPENDED = "suspended"
+    DONE = "done"
+
+
+WAITING = (JobState.PENDING, JobState.SUSPENDED)
+
+
+@dataclass
+class NodeState:
+    name: str
+    model: str
+    gpu_count: int
+    cpu_free: int
+    mem_free: int
+    tier: PriceTier = PriceTier.ON_DEMAND
+    nvlink_domain: str = ""
+    leaf_switch: str = ""
+    schedulable: bool = True
+    gpu_free: list[int] = field(default_factory=list)  # milli free per GPU (0 for MIG GPUs)
+    mig_layout: list[tuple[str, ...] | None] = field(default_factory=list)  # instances a MIG GPU is cut into
+    mig_used: list[list[str]] = field(default_factory=list)  # instances in use per GPU
+    gpu_ids: list[str] = field(default_factory=list)
+    pool: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.gpu_free:
+            self.gpu_free = [MILLI] * self.gpu_count
+        if not self.mig_layout:
+            self.mig_layout = [None] * self.gpu_count
+        if not self.mig_used:
+            self.mig_used = [[] for _ in range(self.gpu_count)]
+        if not self.gpu_ids:
+            self.gpu_ids = [f"{self.name}/gpu{i}" for i in range(self.gpu_count)]
+        for i, layout in enumerate(self.mig_layout):
+            if layout is not None:
+                self.gpu_free[i] = 0
+
+    def whole_free(self) -> int:
+        # a MIG GPU's gpu_free is always 0 (its capacity is in mig_used), so counting is enough
+        return self.gpu_free.count(MILLI)
+
+
+@dataclass
+class Job:
+    """A workload as the engine sees it. ``gpus_per_pod`` whole GPUs, or a fraction, or a MIG profile."""
+
+    name: str
+    team: str
+    priority: int = 2  # PriorityClass rank: 0 best-effort .. 4 critical
+    pods: int = 1
+    gpus_per_pod: int = 1
+    milli: int = MILLI  # < 1000: a fractional GPU (then gpus_per_pod == 1)
+    mig_profile: str | None = None
+    gpu_model: str | None = None
+    cpu_milli: int = 0
+    mem_bytes: int = 0
+    kind: WorkloadKind = WorkloadKind.TRAINING
+    checkpointable: bool = False
+    submitted: float = 0.0
+    duration: float | None = None  # replay only
+    flavour: str = ANY_FLAVOUR
+    pools: tuple[str, ...] = ()  # node pools the job may run in (empty: any)
+    # mutable
+    state: JobState = JobState.PENDING
+    started: float | None = None
+    first_started: float | None = None
+    progress: float = 0.0  # seconds of useful work kept (at the last checkpoint when suspended)
+    attained: float = 0.0  # GPU-seconds of service received (LAS)
+    placements: list[Slot] = field(default_factory=list)
+    preempted_at: list[float] = field(default_factory=list)
+    protected_until: float = -math.inf
+    wait_reason: str = ""
+    finished: float | None = None
+    waited: float = 0.0  # seconds between submission and finish not running (queued or suspended)
+
+    @cached_property
+    def gpu_equivalents(self) -> float:
+        """Whole GPUs the job holds: a MIG slice by its compute share (``fleet.semantics``). Cached:
+        the request does not change once the job exists."""
+        if self.mig_profile:
+            return request_gpu_equivalents(self.mig_profile, self.pods, model=self.gpu_model)
+        return request_gpu_equivalents(None, self.pods * self.gpus_per_pod, self.milli)
+
+    @property
+    def whole(self) -> bool:
+        """Asks for whole GPUs (not a fraction, not a MIG slice)."""
+        return self.mig_profile is None and self.milli == MILLI
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class _LogEntry:
+    allocate: bool  # else an eviction
+    job: Job
+    placements: list[Slot]
+    previous: JobState
+
+
+class Statement:
+    """Tentative changes to a ``State`` with checkpoint / rollback."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.log: list[_LogEntry] = []
+
+    def checkpoint(self) -> int:
+        return len(self.log)
+
+    def rollback(self, mark: int = 0) -> None:
+        while len(self.log) > mark:
+            entry = self.log.pop()
+            if entry.allocate:
+                self.state.release(entry.job, entry.placements)
+                entry.job.placements = []
+            else:
+                self.state.occupy(entry.job, entry.placements)
+                entry.job.placements = entry.placements
+            entry.job.state = entry.previous
+
+    def allocate(self, job: Job, placements: list[Slot]) -> None:
+        self.state.occupy(job, placements)
+        self.log.append(_LogEntry(True, job, placements, job.state))
+        job.placements = placements
+        job.state = JobState.RUNNING
+
+    def evict(self, job: Job) -> None:
+        placements = job.placements
+        self.state.release(job, placements)
+        self.log.append(_LogEntry(False, job, placements, job.state))
+        job.placements = []
+        job.state = JobState.EVICTING
+
+    def evicted_placements(self, job: Job) -> list[Slot]:
+        """Where ``job`` ran before its latest eviction in this statement."""
+        for entry in reversed(self.log):
+            if not entry.allocate and entry.job is job:
+                return entry.placements
+        return []
+
+
+class State:
+    """The working copy decisions are made on: nodes, jobs, quota usage."""
+
+    def __init__(self, nodes: Iterable[NodeState], quotas: Quotas | None = None) -> None:
+        self.nodes = {node.name: node for node in nodes}
+        self.quotas = quotas or Quotas()
+        self.jobs: dict[str, Job] = {}
+        self.capacity = sum(n.gpu_count for n in self.nodes.values() if n.schedulable)
+
+    def add_job(self, job: Job) -> None:
+        if job.name in self.jobs:
+            raise SchedulingError(f"job {job.name!r} submitted twice")
+        if job.mig_profile:
+            mig.check_profile(job.mig_profile)
+        self.jobs[job.name] = job
+
+    def add_running(self, job: Job, placements: list[Slot]) -> None:
+        """A job already running where ``placements`` say (read from a cluster)."""
+        self.jobs[job.name] = job
+        self.occupy(job, placements)
+        job.placements, job.state = placements, JobState.RUNNING
+
+    def add_placed(self, job: Job, placements: list[Slot]) -> None:
+        """A running job whose GPUs the nodes already show as taken (built from a cluster's free
+        capacity): registered and counted against its quota, not booked on the nodes again."""
+        self.jobs[job.name] = job
+        job.placements, job.state = placements, JobState.RUNNING
+        self.quotas.add(job.team, job.flavour, job.gpu_equivalents)
+
+    @property
+    def used_gpus(self) -> float:
+        return sum(j.gpu_equivalents for j in self.jobs.values() if j.state == JobState.RUNNING)
+
+    def free_whole(self) -> int:
+        return sum(n.whole_free() for n in self.nodes.values() if n.schedulable)
+
+    def _shares(self, job: Job, placements: list[Slot]) -> dict[str, float]:
+        """Share of the job's pods on each node (CPU and memory are booked per pod)."""
+        counts: dict[str, int] = {}
+        for node_name, _, _ in placements:
+            counts[node_name] = counts.get(node_name, 0) + 1
+        total = max(1, len(placements))
+        return {name: count / total for name, count in counts.items()}
+
+    def occupy(self, job: Job, placements: list[Slot]) -> None:
+        self._book(job, placements, +1)
+
+    def release(self, job: Job, placements: list[Slot]) -> None:
+        self._book(job, placements, -1)
+
+    def _book(self, job: Job, placements: list[Slot], sign: int) -> None:
+        for node_name, gpu, amount in placements:
+            node = self.nodes[node_name]
+            if isinstance(amount, str):
+                if sign > 0:
+                    node.mig_used[gpu].append(amount)
+                else:
+                    node.mig_used[gpu].remove(amount)
+            else:
+                node.gpu_free[gpu] -= sign * amount
+        for node_name, share in self._shares(job, placements).items():
+            self.nodes[node_name].cpu_free -= sign * int(job.cpu_milli * job.pods * share)
+            self.nodes[node_name].mem_free -= sign * int(job.mem_bytes * job.pods * share)
+        self.quotas.add(job.team, job.flavour, sign * job.gpu_equivalents)
