@@ -4,7 +4,6 @@ wiring the client, the series mapper and the readers of this package together.""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,27 +40,16 @@ class PrometheusSource(PrometheusClient):
         cluster: str = "default",
         attribution: Attribution | None = namespace_is_team,
         catalogue: Sequence[MetricSpec] | None = None,
-        bearer_token: str | None = None,
-        bearer_token_file: str | Path | None = None,
-        ca_file: str | Path | None = None,
-        cert_file: str | Path | None = None,
-        key_file: str | Path | None = None,
-        insecure_skip_verify: bool = False,
-        timeout: float = 30.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 10.0,
-        concurrency: int = 4,
         rule_interval: float | str = "1m",
         history: float | str = "400d",
         lookback: float | str | None = None,
         rollups: bool = True,
         rollup_interval: float | str = "5m",
+        **connection: Any,
     ) -> None:
-        super().__init__(url, chunk=chunk, selector=selector, bearer_token=bearer_token,
-                         bearer_token_file=bearer_token_file, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-                         insecure_skip_verify=insecure_skip_verify, timeout=timeout, retries=retries, backoff=backoff,
-                         max_backoff=max_backoff, concurrency=concurrency)
+        """``connection``: the keyword options of :class:`PrometheusClient` (token, TLS, timeout,
+        retries, backoff, concurrency)."""
+        super().__init__(url, chunk=chunk, selector=selector, **connection)
         self.step = duration_seconds(step)
         if self.step <= 0:
             raise PrometheusError("step and chunk must be positive durations")
