@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -113,11 +114,14 @@ def rollup_series_per_gpu(state, pod) -> tuple[float, float, float]:
 
 
 def write_rollup_block(path: Path, state, pod, first_window: int, start_s: int) -> int:
-    """One 2 h block of rollup series as OpenMetrics; returns the sample count."""
+    """One 2 h block of rollup series as OpenMetrics; returns the sample count. A window's rollup is
+    recorded after the window ends, so a block holds the rollups of its windows shifted by one (the
+    last window of the block is recorded in the next), and the last block also the last window."""
     per_block = BLOCK_SECONDS // ROLLUP_SECONDS
     lines: dict[str, list[str]] = {m: [] for m in ("state_seconds", "used_seconds", "energy_joules", "memory_byte_seconds")}
     gpus = state.shape[0]
-    windows = range(first_window, min(first_window + per_block, state.shape[1]))
+    last = first_window + per_block - 1 if first_window + per_block < state.shape[1] else state.shape[1]
+    windows = range(max(0, first_window - 1), last)
     for g in range(gpus):
         series: dict[tuple, list[int]] = {}
         for w in windows:  # one series per namespace and state: pods of a namespace share it
@@ -220,6 +224,27 @@ class Prometheus:
                 return int(line.split()[1]) / 2**20
         return float("nan")
 
+    def metric(self, name: str) -> float:
+        """The sum of Prometheus' own metric ``name`` (its /metrics page)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            page = response.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                   if line.startswith(name) and line[len(name)] in " {")
+
+    def wait_compacted(self, quiet_seconds: float = 90.0, timeout: float = 1800.0) -> str:
+        """Let Prometheus compact the backfilled 2 h blocks (as a running server would have long
+        ago): wait until its block count has not changed for ``quiet_seconds``."""
+        started = time.monotonic()
+        blocks, changed = self.metric("prometheus_tsdb_blocks_loaded"), time.monotonic()
+        first = blocks
+        while time.monotonic() - changed < quiet_seconds and time.monotonic() - started < timeout:
+            time.sleep(5)
+            now = self.metric("prometheus_tsdb_blocks_loaded")
+            if now != blocks:
+                blocks, changed = now, time.monotonic()
+        return (f"{first:.0f} -> {blocks:.0f} blocks in {time.monotonic() - started:.0f} s "
+                f"({self.metric('prometheus_tsdb_compactions_total'):.0f} compactions)")
+
     def cpu_seconds(self) -> float:
         """Prometheus' CPU time so far (user + system)."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -290,6 +315,8 @@ def main() -> int:
               f"({samples / args.gpus / args.days:,.0f} samples per GPU-day)", flush=True)
         server = Prometheus(workdir / "rollup" / "tsdb")
         try:
+            settled = server.wait_compacted()
+            print(f"prometheus compacted the backfilled blocks: {settled}", flush=True)
             results = {}
             for kind in ("idle", "chargeback"):
                 runs = []
