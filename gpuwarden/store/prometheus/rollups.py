@@ -21,7 +21,7 @@ import pandas as pd
 from gpuwarden.fleet import IDENTITY_COLUMN_NAMES
 
 from ..scraper import SeriesMapper
-from .client import PrometheusClient, log, promql_duration
+from .client import MAX_POINTS_PER_SERIES, PrometheusClient, log, promql_duration
 from .expressions import FAKE_BUSY_EXPR, IDLE_EXPR, ROLLUP_LABELS, STATE_ROLLUPS, with_matchers
 
 # A rollup row stands for every pod of its namespace on its GPU (the rollups sum the pod away).
@@ -51,10 +51,12 @@ def read_state_rollup(client: PrometheusClient, mapper: SeriesMapper, start_s: f
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {figure: [] for figure in STATE_ROLLUPS}
     keys: dict[tuple[str, ...], int] = {}
     points = 0
-    # Requests of a day each (one day holds few series per GPU: pods come and go, the rollups
-    # keep its namespaces), several at once; evaluated one lag after each bucket's end.
+    # As few requests as Prometheus allows (11,000 points per series: 15 months of hourly buckets):
+    # each series comes back once per request, and per-series work, not per-point work, is what
+    # a report pays for here (days of chunks cost 30x the series); evaluated one lag after each
+    # bucket's end.
     chunks = [(first + lag_s, last + lag_s)
-              for first, last in client.chunks(first_end, end_s + bucket_s, bucket_s, chunk=max(client.chunk, 86400.0))]
+              for first, last in client.chunks(first_end, end_s + bucket_s, bucket_s, chunk=MAX_POINTS_PER_SERIES * bucket_s)]
 
     def fetch(job: tuple[str, float, float]) -> tuple[str, list[dict[str, Any]]]:
         figure, first, last = job
