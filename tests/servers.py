@@ -3,17 +3,37 @@ reports read back from them."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 # Report summary figures that are shares or per-unit prices: equal within 1% whichever way the
 # samples were read (rollups or raw).
 COMPARED_FIGURES = ("idle_share", "efficiency_score", "unattributed_share", "utilisation", "allocation_ratio",
                     "idle_cost_share", "cost_per_gpu_hour")
+
+
+def binary(name: str, package: str) -> str:
+    """The path of a server binary from Debian ``package``: skip without it, fail on CI."""
+    path = shutil.which(name)
+    if path is None:
+        reason = f"{name} not installed (Debian package {package!r}; .ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+# Scrape-time relabelling that gives each series a ``project`` label from its pod's name (as a
+# cluster would from the pod's labels): the project then reaches the rollups without the pod.
+PROJECT_FROM_POD = [{"source_labels": ["pod"], "regex": "([a-z]+)-[0-9]+", "target_label": "project",
+                     "replacement": "$1"}]
 
 
 class ServerProcess:
@@ -42,8 +62,18 @@ class ServerProcess:
                 self.process.wait(5)
 
 
+def rollup_window(times: list[list[float]], rollup_seconds: float, lag_seconds: float) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """The (start, end] that the rollups recorded at ``times`` (per series) cover: each covers the
+    ``rollup_seconds`` ending ``lag_seconds`` before it was recorded (the rules' offset)."""
+    first = min(min(t) for t in times) - rollup_seconds - lag_seconds
+    last = max(max(t) for t in times) - lag_seconds
+    one_ms = pd.Timedelta(milliseconds=1)
+    return pd.Timestamp(first, unit="s", tz="UTC") + one_ms, pd.Timestamp(last, unit="s", tz="UTC") + one_ms
+
+
 def assert_reports_agree(from_rollup, from_raw) -> None:
-    """The four reports built from the two ledgers give the same figures within 1%."""
+    """The four reports built from the two ledgers give the same figures within 1%, and charge each
+    team and each (team, project) the same share of the cost within 1 point."""
     from gpuwarden.analytics import build_report
 
     for kind in ("idle", "efficiency", "cost", "chargeback"):
@@ -55,3 +85,12 @@ def assert_reports_agree(from_rollup, from_raw) -> None:
             for reason, hours in b["idle_gpu_hours_by_reason"].items():
                 assert a["idle_gpu_hours_by_reason"][reason] / a["gpu_hours"] == pytest.approx(
                     hours / b["gpu_hours"], abs=0.01), reason
+    for table, keys in (("by_team", ["team"]), ("by_team_project", ["team", "project"])):
+        shares = {}
+        for name, ledger in (("rollup", from_rollup), ("raw", from_raw)):
+            frame = build_report("chargeback", ledger).tables[table]
+            cost = frame.assign(**{k: frame[k].astype(object).fillna("-") for k in keys}).groupby(keys)["cost"].sum()
+            shares[name] = cost / cost.sum()
+        assert set(shares["rollup"].index) == set(shares["raw"].index), table
+        gap = (shares["rollup"] - shares["raw"].reindex(shares["rollup"].index)).abs().max()
+        assert gap < 0.01, (table, gap)

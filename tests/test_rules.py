@@ -140,9 +140,10 @@ def test_source_expressions_match_the_recording_rules():
     assert prom.IDLE_EXPR == raw["idle"]
     assert prom.FAKE_BUSY_EXPR == raw["fake_busy"]
     assert prom.HOARDED_EXPR == raw["hoarded"]
-    from gpuwarden.analytics.promrules import ROLLUP_METRICS
+    from gpuwarden.analytics.promrules import ROLLUP_LABELS, ROLLUP_METRICS
 
     assert prom.STATE_ROLLUPS == ROLLUP_METRICS  # what reports read is what the rules record
+    assert prom.ROLLUP_LABELS == ROLLUP_LABELS and "pod" not in ROLLUP_LABELS
     intervals = {group["name"]: group.get("interval") for path in RULE_FILES if "recording" in path.name
                  for group in yaml.safe_load(path.read_text())["groups"]}
     assert intervals == {"gpuwarden-usage": "1m", "gpuwarden-rollup": "5m"}

@@ -12,8 +12,6 @@ One VictoriaMetrics and one vmalert per module; each is polled for readiness, ne
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
 import pandas as pd
@@ -28,26 +26,16 @@ from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.config import SimConfig
 from gpuwarden.sim.engine import Simulation
 from gpuwarden.store.prometheus import PrometheusSource
-from servers import ServerProcess, assert_reports_agree
+from servers import PROJECT_FROM_POD, ServerProcess, assert_reports_agree, binary, rollup_window
 from test_prometheus import free_port, wait_for
 
 PARAMS = IdleParams(hoard_grace="0s")  # as the 1 s rules below: no warm-up on a static fleet
 
 
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        reason = f"{name} not installed (Debian package 'victoria-metrics'; .ci/run installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
-        pytest.skip(reason)
-    return path
-
-
 @pytest.fixture(scope="module")
 def vm(data_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("victoriametrics")
-    victoria, vmalert = _binary("victoria-metrics"), _binary("vmalert")
+    victoria, vmalert = binary("victoria-metrics", "victoria-metrics"), binary("vmalert", "victoria-metrics")
     fleet = Simulation(SimConfig(nodes=2, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
     fleet.step()
     exporter = ExporterService(SimGpuBackend(fleet), interval_seconds=0.5, host="127.0.0.1", port=0).start()
@@ -56,7 +44,8 @@ def vm(data_dir, tmp_path_factory):
         target = exporter.url.split("//", 1)[1].rsplit("/metrics", 1)[0]
         (tmp / "scrape.yml").write_text(yaml.safe_dump({"scrape_configs": [{
             "job_name": "gpuwarden", "scrape_interval": "1s",
-            "static_configs": [{"targets": [target], "labels": {"cluster": "sim"}}]}]}))
+            "static_configs": [{"targets": [target], "labels": {"cluster": "sim"}}],
+            "metric_relabel_configs": PROJECT_FROM_POD}]}))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         processes.append(ServerProcess([
@@ -110,13 +99,12 @@ def test_reports_from_vmalert_rollups_match_raw_samples(vm):
         return per_series if {s["metric"].get("UUID") for s in found} == uuids and min(map(len, per_series)) >= 3 else None
 
     times = wait_for(rollup_times, 90, "three vmalert rollups of every GPU")
-    first = pd.Timestamp(min(min(t) for t in times) - 5, unit="s", tz="UTC")
-    last = pd.Timestamp(max(max(t) for t in times), unit="s", tz="UTC")
-    window = (first + pd.Timedelta(milliseconds=1), last + pd.Timedelta(milliseconds=1))
+    window = rollup_window(times, rollup_seconds=5, lag_seconds=1)
     from_rollup = build_ledger(rollup, *window, params=PARAMS)
     from_raw = build_ledger(raw, *window, params=PARAMS)
     assert from_rollup.quality["source"] == "rollup" and from_raw.quality["source"] == "samples"
     assert set(from_rollup.instances["gpu_uuid"]) == set(from_raw.instances["gpu_uuid"]) == uuids
+    assert from_raw.rows["project"].notna().any()  # relabelled from the pod: the rollups must keep it
     assert_reports_agree(from_rollup, from_raw)
     by_state = {name: ledger.rows.groupby(ledger.rows["state"].astype(str))["gpu_hours"].sum() / ledger.gpu_hours
                 for name, ledger in (("rollup", from_rollup), ("raw", from_raw))}

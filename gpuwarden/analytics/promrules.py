@@ -16,7 +16,10 @@ one-minute evaluation the way :mod:`gpuwarden.analytics.engine` classifies a one
   taxonomy's state, by the engine's precedence; ``unmeasured`` GPUs (no activity series) get none.
 - ``gpu:gpuwarden_state_seconds:5m`` / ``gpu:gpuwarden_used_seconds:5m`` /
   ``gpu:gpuwarden_energy_joules:5m`` / ``gpu:gpuwarden_memory_byte_seconds:5m`` (every 5 minutes,
-  label ``state``): the rollups reports read (one row per GPU, holder and state per 5 minutes).
+  label ``state``): the rollups reports read, one point per GPU, namespace and state per 5
+  minutes (``ROLLUP_LABELS``: the pod is summed away). A rollup evaluated at ``T`` covers the
+  evaluations in ``(T - 5m - 1m, T - 1m]``: one rule interval back, so that it never races the
+  usage group it reads (readers shift it back by that interval).
 
 Differences from the engine, by construction small: windows are counted in evaluations, not in
 samples of a segment (a gap or a pod change resets the engine's window; a new series does the
@@ -39,7 +42,12 @@ RULE_FILE = Path("rules") / "gpuwarden-recording.rules.yml"
 HELM_COPY = Path("helm") / "gpuwarden" / "files" / "rules" / "gpuwarden-recording.rules.yml"
 
 STATE_METRIC = "gpu:gpuwarden_state:code"
-ROLLUP_METRICS = {  # figure -> recorded series (label ``state``), one point per GPU, pod and state per rollup
+# The labels a rollup keeps: the GPU (or MIG instance) and who it served, down to the namespace
+# (and the team / project labels where relabelling puts them on the series), never the pod, so pod
+# churn starts no rollup series (docs/scale.md counts them).
+ROLLUP_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE",
+                 "namespace", "team", "project")
+ROLLUP_METRICS = {  # figure -> recorded series (label ``state``), one point per GPU, namespace and state per rollup
     "seconds": "gpu:gpuwarden_state_seconds:5m",
     "used_seconds": "gpu:gpuwarden_used_seconds:5m",
     "energy_joules": "gpu:gpuwarden_energy_joules:5m",
@@ -163,18 +171,22 @@ def recording_rules(params: IdleParams | None = None, interval_seconds: float = 
         suffix = ":bytes" if name == "hoarded_memory" else (":1h" if name.endswith("seconds") else ":sum")
         usage.append({"record": f"namespace:gpuwarden_{name}{suffix}", "expr": f"sum by (cluster, namespace) ({source})"})
 
-    rollup_window = _duration(rollup_seconds - 0.001)
-    sub = f"[{rollup_window}:{_duration(step)}]"
+    # The rollup reads the usage group's minutes over a window that ends one rule interval back:
+    # the two groups are evaluated independently (at their own phase), so the newest minute may
+    # not be recorded yet when a rollup runs. One interval back, every minute is there, and
+    # consecutive rollups still tile time exactly (subquery steps are aligned to the interval).
+    sub = f"[{_duration(rollup_seconds - 0.001)}:{_duration(step)}] offset {_duration(step)}"
+    by = ", ".join(ROLLUP_LABELS)
     rollups = []
     for state in RECORDED_STATES:
         match = f"{STATE_METRIC} == {code[state]}"
         for figure, record in ROLLUP_METRICS.items():
-            value = {"seconds": f"count_over_time(({match}){sub}) * {per}",
-                     "used_seconds": f"sum_over_time(({activity} and {match}){sub}) * {per}",
-                     "energy_joules": f"sum_over_time(({m.power} and {match}){sub}) * {per}",
-                     "memory_byte_seconds": f"sum_over_time(({m.fb_used} * {_number(1 / m.fb_scale)} and {match}){sub}) * {per}",
+            value = {"seconds": f"count_over_time(({match}){sub})",
+                     "used_seconds": f"sum_over_time(({activity} and {match}){sub})",
+                     "energy_joules": f"sum_over_time(({m.power} and {match}){sub})",
+                     "memory_byte_seconds": f"sum_over_time(({m.fb_used} * {_number(1 / m.fb_scale)} and {match}){sub})",
                      }[figure]
-            rollups.append({"record": record, "expr": value, "labels": {"state": state}})
+            rollups.append({"record": record, "expr": f"sum by ({by}) ({value}) * {per}", "labels": {"state": state}})
     return {"groups": [
         {"name": "gpuwarden-usage", "interval": _duration(step), "rules": usage},
         {"name": "gpuwarden-rollup", "interval": _duration(rollup_seconds), "rules": rollups},
@@ -200,10 +212,13 @@ HEADER = """\
 #
 # One definition of idle: the "gpuwarden-usage" group classifies every GPU (and holder pod) each
 # {interval} into the idle taxonomy of gpuwarden.analytics (gpu:gpuwarden_state:code), with the
-# same thresholds; "gpuwarden-rollup" sums it every {rollup} into one point per GPU, pod and state
-# (gpu:gpuwarden_*:5m{{state=...}}), which `gpuwarden report ... --source prometheus` reads instead
-# of raw samples. Conventions: level:metric:operation; "gpu:" series keep every label of the
-# exporter's series; "namespace:" series are summed by cluster and namespace.
+# same thresholds; "gpuwarden-rollup" sums it every {rollup} into one point per GPU, namespace and
+# state (gpu:gpuwarden_*:5m{{state=...}}; no pod label, so pod churn adds no rollup series), which
+# `gpuwarden report ... --source prometheus` reads instead of raw samples. A rollup at T covers the
+# evaluations in (T - {rollup} - {interval}, T - {interval}] ("offset {interval}"): groups run at
+# their own phase, and one interval back the usage group has always recorded the minute.
+# Conventions: level:metric:operation; "gpu:" 1-minute series keep every label of the exporter's
+# series; "namespace:" series are summed by cluster and namespace.
 # Windows are 1 ms short of N evaluations: Prometheus 2 range selectors include both ends.
 """
 
