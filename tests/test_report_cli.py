@@ -89,6 +89,25 @@ def test_since_limits_the_window(capsys, store_dir):
     assert data["summary"]["gpu_hours"] == pytest.approx(64.0)  # 8 nodes x 8 GPUs x 1 h
 
 
+def test_over_time_buckets_follow_the_window_unless_asked(capsys, store_dir):
+    from gpuwarden.analytics.windows import report_bucket_for
+
+    assert [report_bucket_for(pd.Timedelta(days=d)) for d in (1, 7, 30)] == \
+        [pd.Timedelta(hours=1), pd.Timedelta(hours=6), pd.Timedelta(days=1)]
+    buckets = {}
+    for extra in ((), ("--bucket", "30m")):
+        code, out, err = run(capsys, "report", "efficiency", "--store", store_dir, "--format", "json", *extra)
+        assert code == 0, err
+        data = json.loads(out)
+        over_time = data["tables"]["over_time"]
+        buckets[extra] = [row["bucket"] for row in over_time]
+        assert sum(row["gpu_hours"] for row in over_time) == pytest.approx(data["summary"]["gpu_hours"])  # any bucket
+    assert len(buckets[()]) == 4 and len(buckets[("--bucket", "30m")]) == 8  # 4 h of data
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, "report", "idle", "--store", store_dir, "--bucket", "7m")
+    assert exit_info.value.code == 2 and "multiple of 5m" in capsys.readouterr().err
+
+
 def test_a_price_book_missing_a_model_is_one_line_naming_it(capsys, store_dir, tmp_path):
     book = tmp_path / "prices.yaml"
     book.write_text("models:\n  NVIDIA H100 80GB HBM3: {on-demand: 6, reserved: 4, spot: 2, owned: {capex: 30000}}\n")

@@ -65,3 +65,15 @@ def bucket_for(span: pd.Timedelta | str) -> str:
     if span <= pd.Timedelta(hours=24):
         return "10min"
     return "1h"
+
+
+def report_bucket_for(span: pd.Timedelta) -> pd.Timedelta:
+    """A report's over-time bucket for a window of ``span``: hourly up to 2 days, 6-hourly up to 14
+    days, daily beyond (at most about 60 rows of a table, where charts want more points). A long
+    window read from the recording rules costs one point per series and bucket, so a 30-day report
+    reads 30 points per series, not 720 (docs/scale.md)."""
+    if span <= pd.Timedelta(days=2):
+        return pd.Timedelta(hours=1)
+    if span <= pd.Timedelta(days=14):
+        return pd.Timedelta(hours=6)
+    return pd.Timedelta(days=1)

@@ -13,10 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .args import number
 from .output import FORMATS
 from .sources import add_source_options, duration, open_window
+
+if TYPE_CHECKING:  # imported when a report runs, not to parse arguments
+    import pandas as pd
 
 # Kept here so that parsing needs no analytics import; a test checks it matches analytics.reports.
 REPORT_KINDS = ("idle", "efficiency", "cost", "chargeback")
@@ -49,6 +53,9 @@ def add_parser(subparsers) -> None:
     pricing = parser.add_argument_group("pricing and classification")
     pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
     pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
+    output.add_argument("--bucket", type=_bucket,
+                        help="over-time tables: bucket length, a multiple of 5m (default: 1h up to a 2-day window, "
+                             "6h up to 14 days, 1d beyond)")
     pricing.add_argument("--hoard-grace", type=duration, default="30m",
                          help="idle longer than this while holding memory is hoarding (default 30m)")
     pricing.add_argument("--reclaim", type=_fractions, default=(0.25, 0.5, 1.0),
@@ -56,6 +63,14 @@ def add_parser(subparsers) -> None:
     pricing.add_argument("--unallocated", choices=["separate", "proportional"], default="separate",
                          help="chargeback: unallocated cost as its own row, or spread over teams (default separate)")
     parser.set_defaults(run=run)
+
+
+def _bucket(text: str) -> pd.Timedelta:
+    """A bucket the 5-minute recording-rule rollups tile exactly (and at most 31 days)."""
+    value = duration(text)
+    if value.total_seconds() % 300 or value.total_seconds() > 31 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a multiple of 5m, at most 31d (e.g. 1h, 6h, 1d)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +87,11 @@ def run(args: argparse.Namespace) -> int:
     window = open_window(args)
     price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
     inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
+    from gpuwarden.analytics.windows import report_bucket_for
+
+    bucket = args.bucket if args.bucket is not None else report_bucket_for(window.end - window.start)
     ledger = build_ledger(window.source, window.start, window.end, price_book=price_book, inventory=inventory,
-                          params=IdleParams(hoard_grace=args.hoard_grace))
+                          params=IdleParams(hoard_grace=args.hoard_grace), bucket=bucket)
     if ledger.rows.empty:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
     options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
