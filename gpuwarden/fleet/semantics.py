@@ -23,16 +23,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from .semantics_scalar import (
     DEFAULT_COMPUTE_SLICES,
     PROFILE_SLICES,
-    counter_increments,
     default_pool,
     default_pools,
     gpu_compute_slices,
-    group_first_rows,
     mig_share,
     profile_slices,
     request_gpu_equivalents,
@@ -43,6 +42,52 @@ __all__ = [
     "default_pools", "gpu_compute_slices", "group_first_rows", "iso_utc", "mig_share", "mig_shares",
     "profile_slices", "request_gpu_equivalents", "to_utc", "to_utc_or_none", "utc_times",
 ]
+
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+# -- counter increments over arrays ----------------------------------------------------------------
+
+def counter_increments(values: npt.ArrayLike, first: npt.ArrayLike) -> tuple[FloatArray, BoolArray]:
+    """Increments of a cumulative counter per row, and where it was reset.
+
+    Rows are sorted by (group, time); ``first`` is the index of each row's group's first row. A row
+    compares with the last non-null value before it in its group; a drop means a reset, after which
+    the new value counts from zero. Null rows and each group's first valid row add nothing.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    starts = np.asarray(first, dtype=np.int64)
+    n = v.size
+    inc = np.zeros(n, dtype=np.float64)
+    reset = np.zeros(n, dtype=np.bool_)
+    if n == 0:
+        return inc, reset
+    valid = ~np.isnan(v)
+    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
+    prev = np.empty(n, dtype=np.int64)
+    prev[0] = -1
+    prev[1:] = last_valid[:-1]
+    prev[prev < starts] = -1
+    has = valid & (prev >= 0)
+    current = v[has]
+    delta = current - v[prev[has]]
+    dropped = delta < 0
+    inc[has] = np.where(dropped, current, delta)
+    reset[np.flatnonzero(has)[dropped]] = True
+    return inc, reset
+
+
+def group_first_rows(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """For rows sorted by group, the index of each row's group's first row."""
+    k = np.asarray(keys)
+    n = len(k)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.ones(n, dtype=np.bool_)
+    starts[1:] = k[1:] != k[:-1]
+    return np.maximum.accumulate(np.where(starts, np.arange(n), 0)).astype(np.int64)
 
 
 # -- MIG share over a frame ------------------------------------------------------------------------

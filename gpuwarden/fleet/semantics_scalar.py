@@ -1,15 +1,14 @@
 """The pandas-free part of :mod:`gpuwarden.fleet.semantics` (read the rules there): the MIG share
-of a profile, counter increments over numpy arrays and a node's default pool. It stands apart
+of a profile and a node's default pool. It stands apart
 because the exporter imports :mod:`gpuwarden.fleet` (whose ``GpuRequest`` counts MIG shares) and
-must never import pandas; import these names from :mod:`gpuwarden.fleet.semantics`."""
+must never import pandas or numpy (the exporter-only image has neither; lint-imports checks it).
+The array rules (counter increments) live in :mod:`gpuwarden.fleet.semantics`; import every name
+from there."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-
-import numpy as np
-import numpy.typing as npt
 
 DEFAULT_COMPUTE_SLICES = 7
 # GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
@@ -17,10 +16,6 @@ _COMPUTE_SLICES_BY_MODEL_WORD: dict[str, int] = {"A30": 4}
 # The compute slices of a profile: '3g.40gb', '1:3g.40gb' (instance id first), 'mig-3g.40gb'.
 PROFILE_SLICES = re.compile(r"(?:^|[:/\s-])(\d+)g\.")
 _POOL_ORDINAL = re.compile(r"-\d+$")
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-
 
 def gpu_compute_slices(model: str | None) -> int:
     """Compute slices a GPU of ``model`` splits into under MIG (7 unless the model is known to
@@ -67,46 +62,6 @@ def request_gpu_equivalents(mig_profile: str | None, count: int = 1, fraction_mi
     if mig_profile is not None:
         return count * mig_share(mig_profile, model)
     return count * fraction_milli / 1000.0
-
-
-def counter_increments(values: npt.ArrayLike, first: npt.ArrayLike) -> tuple[FloatArray, BoolArray]:
-    """Increments of a cumulative counter per row, and where it was reset.
-
-    Rows are sorted by (group, time); ``first`` is the index of each row's group's first row. A row
-    compares with the last non-null value before it in its group; a drop means a reset, after which
-    the new value counts from zero. Null rows and each group's first valid row add nothing.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    starts = np.asarray(first, dtype=np.int64)
-    n = v.size
-    inc = np.zeros(n, dtype=np.float64)
-    reset = np.zeros(n, dtype=np.bool_)
-    if n == 0:
-        return inc, reset
-    valid = ~np.isnan(v)
-    last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
-    prev = np.empty(n, dtype=np.int64)
-    prev[0] = -1
-    prev[1:] = last_valid[:-1]
-    prev[prev < starts] = -1
-    has = valid & (prev >= 0)
-    current = v[has]
-    delta = current - v[prev[has]]
-    dropped = delta < 0
-    inc[has] = np.where(dropped, current, delta)
-    reset[np.flatnonzero(has)[dropped]] = True
-    return inc, reset
-
-
-def group_first_rows(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """For rows sorted by group, the index of each row's group's first row."""
-    k = np.asarray(keys)
-    n = len(k)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.ones(n, dtype=np.bool_)
-    starts[1:] = k[1:] != k[:-1]
-    return np.maximum.accumulate(np.where(starts, np.arange(n), 0)).astype(np.int64)
 
 
 def default_pool(node: str) -> str:
