@@ -8,7 +8,7 @@ scheduler under each named policy (:data:`WHATIF_POLICIES`) and measures every s
 - **wait**: every second between submission and finish that a workload is not running (queued,
   suspended, or redoing lost work is running time, not wait). Submission is the first sample, so
   the as-it-ran row's wait is only its pauses;
-- **idle GPU-hours**: GPU-hours of the window no workload held (a MIG instance holds slices / 7
+- **idle GPU-hours**: GPU-hours of the window no workload held (a MIG instance holds its share by fleet.semantics.mig_share
   of its GPU; a MIG GPU's unpartitioned slices are idle);
 - **cost**: what the fleet costs until the window's work is done (the window, or longer when a
   policy finishes the work later), and what its idle GPU-hours cost; each GPU model at the mean

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet.semantics import mig_share
+
 from . import mig
 
 NEEDED_COLUMNS = ("timestamp", "node", "gpu_uuid", "gpu_index", "model", "mig_instance", "namespace", "pod", "team",
@@ -58,9 +60,9 @@ class Workload:
 
     @property
     def gpu_equivalents(self) -> float:
-        """GPUs it holds while running (a MIG instance counts compute slices / 7)."""
+        """GPUs it holds while running (a MIG instance by the one MIG-share rule, fleet.semantics)."""
         if self.mig_profile:
-            return self.gpus * mig_slices(self.mig_profile) / 7.0
+            return self.gpus * mig_share(self.mig_profile, self.model)
         return self.gpus * self.gpu_fraction
 
 
@@ -99,12 +101,6 @@ class History:
 
     def node_of_gpu(self) -> dict[str, str]:
         return {uuid: node.name for node in self.nodes for uuid in node.gpu_uuids}
-
-
-def mig_slices(profile: str) -> int:
-    """Compute slices of a MIG profile name ('3g.40gb' -> 3)."""
-    head = profile.split("g.", 1)[0]
-    return int(head) if head.isdigit() else 7
 
 
 def sampling_step(timestamps: pd.Series) -> float:
