@@ -692,3 +692,12 @@ def test_missing_trace_file_is_named(data_dir, tmp_path):
     root = data_copy(data_dir, tmp_path, "genai/pod_gpu_duty_cycle.csv.gz")
     with pytest.raises(TraceError, match=r"pod_gpu_duty_cycle\.csv\.gz: trace file not found"):
         Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+
+
+def test_a_fleet_without_warmup_renders_its_first_steps_before_any_job_runs():
+    """With ``warmup_days=0`` the first steps have no job at all (it once failed with an IndexError)."""
+    from gpuwarden.sim import SimConfig, Simulation
+
+    chunks = list(Simulation(SimConfig(nodes=2, gpus_per_node=2, warmup_days=0, seed=3)).iter_chunks(3, chunk_steps=3))
+    first = chunks[0]
+    assert len(first) >= 3 * 4 and first["pod"].isna().all()  # 4 GPUs x 3 steps, nothing scheduled yet

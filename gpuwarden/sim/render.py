@@ -33,7 +33,11 @@ class Renderer:
         allocated = job >= 0
         # Which phase each device is in: jobs draw one phase per step so a gang moves together.
         phase = np.full(n, phases.index("idle_no_process"))
-        profiles = np.where(allocated, self.job_profile.values[np.maximum(job, 0)], self._profile_names.index("free"))
+        free = self._profile_names.index("free")
+        if allocated.any():  # np.where evaluates both sides: with no job yet the lookup would index nothing
+            profiles = np.where(allocated, self.job_profile.values[np.maximum(job, 0)], free)
+        else:
+            profiles = np.full(n, free)
         inference = profiles == self._profile_names.index("inference")
         job_phase = np.zeros(len(self.jobs), dtype=np.int64)
         for code in np.unique(profiles[allocated & ~inference]):
