@@ -135,6 +135,7 @@ def day_frame(day: int, gpus: int, rng: np.random.Generator) -> pd.DataFrame:
         pod=pd.Categorical.from_codes(pod_codes, pod_names),
         team=pd.Categorical.from_codes(team_code.ravel(), list(TEAMS)),
         project=pd.Categorical.from_codes(project_code.ravel(), [f"{t}-{k}" for t in TEAMS for k in ("prod", "exp")]),
+        attribution=pd.Categorical.from_codes(np.zeros(rows, np.int8), ["known"]),  # the exporter saw every owner
         gpu_util_ratio=util.ravel(), sm_active_ratio=sm.ravel(), mem_used_bytes=mem.ravel(),
         mem_total_bytes=np.ascontiguousarray(mem_total).ravel(), power_watts=power.ravel(),
     )
