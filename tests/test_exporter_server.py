@@ -277,3 +277,28 @@ def test_replay_counts_are_bounded_one_line_exit_2(flag, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and flag.split("=")[0] in err[0] and "expected an integer 0.." in err[0]
+
+
+def test_an_answer_that_drains_slowly_then_closes_is_closed_once(started, caplog):
+    """A large /metrics answer to a slow reader asking ``Connection: close`` (the demo's scraper,
+    Prometheus with keep-alive off): asyncio resumes writing from inside its own write-ready
+    handler, and closing the transport right there made asyncio run ``connection_lost`` twice (an
+    ERROR with two tracebacks per scrape in the demo's log). Closing is deferred to the next loop
+    turn."""
+    service = started(FakeBackend([gpu_reading(i) for i in range(1024)]))
+    wait_for(lambda: service.snapshot.success, what="first collection")
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for _ in range(3):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer cannot be written at once
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", service.port))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            threading.Event().wait(0.2)  # let the server's send buffer fill before reading (about 8 MB to send)
+            received = bytearray()
+            while chunk := sock.recv(4096):
+                received += chunk
+            sock.close()
+            assert received.startswith(b"HTTP/1.1 200") and b"DCGM_FI_DEV_GPU_UTIL{" in received
+        assert request(service, "/healthz")[0] == 200
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

@@ -248,7 +248,10 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writing = False
-        self._after_answer()
+        # asyncio calls this from inside its write-ready handler, which itself ends the connection
+        # once the buffer is empty and the transport closing: a close() made here would have
+        # connection_lost run twice (an asyncio ERROR per scrape). Carry on at the next loop turn.
+        asyncio.get_running_loop().call_soon(self._after_answer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None or self.closed:
