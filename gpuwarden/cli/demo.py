@@ -384,7 +384,7 @@ def count_series(url: str) -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
 
 
-def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, live_seconds: float,
+def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, run_seconds: float,
                   scraper: Scraper | None = None, reconciler: Reconciler | None = None) -> None:
     from gpuwarden.analytics.inventory import Inventory
     from gpuwarden.analytics.summary import headline, headline_lines
@@ -405,7 +405,7 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
     print(f"exporter:         {exporter_url} ({series} series at the last scrape)")
     if scraper is not None:
         print(f"embedded scraper: {scraper.scrapes} scrapes of /metrics, {scraper.rows_written:,} rows into the store")
-    print(f"live run:         {live_seconds:.0f} s")
+    print(f"run time:         {run_seconds:.0f} s (backfill, first findings and the live phase)")
     if span is not None:
         for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
             print(line)
