@@ -49,9 +49,11 @@ def read_entries(path: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
     return entries, problems
 
 
-def load_audit(path: Path | None) -> pd.DataFrame:
-    """Entries newest first; an empty frame (with the columns) when there is no log yet."""
-    entries, _ = read_entries(path)
+def load_audit(path: Path | None, entries: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Entries newest first; an empty frame (with the columns) when there is no log yet.
+    ``entries``: those :func:`read_entries` already read from ``path`` (not read again)."""
+    if entries is None:
+        entries, _ = read_entries(path)
     frame = pd.DataFrame(entries, columns=AUDIT_COLUMNS) if entries else pd.DataFrame(columns=AUDIT_COLUMNS)
     frame["at"] = pd.to_datetime(frame["at"], utc=True, format="ISO8601", errors="coerce")
     frame["approval_id"] = frame["approval_id"].map(lambda v: None if v is None or pd.isna(v) else str(v))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from pathlib import Path
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
-from gpuwarden.actuator.approvals import decide, pending
+from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.actuator.findings import findings_from_frame
 from gpuwarden.store import SamplesError
 
@@ -255,7 +255,7 @@ def _summary(report) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     records = AuditLog.read(args.audit) if args.audit.exists() else []
-    waiting = pending(args.audit)
+    waiting = pending_from(records)
     print(f"waiting for approval: {len(waiting)}")
     for p in waiting:
         evidence = ", ".join(f"{f.get('kind')} on {f.get('gpu_uuid') or f.get('node') or '?'}" for f in p.findings)

@@ -258,11 +258,12 @@ def store_info() -> StoreInfo | None:
     path = store_path()
     if path is None:
         return None
+    version = store_version(path)  # once: a live store may change between two looks
     try:
-        span = _time_range(path, store_version(path))
+        span = _time_range(path, version)
     except StoreUnreadable:
         return None
-    return None if span is None else StoreInfo(path, span[0], span[1], store_version(path))
+    return None if span is None else StoreInfo(path, span[0], span[1], version)
 
 
 def current_version() -> float | None:
@@ -584,3 +585,23 @@ def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: floa
         return history(samples_source(path), Window(start, end, ""), node, uuid)
     except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
         raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None
+
+
+def require_queue_plan() -> tuple[Path, Any]:
+    """The cluster-state folder and its :func:`queue_plan`, or the page stops with one line saying
+    why (no store, no snapshot yet, a damaged one). The Queue and Request pages open with it."""
+    from gpuwarden.dashboards import cluster_state as cs
+
+    directory = cs.state_dir(store_path())
+    if directory is None:
+        no_local_files("cluster snapshot", cs.STATE_ENV)
+    try:
+        planned = queue_plan(str(directory), cluster_version(directory))
+    except ValueError as error:
+        st.error(str(error), icon=":material/error:")
+        st.stop()
+    if planned is None:
+        st.info(f"No cluster snapshot at `{directory}` yet. The actuator (or `gpuwarden demo`) writes one each round; "
+                f"set `{cs.STATE_ENV}` to read another folder.", icon=":material/info:")
+        st.stop()
+    return directory, planned

@@ -33,12 +33,6 @@ def gpu_hours(value, missing: str = "n/a") -> str:
     return f"{value:,.0f} GPU-h" if abs(value) >= 100 else f"{value:,.1f} GPU-h"
 
 
-def gpus(value) -> str:
-    """'3' for a whole number of GPUs, '2.4' when MIG shares make it fractional."""
-    value = float(value)
-    return f"{value:.0f}" if abs(value - round(value)) < 1e-9 else f"{value:.1f}"
-
-
 def title(name: str) -> str:
     """snake_case column -> a header with its unit: 'idle_gpu_hours' -> 'Idle GPU-h'."""
     words = name.split("_")

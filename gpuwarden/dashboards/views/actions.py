@@ -18,7 +18,7 @@ from gpuwarden.dashboards.data import store_path
 st.title("Actuator actions")
 path = av.audit_path(store_path())
 entries, problems = av.read_entries(path)
-frame = av.load_audit(path)
+frame = av.load_audit(path, entries)
 try:
     snapshot = data.cluster_snapshot(cs.state_dir(store_path()))
 except ValueError as error:
@@ -46,7 +46,7 @@ if modes == ["observe"]:
     st.caption("Observe mode: nothing was applied; these are the actions the actuator would have taken.")
 
 c1, c2, c3, c4 = st.columns(4)
-waiting = approvals.pending(path) if path is not None and path.exists() else []
+waiting = approvals.pending_from(entries)
 c1.metric("Awaiting approval", len(waiting))
 c2.metric("Planned (observe)", int((frame["outcome"] == "planned").sum()))
 c3.metric("Applied", int((frame["outcome"] == "applied").sum()))

@@ -24,7 +24,7 @@ health = data.bundle("health", info, window, wait=False)
 data.window_caption(info, window, bundles=(summary,) + ((ledger,) if ledger is not None else ()))
 head = summary["headline"]
 try:
-    cluster = data.cluster_snapshot(cs.state_dir(info.path))
+    cluster = data.cluster_snapshot(cs.state_dir(data.store_path()))  # info.path is a cache folder over Prometheus
 except ValueError:
     cluster = None
 reporting, seen = summary["reporting"]

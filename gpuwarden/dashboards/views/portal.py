@@ -14,21 +14,8 @@ from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.fleet import FleetValueError, PriorityClass
 
 st.title("Request GPUs")
-directory = cs.state_dir(data.store_path())
-if directory is None:
-    data.no_local_files("cluster snapshot", cs.STATE_ENV)
-try:
-    snapshot = data.cluster_snapshot(directory)
-except ValueError as error:
-    st.error(str(error), icon=":material/error:")
-    st.stop()
-if snapshot is None:
-    st.info(f"No cluster snapshot at `{directory}` yet, so there is no queue to join. The actuator (or `gpuwarden demo`) "
-            f"writes one each round; set `{cs.STATE_ENV}` to read another folder.", icon=":material/info:")
-    st.stop()
-
-teams = [t.name for t in snapshot.teams]
-max_gpus, profiles, _ = cs.request_limits(snapshot)
+directory, (snapshot, *_) = data.require_queue_plan()  # the same snapshot the queue below plans on
+max_gpus, profiles, teams = cs.request_limits(snapshot)
 with st.form("request"):
     left, right = st.columns(2)
     team = left.selectbox("Team", teams)

@@ -8,24 +8,11 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.dashboards import cluster_state as cs
 from gpuwarden.dashboards import data, show
 from gpuwarden.scheduling import queue_report
 
 st.title("Queue & quotas")
-directory = cs.state_dir(data.store_path())
-if directory is None:
-    data.no_local_files("cluster snapshot", cs.STATE_ENV)
-try:
-    planned = data.queue_plan(str(directory), data.cluster_version(directory)) if directory else None
-except ValueError as error:
-    st.error(str(error), icon=":material/error:")
-    st.stop()
-if planned is None:
-    st.info(f"No cluster snapshot at `{directory}` yet. The actuator (or `gpuwarden demo`) writes one each round; "
-            f"set `{cs.STATE_ENV}` to read another folder.", icon=":material/info:")
-    st.stop()
-snapshot, result, pending, requests, problems = planned
+directory, (snapshot, result, pending, requests, problems) = data.require_queue_plan()
 for problem in problems[:3]:
     st.warning(problem, icon=":material/warning:")
 st.caption(f"Cluster snapshot taken at {snapshot.taken_at:%Y-%m-%d %H:%M} UTC (sample time) · {len(snapshot.nodes)} nodes, "

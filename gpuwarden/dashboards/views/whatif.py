@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from gpuwarden.analytics.fleet_report import format_gpus
 from gpuwarden.dashboards import data, fmt
 from gpuwarden.scheduling.whatif import AS_IT_RAN, WhatIfReport
 from gpuwarden.scheduling.whatif import WHATIF_POLICIES as POLICIES
@@ -41,7 +42,7 @@ rows = pd.DataFrame(report.policies).set_index("policy")
 ran = rows.loc[AS_IT_RAN]
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Workloads", f"{len(history.workloads):,}", help="Pods on GPUs in the window, rebuilt from the samples.")
-c2.metric("Fleet", fmt.gpus(history.gpus), help="GPUs seen in the window (GPUs with unknown owners left out).")
+c2.metric("Fleet", format_gpus(history.gpus), help="GPUs seen in the window (GPUs with unknown owners left out).")
 c3.metric("Idle as it ran", fmt.gpu_hours(ran["idle_gpu_hours"]))
 c4.metric("Fleet cost as it ran", fmt.money(ran["fleet_cost"], report.currency, 0))
 
