@@ -99,8 +99,6 @@ class AuditEntry:
             "by": self.by, "undo": self.undo, "undo_of": self.undo_of,
         }
 
-    def as_json(self) -> str:
-        return json.dumps(self.as_dict(), default=str)
 
 
 class AuditLog:

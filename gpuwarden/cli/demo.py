@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, config) -> int:
     from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
     from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
+    from gpuwarden.fleet.processes import stop_process
     from gpuwarden.exporter import ExporterService
     from gpuwarden.sim import Simulation
     from gpuwarden.sim.backend import SimGpuBackend
@@ -227,11 +228,7 @@ def _run(args: argparse.Namespace, config) -> int:
             series = count_series(exporter.url) if exporter.port else 0
             exporter.stop()
             if dashboard is not None:
-                dashboard.terminate()
-                try:
-                    dashboard.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    dashboard.kill()
+                stop_process(dashboard)  # waits after a kill too: no zombie
             print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper, reconciler)
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)

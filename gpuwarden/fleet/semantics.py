@@ -30,7 +30,6 @@ from .semantics_scalar import (
     DEFAULT_COMPUTE_SLICES,
     PROFILE_SLICES,
     default_pool,
-    default_pools,
     gpu_compute_slices,
     mig_share,
     profile_slices,
@@ -39,7 +38,7 @@ from .semantics_scalar import (
 
 __all__ = [
     "DEFAULT_COMPUTE_SLICES", "counter_increase", "counter_increments", "counter_resets", "default_pool",
-    "default_pools", "gpu_compute_slices", "group_first_rows", "iso_utc", "mig_share", "mig_shares",
+    "gpu_compute_slices", "group_first_rows", "iso_utc", "mig_share", "mig_shares",
     "profile_slices", "request_gpu_equivalents", "to_utc", "to_utc_or_none", "utc_times",
 ]
 

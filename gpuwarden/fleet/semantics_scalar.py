@@ -8,7 +8,7 @@ from there."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 DEFAULT_COMPUTE_SLICES = 7
 # GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
@@ -69,8 +69,3 @@ def default_pool(node: str) -> str:
     (``train-h100-007`` -> ``train-h100``); the whole name when that would leave nothing."""
     name = str(node)
     return _POOL_ORDINAL.sub("", name) or name
-
-
-def default_pools(nodes: Iterable[str]) -> dict[str, str]:
-    """:func:`default_pool` for each node name."""
-    return {str(node): default_pool(str(node)) for node in nodes}

@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet.semantics import iso_utc
+
 from .state import JobState
 from .whatif_history import DEFAULT_MAX_GAP_SECONDS, NEEDED_COLUMNS, History, Workload, rebuild
 
@@ -392,7 +394,7 @@ class WhatIfReport:
         return {
             "report": "whatif",
             "schema_version": SCHEMA_VERSION,
-            "window": {"start": _iso(history.start), "end": _iso(history.end),
+            "window": {"start": iso_utc(history.start), "end": iso_utc(history.end),
                        "hours": history.window_seconds / 3600.0, "step_seconds": history.step_seconds},
             "currency": self.currency,
             "summary": {"workloads": len(history.workloads), "gpus": history.gpus, "nodes": len(history.nodes),
@@ -402,10 +404,6 @@ class WhatIfReport:
             "params": {"checkpoint_interval_seconds": CHECKPOINT_INTERVAL_SECONDS,
                        "resume_overhead_seconds": RESUME_OVERHEAD_SECONDS, "submission": "first sample"},
         }
-
-
-def _iso(stamp: pd.Timestamp) -> str:
-    return str(pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 SUBMISSION_NOTE = ("submission times are not in the samples: each workload is taken as submitted at its first sample, "

@@ -209,7 +209,7 @@ class SimCluster:
                 sim.queue.remove(job)
             return f"bound {action.target} to {len(devices)} device(s)"
         uuids = list(action.params.get("gpu_uuids", ()))
-        index_of = {g.uuid: i for i, g in enumerate(sim.gpus)}
+        index_of = sim.gpu_index_of
         unknown = [u for u in uuids if u not in index_of]
         if unknown:
             raise LookupError(f"GPU {unknown[0]!r} not found")

@@ -13,7 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import pandas as pd
 
-from .local import LocalStore, TimeBound, _utc
+from gpuwarden.fleet.semantics import to_utc_or_none
+
+from .local import LocalStore, TimeBound
 from .schema import ValidationReport, load_samples, validate_rows
 
 
@@ -34,7 +36,7 @@ class FileSource:
 
     def read(self, start=None, end=None, columns=None) -> pd.DataFrame:
         frame = self._frame
-        start_ts, end_ts = _utc(start), _utc(end)
+        start_ts, end_ts = to_utc_or_none(start), to_utc_or_none(end)
         mask = pd.Series(True, index=frame.index)
         if start_ts is not None:
             mask &= frame["timestamp"] >= start_ts

@@ -24,7 +24,6 @@ from datetime import datetime, UTC
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client
 
 from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
 
@@ -277,6 +276,3 @@ class KubeCluster:
                           _content_type=MERGE_PATCH)
         return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
 
-
-def make_api(api_client: client.ApiClient, **kwargs: Any) -> KubeApi:
-    return KubeApi(api_client, **kwargs)

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import THROTTLE_REASONS, XID_COLUMN_NAMES
-from gpuwarden.fleet.semantics import counter_increments, default_pool
+from gpuwarden.fleet.semantics import counter_increments, default_pool, group_first_rows
 
 NVLINK_COUNTERS: tuple[str, ...] = (
     "nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
@@ -235,7 +235,7 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
     ts, gpu, node, model, pool = ts[starts], gpu[starts], node[starts], model[starts], pool[starts]
     cols.update(ts=ts, gpu=gpu, node=node, model=model, pool=pool)
     gpu_start = np.r_[True, gpu[1:] != gpu[:-1]] if gpu.size else np.zeros(0, dtype=bool)
-    first = np.maximum.accumulate(np.where(gpu_start, np.arange(gpu.size), 0)) if gpu.size else np.zeros(0, dtype=np.int64)
+    first = group_first_rows(gpu)
     base = int(ts.min()) if ts.size else 0
     span = int(ts.max()) - base + 1 if ts.size else 1
     # GPUs sit further apart in the key than the window spans plus any trailing window (~11 days).

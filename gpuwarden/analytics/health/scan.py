@@ -563,11 +563,11 @@ class StreamingScanner:
 
     def feed(self, chunk: pd.DataFrame) -> list[Finding]:
         frame = chunk if self._tail is None else pd.concat([self._tail, chunk], ignore_index=True)
-        report_from = None if self._tail is None or self._tail.empty else pd.to_datetime(chunk["timestamp"], utc=True).min()
+        stamps = pd.to_datetime(frame["timestamp"], utc=True)  # once per feed: frame = [tail, chunk]
+        report_from = None if self._tail is None or self._tail.empty else stamps.iloc[-len(chunk):].min()
         found = scan(frame, config=self.config, pools=self.pools, report_from=report_from)
         self.log.merge(found)
-        newest = pd.to_datetime(frame["timestamp"], utc=True).max()
-        self._tail = frame[pd.to_datetime(frame["timestamp"], utc=True) > newest - self.context]
+        self._tail = frame[(stamps > stamps.max() - self.context).to_numpy()]
         return found
 
     def findings(self) -> list[Finding]:

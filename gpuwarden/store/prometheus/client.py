@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 
 import pandas as pd
 
-from ..local import _utc
+from gpuwarden.fleet.semantics import to_utc
 from ..schema import SamplesError
 
 log = logging.getLogger("gpuwarden.store.prometheus")
@@ -84,7 +84,7 @@ def promql_duration(seconds: float) -> str:
 def epoch_seconds(value: Moment) -> float:
     if isinstance(value, (int, float)):
         return float(value)
-    return float(_utc(value).value / 1e9)
+    return float(to_utc(value).value / 1e9)
 
 
 class PrometheusClient:
