@@ -252,7 +252,9 @@ def test_recording_rules_and_rollup(stack):
     fake = sm.notna() & (sm < params.idle_activity) & (util >= params.fake_busy_util)
     idle = np.where(sm.notna(), sm < params.idle_activity, util < params.idle_activity) & ~fake
     expected_idle = dict(zip(device_keys(latest), idle))
-    end = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(seconds=1)
+    # End 3 rule intervals back, so every series' newest evaluation has landed (ending 1 s back, an
+    # idle series could hold a sample its allocated-idle twin did not have yet: 3 vs 2 s in CI).
+    end = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(seconds=3)
     start = end - pd.Timedelta(seconds=4)
     for use_rules in (False, True):
         fast = PrometheusSource(source.url, rule_interval="1s")
