@@ -10,8 +10,10 @@ and that recording-rule series appear.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
+import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -252,9 +254,21 @@ def test_recording_rules_and_rollup(stack):
     fake = sm.notna() & (sm < params.idle_activity) & (util >= params.fake_busy_util)
     idle = np.where(sm.notna(), sm < params.idle_activity, util < params.idle_activity) & ~fake
     expected_idle = dict(zip(device_keys(latest), idle))
-    # End 3 rule intervals back, so every series' newest evaluation has landed (ending 1 s back, an
-    # idle series could hold a sample its allocated-idle twin did not have yet: 3 vs 2 s in CI).
-    end = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(seconds=3)
+    # The window is read from the data, not the clock: read_rollup evaluates at multiples of its
+    # step, so the end sits on the 4 s grid; every device's rule series holds 3+ evaluations in
+    # the 4 s before it (on a loaded machine the rules may start late), and both series have an
+    # evaluation after it, so nothing in the window is still being written (a rule group's
+    # evaluations run in order; CI once saw idle 3 s against allocated-idle 2 s at a live edge).
+    def settled_end():
+        end = math.floor(time.time() / 4) * 4 - 4
+        counts = source.query("count_over_time(gpu:gpuwarden_idle:bool[3999ms])", at=end)
+        newest = [source.query(f"min(timestamp({name}))") for name in
+                  ("gpu:gpuwarden_idle:bool", "gpu:gpuwarden_allocated_idle:bool")]
+        settled = len(counts) == devices and min(float(c["value"][1]) for c in counts) >= 3 and \
+            all(found and float(found[0]["value"][1]) > end for found in newest)
+        return pd.Timestamp(end, unit="s", tz="UTC") if settled else None
+
+    end = wait_for(settled_end, 30, "4 settled seconds of rule evaluations for every device")
     start = end - pd.Timedelta(seconds=4)
     for use_rules in (False, True):
         fast = PrometheusSource(source.url, rule_interval="1s")

@@ -105,7 +105,13 @@ def test_matmul_is_busy_and_nothing_is_unallocated(h200, capsys, caplog):
 def test_one_sample_per_gpu_at_the_default_step_answers(h200, capsys):
     """The issue's failure: a Prometheus with under a minute of history, read at the default 60 s
     grid, gives one sample per GPU; the source's step stands for it."""
-    newest = h200["source"].time_range()[1]
+    def newest_clear_of_the_minute():
+        # The window below starts 59 s before its grid point: a newest sample in the first 2 s
+        # after a minute boundary would fall before it. Prometheus keeps scraping, so wait past.
+        newest = h200["source"].time_range()[1]
+        return newest if newest - newest.floor("60s") >= pd.Timedelta(seconds=2) else None
+
+    newest = wait_for(newest_clear_of_the_minute, 10, "a newest sample 2 s past a minute boundary")
     grid = newest.ceil("60s")  # the one grid point whose last minute holds the newest sample
     report = _report(capsys, "--prometheus-url", h200["server"].url, "--since", "1m",
                      "--until", (grid + pd.Timedelta(seconds=1)).isoformat())
