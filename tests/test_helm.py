@@ -417,8 +417,8 @@ def test_every_container_is_locked_down_in_every_combination(all_combinations):
                     is_on(sets, "exporter.podAttribution.enabled") or is_on(sets, "exporter.podMemory.enabled"))
                 if root_allowed:
                     assert uid == 0 and non_root is False, where
-                else:
-                    assert non_root is True and uid != 0, where
+                else:  # the image's own user, so files it writes on volumes are the image's
+                    assert non_root is True and uid == IMAGE_UID, where
 
 
 def test_exporter_is_root_only_for_root_only_host_files(helm):
@@ -531,9 +531,11 @@ def test_the_dashboard_reads_every_variable_the_chart_gives_it(helm, source):
      ["exporter.podSecurityContext.runAsUser", "greater than or equal to 1"]),
     (["dashboard.securityContext.runAsUser=0"],
      ["dashboard.securityContext.runAsUser", "greater than or equal to 1"]),
+    (["remediation.enabled=true", "remediation.securityContext.runAsUser=0"],
+     ["remediation.securityContext.runAsUser", "greater than or equal to 1"]),
     (["dashboard.actions.enabled=true"], ["dashboard.actions.approverTokenSecret"]),
     (["exporter.securityContext.runAsNonRoot=true"], ["exporter.securityContext.runAsNonRoot=true", "root-only"]),
-], ids=["exporter-root-nonroot", "exporter-pod-root-nonroot", "dashboard-root", "actions-without-role", "nonroot-with-attribution"])
+], ids=["exporter-root-nonroot", "exporter-pod-root-nonroot", "dashboard-root", "actuator-root", "actions-without-role", "nonroot-with-attribution"])
 def test_contradictions_are_rejected_with_the_key(helm, sets, expected):
     args = [arg for item in sets for arg in ("--set", item)]
     result = run_helm(helm, "template", RELEASE, str(CHART), *args)

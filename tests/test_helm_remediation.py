@@ -70,7 +70,9 @@ def test_remediation_deploys_a_leader_elected_actuator_with_a_pdb(helm, kube_val
     deployment = one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    # The image's user (scripts/image/install.py), and the audit volume group-writable to it.
+    assert {k: pod["securityContext"][k] for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup")} == \
+        {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001}
     container = pod["containers"][0]
     args = [a.replace("$(POD_NAME)", "actuator-0") for a in container["args"]]
     parsed = build_parser().parse_args(args)  # the CLI accepts exactly what the chart renders
