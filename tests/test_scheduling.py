@@ -145,6 +145,63 @@ def test_priority_preemption_suspends_checkpointable_victim_and_resumes_it_with_
     assert state.jobs["low"].progress == 500.0  # progress kept across the checkpoint
 
 
+DEFRAG = QueuePolicy("defrag", checkpoint=True, defragment=True)
+
+
+def _scattered() -> State:
+    """Two 4-GPU nodes, each with 2 GPUs held by 1-GPU jobs: 4 GPUs free, none 4 together."""
+    state = cluster().node("n1", gpus=4).node("n2", gpus=4).obj()
+    for name, node, gpu in (("a", "n1", 0), ("b", "n1", 1), ("c", "n2", 0), ("d", "n2", 1)):
+        j = job(name).gpus(1).checkpointable().obj()
+        state.add_running(j, [(node, gpu, 1000)])
+        j.state, j.started, j.progress = "running", 0.0, 100.0
+    return state
+
+
+def test_defragment_moves_checkpointable_jobs_to_gather_a_blocked_jobs_gpus():
+    state = _scattered()
+    submit(state, job("big").gpus(4).at(5))
+    assert Scheduler(QueuePolicy("plain", checkpoint=True)).schedule(state, now=10) == []  # scattered: it waits
+    decisions = Scheduler(DEFRAG).schedule(state, now=10)
+    # Both 1-GPU jobs of one node suspend, the 4-GPU job starts there, they resume on the other node.
+    assert [(d.kind, d.job) for d in decisions][2] == ("bind", "big")
+    moved = {d.job for d in decisions if d.kind == "suspend"}
+    assert len(moved) == 2 and {d.job for d in decisions if d.kind == "resume"} == moved
+    (home,) = {slot[0] for slot in state.jobs["big"].placements}
+    assert len(state.jobs["big"].placements) == 4
+    for name in moved:
+        j = state.jobs[name]
+        assert j.state == "running" and j.progress == 100.0  # checkpointed: progress kept
+        assert [slot[0] for slot in j.placements] != [home]
+    assert all(node.whole_free() == 0 for node in state.nodes.values())
+
+
+def test_defragment_moves_nothing_it_cannot_place_or_may_not_move():
+    state = _scattered()
+    submit(state, job("big").gpus(4).at(5), job("huge").gpus(8).at(6))
+    for name in ("a", "c"):  # one job on each node is not checkpointable: no node can be cleared
+        state.jobs[name].checkpointable = False
+    assert Scheduler(DEFRAG).schedule(state, now=10) == []
+    assert {name: state.jobs[name].placements[0][0] for name in "abcd"} == {"a": "n1", "b": "n1", "c": "n2", "d": "n2"}
+    state = _scattered()
+    state.jobs["a"].priority = state.jobs["c"].priority = 5  # above the waiting job's: never moved for it
+    submit(state, job("big").gpus(4).at(5))
+    assert Scheduler(DEFRAG).schedule(state, now=10) == []
+    # All or nothing: n1's jobs may run only in n1's pool, so once the 4-GPU job took n1 they have
+    # nowhere to go; the move rolls back and every job is where it was.
+    state = _scattered()
+    state.nodes["n1"].pool, state.nodes["n2"].pool = "p1", "p2"
+    for name in ("a", "b"):
+        state.jobs[name].pools = ("p1",)
+    for name in ("c", "d"):
+        state.jobs[name].checkpointable = False
+    before = {name: list(state.jobs[name].placements) for name in "abcd"}
+    submit(state, job("big").gpus(4).at(5))
+    assert Scheduler(DEFRAG).schedule(state, now=10) == []
+    assert {name: state.jobs[name].placements for name in "abcd"} == before
+    assert state.jobs["big"].state == "pending" and [n.whole_free() for n in state.nodes.values()] == [2, 2]
+
+
 def test_non_checkpointable_victim_is_preempted_not_suspended():
     state = cluster().node("n1", gpus=4).obj()
     submit(state, job("low").gpus(4).priority(PriorityClass.LOW))
@@ -323,6 +380,22 @@ def test_cli_simulate_mixed_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     naive, ours = rows
     assert ours["useful_utilisation"] > naive["useful_utilisation"]
+    assert ours["moves"] > 0 and naive["moves"] == 0  # gpuwarden gathers scattered GPUs; naive cannot
+
+
+def test_mixed_replay_counts_a_moved_jobs_restore_as_held_not_useful():
+    """A moved (or suspended) job holds its GPUs while it restarts, computing nothing: with a longer
+    restore time the run is less useful and trains fewer GPU-hours."""
+    from dataclasses import replace
+
+    from gpuwarden.sim.replay_mixed import MixedSpec, run_mixed
+
+    spec = replace(MixedSpec(), hours=12)
+    free = run_mixed(replace(spec, restore_seconds=0.0))[1]
+    slow = run_mixed(replace(spec, restore_seconds=1800.0))[1]
+    assert free["moves"] > 0 and slow["moves"] > 0
+    assert slow["useful_utilisation"] < free["useful_utilisation"]
+    assert slow["training_gpu_hours_per_hour"] < free["training_gpu_hours_per_hour"]
 
 
 def test_cli_simulate_queue_rejects_out_of_order_trace(tmp_path, capsys, data_dir):

@@ -31,6 +31,7 @@ class QueuePolicy:
     order: ``QueueOrder``; quotas: enforce guarantees / burst limits; reclaim: take lent capacity
     back; preempt: ``PreemptMode``
     checkpoint: victims that are checkpointable are suspended (progress kept) instead of killed
+    defragment: move checkpointable jobs to gather a blocked job's GPUs on one node (``Scheduler``)
     """
 
     name: str
@@ -46,6 +47,9 @@ class QueuePolicy:
     protect_for: float = 6 * 3600.0  # ... is protected from preemption this long
     min_run_seconds: float = 0.0  # a job (re)started less than this ago is not LAS-preempted (reclaim still may)
     backfill: bool = True  # later jobs may start when the head does not fit
+    # Whole-GPU jobs blocked only by scattered free GPUs start after checkpointable single-node jobs
+    # of no higher priority move out of their way (SUSPEND, then RESUME elsewhere in the same pass).
+    defragment: bool = False
     guarantee_first: bool = False  # within a level, jobs of teams still under their guarantee go first
     borrower_las: bool = False  # a borrowing job may LAS-preempt another team's borrowed capacity
     las_gap: int = 1  # LAS preemption needs the victim this many levels above the job (hysteresis)

@@ -15,7 +15,7 @@ from typing import TypedDict
 from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy, policy_named
 from .quotas import Admission
-from .state import MILLI, WAITING, Job, JobState, Slot, State, Statement
+from .state import MILLI, WAITING, Job, JobState, NodeState, Slot, State, Statement
 
 
 class DecisionKind(StrEnum):
@@ -152,7 +152,78 @@ class Scheduler:
                 job.first_started = now
             job.wait_reason = ""
             decisions.append(Decision(kind, job.name, tuple(placements)))
+        if policy.defragment:
+            decisions.extend(self._defragment(state, statement, now))
         return decisions
+
+    # -- defragmentation ----------------------------------------------------------------------
+    def _defragment(self, state: State, statement: Statement, now: float) -> list[Decision]:
+        """Start single-pod whole-GPU jobs that wait only because the free GPUs are scattered: on the
+        node needing the fewest GPUs moved, checkpointable single-node jobs of no higher priority
+        (smallest first) are suspended and resumed elsewhere in this pass, the waiting job takes the
+        gathered GPUs. All of a move or none of it: when a moved job finds no place, it rolls back.
+        Decisions: SUSPEND of each moved job, the waiting job's start, then each moved job's RESUME."""
+        decisions: list[Decision] = []
+        for job in self.queue(state, now):
+            if not job.whole or job.pods != 1 or job.wait_reason.startswith("unplaceable") or \
+                    (self.policy.quotas and state.quotas.admit(job)[0] == Admission.NO):
+                continue
+            need = job.gpus_per_pod
+            allowed = [node for node in state.nodes.values() if node_allowed(job, node) and node.whole_free() < need]
+            if sum(node.whole_free() for node in state.nodes.values() if node_allowed(job, node)) < need:
+                continue  # not scattered: there are not enough free GPUs at all
+            for node in sorted(allowed, key=lambda n: (need - n.whole_free(), n.name)):
+                moves = self._move_for(state, statement, job, node, now)
+                if moves is None:
+                    continue
+                placements, moved = moves
+                kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
+                job.started = now
+                if job.first_started is None:
+                    job.first_started = now
+                job.wait_reason = ""
+                decisions.extend(Decision(DecisionKind.SUSPEND, m.name, (), f"moved to make room for {job.name} "
+                                          "(checkpoint, then resume on other GPUs)") for m, _ in moved)
+                decisions.append(Decision(kind, job.name, tuple(placements)))
+                for mover, slots in moved:
+                    mover.started = now
+                    decisions.append(Decision(DecisionKind.RESUME, mover.name, tuple(slots), f"moved for {job.name}"))
+                break
+        return decisions
+
+    def _move_for(self, state: State, statement: Statement, job: Job, node: NodeState,
+                  now: float) -> tuple[list[Slot], list[tuple[Job, list[Slot]]]] | None:
+        """Clear room for ``job`` on ``node`` by moving jobs elsewhere; None (nothing changed) if it cannot."""
+        need = job.gpus_per_pod
+        movable = sorted((j for j in state.jobs.values()
+                          if j.state == JobState.RUNNING and j.whole and j.checkpointable and j.priority <= job.priority
+                          and j.protected_until <= now and j.placements
+                          and all(slot[0] == node.name for slot in j.placements) and len(j.placements) < need),
+                         key=lambda j: (len(j.placements), j.name))
+        mark = statement.checkpoint()
+        evicted: list[Job] = []
+        for mover in movable:
+            if node.whole_free() >= need:
+                break
+            statement.evict(mover)
+            evicted.append(mover)
+        if node.whole_free() < need or not evicted:
+            statement.rollback(mark)
+            return None
+        placements, _ = find_placement(state, job, self.policy.placement)
+        if placements is None:
+            statement.rollback(mark)
+            return None
+        statement.allocate(job, placements)
+        moved: list[tuple[Job, list[Slot]]] = []
+        for mover in evicted:
+            slots, _ = find_placement(state, mover, self.policy.placement)
+            if slots is None:
+                statement.rollback(mark)
+                return None
+            statement.allocate(mover, slots)
+            moved.append((mover, slots))
+        return placements, moved
 
     def _evict(self, victim: Job, now: float, reason: str) -> Decision:
         victim.preempted_at.append(now)

@@ -18,7 +18,10 @@ scheduler is limited by the fleet, not by the work.
 ``naive``: every request takes whole GPUs (a MIG request gets a whole GPU), first fit, no topology.
 ``gpuwarden``: MIG layouts advised (``mig.advise_layouts``) from the expected inference demand, MIG
 requests on MIG slices, best-fit and NVLink / leaf-switch packing for training, inference kept off
-spot, checkpointable training allowed on spot, inference preempts training (checkpoint, resume).
+spot, checkpointable training allowed on spot, inference preempts training (checkpoint, resume), and
+a training job blocked only by scattered free GPUs starts once checkpointable jobs move out of its
+way (``QueuePolicy.defragment``). Every resume costs ``restore_seconds`` (300 s: pod start and
+checkpoint load) of held GPUs that compute nothing.
 
 Reported over the window after ``warmup_hours`` (the fleet starts empty): GPU allocation,
 *useful* utilisation (busy compute: a service's 70% of its slice's share, a training GPU's 90%),
@@ -78,6 +81,9 @@ class MixedSpec:
     training_median_hours: float = 4.0
     seed: int = 42
     mig_headroom: float = 0.95  # MIG instances advised per expected live service
+    # A suspended job's restart (pod start, checkpoint load) before it computes again: held GPUs,
+    # no progress and no useful work.
+    restore_seconds: float = 300.0
 
     def pools(self) -> tuple[PoolSpec, ...]:
         total = self.h100_nodes + self.h200_nodes
@@ -140,7 +146,7 @@ def _as_whole(job: Job) -> Job:
 
 
 NAIVE = QueuePolicy("naive", placement=PlacementOptions(topology=False, best_fit=False, mig=False))
-GPUWARDEN = QueuePolicy("gpuwarden-mixed", order="fifo", preempt="priority", checkpoint=True)
+GPUWARDEN = QueuePolicy("gpuwarden-mixed", order="fifo", preempt="priority", checkpoint=True, defragment=True)
 
 
 def run_mixed(spec: MixedSpec = MixedSpec()) -> list[dict[str, object]]:
@@ -184,28 +190,31 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
     start, horizon = spec.measured_from_seconds, spec.hours * 3600
     alloc_integral = useful_integral = training_done = 0.0
     served = {"inference": 0, "training": 0}
+    moves = suspends = 0
     running: set[str] = set()
     asked_share = {j.name: mig_share(j.mig_profile, j.gpu_model) for j in template if j.mig_profile}
+    epoch: dict[str, int] = {}
+    ran_from: dict[str, float] = {}  # when a running job computes from (after its restore, if resumed)
 
     def accrue(to: float) -> None:
         nonlocal now, alloc_integral, useful_integral, training_done
-        dt = min(to, horizon) - max(now, start)
-        if dt > 0:
+        lo, hi = max(now, start), min(to, horizon)
+        if hi > lo:
             for name in running:
                 j = state.jobs[name]
+                dt = hi - lo
+                computing = max(0.0, hi - max(lo, ran_from.get(name, lo)))  # restoring time is held, not used
                 if j.kind == WorkloadKind.INFERENCE:
                     share = asked_share[name]  # the slice it asked for, also when it holds a whole GPU
-                    useful_integral += dt * SERVICE_BUSY_RATIO * share
+                    useful_integral += computing * SERVICE_BUSY_RATIO * share
                     alloc_integral += dt * (share if j.mig_profile else 1.0)
                 else:
                     gpus = j.pods * j.gpus_per_pod
-                    useful_integral += dt * TRAINING_BUSY_RATIO * gpus
+                    useful_integral += computing * TRAINING_BUSY_RATIO * gpus
                     alloc_integral += dt * gpus
-                    training_done += dt * gpus
+                    training_done += computing * gpus
         now = max(now, min(to, horizon))
 
-    epoch: dict[str, int] = {}
-    ran_from: dict[str, float] = {}
     while events:
         t, ep, name = heapq.heappop(events)
         if t > horizon:
@@ -227,12 +236,16 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
                     served["inference" if j.kind == WorkloadKind.INFERENCE else "training"] += 1
                 epoch[j.name] = epoch.get(j.name, 0) + 1
                 running.add(j.name)
-                ran_from[j.name] = now
-                heapq.heappush(events, (now + max((j.duration or 0.0) - j.progress, 1.0), epoch[j.name], j.name))
+                ran_from[j.name] = now + (spec.restore_seconds if d.kind == DecisionKind.RESUME else 0.0)
+                heapq.heappush(events, (ran_from[j.name] + max((j.duration or 0.0) - j.progress, 1.0), epoch[j.name],
+                                        j.name))
+                moves += d.kind == DecisionKind.RESUME and d.reason.startswith("moved")
             else:  # suspended (checkpointed: keeps its progress) or preempted
                 running.discard(j.name)
                 epoch[j.name] = epoch.get(j.name, 0) + 1
-                j.progress += now - ran_from.pop(j.name, now) if d.kind == DecisionKind.SUSPEND else -j.progress
+                suspends += d.kind == DecisionKind.SUSPEND
+                computed = max(0.0, now - ran_from.pop(j.name, now))
+                j.progress += computed if d.kind == DecisionKind.SUSPEND else -j.progress
     accrue(horizon)
     failures: dict[str, int] = {}
     for j in state.jobs.values():
@@ -246,6 +259,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
         "allocation": alloc_integral / (window * gpus),
         "useful_utilisation": useful_integral / (window * gpus),
         "inference_served": served["inference"], "training_started": served["training"],
+        "suspends": suspends, "moves": moves,
         "training_gpu_hours_per_hour": training_done / window,
         "waiting_at_end": sum(1 for j in state.jobs.values() if j.state in WAITING),
         "wait_reasons": failures, "seconds": time.perf_counter() - started,
