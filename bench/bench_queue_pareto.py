@@ -33,6 +33,7 @@ VARIANTS: dict[str, QueuePolicy] = {
     "gw-no-guarantee-first": replace(BASE, name="gw-no-guarantee-first", guarantee_first=False),
     "gw-protect-1": replace(BASE, name="gw-protect-1", protect_after=1),
     "gw-las-takes-guarantee": replace(BASE, name="gw-las-takes-guarantee", las_keep_guarantee=False),
+    "gw-defragment": replace(BASE, name="gw-defragment", defragment=True),
 }
 
 
