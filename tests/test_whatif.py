@@ -194,6 +194,21 @@ def test_cli_whatif_bad_input_is_one_line_exit_2(sim_store, capsys, args, expect
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_cli_whatif_on_unattributed_samples_says_why_there_is_nothing_to_replay(tmp_path, capsys):
+    """Busy GPUs whose exporter could not see pods (attribution off): no workload can be rebuilt, and
+    the command says so instead of printing every policy's table of zeros."""
+    from builders import fleet_samples
+
+    frame = fleet_samples(30, attribution="off", pod=None, namespace=None, team=None, project=None)
+    LocalStore(tmp_path).append(frame)
+    code = main(["simulate", "whatif", "--store", str(tmp_path), "--since", "30m",
+                 "--until", (frame["timestamp"].max() + pd.Timedelta(minutes=1)).isoformat()])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "nothing to replay" in err and "no sample names a pod" in err and "4 GPU(s) left out of the fleet" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def _exit_code(argv: list[str]) -> int:
     """The command's exit status, whether it returns it or argparse exits."""
     try:

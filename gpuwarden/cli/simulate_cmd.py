@@ -217,6 +217,12 @@ def run_whatif(args: argparse.Namespace) -> int:
     except WhatIfError as error:
         print(f"gpuwarden: error: {error}", file=sys.stderr)
         return 2
+    if not report.history.workloads:  # a table of zeros would read as "no policy changes anything"
+        print(f"gpuwarden: error: nothing to replay between {window.start:%Y-%m-%d %H:%M} and {window.end:%Y-%m-%d %H:%M} "
+              "UTC: no sample names a pod on a GPU. What-if rebuilds workloads from the pods GPUs are attributed to "
+              "(the exporter reads them from the kubelet's pod-resources socket; Prometheus must keep the pod "
+              "label)" + "".join(f"; {note}" for note in report.history.notes), file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - started
     emit(args, render_whatif(report, args.format, args.table, args.wide, seconds))
     if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
