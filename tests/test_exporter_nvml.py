@@ -286,6 +286,39 @@ def test_mig_instances_are_read_with_dcgm_labels(make_backend):
     assert registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels(mig)) is None  # NVML has none per MIG
 
 
+def test_mig_utilisation_is_asked_once_per_gpu(make_backend):
+    """NVML answers NotSupported for a MIG instance's utilisation: asked once per GPU, never again
+    (one failing call per instance per collection is wasted driver time on a MIG node)."""
+    backend = make_backend(gpus=2, mig_profiles=["1g.18gb"] * 3)
+    for _ in range(3):
+        readings = backend.read()
+    assert backend.query.calls["nvmlDeviceGetUtilizationRates"] == 3 * 2 + 2  # every parent read, one MIG ask per GPU
+    assert not any("gpu_util_ratio" in r.values for r in readings if r.mig_instance_id is not None)
+    assert all("gpu_util_ratio" in r.values for r in readings if r.mig_instance_id is None)
+
+
+def test_gpm_buffers_of_gone_mig_instances_are_freed(make_backend):
+    """NVML's GPM buffers are the exporter's to free: a MIG instance that is destroyed, or whose GPU
+    is lost, gives its buffers back (the fake NVML counts live buffers)."""
+    backend = make_backend(gpus=2, mig_profiles=["1g.18gb"] * 3)
+    recorded = backend.query.nvml
+    backend.read()
+    backend.read()
+    live = len(recorded._gpm._filled)
+    assert live == 2 * 2 + 2 * 3 * 2  # two buffers (previous, spare) per GPU and per MIG instance
+    recorded.mig_profiles = ("1g.18gb",) * 2  # instance 9 destroyed on both GPUs
+    backend.read()
+    assert len(recorded._gpm._filled) == live - 2 * 2
+    assert {key[1] for key in backend._mig_windows} == {7, 8}
+    recorded.lost = {1}
+    backend.read()
+    assert {key[0] for key in backend._mig_windows} == {backend._gpus[0].uuid}
+    assert len(recorded._gpm._filled) == 2 + 2 * 2  # GPU 0 and its two instances; lost GPU 1 holds none
+    recorded.lost = set()
+    readings = backend.read()
+    assert not any(r.lost for r in readings) and len([r for r in readings if r.mig_instance_id is not None]) == 4
+
+
 def test_vanished_gpu_series_are_removed(make_backend):
     backend = make_backend(gpus=3)
     service = ExporterService(backend, interval_seconds=60, node_name="node-a")

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 
 from gpuwarden.fleet import GpuReading
@@ -92,6 +93,7 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self._memory_v2 = True  # until this NVML turns out to lack nvmlDeviceGetMemoryInfo_v2
         self._mps_unsupported: set[str] = set()  # GPUs whose MPS process listing is NotSupported
+        self._mig_util_unsupported: set[str] = set()  # GPUs whose MIG instances report no utilisation
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> NvmlBackend:
@@ -183,6 +185,7 @@ class NvmlBackend:
             if gpu is not None:
                 self._free(gpu.window)
                 gpu.window = _GpmWindow()  # a GPU back from a reset starts a fresh GPM window
+                self._drop_mig_windows(gpu.uuid, keep=())  # and so do its MIG instances
             return [self._base(gpu, index, lost=True, values=values)]
         values["collection_seconds"] = time.perf_counter() - started
         return [self._base(gpu, index, values=values, processes=processes), *migs]
@@ -338,6 +341,7 @@ class NvmlBackend:
         q, key = self.query, gpu.uuid
         mode = q("nvmlDeviceGetMigMode", gpu.handle, device=key)
         if mode is NA or not int(mode[0]):
+            self._drop_mig_windows(gpu.uuid, keep=())  # MIG turned off: its instances are gone
             return []
         count = q("nvmlDeviceGetMaxMigDeviceCount", gpu.handle, device=key, default=0)
         readings = []
@@ -349,9 +353,12 @@ class NvmlBackend:
             name = as_text(q("nvmlDeviceGetName", handle, device=key, default=""))
             values: dict[str, float] = {}
             self._read_memory(handle, key, values)
-            util = q("nvmlDeviceGetUtilizationRates", handle, device=key)  # NotSupported on MIG today
-            if util is not NA:
-                values["gpu_util_ratio"] = float(util.gpu) / 100.0
+            if gpu.uuid not in self._mig_util_unsupported:  # NotSupported on MIG today: asked once per GPU
+                util = q("nvmlDeviceGetUtilizationRates", handle, device=key)
+                if util is NA:
+                    self._mig_util_unsupported.add(gpu.uuid)
+                else:
+                    values["gpu_util_ratio"] = float(util.gpu) / 100.0
             if gpu.gpm and instance is not NA:
                 window = self._mig_windows.setdefault((gpu.uuid, int(instance)), _GpmWindow())
                 values.update(self._gpm(gpu, window, int(instance)))
@@ -363,4 +370,12 @@ class NvmlBackend:
                 mig_uuid=as_text(q("nvmlDeviceGetUUID", handle, device=key, default="")) or None,
                 values=values,
             ))
+        self._drop_mig_windows(gpu.uuid, keep={r.mig_instance_id for r in readings})
         return readings
+
+    def _drop_mig_windows(self, uuid: str, keep: Collection[int | None]) -> None:
+        """Free the GPM buffers of ``uuid``'s MIG instances not in ``keep`` (destroyed, or the GPU
+        lost or reset): NVML's buffers are the exporter's to free, and a reconfigured GPU's old
+        instance ids would otherwise hold them for the process's life."""
+        for stale in [k for k in self._mig_windows if k[0] == uuid and k[1] not in keep]:
+            self._free(self._mig_windows.pop(stale))
