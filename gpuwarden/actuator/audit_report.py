@@ -86,7 +86,7 @@ def evictions(snapshot: ClusterSnapshot | None, kind: str, target: str) -> pd.Da
     for state in snapshot.workloads:
         if state.phase != WorkloadPhase.RUNNING:
             continue
-        name = f"{state.workload.namespace}/{state.workload.name}"
+        name = state.workload.key
         on_node = [p for p in state.placements if p.node == target]
         if kind == "drain" and not on_node:
             continue

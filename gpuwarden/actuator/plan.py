@@ -88,7 +88,7 @@ def namespace_protected(snapshot: ClusterSnapshot, namespace: str) -> bool:
 
 
 def workload_key(state: WorkloadState) -> str:
-    return f"{state.workload.namespace}/{state.workload.name}"
+    return state.workload.key
 
 
 def _passes(finding: Finding, policy: PlanningPolicy) -> str | None:
@@ -174,7 +174,7 @@ class _Index:
         self.busy_nodes: set[str] = set()
         for state in snapshot.workloads:
             namespace = state.workload.namespace
-            self.by_key[f"{namespace}/{state.workload.name}"] = state
+            self.by_key[state.workload.key] = state
             self.by_pod.setdefault((namespace, state.workload.name), state)
             for pod in state.pods:
                 self.by_pod[(namespace, pod)] = state

@@ -29,6 +29,18 @@ log = logging.getLogger("gpuwarden.analytics")
 RAW_READ_SLOWDOWN = "about 180x more points to read, so"
 
 
+def _read_bounds(source: Any, start: pd.Timestamp | None, end: pd.Timestamp | None) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    """``[start, end)`` with an open bound closed at the source's oldest / newest sample (the end just
+    past it); None when a bound is open and the source holds nothing."""
+    if start is not None and end is not None:
+        return start, end
+    span = source.time_range()
+    if span is None:
+        return None
+    return (start if start is not None else to_utc(span[0]),
+            end if end is not None else to_utc(span[1]) + pd.Timedelta(microseconds=1))
+
+
 def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) -> Iterator[tuple[pd.Timestamp, pd.Timestamp]]:
     cursor = start
     while cursor < end:
@@ -40,13 +52,10 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
 def _ledger_from_rollups(source: Any, builder: LedgerBuilder, start: pd.Timestamp | None,
                          end: pd.Timestamp | None) -> Ledger | None:
     """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
-    read_start, read_end = start, end
-    if start is None or end is None:
-        span = source.time_range()
-        if span is None:
-            return None
-        read_start = start if start is not None else to_utc(span[0])
-        read_end = end if end is not None else to_utc(span[1]) + pd.Timedelta(microseconds=1)
+    bounds = _read_bounds(source, start, end)
+    if bounds is None:
+        return None
+    read_start, read_end = bounds
     started = time.perf_counter()
     frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
     if frame is None:
@@ -118,13 +127,10 @@ def build_ledger(data: Any, start: object = None, end: object = None, price_book
         return builder.finish(start, end)
     if not hasattr(data, "read"):
         raise AnalyticsError(f"cannot read fleet samples from {type(data).__name__}; pass a DataFrame or a samples source")
-    read_start, read_end = start, end
-    if start is None or end is None:
-        span = data.time_range()
-        if span is None:
-            return builder.finish(start, end)
-        read_start = start if start is not None else to_utc(span[0])
-        read_end = end if end is not None else to_utc(span[1]) + pd.Timedelta(microseconds=1)
+    bounds = _read_bounds(data, start, end)
+    if bounds is None:
+        return builder.finish(start, end)
+    read_start, read_end = bounds
     # Read the next chunk in a thread while this one is classified (Parquet decoding releases the
     # GIL). A source with ``read_arrow`` (the local store) hands over Arrow tables: no pandas.
     arrow = callable(getattr(data, "read_arrow", None))

@@ -43,6 +43,7 @@ from .vocabulary import (
     Topology,
     Workload,
     WorkloadKind,
+    workload_key,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -267,6 +267,11 @@ class GpuRequest:
         return request_gpu_equivalents(self.mig_profile, self.count, self.fraction_milli)
 
 
+def workload_key(namespace: str, name: str) -> str:
+    """``namespace/name``: how actions, plans, audits and the scheduler name a workload."""
+    return f"{namespace}/{name}"
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -294,6 +299,11 @@ class Workload:
     @property
     def total_gpu_equivalents(self) -> float:
         return self.gpus.gpu_equivalents * self.gang_size
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` (:func:`workload_key`)."""
+        return workload_key(self.namespace, self.name)
 
 
 @dataclass(frozen=True)

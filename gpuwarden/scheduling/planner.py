@@ -43,7 +43,7 @@ class Schedule:
 
 
 def _key(state: WorkloadState) -> str:
-    return f"{state.workload.namespace}/{state.workload.name}"
+    return state.workload.key
 
 
 def state_from_snapshot(snapshot: ClusterSnapshot,

@@ -49,7 +49,7 @@ def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = 
 def pending_table(snapshot: ClusterSnapshot, result: Schedule) -> pd.DataFrame:
     """Waiting workloads in the planner's order: position, workload, team, GPUs, priority class,
     waiting time, reason and a rough estimated start."""
-    by_key = {f"{s.workload.namespace}/{s.workload.name}": s for s in snapshot.workloads}
+    by_key = {s.workload.key: s for s in snapshot.workloads}
     starts = estimated_starts(snapshot, result)
     rows = []
     for entry in result.queue:
@@ -77,7 +77,7 @@ def estimated_starts(snapshot: ClusterSnapshot, result: Schedule) -> dict[str, o
         ends.append((snapshot.taken_at + timedelta(seconds=left), state.workload.total_gpu_equivalents))
     ends.sort(key=lambda pair: pair[0])
     binding = {a.target for a in result.actions if a.kind.value in ("bind", "resume")}
-    by_key = {f"{s.workload.namespace}/{s.workload.name}": s for s in snapshot.workloads}
+    by_key = {s.workload.key: s for s in snapshot.workloads}
     out: dict[str, object] = {}
     needed, freed, i = 0.0, 0.0, 0
     for entry in result.queue:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet import workload_key
 from gpuwarden.fleet.semantics import mig_share
 
 from . import mig
@@ -222,7 +223,7 @@ def _workloads(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step
         gpus = int(run_devices[piece].max())
         sharers_min = int(run_sharers[piece].min())
         fraction = 1.0 if (profile is not None or gpus > 1 or sharers_min <= 1) else round(1.0 / sharers_min, 3)
-        name = f"{namespace}/{pod}" if namespace else str(pod)
+        name = workload_key(namespace, str(pod)) if namespace else str(pod)
         out.append(Workload(
             name=name if numbers[pod_number] == 1 else f"{name}#{numbers[pod_number]}", team=team, model=model,
             gpus=gpus, mig_profile=profile, gpu_fraction=fraction, submitted_seconds=float(begins[piece[0]]),

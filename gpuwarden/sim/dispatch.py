@@ -80,7 +80,7 @@ class Dispatcher:
         if known is None:
             request = workload.gpus
             known = self.jobs[job.index] = Job(
-                name=f"{workload.namespace}/{workload.name}", team=workload.team, priority=RANK[job.priority],
+                name=workload.key, team=workload.team, priority=RANK[job.priority],
                 pods=workload.gang_size, gpus_per_pod=max(1, request.count), milli=request.fraction_milli,
                 mig_profile=request.mig_profile, gpu_model=request.gpu_model, kind=workload.kind,
                 checkpointable=workload.checkpointable, submitted=job.spec.submit_s, pools=job.spec.pools,

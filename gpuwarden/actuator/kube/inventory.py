@@ -19,7 +19,7 @@ from kubernetes.utils import parse_quantity
 
 from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, Location, MigInstance, Node,
                              Placement, PriceTier, PriorityClass, Team, Topology, Workload, WorkloadKind,
-                             WorkloadPhase, WorkloadState)
+                             WorkloadPhase, WorkloadState, workload_key)
 
 from .api import Json, KubeApi, KubeFailure
 
@@ -221,7 +221,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], dateti
             controller, name = "JobSet", labels[JOBSET_LABEL]
         else:
             controller, name = owner.get("kind", "Pod"), owner.get("name", meta["name"])
-        key = f"{namespace}/{name}"
+        key = workload_key(namespace, name)
         group = groups.setdefault(key, {"controller": controller, "namespace": namespace, "name": name, "pods": [],
                                         "count": count, "mig": mig, "annotations": {}, "phases": [],
                                         "created": [], "started": [], "priority": None, "labels": labels})
