@@ -87,10 +87,6 @@ def namespace_protected(snapshot: ClusterSnapshot, namespace: str) -> bool:
     return _label_true(snapshot.namespace_labels.get(namespace), PROTECT_LABEL)
 
 
-def workload_key(state: WorkloadState) -> str:
-    return state.workload.key
-
-
 def _passes(finding: Finding, policy: PlanningPolicy) -> str | None:
     if _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[policy.min_severity]:
         return f"severity {finding.severity.value} below {policy.min_severity.value}"
@@ -229,7 +225,7 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
         if state is None:
             skipped.append((finding, "no workload in the cluster holds this GPU or pod"))
             continue
-        target, namespace = workload_key(state), state.workload.namespace
+        target, namespace = state.workload.key, state.workload.namespace
         if namespace_protected(snapshot, namespace):
             skipped.append((finding, f"namespace {namespace!r} is protected"))
             continue
@@ -290,7 +286,7 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
 def scheduling_findings(actions: Iterable[Action], snapshot: ClusterSnapshot) -> list[Finding]:
     """The scheduling planner's decisions as findings, so they travel the same plan, limits and audit.
     BIND is left to the Kubernetes scheduler (or Kueue), which places pods itself."""
-    placement = {workload_key(w): w for w in snapshot.workloads}
+    placement = {w.workload.key: w for w in snapshot.workloads}
     out = []
     for action in actions:
         if action.kind == ActionKind.BIND:

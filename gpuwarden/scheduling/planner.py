@@ -42,10 +42,6 @@ class Schedule:
         return None
 
 
-def _key(state: WorkloadState) -> str:
-    return state.workload.key
-
-
 def state_from_snapshot(snapshot: ClusterSnapshot,
                         quotas: Quotas | None = None) -> tuple[State, dict[str, WorkloadState]]:
     gpus_by_node: dict[str, list[Gpu]] = {}
@@ -74,7 +70,7 @@ def state_from_snapshot(snapshot: ClusterSnapshot,
         if w.gpus.mig_profile:
             check_profile(w.gpus.mig_profile)
         job = Job(
-            name=_key(ws), team=w.team, priority=rank[w.priority_class], pods=w.gang_size,
+            name=w.key, team=w.team, priority=rank[w.priority_class], pods=w.gang_size,
             gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli, mig_profile=w.gpus.mig_profile,
             gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
             submitted=(ws.submitted_at - origin).total_seconds(), progress=ws.progress_seconds,
