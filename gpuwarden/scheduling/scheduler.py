@@ -146,15 +146,20 @@ class Scheduler:
                 decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
             statement.allocate(job, placements)
             free_whole = state.free_whole()
-            kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
-            job.started = now
-            if job.first_started is None:
-                job.first_started = now
-            job.wait_reason = ""
-            decisions.append(Decision(kind, job.name, tuple(placements)))
+            decisions.append(self._started(job, placements, now))
         if policy.defragment:
             decisions.extend(self._defragment(state, statement, now))
         return decisions
+
+    @staticmethod
+    def _started(job: Job, placements: list[Slot], now: float) -> Decision:
+        """The decision that starts ``job`` (already allocated): BIND the first time, else RESUME."""
+        kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
+        job.started = now
+        if job.first_started is None:
+            job.first_started = now
+        job.wait_reason = ""
+        return Decision(kind, job.name, tuple(placements))
 
     # -- defragmentation ----------------------------------------------------------------------
     def _defragment(self, state: State, statement: Statement, now: float) -> list[Decision]:
@@ -165,26 +170,21 @@ class Scheduler:
         Decisions: SUSPEND of each moved job, the waiting job's start, then each moved job's RESUME."""
         decisions: list[Decision] = []
         for job in self.queue(state, now):
-            if not job.whole or job.pods != 1 or job.wait_reason.startswith("unplaceable") or \
-                    (self.policy.quotas and state.quotas.admit(job)[0] == Admission.NO):
+            if not job.whole or job.pods != 1 or (self.policy.quotas and state.quotas.admit(job)[0] == Admission.NO):
                 continue
             need = job.gpus_per_pod
-            allowed = [node for node in state.nodes.values() if node_allowed(job, node) and node.whole_free() < need]
-            if sum(node.whole_free() for node in state.nodes.values() if node_allowed(job, node)) < need:
+            allowed = [node for node in state.nodes.values() if node_allowed(job, node) and node.gpu_count >= need]
+            if sum(node.whole_free() for node in allowed) < need:
                 continue  # not scattered: there are not enough free GPUs at all
-            for node in sorted(allowed, key=lambda n: (need - n.whole_free(), n.name)):
+            crowded = [node for node in allowed if node.whole_free() < need]
+            for node in sorted(crowded, key=lambda n: (need - n.whole_free(), n.name)):
                 moves = self._move_for(state, statement, job, node, now)
                 if moves is None:
                     continue
                 placements, moved = moves
-                kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
-                job.started = now
-                if job.first_started is None:
-                    job.first_started = now
-                job.wait_reason = ""
                 decisions.extend(Decision(DecisionKind.SUSPEND, m.name, (), f"moved to make room for {job.name} "
                                           "(checkpoint, then resume on other GPUs)") for m, _ in moved)
-                decisions.append(Decision(kind, job.name, tuple(placements)))
+                decisions.append(self._started(job, placements, now))
                 for mover, slots in moved:
                     mover.started = now
                     decisions.append(Decision(DecisionKind.RESUME, mover.name, tuple(slots), f"moved for {job.name}"))

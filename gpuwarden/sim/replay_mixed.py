@@ -71,10 +71,6 @@ class MixedSpec:
     gpus_per_node: int = 8
     hours: float = 72.0
     warmup_hours: float = 24.0  # not measured: the fleet starts empty (at most a third of a short run)
-
-    @property
-    def measured_from_seconds(self) -> float:
-        return min(self.warmup_hours, self.hours / 3) * 3600
     inference_per_hour: float = 4.0
     inference_hours: float = 12.5
     training_per_hour: float = 7.0
@@ -84,6 +80,10 @@ class MixedSpec:
     # A suspended job's restart (pod start, checkpoint load) before it computes again: held GPUs,
     # no progress and no useful work.
     restore_seconds: float = 300.0
+
+    @property
+    def measured_from_seconds(self) -> float:
+        return min(self.warmup_hours, self.hours / 3) * 3600
 
     def pools(self) -> tuple[PoolSpec, ...]:
         total = self.h100_nodes + self.h200_nodes
@@ -229,6 +229,7 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
             running.discard(name)
         else:
             continue
+        suspended_now: set[str] = set()  # a job suspended and resumed in one pass was moved
         for d in scheduler.schedule(state, now):
             j = state.jobs[d.job]
             if d.kind in (DecisionKind.BIND, DecisionKind.RESUME):
@@ -239,11 +240,13 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
                 ran_from[j.name] = now + (spec.restore_seconds if d.kind == DecisionKind.RESUME else 0.0)
                 heapq.heappush(events, (ran_from[j.name] + max((j.duration or 0.0) - j.progress, 1.0), epoch[j.name],
                                         j.name))
-                moves += d.kind == DecisionKind.RESUME and d.reason.startswith("moved")
+                moves += j.name in suspended_now
             else:  # suspended (checkpointed: keeps its progress) or preempted
                 running.discard(j.name)
                 epoch[j.name] = epoch.get(j.name, 0) + 1
-                suspends += d.kind == DecisionKind.SUSPEND
+                if d.kind == DecisionKind.SUSPEND:
+                    suspends += 1
+                    suspended_now.add(j.name)
                 computed = max(0.0, now - ran_from.pop(j.name, now))
                 j.progress += computed if d.kind == DecisionKind.SUSPEND else -j.progress
     accrue(horizon)
