@@ -61,6 +61,9 @@ def test_streaming_scans_agree_with_one_scan(simulated):
     assert len(set(streamed) ^ set(whole)) <= 1, set(streamed) ^ set(whole)
     both = set(streamed) & set(whole)
     assert all(abs(streamed[key].first_seen - whole[key].first_seen) <= pd.Timedelta(minutes=30) for key in both)
+    # An empty chunk (a quiet store) adds nothing and reports no finding of the tail again.
+    assert scanner.feed(frame.iloc[0:0]) == []
+    assert {(f.kind, f.gpu_uuid) for f in scanner.findings()} == set(streamed)
 
 
 def test_health_scan_cli_reads_a_file_and_prints_table_and_json(simulated, tmp_path, capsys):

@@ -254,7 +254,7 @@ def test_recording_rules_and_rollup(stack):
     fake = sm.notna() & (sm < params.idle_activity) & (util >= params.fake_busy_util)
     idle = np.where(sm.notna(), sm < params.idle_activity, util < params.idle_activity) & ~fake
     expected_idle = dict(zip(device_keys(latest), idle))
-    # The window is read from the data, not the clock: read_rollup evaluates at multiples of its
+    # The clock proposes a window, the data accepts it: read_rollup evaluates at multiples of its
     # step, so the end sits on the 4 s grid; every device's rule series holds 3+ evaluations in
     # the 4 s before it (on a loaded machine the rules may start late), and both series have an
     # evaluation after it, so nothing in the window is still being written (a rule group's

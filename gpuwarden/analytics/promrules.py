@@ -35,6 +35,9 @@ from pathlib import Path
 
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
 
+from gpuwarden.store.prometheus.expressions import ROLLUP_LAG_INTERVALS, STATE_ROLLUPS
+from gpuwarden.store.prometheus.expressions import ROLLUP_LABELS as _ROLLUP_LABELS
+
 from .params import STATE_CODES, IdleParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,17 +45,11 @@ RULE_FILE = Path("rules") / "gpuwarden-recording.rules.yml"
 HELM_COPY = Path("helm") / "gpuwarden" / "files" / "rules" / "gpuwarden-recording.rules.yml"
 
 STATE_METRIC = "gpu:gpuwarden_state:code"
-# The labels a rollup keeps: the GPU (or MIG instance) and who it served, down to the namespace
-# (and the team / project labels where relabelling puts them on the series), never the pod, so pod
-# churn starts no rollup series (docs/scale.md counts them).
-ROLLUP_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE",
-                 "namespace", "team", "project")
-ROLLUP_METRICS = {  # figure -> recorded series (label ``state``), one point per GPU, namespace and state per rollup
-    "seconds": "gpu:gpuwarden_state_seconds:5m",
-    "used_seconds": "gpu:gpuwarden_used_seconds:5m",
-    "energy_joules": "gpu:gpuwarden_energy_joules:5m",
-    "memory_byte_seconds": "gpu:gpuwarden_memory_byte_seconds:5m",
-}
+# The labels a rollup keeps (the GPU or MIG instance and who it served, down to the namespace, never
+# the pod, so pod churn starts no rollup series: docs/scale.md counts them), the recorded series per
+# figure, and the lag, as the store's reader reads them.
+ROLLUP_LABELS = _ROLLUP_LABELS
+ROLLUP_METRICS = STATE_ROLLUPS  # figure -> recorded series (label ``state``), one point per GPU, namespace and state
 # States a rule can record (unmeasured needs an activity series to exist, so it cannot).
 RECORDED_STATES = tuple(s for s in STATE_CODES if s != "unmeasured")
 
@@ -175,7 +172,7 @@ def recording_rules(params: IdleParams | None = None, interval_seconds: float = 
     # the two groups are evaluated independently (at their own phase), so the newest minute may
     # not be recorded yet when a rollup runs. One interval back, every minute is there, and
     # consecutive rollups still tile time exactly (subquery steps are aligned to the interval).
-    sub = f"[{_duration(rollup_seconds - 0.001)}:{_duration(step)}] offset {_duration(step)}"
+    sub = f"[{_duration(rollup_seconds - 0.001)}:{_duration(step)}] offset {_duration(step * ROLLUP_LAG_INTERVALS)}"
     by = ", ".join(ROLLUP_LABELS)
     rollups = []
     for state in RECORDED_STATES:

@@ -49,12 +49,10 @@ def _day_windows(start: pd.Timestamp, end: pd.Timestamp, chunk: pd.Timedelta) ->
         cursor = boundary
 
 
-def _ledger_from_rollups(source: Any, builder: LedgerBuilder, start: pd.Timestamp | None,
-                         end: pd.Timestamp | None) -> Ledger | None:
-    """The ledger from a source's recording-rule rollups; None (with a warning) when it has none."""
-    bounds = _read_bounds(source, start, end)
-    if bounds is None:
-        return None
+def _ledger_from_rollups(source: Any, builder: LedgerBuilder, start: pd.Timestamp | None, end: pd.Timestamp | None,
+                         bounds: tuple[pd.Timestamp, pd.Timestamp]) -> Ledger | None:
+    """The ledger from a source's recording-rule rollups over ``bounds`` (``[start, end)`` closed by
+    :func:`_read_bounds`); None (with a warning) when it has none."""
     read_start, read_end = bounds
     started = time.perf_counter()
     frame = source.read_state_rollup(read_start, read_end, bucket=builder.bucket)
@@ -91,9 +89,13 @@ def build_ledger(data: Any, start: object = None, end: object = None, price_book
         params = replace(params, step=pd.Timedelta(interval))
     builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     start, end = to_utc_or_none(start), to_utc_or_none(end)
+    bounds: tuple[pd.Timestamp, pd.Timestamp] | None = None  # a source's read window, asked for once
     if not isinstance(data, pd.DataFrame) and not keep_rows and getattr(data, "rollups", False) \
             and callable(getattr(data, "read_state_rollup", None)):
-        ledger = _ledger_from_rollups(data, builder, start, end)
+        bounds = _read_bounds(data, start, end)
+        if bounds is None:
+            return builder.finish(start, end)
+        ledger = _ledger_from_rollups(data, builder, start, end, bounds)
         if ledger is not None:
             return ledger
     if isinstance(data, pd.DataFrame):
@@ -127,7 +129,7 @@ def build_ledger(data: Any, start: object = None, end: object = None, price_book
         return builder.finish(start, end)
     if not hasattr(data, "read"):
         raise AnalyticsError(f"cannot read fleet samples from {type(data).__name__}; pass a DataFrame or a samples source")
-    bounds = _read_bounds(data, start, end)
+    bounds = bounds or _read_bounds(data, start, end)
     if bounds is None:
         return builder.finish(start, end)
     read_start, read_end = bounds

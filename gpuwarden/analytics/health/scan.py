@@ -562,6 +562,8 @@ class StreamingScanner:
         self._tail: pd.DataFrame | None = None
 
     def feed(self, chunk: pd.DataFrame) -> list[Finding]:
+        if chunk.empty:  # nothing new (below, iloc[-0:] would be the whole tail, reported again)
+            return []
         frame = chunk if self._tail is None else pd.concat([self._tail, chunk], ignore_index=True)
         stamps = pd.to_datetime(frame["timestamp"], utc=True)  # once per feed: frame = [tail, chunk]
         report_from = None if self._tail is None or self._tail.empty else stamps.iloc[-len(chunk):].min()

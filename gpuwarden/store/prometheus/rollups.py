@@ -28,7 +28,7 @@ from .expressions import FAKE_BUSY_EXPR, IDLE_EXPR, ROLLUP_LABELS, STATE_ROLLUPS
 ROLLUP_POD = "*"
 
 _STATE_ROLLUP_LABELS = (*ROLLUP_LABELS, "state")
-_ROLLUP_GPU_LABELS = ("cluster", "node", "Hostname", "UUID", "gpu", "modelName", "GPU_I_ID", "GPU_I_PROFILE", "namespace", "pod")
+_ROLLUP_GPU_LABELS = (*ROLLUP_LABELS[:ROLLUP_LABELS.index("namespace") + 1], "pod")  # the GPU, its namespace and pod
 
 
 def read_state_rollup(client: PrometheusClient, mapper: SeriesMapper, start_s: float, end_s: float, bucket_s: float,

@@ -114,7 +114,7 @@ class PrometheusSource(PrometheusClient):
     def _anchor(self) -> str | None:
         """A metric every GPU has (FB_USED: memory is measured even where activity is not)."""
         for column in ("mem_used_bytes", "gpu_util_ratio", "power_watts"):
-            names = [m for m, t in self.mapper._targets.items() if t.column == column]
+            names = self.mapper.metrics_for([column])
             if names:
                 return self.selected(names[0])
         return None
