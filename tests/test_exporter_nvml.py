@@ -299,21 +299,24 @@ def test_mig_utilisation_is_asked_once_per_gpu(make_backend):
 
 def test_gpm_buffers_of_gone_mig_instances_are_freed(make_backend):
     """NVML's GPM buffers are the exporter's to free: a MIG instance that is destroyed, or whose GPU
-    is lost, gives its buffers back (the fake NVML counts live buffers)."""
+    is lost, gives its buffers back (live buffers: the NVML allocations less the frees)."""
     backend = make_backend(gpus=2, mig_profiles=["1g.18gb"] * 3)
-    recorded = backend.query.nvml
+    recorded, calls = backend.query.nvml, backend.query.calls
+
+    def live() -> int:
+        return calls.get("nvmlGpmSampleAlloc", 0) - calls.get("nvmlGpmSampleFree", 0)
+
     backend.read()
     backend.read()
-    live = len(recorded._gpm._filled)
-    assert live == 2 * 2 + 2 * 3 * 2  # two buffers (previous, spare) per GPU and per MIG instance
+    assert live() == 2 * 2 + 2 * 3 * 2  # two buffers (previous, spare) per GPU and per MIG instance
     recorded.mig_profiles = ("1g.18gb",) * 2  # instance 9 destroyed on both GPUs
-    backend.read()
-    assert len(recorded._gpm._filled) == live - 2 * 2
-    assert {key[1] for key in backend._mig_windows} == {7, 8}
+    readings = backend.read()
+    assert live() == 2 * 2 + 2 * 2 * 2
+    assert {r.mig_instance_id for r in readings if r.mig_instance_id is not None} == {7, 8}
     recorded.lost = {1}
-    backend.read()
-    assert {key[0] for key in backend._mig_windows} == {backend._gpus[0].uuid}
-    assert len(recorded._gpm._filled) == 2 + 2 * 2  # GPU 0 and its two instances; lost GPU 1 holds none
+    readings = backend.read()
+    assert [r.gpu_index for r in readings if r.lost] == [1]
+    assert live() == 2 + 2 * 2  # GPU 0 and its two instances; lost GPU 1 holds none
     recorded.lost = set()
     readings = backend.read()
     assert not any(r.lost for r in readings) and len([r for r in readings if r.mig_instance_id is not None]) == 4

@@ -152,7 +152,7 @@ def _self_metrics(snapshot: ExporterSnapshot) -> Iterator[Metric]:
                      node, snapshot.last_success_timestamp_seconds)
 
 
-def _escape(value: str) -> str:
+def escape_label_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
@@ -173,7 +173,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
     prepared: list[tuple[GpuReading, list[str], dict[object, Any]]] = []
     for reading in snapshot.readings:
         labels = gpu_labels(reading, snapshot.driver_version)
-        prepared.append((reading, [f'{k}="{_escape(labels[k])}"' for k in keys], {}))
+        prepared.append((reading, [f'{k}="{escape_label_value(labels[k])}"' for k in keys], {}))
     out: list[str] = []
     for spec in catalogue:
         position = bisect.bisect(keys, spec.label) if spec.label else 0
@@ -188,7 +188,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
                     split = cache[position] = (",".join(parts[:position]), ",".join(parts[position:]))
                 head, tail = split
                 for extra, value in values:
-                    middle = f'{spec.label}="{_escape(extra or "")}"'
+                    middle = f'{spec.label}="{escape_label_value(extra or "")}"'
                     body = ",".join(p for p in (head, middle, tail) if p)
                     lines.append(f"{spec.metric}{{{body}}} {go_float(value)}\n")
             else:
@@ -205,7 +205,7 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
     for family in _self_metrics(snapshot):
         out.append(f"# HELP {family.name} {family.documentation}\n# TYPE {family.name} gauge\n")
         for sample in family.samples:
-            body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
+            body = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(sample.labels.items()))
             out.append(f"{sample.name}{{{body}}} {go_float(sample.value)}\n")
     return "".join(out).encode("utf-8")
 

@@ -32,7 +32,7 @@ from gpuwarden.fleet import GpuBackend, GpuReading
 from gpuwarden.fleet.catalogue import MetricSpec
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
 
-from .collector import GpuCollector, _escape, go_float, render_text
+from .collector import GpuCollector, escape_label_value, go_float, render_text
 from .snapshot import ExporterSnapshot
 from .web import ExporterHttpServer, Limits, make_server
 
@@ -255,7 +255,7 @@ class ExporterService:
         last = snapshot.last_success_timestamp_seconds
         if last is None:
             return b""
-        node = _escape(snapshot.node or "")
+        node = escape_label_value(snapshot.node or "")
         age = max(0.0, self._clock.time() - last)
         return (f"# HELP gpuwarden_exporter_snapshot_age_seconds Seconds since the served GPU readings were collected "
                 f"(grows while the exporter is stale).\n# TYPE gpuwarden_exporter_snapshot_age_seconds gauge\n"

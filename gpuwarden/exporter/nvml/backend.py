@@ -185,7 +185,8 @@ class NvmlBackend:
             if gpu is not None:
                 self._free(gpu.window)
                 gpu.window = _GpmWindow()  # a GPU back from a reset starts a fresh GPM window
-                self._drop_mig_windows(gpu.uuid, keep=())  # and so do its MIG instances
+                self._drop_mig_windows(gpu.uuid, keep=())  # and so do its MIG instances,
+                self._mig_util_unsupported.discard(gpu.uuid)  # which are asked for utilisation again
             return [self._base(gpu, index, lost=True, values=values)]
         values["collection_seconds"] = time.perf_counter() - started
         return [self._base(gpu, index, values=values, processes=processes), *migs]
