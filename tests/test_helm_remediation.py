@@ -7,7 +7,7 @@ switched on; the rendered arguments are ones ``gpuwarden actuator run`` accepts.
 from __future__ import annotations
 
 import pytest
-from test_helm import KUBE_VERSIONS, NAMESPACE, WRITE_VERBS, helm, kube_validate, render  # noqa: F401  (fixtures)
+from test_helm import IMAGE_UID, KUBE_VERSIONS, NAMESPACE, WRITE_VERBS, helm, kube_validate, render  # noqa: F401  (fixtures)
 
 from gpuwarden.cli import build_parser
 
@@ -72,7 +72,7 @@ def test_remediation_deploys_a_leader_elected_actuator_with_a_pdb(helm, kube_val
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     # The image's user (scripts/image/install.py), and the audit volume group-writable to it.
     assert {k: pod["securityContext"][k] for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup")} == \
-        {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001}
+        {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID}
     container = pod["containers"][0]
     args = [a.replace("$(POD_NAME)", "actuator-0") for a in container["args"]]
     parsed = build_parser().parse_args(args)  # the CLI accepts exactly what the chart renders

@@ -183,6 +183,7 @@ def test_defragment_moves_nothing_it_cannot_place_or_may_not_move():
         state.jobs[name].checkpointable = False
     assert Scheduler(DEFRAG).schedule(state, now=10) == []
     assert {name: state.jobs[name].placements[0][0] for name in "abcd"} == {"a": "n1", "b": "n1", "c": "n2", "d": "n2"}
+    assert state.jobs["huge"].state == "pending"  # 8 GPUs per pod on 4-GPU nodes: never gathered
     state = _scattered()
     state.jobs["a"].priority = state.jobs["c"].priority = 5  # above the waiting job's: never moved for it
     submit(state, job("big").gpus(4).at(5))

@@ -197,7 +197,8 @@ class Scheduler:
         need = job.gpus_per_pod
         movable = sorted((j for j in state.jobs.values()
                           if j.state == JobState.RUNNING and j.whole and j.checkpointable and j.priority <= job.priority
-                          and j.protected_until <= now and j.placements
+                          and j.protected_until <= now and j.placements and j.started != now  # not moved twice a pass
+                          and now - (j.started if j.started is not None else now) >= self.policy.min_run_seconds
                           and all(slot[0] == node.name for slot in j.placements) and len(j.placements) < need),
                          key=lambda j: (len(j.placements), j.name))
         mark = statement.checkpoint()

@@ -167,11 +167,7 @@ class SimCluster:
         if job.phase != WorkloadPhase.SUSPENDED and not (placements and job.phase == WorkloadPhase.PENDING):
             raise LookupError(f"workload {action.target!r} is {job.phase.value}, not suspended")
         if placements:
-            devices = self._devices(action, job, placements)
-            self.sim._bind(job, devices, self.sim.now_s)
-            if job in self.sim.queue:
-                self.sim.queue.remove(job)
-            return f"resumed {action.target} on {len(devices)} device(s)"
+            return f"resumed {action.target} on {self._bind_onto(action, job, placements)} device(s)"
         job.phase = WorkloadPhase.PENDING
         if job not in self.sim.queue:
             self.sim.queue.append(job)
@@ -193,6 +189,15 @@ class SimCluster:
         self.notices = getattr(self, "notices", []) + [action]
         return f"notified the owner of {action.target}"
 
+    def _bind_onto(self, action: Action, job: SimJob, placements: Any) -> int:
+        """Start ``job`` on the devices its planner ``placements`` name and take it off the queue;
+        returns how many devices."""
+        devices = self._devices(action, job, placements)
+        self.sim._bind(job, devices, self.sim.now_s)
+        if job in self.sim.queue:
+            self.sim.queue.remove(job)
+        return len(devices)
+
     def _do_bind(self, action: Action) -> str:
         """Place a pending workload: on ``params['placements']`` as the scheduler's planner writes them
         (node, gpu_uuid, and milli or mig_profile per pod), or on the whole GPUs named in
@@ -203,11 +208,7 @@ class SimCluster:
             raise LookupError(f"workload {action.target!r} is {job.phase.value}, not pending")
         placements = action.params.get("placements")
         if placements:
-            devices = self._devices(action, job, placements)
-            sim._bind(job, devices, sim.now_s)
-            if job in sim.queue:
-                sim.queue.remove(job)
-            return f"bound {action.target} to {len(devices)} device(s)"
+            return f"bound {action.target} to {self._bind_onto(action, job, placements)} device(s)"
         uuids = list(action.params.get("gpu_uuids", ()))
         index_of = sim.gpu_index_of
         unknown = [u for u in uuids if u not in index_of]
@@ -216,7 +217,7 @@ class SimCluster:
         wanted = np.array([index_of[u] for u in uuids])
         devices = np.flatnonzero(np.isin(sim.dev_gpu, wanted) & ~sim.dev_is_mig)
         needed = job.spec.workload.gpus.count * job.spec.workload.gang_size
-        free = sim._available(sim.now_s)
+        free = sim.available(sim.now_s)
         if devices.size != needed or not free[devices].all():
             raise LookupError(f"cannot bind {action.target}: needs {needed} free whole GPU(s), got {devices.size} named")
         sim._bind(job, devices, sim.now_s)
@@ -228,7 +229,7 @@ class SimCluster:
         """The free devices the placements name: a whole GPU, or a free MIG instance of the named
         profile on it. A fraction on a whole GPU takes the GPU (a simulated GPU is never shared)."""
         sim = self.sim
-        free = sim._available(sim.now_s)
+        free = sim.available(sim.now_s)
         index_of = sim.gpu_index_of
         devices: list[int] = []
         for placement in placements:

@@ -93,14 +93,11 @@ class Dispatcher:
 
     def state(self, now: float) -> State:
         sim = self.sim
-        available = sim._available(now)
+        available = sim.available(now)
         allocated = sim.dev_job >= 0
-        node_ok = ~sim.node_cordoned & (sim.node_down_until <= now)
-        for node in sim.node_taints:
-            node_ok[node] = False  # NoSchedule taints: simulated workloads carry no tolerations
+        node_ok = sim.schedulable_nodes(now)
         # the nodes show what is free now; running jobs are registered on top (State.add_placed)
-        usable = available
-        whole_free = np.where(usable[self._whole_device] & (self._whole_device >= 0), MILLI, 0).tolist()
+        whole_free = np.where(available[self._whole_device] & (self._whole_device >= 0), MILLI, 0).tolist()
         nodes: list[NodeState] = []
         for n, node in enumerate(sim.nodes):
             gpus = self._gpus_of_node[n]
@@ -112,7 +109,7 @@ class Dispatcher:
                     used.append([])
                 else:
                     devices = self._devices_of_gpu[g]
-                    used.append([str(sim.dev_mig_profile[d]) for d in devices[~usable[devices]]])
+                    used.append([str(sim.dev_mig_profile[d]) for d in devices[~available[devices]]])
             nodes.append(NodeState(
                 name=node.name, model=node.gpu_model, gpu_count=len(gpu_free), cpu_free=UNLIMITED, mem_free=UNLIMITED,
                 tier=node.price_tier, nvlink_domain=node.topology.nvlink_domain, leaf_switch=node.topology.leaf_switch,

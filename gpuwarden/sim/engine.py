@@ -287,10 +287,16 @@ class Simulation(HardwareSteps, Renderer):
                 self.counts["succeeded"] += 1
                 self._capacity_changed = True
 
-    def _available(self, now: float) -> np.ndarray:
+    def schedulable_nodes(self, now: float) -> np.ndarray:
+        """Per node: up, not cordoned and not tainted."""
         node_ok = ~self.node_cordoned & (self.node_down_until <= now)
         for node in self.node_taints:
             node_ok[node] = False  # NoSchedule taints: simulated workloads carry no tolerations
+        return node_ok
+
+    def available(self, now: float) -> np.ndarray:
+        """Per device: free, on a schedulable node that is up, on a GPU that is neither down nor lost."""
+        node_ok = self.schedulable_nodes(now)
         gpu_ok = (self.gpu_down_until <= now) & ~self.gpu_lost
         return (self.dev_job < 0) & node_ok[self.dev_node] & gpu_ok[self.dev_gpu]
 

@@ -25,7 +25,8 @@ checkpoint load) of held GPUs that compute nothing.
 
 Reported over the window after ``warmup_hours`` (the fleet starts empty): GPU allocation,
 *useful* utilisation (busy compute: a service's 70% of its slice's share, a training GPU's 90%),
-training GPU-hours per hour, jobs served, waiting jobs and their reasons, and the demand ratio.
+training GPU-hours per hour, waiting jobs and their reasons, and the demand ratio. Jobs served,
+suspends and moves are counted over the whole run, warm-up included.
 """
 
 from __future__ import annotations
@@ -207,9 +208,9 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
                 if j.kind == WorkloadKind.INFERENCE:
                     share = asked_share[name]  # the slice it asked for, also when it holds a whole GPU
                     useful_integral += computing * SERVICE_BUSY_RATIO * share
-                    alloc_integral += dt * (share if j.mig_profile else 1.0)
+                    alloc_integral += dt * j.gpu_equivalents  # its slice, or the whole GPU it took
                 else:
-                    gpus = j.pods * j.gpus_per_pod
+                    gpus = j.gpu_equivalents
                     useful_integral += computing * TRAINING_BUSY_RATIO * gpus
                     alloc_integral += dt * gpus
                     training_done += computing * gpus

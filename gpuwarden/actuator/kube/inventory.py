@@ -235,7 +235,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], dateti
     # Suspended Jobs have no pods: the jobs list shows them (and lets a resume be planned).
     for job in api.list_all(api.batch.list_job_for_all_namespaces, resource="jobs", page_size=page_size):
         meta, spec = job["metadata"], job.get("spec") or {}
-        key = f"{meta.get('namespace', '')}/{meta['name']}"
+        key = workload_key(meta.get("namespace", ""), meta["name"])
         template = (spec.get("template") or {})
         if key in groups:
             groups[key]["annotations"].update(meta.get("annotations") or {})
