@@ -10,6 +10,8 @@ the way the API server does for what gpuwarden uses:
   PATCH as JSON merge patch for ``merge-patch+json`` and ``strategic-merge-patch+json`` (lists are
   replaced, which is what the fields gpuwarden patches do) with the same optimistic-concurrency
   check, DELETE;
+- a Job's pod template is immutable except its scheduling directives while the Job is suspended
+  and has no ``status.startTime`` (KEP-2926): anything else is the API server's 422;
 - ``pods/NAME/eviction``: honours PodDisruptionBudgets (``status.disruptionsAllowed`` 0 -> 429),
   deletes the pod otherwise;
 - a resource nobody registered answers 404 (a CRD that is not installed);
@@ -241,6 +243,9 @@ class FakeKubeAPI:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
                                                       "has been modified; please apply your changes to the latest version")
             updated = copy.deepcopy(body) if method == "PUT" else _merge(copy.deepcopy(current), body or {})
+            refused = _job_template_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
+            if refused:
+                return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
             updated.setdefault("metadata", {}).update({k: current["metadata"][k] for k in ("name", "uid") if k in current["metadata"]})
             if namespace:
                 updated["metadata"]["namespace"] = namespace
@@ -292,6 +297,26 @@ class FakeKubeAPI:
                 status["disruptionsAllowed"] -= 1
         del pods[key]
         return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+
+# What KEP-2926 lets change in a Job's pod template, and only while the Job is suspended and has
+# no status.startTime (it has not run, or, from Kubernetes 1.36, its controller cleared it once its pods ended).
+JOB_TEMPLATE_SCHEDULING_FIELDS = {"metadata": ("labels", "annotations"),
+                                  "spec": ("affinity", "nodeSelector", "tolerations", "schedulingGates")}
+
+
+def _job_template_refusal(current: dict, updated: dict) -> str | None:
+    """The API server's validation of a Job's pod template on update: None when allowed."""
+    old, new = current.get("spec", {}).get("template", {}), updated.get("spec", {}).get("template", {})
+    if old == new:
+        return None
+    def without_scheduling(template):
+        return {part: {k: v for k, v in (template.get(part) or {}).items() if k not in fields}
+                for part, fields in JOB_TEMPLATE_SCHEDULING_FIELDS.items()}
+    mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
+    if not mutable or without_scheduling(old) != without_scheduling(new):
+        return "spec.template: Invalid value: field is immutable"
+    return None
 
 
 def _merge(target, patch):

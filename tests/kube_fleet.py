@@ -43,11 +43,16 @@ def pod(api: FakeKubeAPI, ns: str, name: str, node_name: str | None, gpus: int =
 
 
 def job(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, suspend: bool = False, parallelism: int = 1,
-        annotations: dict | None = None) -> None:
+        annotations: dict | None = None, affinity: dict | None = None, start_time: str | None = None) -> None:
+    """A Job; ``start_time`` is ``status.startTime``: the Job ran (set by its controller)."""
+    template_spec: dict = {
+        "containers": [{"name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if affinity:
+        template_spec["affinity"] = affinity
     api.add(BATCH, "jobs", {
         "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
-        "spec": {"suspend": suspend, "parallelism": parallelism, "template": {"spec": {
-            "containers": [{"name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}},
+        "spec": {"suspend": suspend, "parallelism": parallelism, "template": {"spec": template_spec}},
+        "status": {"startTime": start_time} if start_time else {},
     })
 
 

@@ -228,6 +228,82 @@ def test_a_suspended_job_is_in_the_snapshot_and_resumes(api, tmp_path):
     assert api.get(BATCH, "jobs", "paused", "ml")["spec"]["suspend"] is False
 
 
+def _placed(*nodes: str) -> dict:
+    """RESUME params as the planner writes them (planner.actions_for): one entry per GPU."""
+    return {"placements": tuple({"node": n, "gpu_uuid": f"GPU-{n}-{i}", "milli": 1000} for i, n in enumerate(nodes))}
+
+
+def _terms(api: FakeKubeAPI, name: str) -> list[dict]:
+    affinity = api.get(BATCH, "jobs", name, "ml")["spec"]["template"]["spec"]["affinity"]
+    return affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_a_resume_pins_the_job_to_the_planned_nodes_in_one_patch_and_pins_never_pile_up(api, tmp_path):
+    for i in range(4):
+        node(api, f"n{i}")
+    h100 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
+    h200 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H200"]}
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [h100]}, {"matchExpressions": [h200]}]}}}
+    job(api, "ml", "paused", gpus=4, suspend=True, affinity=own)
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    result = cluster.apply(Action(ActionKind.RESUME, "ml/paused", "admitted", _placed("n2", "n2", "n1", "n1")))
+    assert result.ok and "pinned to n1, n2" in result.message, result.message
+    (patch,) = api.calls("PATCH", "/jobs/paused$")  # unsuspend and pin together: never one without the other
+    assert patch.body["spec"]["suspend"] is False
+    assert api.get(BATCH, "jobs", "paused", "ml")["spec"]["suspend"] is False
+    pin = {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
+    # Each of the Job's own (ORed) terms keeps its requirement and gains the pin (ANDed within a term).
+    assert _terms(api, "paused") == [{"matchExpressions": [h100], "matchFields": [pin]},
+                                     {"matchExpressions": [h200], "matchFields": [pin]}]
+
+    # Preempted, then admitted elsewhere: the new pin replaces the old one, the Job's own terms stay.
+    assert cluster.apply(Action(ActionKind.SUSPEND, "ml/paused", "preempted")).ok
+    cluster.snapshot()
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/paused", "admitted", _placed("n3"))).ok
+    moved = {"key": "metadata.name", "operator": "In", "values": ["n3"]}
+    assert _terms(api, "paused") == [{"matchExpressions": [h100], "matchFields": [moved]},
+                                     {"matchExpressions": [h200], "matchFields": [moved]}]
+
+
+def test_a_job_without_node_affinity_is_pinned_by_one_term(api, tmp_path):
+    node(api, "n0")
+    job(api, "ml", "free", gpus=1, suspend=True)
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/free", "admitted", _placed("n0"))).ok
+    assert _terms(api, "free") == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]
+    assert api.get(BATCH, "jobs", "free", "ml")["metadata"]["annotations"]["gpuwarden.io/own-affinity"] == "null"
+
+
+def test_a_job_that_ran_on_an_older_kubernetes_resumes_unpinned_and_says_why(api, tmp_path):
+    """Before 1.36 a suspended Job keeps status.startTime once it ran, and the API server refuses
+    any change of its pod template: the Job still resumes, and kube-scheduler places it."""
+    node(api, "n0")
+    job(api, "ml", "ran", gpus=2, suspend=True, start_time="2026-11-30T10:00:00Z")
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    result = cluster.apply(Action(ActionKind.RESUME, "ml/ran", "admitted", _placed("n0", "n0")))
+    assert result.ok and "not pinned to n0" in result.message and "immutable" in result.message, result.message
+    stored = api.get(BATCH, "jobs", "ran", "ml")
+    assert stored["spec"]["suspend"] is False and "affinity" not in stored["spec"]["template"]["spec"]
+
+
+def test_a_resume_without_placements_or_under_kueue_leaves_the_template_alone(api, tmp_path):
+    node(api, "n0")
+    job(api, "ml", "plain", suspend=True)
+    job(api, "ml", "queued", suspend=True)
+    kueue_workload(api, "ml", "job-queued", "queued", "batch-low", active=False)
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/plain", "capacity returned")).ok
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/queued", "admitted", _placed("n0"))).ok  # Kueue places it
+    for name in ("plain", "queued"):
+        assert "affinity" not in api.get(BATCH, "jobs", name, "ml")["spec"]["template"]["spec"], name
+    assert not api.calls("GET", "/jobs/")
+
+
 # -- failures, typed ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status, temporary, words", [

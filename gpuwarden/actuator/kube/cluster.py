@@ -7,7 +7,8 @@ Actions and the requests they make:
 - drain: cordon, then the Eviction API for each pod on the node (``spec.nodeName`` field selector),
   skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
 - suspend / resume: a Kueue Workload's ``spec.active`` where Kueue manages the job, else
-  ``batch/v1`` Job (or JobSet) ``spec.suspend``;
+  ``batch/v1`` Job (or JobSet) ``spec.suspend``; a Job resumed with the plan's placements is pinned
+  to their nodes in the same PATCH (:mod:`.pinning`; Kueue and JobSets place their own pods);
 - preempt: suspend where the controller can (undo: resume), else evict each pod with the grace
   period (``params['grace_seconds']``);
 - evict: the Eviction API for each pod of the workload;
@@ -29,6 +30,7 @@ from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from .inventory import KUEUE, Inventory, read_snapshot
+from .pinning import resume_pinned_patch
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -219,7 +221,22 @@ class KubeCluster:
         return f"suspended {action.target} ({how})", Action(ActionKind.RESUME, action.target, "undo suspend")
 
     def _do_resume(self, action: Action) -> Done:
-        return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
+        nodes = sorted({p["node"] for p in action.params.get("placements", ())})
+        namespace, name, controller = self._workload(action.target)
+        unpinned = ""
+        if nodes and controller == "Job" and action.target not in self.inventory.kueue_workload:
+            job = self.api.call(self.api.batch.read_namespaced_job, name, namespace, verb="get", resource="jobs")
+            try:
+                self.api.call(self.api.batch.patch_namespaced_job, name, namespace, resume_pinned_patch(job, nodes),
+                              verb="patch", resource="jobs", _content_type=MERGE_PATCH)
+                return f"resumed {action.target} (Job spec.suspend=False, pinned to {', '.join(nodes)})", None
+            except KubeFailure as failure:
+                if failure.status != 422:
+                    raise
+                # It ran before, and this Kubernetes (older than 1.36) or its terminating pods keep the
+                # template fixed: resume it anyway, and let kube-scheduler place it.
+                unpinned = f"; not pinned to {', '.join(nodes)}: {failure.message}"
+        return f"resumed {action.target} ({self._set_suspended(action.target, False)}){unpinned}", None
 
     def _evict_workload(self, action: Action) -> str:
         namespace, _, _ = self._workload(action.target)
