@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint bench clean image
 
 # `make image`: the Containerfile's images, IMAGE:TAG and IMAGE:TAG-exporter, with podman, buildah or
-# docker (the first that works; ENGINE=... picks one). The defaults are helm/gpuwarden's image values.
+# docker (the first that works; ENGINE=... picks one; PYTHON_IMAGE=... replaces the base). The defaults
+# are helm/gpuwarden's image values.
 IMAGE ?= ghcr.io/gpuwarden/gpuwarden
 TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
@@ -38,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py
 
 image:
-	IMAGE=$(IMAGE) TAG=$(TAG) ENGINE=$(ENGINE) scripts/image/build_image.sh
+	IMAGE=$(IMAGE) TAG=$(TAG) ENGINE=$(ENGINE) PYTHON_IMAGE=$(PYTHON_IMAGE) scripts/image/build_image.sh
 
 clean:
 	rm -rf $(VENV) .gpuwarden .pytest_cache .mypy_cache .ruff_cache

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # cores, 8 min measured on a shared, loaded machine): more than the suite's 300 s per test.
 pytestmark = pytest.mark.timeout(900)
 SIZE_TARGET_BYTES = 400 * 10**6  # the issue's "< 400 MB", met by the exporter image
-FULL_IMAGE_BOUND_BYTES = 560 * 10**6
+FULL_IMAGE_BOUND_BYTES = 545 * 10**6  # ~501 MB measured; room for new releases of the dependencies
 IMAGE_UID = 10001
 # The chart's /tmp emptyDir sizeLimit (bytecode, HOME and caches live there): dashboard, exporter.
 FULL_TMP_BYTES = 256 * 2**20
@@ -243,7 +243,7 @@ def test_full_image_runs_the_whole_stack_from_its_entrypoint(full_image, data_di
     assert result.returncode == 0, result.stderr[-3000:]
     assert "usage: gpuwarden" in result.stdout and "576 samples for 4 GPUs" in result.stdout, result.stdout[-2000:]
     assert "idle report gpus 4" in result.stdout and "dashboard GPUs reporting 4 of 4" in result.stdout, result.stdout[-2000:]
-    # The issue's target is < 400 MB, which the exporter image meets; the whole stack measures ~525 MB
+    # The issue's target is < 400 MB, which the exporter image meets; the whole stack measures ~501 MB
     # after slimming (docs/helm.md). This bound fails when a slimming step silently stops working.
     assert full_image["rootfs_bytes"] < FULL_IMAGE_BOUND_BYTES, full_image["rootfs_bytes"]
     build = load_script("scripts/build_rootfs.py")
@@ -266,8 +266,9 @@ def _stub_engines(directory: Path, working: str | None) -> None:
 
 
 def _make_image(directory: Path, **env: str) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHON_IMAGE"}
     return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "image"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PATH": f"{directory}:{os.environ['PATH']}", **env}, check=False)
+                          timeout=60, env={**inherited, "PATH": f"{directory}:{os.environ['PATH']}", **env}, check=False)
 
 
 def test_make_image_says_clearly_when_no_engine_works(tmp_path):
@@ -293,8 +294,20 @@ def test_make_image_builds_both_targets_with_the_first_working_engine(tmp_path, 
     # The chart's defaults are what a plain `make image` names.
     values = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "values.yaml").read_text())
     chart = yaml.safe_load((ROOT / "helm" / "gpuwarden" / "Chart.yaml").read_text())
-    env = {k: v for k, v in os.environ.items() if k not in {"IMAGE", "TAG", "ENGINE"}}
+    env = {k: v for k, v in os.environ.items() if k not in {"IMAGE", "TAG", "ENGINE", "PYTHON_IMAGE"}}
     dry_run = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "-n", "image"], env=env,
                              capture_output=True, text=True, timeout=60, check=False).stdout
     assert f"IMAGE={values['image']['repository']} TAG={version} " in dry_run
     assert chart["appVersion"] == version and values["exporter"]["image"]["tagSuffix"] == "-exporter"
+
+
+def test_make_image_takes_the_base_from_python_image(tmp_path):
+    """A registry mirror's copy of the base (air-gapped clusters) goes to every stage as a build arg."""
+    _stub_engines(tmp_path, working="buildah")
+    result = _make_image(tmp_path, IMAGE="gw", TAG="dev", PYTHON_IMAGE="mirror.example/python:3.11-slim-bookworm")
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[:2] == [
+        f"build --layers --build-arg=PYTHON_IMAGE=mirror.example/python:3.11-slim-bookworm -f Containerfile "
+        f"--target {target} -t gw:{tag} ." for target, tag in (("gpuwarden", "dev"), ("exporter", "dev-exporter"))]
+    assert "from mirror.example/python:3.11-slim-bookworm" in result.stderr

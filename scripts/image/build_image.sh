@@ -1,6 +1,8 @@
 #!/bin/sh
 # `make image`: build the Containerfile's two targets with the first container engine that works.
-#   IMAGE=<repository> TAG=<tag> [ENGINE=podman|buildah|docker] scripts/image/build_image.sh
+#   IMAGE=<repository> TAG=<tag> [ENGINE=podman|buildah|docker] [PYTHON_IMAGE=<base>] scripts/image/build_image.sh
+# PYTHON_IMAGE replaces the Containerfile's base (python:3.11-slim-bookworm), e.g. with a copy in a
+# registry mirror of your own.
 # gives IMAGE:TAG (target gpuwarden, the whole stack) and IMAGE:TAG-exporter (the DaemonSet's image),
 # the names helm/gpuwarden's values use by default. Exit 2, with what to do, when no engine works.
 set -eu
@@ -35,11 +37,13 @@ if [ -z "$engine" ]; then
   exit 2
 fi
 
+base_arg=""
+if [ -n "${PYTHON_IMAGE:-}" ]; then base_arg="--build-arg=PYTHON_IMAGE=$PYTHON_IMAGE"; fi
 build() {  # build TARGET NAME
-  echo "make image: $engine building target $1 -> $2" >&2
+  echo "make image: $engine building target $1 -> $2${PYTHON_IMAGE:+ from $PYTHON_IMAGE}" >&2
   case $engine in
-    buildah) buildah build --layers -f Containerfile --target "$1" -t "$2" . ;;
-    *)       "$engine" build -f Containerfile --target "$1" -t "$2" . ;;
+    buildah) buildah build --layers $base_arg -f Containerfile --target "$1" -t "$2" . ;;
+    *)       "$engine" build $base_arg -f Containerfile --target "$1" -t "$2" . ;;
   esac
 }
 start=$(date +%s)
@@ -47,6 +51,6 @@ build gpuwarden "$IMAGE:$TAG"
 build exporter "$IMAGE:$TAG-exporter"
 echo "make image: built $IMAGE:$TAG and $IMAGE:$TAG-exporter with $engine in $(( $(date +%s) - start )) s" >&2
 case $engine in
-  buildah) buildah images "$IMAGE" ;;
+  buildah) buildah images --filter "reference=$IMAGE" ;;
   *)       "$engine" images "$IMAGE" ;;
 esac

@@ -24,9 +24,10 @@ What slimming removes, and why nothing gpuwarden runs needs it (tests/test_image
 a simulation, a report, the exporter and the dashboard's modules in the slimmed tree):
 
 - from the venv: test suites, C sources and headers, source maps, the parts listed in
-  :data:`UNUSED_PARTS` and :data:`PYARROW_UNUSED`; shared objects lose their symbol tables
+  :data:`UNUSED_PARTS`, :data:`UNUSED_VENV_PARTS` and :data:`PYARROW_UNUSED`; shared objects lose their symbol tables
   (``strip --strip-unneeded``: wheels ship them unstripped) and identical copies become symlinks;
-- from the system (``--slim-system``): the build-time Debian packages of :data:`BUILD_ONLY_PACKAGES`
+- from the system (``--slim-system``): the base's own pip, setuptools and wheel, the build-time
+  Debian packages of :data:`BUILD_ONLY_PACKAGES`
   (installers, binutils, Perl that only ``usrmerge`` needed, apt), apt's lists and caches, logs,
   documentation, manual pages and message catalogues.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -56,6 +58,10 @@ PAGE_BYTES = 4096  # x86_64
 UNUSED_PARTS = {
     "kubernetes/aio": "the asyncio client (41 MB); gpuwarden and kubernetes' own modules use the synchronous one",
     "pydeck/nbextension": "the Jupyter notebook widget (24 MB); Streamlit serves deck.gl from its own frontend",
+}
+# The same kind, outside site-packages: data files wheels install under the venv's root.
+UNUSED_VENV_PARTS = {
+    "share/jupyter": "pydeck's notebook widget a second time, as a Jupyter data file (23 MB); no Jupyter runs here",
 }
 # pyarrow's Flight RPC and S3 libraries (~50 MB) and its C++ test module: the store reads and
 # writes local Parquet only, and pyarrow imports these lazily (pyarrow.flight, pyarrow.fs's S3).
@@ -144,6 +150,8 @@ def slim(venv: Path) -> None:
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     for part in UNUSED_PARTS:
         shutil.rmtree(os.path.join(site, part), ignore_errors=True)
+    for part in UNUSED_VENV_PARTS:
+        shutil.rmtree(venv / part, ignore_errors=True)
     unstripped = _strip_shared_objects(Path(site))
     print(f"install.py: stripped the venv's shared objects ({unstripped} kept whole: strip would misalign them)")
     _dedupe_shared_libraries(Path(site))
@@ -225,12 +233,25 @@ def slim_system() -> None:
     purge = [name for name in BUILD_ONLY_PACKAGES if name in installed]
     if purge:
         subprocess.run(["dpkg", "--purge", *purge], check=True, stdout=subprocess.DEVNULL)
+    _uninstall_base_installers()
     for pattern in SYSTEM_UNUSED:
         for path in glob.glob(pattern, recursive=True):
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             elif os.path.basename(path) != "copyright":  # licences stay
                 os.remove(path)
+
+
+def _uninstall_base_installers() -> None:
+    """python:*-slim's own pip, setuptools and wheel, installed under /usr/local (about 15 MB): the
+    image never installs at run time, and the venv has its own copy removed already. Debian's
+    python3 (scripts/build_rootfs.py) has none: its installer is a package, purged above."""
+    spec = importlib.util.find_spec("pip")
+    if spec is None or not (spec.origin or "").startswith("/usr/local/"):
+        return
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "--root-user-action=ignore",
+                    "pip", "setuptools", "wheel"],
+                   check=True)
 
 
 def add_user() -> None:
