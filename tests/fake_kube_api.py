@@ -11,7 +11,9 @@ the way the API server does for what gpuwarden uses:
   replaced, which is what the fields gpuwarden patches do) with the same optimistic-concurrency
   check, DELETE;
 - a Job's pod template is immutable except its scheduling directives while the Job is suspended
-  and has no ``status.startTime`` (KEP-2926): anything else is the API server's 422;
+  and has no ``status.startTime`` (KEP-2926), a running Job keeps its ``startTime``, and node
+  field selectors name ``metadata.name`` with one value: anything else is the API server's 422;
+  ``.../status`` changes status only;
 - ``pods/NAME/eviction``: honours PodDisruptionBudgets (``status.disruptionsAllowed`` 0 -> 429),
   deletes the pod otherwise;
 - a resource nobody registered answers 404 (a CRD that is not installed);
@@ -242,8 +244,10 @@ class FakeKubeAPI:
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
                                                       "has been modified; please apply your changes to the latest version")
+            if sub == "status":  # the status subresource changes status only
+                body = {"status": (body or {}).get("status") or {}}
             updated = copy.deepcopy(body) if method == "PUT" else _merge(copy.deepcopy(current), body or {})
-            refused = _job_template_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
+            refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
             updated.setdefault("metadata", {}).update({k: current["metadata"][k] for k in ("name", "uid") if k in current["metadata"]})
@@ -305,8 +309,11 @@ JOB_TEMPLATE_SCHEDULING_FIELDS = {"metadata": ("labels", "annotations"),
                                   "spec": ("affinity", "nodeSelector", "tolerations", "schedulingGates")}
 
 
-def _job_template_refusal(current: dict, updated: dict) -> str | None:
-    """The API server's validation of a Job's pod template on update: None when allowed."""
+def _job_update_refusal(current: dict, updated: dict) -> str | None:
+    """The API server's validation of a Job update: None when allowed."""
+    if not updated.get("spec", {}).get("suspend") and current.get("status", {}).get("startTime") \
+            and not updated.get("status", {}).get("startTime"):
+        return "status.startTime: Required value: startTime cannot be removed for unsuspended job"
     old, new = current.get("spec", {}).get("template", {}), updated.get("spec", {}).get("template", {})
     if old == new:
         return None
@@ -316,6 +323,21 @@ def _job_template_refusal(current: dict, updated: dict) -> str | None:
     mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
     if not mutable or without_scheduling(old) != without_scheduling(new):
         return "spec.template: Invalid value: field is immutable"
+    return _node_affinity_refusal(new.get("spec", {}).get("affinity") or {})
+
+
+def _node_affinity_refusal(affinity: dict) -> str | None:
+    """Node field selectors: only metadata.name, and one value for In / NotIn."""
+    required = affinity.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for i, term in enumerate(required.get("nodeSelectorTerms") or ()):
+        for j, req in enumerate(term.get("matchFields") or ()):
+            where = (f"spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+                     f"nodeSelectorTerms[{i}].matchFields[{j}]")
+            if req.get("key") != "metadata.name":
+                return f"{where}.key: Invalid value: {req.get('key')!r}: not a valid field selector key"
+            if req.get("operator") in ("In", "NotIn") and len(req.get("values") or ()) != 1:
+                return (f"{where}.values: Required value: must be only one value when `operator` is 'In' or "
+                        "'NotIn' for node field selector")
     return None
 
 

@@ -43,7 +43,7 @@ def test_a_default_install_has_no_write_verb_and_no_actuator(helm):
       ("ClusterRole", "events"): {"create"}, ("ClusterRole", "jobs"): {"patch"}}),
     (["remediation.actions.health=false", "remediation.actions.scheduling=true", "remediation.kueue=true"],
      {("ClusterRole", "pods/eviction"): {"create"}, ("ClusterRole", "jobs"): {"patch"},
-      ("ClusterRole", "workloads"): {"patch"}}),
+      ("ClusterRole", "jobs/status"): {"patch"}, ("ClusterRole", "workloads"): {"patch"}}),
     (["remediation.actions.health=false"], {}),
 ], ids=["health", "idle", "scheduling-kueue", "observe-only"])
 def test_write_verbs_are_exactly_those_of_the_actions_switched_on(helm, sets, expected):

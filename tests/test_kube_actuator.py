@@ -238,14 +238,27 @@ def _terms(api: FakeKubeAPI, name: str) -> list[dict]:
     return affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
 
 
+def _edit_job(api: FakeKubeAPI, name: str, edit) -> None:
+    """Someone else changes the stored Job (its owner, its controller): a new resourceVersion."""
+    stored = api.get(BATCH, "jobs", name, "ml")
+    edit(stored)
+    api.add(BATCH, "jobs", stored)
+
+
+def _name(node_name: str) -> dict:
+    return {"key": "metadata.name", "operator": "In", "values": [node_name]}
+
+
+H100 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
+H200 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H200"]}
+OWN_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [H100]}, {"matchExpressions": [H200]}]}}}
+
+
 def test_a_resume_pins_the_job_to_the_planned_nodes_in_one_patch_and_pins_never_pile_up(api, tmp_path):
     for i in range(4):
         node(api, f"n{i}")
-    h100 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
-    h200 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H200"]}
-    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [h100]}, {"matchExpressions": [h200]}]}}}
-    job(api, "ml", "paused", gpus=4, suspend=True, affinity=own)
+    job(api, "ml", "paused", gpus=4, suspend=True, affinity=OWN_AFFINITY)
     cluster = connect(api, tmp_path)
     cluster.snapshot()
     result = cluster.apply(Action(ActionKind.RESUME, "ml/paused", "admitted", _placed("n2", "n2", "n1", "n1")))
@@ -253,41 +266,93 @@ def test_a_resume_pins_the_job_to_the_planned_nodes_in_one_patch_and_pins_never_
     (patch,) = api.calls("PATCH", "/jobs/paused$")  # unsuspend and pin together: never one without the other
     assert patch.body["spec"]["suspend"] is False
     assert api.get(BATCH, "jobs", "paused", "ml")["spec"]["suspend"] is False
-    pin = {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
-    # Each of the Job's own (ORed) terms keeps its requirement and gains the pin (ANDed within a term).
-    assert _terms(api, "paused") == [{"matchExpressions": [h100], "matchFields": [pin]},
-                                     {"matchExpressions": [h200], "matchFields": [pin]}]
+    # Each of the Job's own (ORed) terms keeps its requirement and becomes one term per planned node
+    # (the API allows one value per node-name requirement).
+    assert _terms(api, "paused") == [{"matchExpressions": [H100], "matchFields": [_name("n1")]},
+                                     {"matchExpressions": [H100], "matchFields": [_name("n2")]},
+                                     {"matchExpressions": [H200], "matchFields": [_name("n1")]},
+                                     {"matchExpressions": [H200], "matchFields": [_name("n2")]}]
 
     # Preempted, then admitted elsewhere: the new pin replaces the old one, the Job's own terms stay.
     assert cluster.apply(Action(ActionKind.SUSPEND, "ml/paused", "preempted")).ok
     cluster.snapshot()
     assert cluster.apply(Action(ActionKind.RESUME, "ml/paused", "admitted", _placed("n3"))).ok
-    moved = {"key": "metadata.name", "operator": "In", "values": ["n3"]}
-    assert _terms(api, "paused") == [{"matchExpressions": [h100], "matchFields": [moved]},
-                                     {"matchExpressions": [h200], "matchFields": [moved]}]
+    assert _terms(api, "paused") == [{"matchExpressions": [H100], "matchFields": [_name("n3")]},
+                                     {"matchExpressions": [H200], "matchFields": [_name("n3")]}]
 
 
-def test_a_job_without_node_affinity_is_pinned_by_one_term(api, tmp_path):
+def test_an_edit_to_the_suspended_jobs_own_affinity_survives_the_next_pin(api, tmp_path):
     node(api, "n0")
-    job(api, "ml", "free", gpus=1, suspend=True)
+    job(api, "ml", "edited", suspend=True, affinity=OWN_AFFINITY)
     cluster = connect(api, tmp_path)
     cluster.snapshot()
-    assert cluster.apply(Action(ActionKind.RESUME, "ml/free", "admitted", _placed("n0"))).ok
-    assert _terms(api, "free") == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]
-    assert api.get(BATCH, "jobs", "free", "ml")["metadata"]["annotations"]["gpuwarden.io/own-affinity"] == "null"
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/edited", "admitted", _placed("n0"))).ok
+    assert cluster.apply(Action(ActionKind.SUSPEND, "ml/edited", "preempted")).ok
+    # The owner narrows the Job to H200 while it is suspended (KEP-2926 allows it).
+    def narrow(stored: dict) -> None:
+        stored["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"] = [{"matchExpressions": [H200], "matchFields": [_name("n0")]}]
+    _edit_job(api, "edited", narrow)
+    cluster.snapshot()
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/edited", "admitted", _placed("n0"))).ok
+    assert _terms(api, "edited") == [{"matchExpressions": [H200], "matchFields": [_name("n0")]}]
 
 
-def test_a_job_that_ran_on_an_older_kubernetes_resumes_unpinned_and_says_why(api, tmp_path):
-    """Before 1.36 a suspended Job keeps status.startTime once it ran, and the API server refuses
-    any change of its pod template: the Job still resumes, and kube-scheduler places it."""
+def test_a_job_without_node_affinity_is_pinned_by_one_term_per_node(api, tmp_path):
+    node(api, "n0")
+    node(api, "n1")
+    job(api, "ml", "free", gpus=1, suspend=True, parallelism=2)
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    assert cluster.apply(Action(ActionKind.RESUME, "ml/free", "admitted", _placed("n1", "n0"))).ok
+    assert _terms(api, "free") == [{"matchFields": [_name("n0")]}, {"matchFields": [_name("n1")]}]
+    assert api.get(BATCH, "jobs", "free", "ml")["metadata"]["annotations"]["gpuwarden.io/pinned-nodes"] == "n0,n1"
+
+
+def test_a_job_that_ran_has_its_start_time_cleared_once_its_pods_are_gone_then_is_pinned(api, tmp_path):
+    """A Job that ran keeps status.startTime (before 1.36) and the API server then refuses a new pin:
+    the actuator clears it, as Kueue does, but not while the Job's pods are still stopping."""
     node(api, "n0")
     job(api, "ml", "ran", gpus=2, suspend=True, start_time="2026-11-30T10:00:00Z")
+    _edit_job(api, "ran", lambda stored: stored["status"].update(active=1))  # its pod is still terminating
     cluster = connect(api, tmp_path)
     cluster.snapshot()
+    stopping = cluster.apply(Action(ActionKind.RESUME, "ml/ran", "admitted", _placed("n0", "n0")))
+    assert not stopping.ok and stopping.temporary and "still stopping" in stopping.message, stopping.message
+    assert api.get(BATCH, "jobs", "ran", "ml")["spec"]["suspend"] is True and not api.calls("PATCH")
+
+    _edit_job(api, "ran", lambda stored: stored["status"].update(active=0))
     result = cluster.apply(Action(ActionKind.RESUME, "ml/ran", "admitted", _placed("n0", "n0")))
-    assert result.ok and "not pinned to n0" in result.message and "immutable" in result.message, result.message
-    stored = api.get(BATCH, "jobs", "ran", "ml")
+    assert result.ok and "pinned to n0" in result.message, result.message
+    (status_patch,) = api.calls("PATCH", "/jobs/ran/status$")
+    assert status_patch.body["status"] == {"startTime": None}
+    assert api.get(BATCH, "jobs", "ran", "ml")["spec"]["suspend"] is False
+    assert _terms(api, "ran") == [{"matchFields": [_name("n0")]}]
+
+
+def test_a_refused_pin_resumes_unpinned_but_never_onto_an_earlier_pin(api, tmp_path):
+    """Without jobs/status rights (an older chart) the startTime stays and the pin is refused. A Job
+    never pinned resumes unpinned and says why; a Job still pinned to an earlier plan's nodes stays
+    suspended, since resuming it would put it on nodes the plan has given away."""
+    node(api, "n0")
+    node(api, "n1")
+    job(api, "ml", "fresh", suspend=True, start_time="2026-11-30T10:00:00Z")
+    job(api, "ml", "stale", suspend=True, start_time="2026-11-30T10:00:00Z",
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [_name("n0")]}]}}},
+        annotations={"gpuwarden.io/pinned-nodes": "n0"})
+    api.inject("PATCH", "/jobs/[a-z]+/status$", 403, times=2)
+    cluster = connect(api, tmp_path)
+    cluster.snapshot()
+    fresh = cluster.apply(Action(ActionKind.RESUME, "ml/fresh", "admitted", _placed("n1")))
+    assert fresh.ok and "not pinned to n1" in fresh.message and "immutable" in fresh.message, fresh.message
+    stored = api.get(BATCH, "jobs", "fresh", "ml")
     assert stored["spec"]["suspend"] is False and "affinity" not in stored["spec"]["template"]["spec"]
+
+    stale = cluster.apply(Action(ActionKind.RESUME, "ml/stale", "admitted", _placed("n1")))
+    assert not stale.ok and "immutable" in stale.message, stale.message
+    assert api.get(BATCH, "jobs", "stale", "ml")["spec"]["suspend"] is True
+    assert _terms(api, "stale") == [{"matchFields": [_name("n0")]}]
 
 
 def test_a_resume_without_placements_or_under_kueue_leaves_the_template_alone(api, tmp_path):

@@ -37,13 +37,13 @@ if [ -z "$engine" ]; then
   exit 2
 fi
 
-base_arg=""
-if [ -n "${PYTHON_IMAGE:-}" ]; then base_arg="--build-arg=PYTHON_IMAGE=$PYTHON_IMAGE"; fi
 build() {  # build TARGET NAME
   echo "make image: $engine building target $1 -> $2${PYTHON_IMAGE:+ from $PYTHON_IMAGE}" >&2
   case $engine in
-    buildah) buildah build --layers $base_arg -f Containerfile --target "$1" -t "$2" . ;;
-    *)       "$engine" build $base_arg -f Containerfile --target "$1" -t "$2" . ;;
+    buildah) buildah build --layers ${PYTHON_IMAGE:+"--build-arg=PYTHON_IMAGE=$PYTHON_IMAGE"} \
+               -f Containerfile --target "$1" -t "$2" . ;;
+    *)       "$engine" build ${PYTHON_IMAGE:+"--build-arg=PYTHON_IMAGE=$PYTHON_IMAGE"} \
+               -f Containerfile --target "$1" -t "$2" . ;;
   esac
 }
 start=$(date +%s)

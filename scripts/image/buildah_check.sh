@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # `make image` for real where no registry can be reached, then the exporter image run and read.
 #
 #   sudo scripts/image/buildah_check.sh [DATA_DIR]      # DATA_DIR: ../shared/data (the recorded H200)
@@ -45,27 +45,29 @@ start=$(date +%s)
 make --no-print-directory image ENGINE=buildah PYTHON_IMAGE="$base"
 echo "buildah_check: make image took $(( $(date +%s) - start )) s" >&2
 
-image=$(sed -n 's/^IMAGE ?= //p' Makefile):$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-exporter
+repository=${IMAGE:-$(sed -n 's/^IMAGE ?= //p' Makefile)}  # what `make image` named, as make reads it
+image=$repository:${TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}-exporter
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 container=$(buildah from "$image")
-trap 'buildah rm "$container" >/dev/null 2>&1 || true' EXIT
-port=19400
-buildah run --user 10001:10001 -v "$data:/tmp/data:ro" -e GPUWARDEN_DATA=/tmp/data "$container" -- \
+# The exporter runs in its own session (process group), so stopping it stops all of it and nothing
+# else.
+setsid buildah run --user 10001:10001 -v "$data:/tmp/data:ro" -e GPUWARDEN_DATA=/tmp/data "$container" -- \
   python -m gpuwarden.exporter --backend replay --listen "127.0.0.1:$port" --kubelet-socket none --interval 1 \
   --node-name buildah-check > "$work/exporter.log" 2>&1 &
 runner=$!
+trap 'kill -KILL -- -"$runner" 2>/dev/null || true; wait "$runner" 2>/dev/null || true; buildah rm "$container" >/dev/null 2>&1 || true' EXIT INT TERM
 found=""
 for _ in $(seq 1 60); do
   sleep 1
   if python3 -c "import sys, urllib.request; body = urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode()
-sys.exit(0 if 'modelName=\"NVIDIA H200\"' in body else 1)" 2>/dev/null; then found=yes; break; fi
+sys.exit(0 if 'node=\"buildah-check\"' in body and 'modelName=\"NVIDIA H200\"' in body else 1)" 2>/dev/null; then
+    found=yes; break
+  fi
 done
-kill "$runner" 2>/dev/null || true
-pkill -f "node-name buildah-check" 2>/dev/null || true
-wait "$runner" 2>/dev/null || true
 if [ -z "$found" ]; then
   echo "buildah_check: FAILED: no H200 on /metrics of $image; its output:" >&2
   cat "$work/exporter.log" >&2
   exit 1
 fi
 echo "buildah_check: $image served the replayed H200 on /metrics as UID 10001" >&2
-buildah images --filter "reference=$(sed -n 's/^IMAGE ?= //p' Makefile)"
+buildah images --filter "reference=$repository"

@@ -8,7 +8,8 @@ Actions and the requests they make:
   skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
 - suspend / resume: a Kueue Workload's ``spec.active`` where Kueue manages the job, else
   ``batch/v1`` Job (or JobSet) ``spec.suspend``; a Job resumed with the plan's placements is pinned
-  to their nodes in the same PATCH (:mod:`.pinning`; Kueue and JobSets place their own pods);
+  to their nodes in the same PATCH (:mod:`.pinning`; a Job that ran first has its
+  ``status.startTime`` cleared once its pods are gone; Kueue and JobSets place their own pods);
 - preempt: suspend where the controller can (undo: resume), else evict each pod with the grace
   period (``params['grace_seconds']``);
 - evict: the Eviction API for each pod of the workload;
@@ -30,7 +31,7 @@ from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from .inventory import KUEUE, Inventory, read_snapshot
-from .pinning import resume_pinned_patch
+from .pinning import pinned_nodes, resume_pinned_patch
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -223,20 +224,39 @@ class KubeCluster:
     def _do_resume(self, action: Action) -> Done:
         nodes = sorted({p["node"] for p in action.params.get("placements", ())})
         namespace, name, controller = self._workload(action.target)
-        unpinned = ""
-        if nodes and controller == "Job" and action.target not in self.inventory.kueue_workload:
-            job = self.api.call(self.api.batch.read_namespaced_job, name, namespace, verb="get", resource="jobs")
+        if not nodes or controller != "Job" or action.target in self.inventory.kueue_workload:
+            # Kueue and the JobSet controller place their own pods.
+            return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
+        return self._resume_pinned(action.target, namespace, name, nodes), None
+
+    def _resume_pinned(self, target: str, namespace: str, name: str, nodes: list[str]) -> str:
+        job = self.api.call(self.api.batch.read_namespaced_job, name, namespace, verb="get", resource="jobs")
+        status = job.get("status") or {}
+        if status.get("startTime"):
+            # It ran, and Kubernetes takes a new pin only without a startTime: clear it once the Job's
+            # pods are gone, as Kueue does (from 1.36 the Job controller clears it itself).
+            if (status.get("active") or 0) + (status.get("terminating") or 0):
+                raise KubeFailure(None, "its pods are still stopping; it is resumed, pinned, once they are gone", True)
             try:
-                self.api.call(self.api.batch.patch_namespaced_job, name, namespace, resume_pinned_patch(job, nodes),
-                              verb="patch", resource="jobs", _content_type=MERGE_PATCH)
-                return f"resumed {action.target} (Job spec.suspend=False, pinned to {', '.join(nodes)})", None
+                job = self.api.call(self.api.batch.patch_namespaced_job_status, name, namespace,
+                                    {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
+                                     "status": {"startTime": None}},
+                                    verb="patch", resource="jobs/status", _content_type=MERGE_PATCH)
             except KubeFailure as failure:
-                if failure.status != 422:
+                if failure.status != 403:
                     raise
-                # It ran before, and this Kubernetes (older than 1.36) or its terminating pods keep the
-                # template fixed: resume it anyway, and let kube-scheduler place it.
-                unpinned = f"; not pinned to {', '.join(nodes)}: {failure.message}"
-        return f"resumed {action.target} ({self._set_suspended(action.target, False)}){unpinned}", None
+                log.warning("%s: %s; pinning without it", target, failure.message)  # an older chart's RBAC
+        try:
+            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, resume_pinned_patch(job, nodes),
+                          verb="patch", resource="jobs", _content_type=MERGE_PATCH)
+        except KubeFailure as failure:
+            if failure.status != 422 or pinned_nodes(job):
+                raise  # resuming onto an earlier pin would bind it to nodes the plan has given away
+            # Refused (an admission policy, a fixed template): nothing of ours is in the template, so
+            # resume it unpinned and let kube-scheduler place it.
+            how = self._set_suspended(target, False)
+            return f"resumed {target} ({how}); not pinned to {', '.join(nodes)}: {failure.message}"
+        return f"resumed {target} (Job spec.suspend=False, pinned to {', '.join(nodes)})"
 
     def _evict_workload(self, action: Action) -> str:
         namespace, _, _ = self._workload(action.target)
