@@ -33,7 +33,7 @@ LIMITS = {
     "queue_gpuwarden_min_guarantee_met": 0.95,
     "queue_gpuwarden_min_worst_team": 0.85,
     "mixed_min_training_gain": 0.40,  # the target; measured +42.1% with defragmenting moves (seed 42)
-    "mixed_min_useful": 0.845,  # measured 84.94% (seed 42; target 85%, met on the mean of seeds 42-51)
+    "mixed_min_useful": 0.85,  # the target; measured 85.01% (seed 42) and 85.0-86.6% over seeds 42-51
 }
 
 

@@ -332,6 +332,17 @@ def test_mig_layout_advice_fits_demand_with_little_waste():
         advise_layouts("H100", gpus=1, demand={"1g.18gb": 1})
 
 
+def test_mig_layout_advice_fills_spare_room_with_asked_profiles_not_unusable_ones():
+    """The mixed fleet's H100 demand: 43 of 49 compute slices on 7 GPUs are asked for. The spare room
+    goes to more instances of asked profiles (headroom for their next pods), never to a profile no
+    pod asked for (a 1g.20gb instance serves no 1g.10gb request)."""
+    demand = {"1g.10gb": 12, "2g.20gb": 8, "3g.40gb": 5}
+    advice = advise_layouts("H100", gpus=48, demand=demand)
+    assert not advice.unmet and sum(count for _, count in advice.layouts) == 7
+    offered = {name for layout, _ in advice.layouts for name in layout}
+    assert offered <= set(demand), offered
+
+
 def _snapshot() -> ClusterSnapshot:
     t0 = datetime(2025, 1, 1, tzinfo=UTC)
     topo = Topology("nvl-0", "leaf-0", "rack-0")

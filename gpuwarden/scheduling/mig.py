@@ -121,8 +121,10 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
     """Recommend per-GPU MIG layouts for a pool of ``gpus`` GPUs serving ``demand`` (profile -> instances).
 
     Greedy on the remaining demand: each GPU gets the valid layout that serves the most remaining
-    compute slices (ties: fewer wasted slices); profiles nobody asked for are waste. Unknown profiles
-    raise; a demand larger than the pool is reported as ``unmet``.
+    compute slices. Ties go to the layout with the fewest slices of profiles nobody asked for (no
+    pod can use them), then the fewest slices beyond the demand (spare instances of an asked
+    profile are headroom for its next pods). Unknown profiles raise; a demand larger than the pool
+    is reported as ``unmet``.
     """
     table = mig_table(model)
     if not table:
@@ -138,9 +140,10 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
     for _ in range(gpus):
         if not any(remaining.values()):
             break
-        best, best_key = None, None
+        best: tuple[str, ...] | None = None
+        best_key: tuple[int, int, int] | None = None
         for layout in layouts:
-            served = waste = 0
+            served = waste = unasked = 0
             left = dict(remaining)
             for name in layout:
                 if left.get(name, 0) > 0:
@@ -148,7 +151,8 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
                     served += table[name].compute_slices
                 else:
                     waste += table[name].compute_slices
-            key = (served, -waste)
+                    unasked += table[name].compute_slices if name not in demand else 0
+            key = (served, -unasked, -waste)
             if best_key is None or key > best_key:
                 best, best_key = layout, key
         if best is None or best_key is None or best_key[0] == 0:
