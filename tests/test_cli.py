@@ -174,6 +174,34 @@ def test_demo_refuses_a_store_it_did_not_make_and_checks_ports_first(tmp_path):
     assert LocalStore(store).row_count() == rows  # nothing was deleted
 
 
+def test_a_sigterm_while_a_thread_starts_leaves_the_started_thread_intact(monkeypatch):
+    """The demo's SIGTERM handler raises Stopped wherever the main thread is. CI once caught it just
+    after ``Thread.start`` had launched the reconciler's thread: Stopped, then an Exception, made
+    ``Thread.start`` undo its bookkeeping of a thread already running, which died with KeyError.
+    This replays that interleaving: the signal lands right after the thread is launched."""
+    import threading
+
+    from gpuwarden.cli.demo import Stopped
+
+    launch = "_start_joinable_thread" if hasattr(threading, "_start_joinable_thread") else "_start_new_thread"
+    real_launch = getattr(threading, launch)
+
+    def launch_then_signal(*args, **kwargs):
+        real_launch(*args, **kwargs)
+        raise Stopped("SIGTERM")  # what the handler raises at the next bytecode
+
+    crashes = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook_args: crashes.append(hook_args.exc_value))
+    monkeypatch.setattr(threading, launch, launch_then_signal)
+    ran = threading.Event()
+    thread = threading.Thread(target=ran.set, name="started-as-the-signal-lands", daemon=True)
+    with pytest.raises(Stopped):
+        thread.start()
+    monkeypatch.setattr(threading, launch, real_launch)
+    assert ran.wait(5) and not crashes, crashes
+    thread.join(5)
+
+
 def test_demo_stops_on_sigterm_and_still_prints_its_summary(tmp_path, data_dir):
     import signal
 

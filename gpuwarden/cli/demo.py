@@ -85,8 +85,13 @@ class DemoError(RuntimeError):
     """A reason the demo cannot start (a port taken, a store it must not delete): one line, exit 2."""
 
 
-class Stopped(Exception):
-    """SIGTERM: stop like Ctrl-C does (the summary is still printed)."""
+class Stopped(BaseException):
+    """SIGTERM: stop like Ctrl-C does (the summary is still printed).
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the main thread is, and
+    no ``except Exception`` on the way may take it for an error. One that did: ``Thread.start``,
+    interrupted just after the thread began, undid its bookkeeping of a thread already running, which
+    then died with ``KeyError`` in ``threading``."""
 
 
 def _stop(signum, frame) -> None:
