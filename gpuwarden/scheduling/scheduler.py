@@ -152,14 +152,14 @@ class Scheduler:
         return decisions
 
     @staticmethod
-    def _started(job: Job, placements: list[Slot], now: float) -> Decision:
+    def _started(job: Job, placements: list[Slot], now: float, reason: str = "") -> Decision:
         """The decision that starts ``job`` (already allocated): BIND the first time, else RESUME."""
         kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
         job.started = now
         if job.first_started is None:
             job.first_started = now
         job.wait_reason = ""
-        return Decision(kind, job.name, tuple(placements))
+        return Decision(kind, job.name, tuple(placements), reason)
 
     # -- defragmentation ----------------------------------------------------------------------
     def _defragment(self, state: State, statement: Statement, now: float) -> list[Decision]:
@@ -185,9 +185,7 @@ class Scheduler:
                 decisions.extend(Decision(DecisionKind.SUSPEND, m.name, (), f"moved to make room for {job.name} "
                                           "(checkpoint, then resume on other GPUs)") for m, _ in moved)
                 decisions.append(self._started(job, placements, now))
-                for mover, slots in moved:
-                    mover.started = now
-                    decisions.append(Decision(DecisionKind.RESUME, mover.name, tuple(slots), f"moved for {job.name}"))
+                decisions.extend(self._started(mover, slots, now, f"moved for {job.name}") for mover, slots in moved)
                 break
         return decisions
 

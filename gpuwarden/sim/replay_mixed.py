@@ -201,9 +201,9 @@ def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]
         nonlocal now, alloc_integral, useful_integral, training_done
         lo, hi = max(now, start), min(to, horizon)
         if hi > lo:
+            dt = hi - lo
             for name in running:
                 j = state.jobs[name]
-                dt = hi - lo
                 computing = max(0.0, hi - max(lo, ran_from.get(name, lo)))  # restoring time is held, not used
                 if j.kind == WorkloadKind.INFERENCE:
                     share = asked_share[name]  # the slice it asked for, also when it holds a whole GPU

@@ -24,12 +24,12 @@ What slimming removes, and why nothing gpuwarden runs needs it (tests/test_image
 a simulation, a report, the exporter and the dashboard's modules in the slimmed tree):
 
 - from the venv: test suites, C sources and headers, source maps, the parts listed in
-  :data:`UNUSED_PARTS`, :data:`UNUSED_VENV_PARTS` and :data:`PYARROW_UNUSED`; shared objects lose their symbol tables
-  (``strip --strip-unneeded``: wheels ship them unstripped) and identical copies become symlinks;
+  :data:`UNUSED_PARTS`, :data:`UNUSED_VENV_PARTS` and :data:`PYARROW_UNUSED`; shared objects lose
+  their symbol tables (``strip --strip-unneeded``: wheels ship them unstripped) and identical copies
+  become symlinks;
 - from the system (``--slim-system``): the base's own pip, setuptools and wheel, the build-time
-  Debian packages of :data:`BUILD_ONLY_PACKAGES`
-  (installers, binutils, Perl that only ``usrmerge`` needed, apt), apt's lists and caches, logs,
-  documentation, manual pages and message catalogues.
+  Debian packages of :data:`BUILD_ONLY_PACKAGES` (installers, binutils, Perl that only ``usrmerge``
+  needed, apt), apt's lists and caches, logs, documentation, manual pages and message catalogues.
 """
 
 from __future__ import annotations
@@ -250,8 +250,7 @@ def _uninstall_base_installers() -> None:
     if spec is None or not (spec.origin or "").startswith("/usr/local/"):
         return
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "--root-user-action=ignore",
-                    "pip", "setuptools", "wheel"],
-                   check=True)
+                    "pip", "setuptools", "wheel"], check=True)
 
 
 def add_user() -> None:

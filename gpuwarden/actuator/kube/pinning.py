@@ -22,7 +22,6 @@ are gone. The pin and the unsuspend go in one PATCH, so a Job never resumes half
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,7 +60,7 @@ def pinned_terms(own: list[Json], nodes: Iterable[str]) -> list[Json]:
     names = sorted(set(nodes))
     if not names:
         raise ValueError("a pin needs at least one node")
-    return [{**copy.deepcopy(term), "matchFields": [*(term.get("matchFields") or ()), _name_requirement(node)]}
+    return [{**term, "matchFields": [*(term.get("matchFields") or ()), _name_requirement(node)]}
             for term in (own or [{}]) for node in names]
 
 
