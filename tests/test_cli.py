@@ -3,6 +3,7 @@ headless demo end to end (simulated fleet -> store -> exporter over real HTTP)."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -114,7 +115,38 @@ def test_store_load_validates_before_writing(tmp_path, data_dir):
     assert result.returncode == 0
     assert LocalStore(store).row_count() == len(load_samples(good))
     info = run_cli("store", "info", "--store", str(store))
-    assert "rows:" in info.stdout and "range:  2026-11-23" in info.stdout
+    first = load_samples(good)["timestamp"].min()
+    assert "rows:" in info.stdout and f"range:  {first.isoformat()}" in info.stdout
+
+
+def test_sim_generate_ends_at_now_so_a_default_report_sees_it(tmp_path, data_dir):
+    """Without --start the recorded days end at now: ``report idle`` with its default window (the
+    last 7 days) reads them on any date. A fixed default start went out of every window a week
+    after it (this broke CI on 2026-12-01)."""
+    import pandas as pd
+
+    store = tmp_path / "store"
+    before = pd.Timestamp.now(tz="UTC")
+    result = run_cli("sim", "generate", "--nodes", "2", "--days", "0.125", "--warmup-days", "0", "--step-seconds", "300",
+                     "--fault-scale", "0", "--data-dir", str(data_dir), "--store", str(store))
+    assert result.returncode == 0, result.stderr
+    first, last = LocalStore(store).time_range()
+    assert before - pd.Timedelta(minutes=10) <= last <= pd.Timestamp.now(tz="UTC")
+    assert last - first == pd.Timedelta(hours=3) - pd.Timedelta(seconds=300)  # 36 steps of 5 min
+    report = run_cli("report", "idle", "--store", str(store), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["report"] == "idle"
+
+
+def test_sim_generate_start_pins_the_samples(tmp_path, data_dir):
+    """``--start`` dates the recording: same seed and start, same samples, run after run."""
+    common = ("sim", "generate", "--nodes", "2", "--days", "0.05", "--warmup-days", "0", "--seed", "7",
+              "--start", "2025-03-01T06:00:00Z", "--data-dir", str(data_dir))
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert run_cli(*common, "--out", str(first)).returncode == 0
+    assert run_cli(*common, "--out", str(second)).returncode == 0
+    assert first.read_bytes() == second.read_bytes()
+    assert str(load_samples(first)["timestamp"].min()) == "2025-03-01 06:01:00+00:00"  # one step after --start
 
 
 def test_headless_demo_runs_the_pipeline_and_prints_a_summary(tmp_path, data_dir):

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .args import number
+from .sources import timestamp
 from .simconfig import add_sim_options, sim_config_from
 from .storemark import adopt_store
 
@@ -20,7 +21,8 @@ def add_parser(subparsers) -> None:
     generate = commands.add_parser(
         "generate", help="generate fleet samples to a file or store",
         description="Run the simulated fleet for --days and write its fleet samples to --out (.csv, .csv.gz, "
-                    ".parquet) or into --store; the injected faults go to --ground-truth, never into the samples.",
+                    ".parquet) or into --store; the injected faults go to --ground-truth, never into the samples. "
+                    "The recorded days end at now unless --start (or a --config file) dates them.",
     )
     generate.add_argument("--days", type=number(float, 0, MAX_DAYS, above=True), default=1.0,
                           help=f"simulated days to record, up to {MAX_DAYS} (default 1)")
@@ -28,6 +30,10 @@ def add_parser(subparsers) -> None:
     target.add_argument("--out", type=Path, help="samples file (.csv, .csv.gz or .parquet)")
     target.add_argument("--store", type=Path, help="append into this embedded store directory")
     generate.add_argument("--ground-truth", type=Path, help="write the injected faults here (.csv or .parquet)")
+    generate.add_argument("--start", type=timestamp,
+                          help="where the recorded days begin, ISO-8601 UTC; the first sample is one step later "
+                               "(default: --days before now, so a report over the last days sees them; a --config "
+                               "file's start is kept); same seed and start, same samples")
     add_sim_options(generate)
     generate.set_defaults(run=run_generate)
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
@@ -43,6 +49,13 @@ def run_generate(args: argparse.Namespace) -> int:
         if path is not None and path.is_dir():
             raise SamplesError(f"{flag} {path}: is a directory; expected a file name")
     config = sim_config_from(args)
+    if args.start is not None:
+        config = config.replace(start=args.start.to_pydatetime())
+    elif not args.config:  # the recorded days end at now: `report --since 7d` over the store sees them
+        import pandas as pd
+
+        start = pd.Timestamp.now(tz="UTC") - pd.Timedelta(days=args.days)
+        config = config.replace(start=start.floor(f"{config.step_seconds}s").to_pydatetime())  # on the step grid
     started = time.perf_counter()
     simulation = Simulation(config)
     steps = int(round(args.days * 86400 / config.step_seconds))
