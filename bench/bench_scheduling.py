@@ -26,7 +26,7 @@ from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # no
 # measured on 2 cores (see docs/scheduling.md); limits leave a little room for noise
 LIMITS = {
     "default_10_seed_seconds": 60.0,
-    "default_gpuwarden_min_pct": 95.5,  # the target; measured 95.71 (seeds 42-51)
+    "default_gpuwarden_min_pct": 95.5,  # the target; measured 95.69 (seeds 42-51)
     "baseline_max_gap_pts": 1.0,
     # Philly queue, default slice (gpuwarden measured 0.982 / worst team 0.906; its p99 wait, 84,322 s,
     # is above Tiresias's 74,616 s, so the p99-wait check below reports a miss: docs/scheduling.md)
@@ -65,6 +65,8 @@ def main() -> int:
     ours = table[table.policy == "gpuwarden"]
     beat = (ours["delta_pts"] >= 0).sum()
     print(f"gpuwarden >= published FGD on {beat} of {len(ours)} lists")
+    for row in ours[ours["delta_pts"] < 0].itertuples():  # the target: at or above FGD on every list
+        failures.append(f"{row.pod_list} gpuwarden {row.alloc_pct:.3f}% < FGD's published {row.published_pct:.3f}%")
     value = float(ours[ours.pod_list == "default"]["alloc_pct"].iloc[0])
     if value < LIMITS["default_gpuwarden_min_pct"]:
         failures.append(f"default gpuwarden {value:.2f}% < {LIMITS['default_gpuwarden_min_pct']}%")

@@ -450,3 +450,31 @@ def test_fragmentation_scorer_keeps_room_for_the_expected_pods():
     job = Job("frac", "t", milli=500)
     assert find_placement(state, job, PlacementOptions())[0] == [("b", 0, 500)]
     assert find_placement(state, job, PlacementOptions(fragmentation=target))[0] == [("a", 0, 500)]
+
+
+def test_fgd_ties_go_to_the_node_left_with_the_least_cpu_share_free():
+    """gpuwarden's openb tie-break: two nodes score the same for a whole-GPU pod; node order would
+    take the CPU-roomy one, best fit on CPU keeps it for CPU-heavy pods. An unknown tie rule names
+    the allowed ones."""
+    import numpy as np
+
+    from gpuwarden.scheduling.packing import ArrayCluster, FragmentationGradient, PodShapes, TargetWorkload
+
+    shapes = PodShapes(gpus=np.array([1]), milli=np.array([1000]), cpu=np.array([8000]), mem=np.array([1024]),
+                       model_ok=np.array([[True]]))
+    target = TargetWorkload.from_shapes(shapes, np.array([1.0]))
+
+    def chosen(ties: str) -> int:
+        cluster = ArrayCluster(["roomy", "tight"], [0, 0], ["V100"], gpu_count=[1, 1], cpu_milli=[96000, 16000],
+                               memory_mib=[65536, 65536])
+        policy = FragmentationGradient(target, ties=ties)
+        policy.reset(cluster, shapes, np.random.default_rng(0))
+        choice = policy.choose(0)
+        assert choice is not None
+        assert policy.score[0, 0] == policy.score[1, 0]  # a tie on FGD's score
+        return choice[0]
+
+    assert chosen("first") == 0
+    assert chosen("tightest_cpu") == 1
+    with pytest.raises(ValueError, match="ties must be one of random, first, tightest_cpu, not 'fullest'"):
+        FragmentationGradient(target, ties="fullest")

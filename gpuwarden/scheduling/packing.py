@@ -225,11 +225,16 @@ class BestFit(PackingPolicy):
         return node, self._gpus_on(node, s)
 
 
+TIE_BREAKS = ("random", "first", "tightest_cpu")
+
+
 class FragmentationGradient(PackingPolicy):
     """Least growth of expected fragmentation (FGD idea), scored as FGD's plugin scores it (``fgd_score``).
 
     ``ties``: ``"random"`` picks uniformly among the best-scored nodes (kube-scheduler's selectHost,
-    plain FGD); ``"first"`` takes the first of them in node order.
+    plain FGD); ``"first"`` takes the first of them in node order; ``"tightest_cpu"`` takes the one
+    the pod leaves with the least CPU share free (best fit on CPU, then node order), so nodes with
+    CPU to spare stay open for the CPU-heavy pods that only they can take.
     ``packing_weight`` (our extension, 0 = off) prefers, among equal scores, the node that ends up
     fuller. ``cpu_weight`` (our extension) adds, per unit, the growth of the node's CPU/memory
     starvation: how much the GPU share left free exceeds the CPU share and the memory share left
@@ -240,8 +245,8 @@ class FragmentationGradient(PackingPolicy):
 
     def __init__(self, target: TargetWorkload, packing_weight: float = 0.0, cpu_weight: float = 0.0,
                  ties: str = "random") -> None:
-        if ties not in ("random", "first"):
-            raise ValueError(f"ties must be 'random' or 'first', not {ties!r}")
+        if ties not in TIE_BREAKS:
+            raise ValueError(f"ties must be one of {', '.join(TIE_BREAKS)}, not {ties!r}")
         self.target = target
         self.packing_weight = packing_weight
         self.cpu_weight = cpu_weight
@@ -328,6 +333,10 @@ class FragmentationGradient(PackingPolicy):
         if self.ties == "random":
             best = np.flatnonzero(score == score.min())
             node = int(nodes[best[self.rng.integers(len(best))]] if len(best) > 1 else nodes[best[0]])
+        elif self.ties == "tightest_cpu":
+            best = nodes[score == score.min()]
+            cpu_share_left = (c.cpu_free[best] - self.shapes.cpu[s]) / np.maximum(c.cpu_cap[best], 1)
+            node = int(best[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
         else:
             node = int(nodes[np.argmin(score)])
         k, milli = int(self.shapes.gpus[s]), int(self.shapes.milli[s])
