@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
-
-from gpuwarden.store.prometheus.expressions import ROLLUP_LAG_INTERVALS, STATE_ROLLUPS
-from gpuwarden.store.prometheus.expressions import ROLLUP_LABELS as _ROLLUP_LABELS
+from gpuwarden.store.prometheus.expressions import ROLLUP_LABELS, ROLLUP_LAG_INTERVALS, STATE_ROLLUPS
 
 from .params import STATE_CODES, IdleParams
 
@@ -45,10 +43,9 @@ RULE_FILE = Path("rules") / "gpuwarden-recording.rules.yml"
 HELM_COPY = Path("helm") / "gpuwarden" / "files" / "rules" / "gpuwarden-recording.rules.yml"
 
 STATE_METRIC = "gpu:gpuwarden_state:code"
-# The labels a rollup keeps (the GPU or MIG instance and who it served, down to the namespace, never
-# the pod, so pod churn starts no rollup series: docs/scale.md counts them), the recorded series per
-# figure, and the lag, as the store's reader reads them.
-ROLLUP_LABELS = _ROLLUP_LABELS
+# The labels a rollup keeps (ROLLUP_LABELS: the GPU or MIG instance and who it served, down to the
+# namespace, never the pod, so pod churn starts no rollup series: docs/scale.md counts them), the
+# recorded series per figure and the lag are imported from the store's expressions, which its reader reads.
 ROLLUP_METRICS = STATE_ROLLUPS  # figure -> recorded series (label ``state``), one point per GPU, namespace and state
 # States a rule can record (unmeasured needs an activity series to exist, so it cannot).
 RECORDED_STATES = tuple(s for s in STATE_CODES if s != "unmeasured")

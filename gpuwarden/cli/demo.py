@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .args import host_port, number, plain, port
-from .simconfig import add_sim_options, sim_config_from
+from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
     STORE_PARTS,
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     config = sim_config_from(args)
     if not args.config:  # the simulated week ends just before now (a config file's start is kept)
         end = pd.Timestamp.now(tz="UTC").floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
-        config = config.replace(start=(end - pd.Timedelta(days=args.days)).floor("us").to_pydatetime())
+        config = recording_ends_at(config, end, args.days)
     try:
         preflight(args)
     except DemoError as error:

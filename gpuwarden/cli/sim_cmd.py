@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from .args import number
+from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .sources import timestamp
-from .simconfig import add_sim_options, sim_config_from
 from .storemark import adopt_store
 
 MAX_DAYS = 366
@@ -54,8 +54,7 @@ def run_generate(args: argparse.Namespace) -> int:
     elif not args.config:  # the recorded days end at now: `report --since 7d` over the store sees them
         import pandas as pd
 
-        start = pd.Timestamp.now(tz="UTC") - pd.Timedelta(days=args.days)
-        config = config.replace(start=start.floor(f"{config.step_seconds}s").to_pydatetime())  # on the step grid
+        config = recording_ends_at(config, pd.Timestamp.now(tz="UTC"), args.days)
     started = time.perf_counter()
     simulation = Simulation(config)
     steps = int(round(args.days * 86400 / config.step_seconds))

@@ -49,3 +49,12 @@ def sim_config_from(args: argparse.Namespace):
     elif not args.config:
         changes["fault_rate_scale"] = args.fault_scale_default
     return config.replace(**changes) if changes else config
+
+
+def recording_ends_at(config, end, days: float):
+    """``config`` started so that its ``days`` of recorded samples end at ``end`` (a UTC time), the
+    start on the step grid: the demo's and ``sim generate``'s fleets end at (or just before) now."""
+    import pandas as pd
+
+    start = pd.Timestamp(end) - pd.Timedelta(days=days)
+    return config.replace(start=start.floor(f"{config.step_seconds}s").to_pydatetime())

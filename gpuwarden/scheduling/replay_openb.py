@@ -163,8 +163,8 @@ def make_policy(name: str, data: OpenbInput) -> PackingPolicy:
 # order (packs), instead of a random one; and a penalty, in FGD score steps per unit, for growing a
 # node's CPU/memory starvation (GPU share free beyond the CPU or memory share free: CPU-starved GPUs
 # are stranded GPUs). The CPU best fit among ties was chosen from seven tie rules on seeds 42-51 and
-# confirmed on seeds 1-10, which the choice never saw (docs/scheduling.md). The fullest-node tie-break (packing weight) no longer helps once scores are
-# FGD's integer steps: off.
+# confirmed on seeds 1-10, which the choice never saw (docs/scheduling.md). The fullest-node
+# tie-break (packing weight) no longer helps once scores are FGD's integer steps: off.
 GPUWARDEN_PACKING_WEIGHT = 0.0
 GPUWARDEN_CPU_WEIGHT = 200.0
 
