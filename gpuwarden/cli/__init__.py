@@ -1,7 +1,8 @@
 """The ``gpuwarden`` command line. Each subcommand lives in its own module with ``add_parser``.
 
 Errors a user can cause (a wrong flag, a config key that does not exist, a broken trace or
-samples file) print one line naming the problem and exit 2, without a traceback; anything else
+samples file: every :class:`~gpuwarden.fleet.errors.UserError`) print one line naming the problem
+and exit 2, without a traceback; anything else
 that escapes a command is one line and exit 1 (``--log-level DEBUG`` shows the traceback). A
 closed pipe (``gpuwarden ... | head``) ends the command quietly.
 
@@ -20,6 +21,7 @@ import os
 import sys
 
 from gpuwarden import __version__
+from gpuwarden.fleet.errors import UserError
 
 from .args import Parser
 
@@ -35,25 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "actuator": ("gpuwarden.cli.actuator_cmd", "plan and apply remediation on a cluster; approvals and undo"),
 }
 
-# Errors a user causes, by module and class name: checked only in modules already imported (an
-# error cannot come from a module nobody loaded), so this costs no import.
-USER_ERROR_NAMES = (
-    ("gpuwarden.sim.config", "ConfigError"), ("gpuwarden.sim", "ConfigError"), ("gpuwarden.sim", "TraceError"),
-    ("gpuwarden.fleet.traces", "TraceError"), ("gpuwarden.store.schema", "SamplesError"),
-    ("gpuwarden.fleet.vocabulary", "FleetValueError"), ("gpuwarden.fleet", "FleetValueError"),
-    ("gpuwarden.analytics.params", "AnalyticsError"), ("gpuwarden.exporter.main", "ExporterError"),
-)
 log = logging.getLogger("gpuwarden.cli")
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    found = []
-    for module_name, class_name in USER_ERROR_NAMES:
-        module = sys.modules.get(module_name)
-        kind = getattr(module, class_name, None) if module is not None else None
-        if isinstance(kind, type) and issubclass(kind, BaseException):
-            found.append(kind)
-    return tuple(found)
 
 
 def _selected(argv: list[str]) -> str | None:
@@ -123,11 +107,9 @@ def _main(argv: list[str]) -> int:
         where = f"{error.filename}: " if error.filename is not None else ""
         print(f"gpuwarden: error: {where}{one_line(error.strerror or str(error))}", file=sys.stderr)
         return 2
-    except Exception as error:
-        if isinstance(error, user_errors()):
-            print(f"gpuwarden: error: {one_line(str(error))}", file=sys.stderr)
-            return 2
-        raise
+    except UserError as error:  # every room's user-caused errors subclass it (gpuwarden.fleet.errors)
+        print(f"gpuwarden: error: {one_line(str(error))}", file=sys.stderr)
+        return 2
 
 
 def one_line(text: str, limit: int = 400) -> str:

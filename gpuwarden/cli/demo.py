@@ -28,6 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuwarden.fleet.errors import UserError
+
 from .args import host_port, number, plain, port
 from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
@@ -81,7 +83,7 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-class DemoError(RuntimeError):
+class DemoError(UserError, RuntimeError):
     """A reason the demo cannot start (a port taken, a store it must not delete): one line, exit 2."""
 
 
@@ -285,7 +287,7 @@ def has_display() -> bool:
     return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-class DashboardError(RuntimeError):
+class DashboardError(UserError, RuntimeError):
     pass
 
 

@@ -51,6 +51,7 @@ from gpuwarden.dashboards import (
     STORE_ENV,
 )
 from gpuwarden.store import LocalStore
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.store.sources import SamplesSource, open_prometheus
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LABELS", "Window", "bucket_for", "window_for"]  # re-exported for pages
@@ -68,12 +69,12 @@ WINDOW_KEY = "window_preset"
 CUSTOM_KEY = "window_custom"
 
 
-class StoreUnreadable(Exception):
+class StoreUnreadable(UserError):
     """The store exists but a file in it cannot be read (or Prometheus cannot be read); the message
     is one line for the page."""
 
 
-class SourceMisconfigured(Exception):
+class SourceMisconfigured(UserError):
     """``GPUWARDEN_SOURCE`` or a Prometheus setting is unusable; the message names the variable."""
 
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.paths import default_data_dir
 
 from .nvml import NvmlBackend, NvmlUnavailable
@@ -30,7 +31,7 @@ log = logging.getLogger("gpuwarden.exporter")
 BACKENDS = ("nvml", "replay", "sim")
 
 
-class ExporterError(Exception):
+class ExporterError(UserError):
     """A user-fixable problem: printed as one line, exit 2."""
 
 

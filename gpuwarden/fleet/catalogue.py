@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from .errors import UserError
 from .samples import METRIC_COLUMN_NAMES
 
 DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("metric_catalogue.csv")
@@ -68,7 +69,7 @@ _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-class CatalogueError(ValueError):
+class CatalogueError(UserError, ValueError):
     """The catalogue file is malformed; the message names the file and line."""
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from .paths import default_data_dir  # noqa: F401 (re-exported)
+from .errors import UserError
 
 
-class TraceError(ValueError):
+class TraceError(UserError, ValueError):
     """A trace file that is missing, lacks a column, or has a bad row; the message says where."""
 
 

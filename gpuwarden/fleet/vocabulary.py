@@ -13,10 +13,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 from collections.abc import Mapping
 
+from .errors import UserError
 from .semantics_scalar import request_gpu_equivalents
 
 
-class FleetValueError(ValueError):
+class FleetValueError(UserError, ValueError):
     """A value that the fleet vocabulary does not allow; the message names field and allowed values."""
 
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.semantics import iso_utc
 
 from .state import JobState
@@ -63,7 +64,7 @@ TICK_SECONDS = 300.0  # LAS policies re-rank the queue this often
 MAX_REPLAY_SECONDS = 400 * 86400.0
 
 
-class WhatIfError(ValueError):
+class WhatIfError(UserError, ValueError):
     """Input the what-if cannot use (an unknown policy, a guarantee for a team not in the window)."""
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import yaml
 
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.scheduling.policy import POLICIES
 
 LLAMA3_GPU_DAYS = 54 * 16384
@@ -34,7 +35,7 @@ LLAMA3_INTERRUPTIONS = {
 ATTRIBUTION_MODES = ("on", "off", "mixed")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting that does not exist or has a value out of range; the message names key and allowed values."""
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.semantics import to_utc
 
 PANDAS_DTYPES: dict[str, str] = {
@@ -110,7 +111,7 @@ class ValidationReport:
                 "rejected": dict(self.rejected), "first_at": dict(self.first_at)}
 
 
-class SamplesError(ValueError):
+class SamplesError(UserError, ValueError):
     """A fleet-samples file or frame that does not match the schema; the message says where and why."""
 
 

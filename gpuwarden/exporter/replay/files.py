@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.fleet.errors import UserError
+
 # Columns of phase_trace.csv the recorded NVML answers from; every other column but `phase` must
 # be numeric too. NaN is allowed only in GPM columns (the first GPM window has no value).
 TRACE_COLUMNS = (
@@ -23,7 +25,7 @@ TRACE_COLUMNS = (
 _TEXT_COLUMNS = frozenset({"phase"})
 
 
-class ReplayError(ValueError):
+class ReplayError(UserError, ValueError):
     """A replay file is missing or malformed; the message names the file and line."""
 
 
