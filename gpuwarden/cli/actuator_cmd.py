@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.actuator.approvals import decide, pending_from
-from gpuwarden.actuator.findings import findings_from_frame
+from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.store import SamplesError
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Where the actuator's findings come from: fleet samples read from a source, each round.
+"""The findings analytics emits over fleet samples: what the CLI hands the actuator's reconciler
+each round (analytics finds, never acts; the actuator plans from findings it is given).
 
 Health findings come from the health scan; hoarding findings (``kind='hoarded'``) from the idle
 ledger's hoarded pods, with the namespace and pod in the evidence so planning can find the
@@ -12,11 +13,13 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 
-from gpuwarden.analytics import build_ledger, hoarding_pods
-from gpuwarden.analytics.health import scan
 from gpuwarden.fleet import Finding, FindingKind, Severity
 
-log = logging.getLogger("gpuwarden.actuator")
+from .health import scan
+from .reader import build_ledger
+from .reports import hoarding_pods
+
+log = logging.getLogger("gpuwarden.analytics")
 
 
 def hoarding_findings(frame: pd.DataFrame, now: datetime) -> list[Finding]:
@@ -40,7 +43,7 @@ def hoarding_findings(frame: pd.DataFrame, now: datetime) -> list[Finding]:
 def findings_from_frame(frame: pd.DataFrame | None, now: datetime, hoarding: bool = True) -> list[Finding]:
     """Active health findings and (optionally) hoarding findings over ``frame`` up to ``now``."""
     if frame is None or len(frame) == 0:
-        log.info("actuator: no samples in the window")
+        log.info("findings: no samples in the window")
         return []
     findings = [f for f in scan(frame, now=pd.Timestamp(now)) if f.active]
     if hoarding:
