@@ -261,7 +261,7 @@ def test_demo_stops_on_sigterm_and_still_prints_its_summary(tmp_path, data_dir):
 
 def test_cli_keeps_copies_of_names_in_step_with_their_rooms():
     """The CLI names these without importing their rooms (for a fast --help); they must agree."""
-    from gpuwarden.analytics.reports import REPORT_KINDS
+    from gpuwarden.analytics.report_schema import REPORT_KINDS
     from gpuwarden.cli import report_cmd, simulate_cmd
     from gpuwarden.scheduling.replay_openb import POLICIES
     from gpuwarden.scheduling.replay_queue import QUEUE_POLICIES

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuwarden.analytics.reports import REPORT_KINDS, SUMMARY_KEYS, TABLE_NAMES, TOP_LEVEL_KEYS
+from gpuwarden.analytics.report_schema import REPORT_KINDS, SUMMARY_KEYS, TABLE_NAMES, TOP_LEVEL_KEYS
 from gpuwarden.cli import main
 from gpuwarden.store import LocalStore
 

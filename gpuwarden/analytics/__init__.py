@@ -23,18 +23,15 @@ from .params import (
     IdleState,
 )
 from .pricebook import PriceBook, PriceBookError
+from .cost_report import buy_vs_rent, cost_report, reclaim_whatif
+from .report_schema import REPORT_KINDS, Report
 from .reports import (
-    REPORT_KINDS,
-    Report,
     build_report,
-    buy_vs_rent,
     chargeback,
     chargeback_report,
-    cost_report,
     efficiency_report,
     hoarding_pods,
     idle_report,
-    reclaim_whatif,
 )
 from .summary import headline, headline_from_ledger, headline_lines
 

@@ -18,13 +18,12 @@ from .engine import COLUMNS as ANALYTICS_COLUMNS
 from .engine import Ledger, build_ledger
 from .params import IDLE_STATES
 from .report_bundle import Bundle
+from .cost_report import cost_report, reclaim_whatif
+from .report_schema import Report
 from .reports import (
-    Report,
     chargeback,
-    cost_report,
     efficiency_report,
     idle_report,
-    reclaim_whatif,
     states_over_time,
 )
 from .windows import Window

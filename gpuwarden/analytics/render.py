@@ -15,7 +15,7 @@ import textwrap
 import pandas as pd
 
 from .params import AnalyticsError
-from .reports import Report
+from .report_schema import Report
 
 FORMATS = ("table", "json", "csv", "markdown")
 TERMINAL_COLUMNS = 120  # table output fits this width unless the caller asks for it wide

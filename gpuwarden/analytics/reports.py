@@ -16,231 +16,37 @@ Definitions (GPU-hours are weighted by the GPU share of a MIG instance):
 - **utilisation**: used GPU-hours over all GPU-hours (allocated or not);
 - **idle GPU-hours**: hours in ``unallocated`` and ``idle_unattributed`` plus the idle reasons ``allocated_idle``, ``hoarded``,
   ``fake_busy``, ``starved``; **idle share** is their share of all GPU-hours;
-- **cost**: every GPU-hour in the fleet is priced (cloud GPUs bill whether allocated or not), so the
+- **cost** (:mod:`.cost_report`): every GPU-hour in the fleet is priced (cloud GPUs bill whether allocated or not), so the
   fleet cost is the sum over all states and the chargeback rows add up to it exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet import PriceTier
-from gpuwarden.fleet.semantics import iso_utc
-
+from .cost_report import cost_report
 from .ledger import Ledger
-from .params import IDLE_STATES, RECLAIMABLE_STATES, TAXONOMY, AnalyticsError
-from .pricebook import HOURS_PER_MONTH, PriceBookError
+from .params import IDLE_STATES, TAXONOMY, AnalyticsError
+from .report_schema import REPORT_KINDS, Report, _hours, _plain
+from .report_sums import (
+    UNALLOCATED_LABEL,
+    UNATTRIBUTED_LABEL,
+    _allocated,
+    _attributed,
+    _by_state,
+    _labelled,
+    _ratio,
+    _state_hours,
+    _unattributed_note,
+    _wide_states,
+    fleet_totals,
+)
 
-SCHEMA_VERSION = 1
-REPORT_KINDS = ("idle", "efficiency", "cost", "chargeback")
-UNALLOCATED_LABEL = "(unallocated)"
-UNATTRIBUTED_LABEL = "(unattributed)"
-NO_TEAM_LABEL = "(no team)"
-NO_PROJECT_LABEL = "(no project)"
-DEFAULT_RECLAIM_FRACTIONS = (0.25, 0.5, 1.0)
 HOARDING_POD_SHARE = 0.5
-ELASTIC_TIERS = (PriceTier.ON_DEMAND.value, PriceTier.SPOT.value)
-WORKING_STATES = ("busy", "underutilized")
 EFFICIENCY_DIMENSIONS = ("cluster", "pool", "node", "model", "team", "project")
-
-
-# The stable JSON layout (schema_version 1), documented in REPORTS.md and checked by the tests.
-TOP_LEVEL_KEYS = ("report", "schema_version", "window", "currency", "summary", "tables", "notes", "quality", "params")
-SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
-    "idle": ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours", "unattributed_share", "idle_gpu_hours",
-             "idle_share", "idle_cost", "efficiency_score", "fleet_cost", "idle_gpu_hours_by_reason", "idle_cost_by_reason", "hoarding_pods", "hoarding_pod_min_share",
-             "gpus_sm_active", "gpus_gpu_util_fallback", "gpus_mixed"),
-    "efficiency": ("gpus", "gpu_hours", "allocated_gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours", "idle_gpu_hours", "allocation_ratio",
-                   "utilisation", "idle_share", "efficiency_score", "sm_measured_share", "queue"),
-    "cost": ("gpus", "gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours", "fleet_cost", "idle_cost", "idle_cost_share", "energy_kwh",
-             "cost_per_gpu_hour", "cost_per_used_gpu_hour", "idle_cost_by_reason", "price_book"),
-    "chargeback": ("fleet_cost", "charged_cost", "reconciles", "unallocated_policy", "unallocated_cost", "unattributed_cost",
-                   "teams", "gpu_hours", "charged_gpu_hours", "unattributed_gpu_hours", "unattributed_share"),
-}
-TABLE_NAMES: dict[str, tuple[str, ...]] = {
-    "idle": ("states", "by_pool", "by_team", "hoarding_pods", "activity_source"),
-    "efficiency": ("by_cluster", "by_pool", "by_node", "by_model", "by_team", "by_project", "over_time"),
-    "cost": ("by_pool", "by_model", "by_tier", "by_state", "reclaim", "buy_vs_rent"),
-    "chargeback": ("by_team_project", "by_team"),
-}
-
-
-@dataclass
-class Report:
-    kind: str
-    ledger: Ledger
-    summary: dict
-    tables: dict[str, pd.DataFrame]
-    main: str
-    notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        # The ledger's notes (window trimmed to the data, an assumed interval) come first.
-        self.notes = [*getattr(self.ledger, "notes", []), *self.notes]
-
-    def to_dict(self) -> dict:
-        """JSON-ready: plain floats, ints, strings, None; timestamps as ISO-8601 UTC."""
-        ledger = self.ledger
-        return {
-            "report": self.kind,
-            "schema_version": SCHEMA_VERSION,
-            "window": {"start": _iso(ledger.start), "end": _iso(ledger.end),
-                       "hours": _hours(ledger), "step_seconds": ledger.params.step.total_seconds()},
-            "currency": ledger.price_book.currency,
-            "summary": _plain(self.summary),
-            "tables": {name: _records(table) for name, table in self.tables.items()},
-            "notes": list(self.notes),
-            "quality": _plain(ledger.quality),
-            "params": _plain(ledger.params.to_dict()),
-        }
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def _iso(stamp) -> str | None:
-    if stamp is None or pd.isna(stamp):
-        return None
-    return iso_utc(stamp, fraction=True)
-
-
-def _hours(ledger: Ledger) -> float:
-    return max((ledger.end - ledger.start).total_seconds() / 3600.0, 0.0)
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (pd.Timestamp, np.datetime64)):
-        return _iso(value)
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if not np.isfinite(value) else float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return value
-
-
-def _records(table: pd.DataFrame) -> list[dict]:
-    out = []
-    columns = list(table.columns)
-    for row in table.itertuples(index=False, name=None):
-        out.append({column: _plain(None if (not isinstance(v, str) and pd.isna(v)) else v) for column, v in zip(columns, row)})
-    return out
-
-
-def _ratio(numerator, denominator):
-    numerator = np.asarray(numerator, dtype="float64")
-    denominator = np.asarray(denominator, dtype="float64")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
-    return out if out.ndim else float(out)
-
-
-def _attributed(rows: pd.DataFrame) -> pd.Series:
-    if "attributed" not in rows.columns:
-        return pd.Series(True, index=rows.index)
-    return rows["attributed"].astype(bool)
-
-
-def _allocated(rows: pd.DataFrame) -> pd.Series:
-    """A pod held the GPU: attributed and not unallocated (unattributed time is neither)."""
-    return (rows["state"].astype(str) != "unallocated") & _attributed(rows)
-
-
-def _unattributed_note(totals: dict) -> list[str]:
-    share = totals["unattributed_share"]
-    if not totals["unattributed_gpu_hours"] or not np.isfinite(share):
-        return []
-    return [f"{100 * share:.1f}% of GPU-hours are unattributed (no pod label, and the exporter's pod attribution was "
-            "off or failed): nobody can tell whether a pod held those GPUs, so they are classified by activity alone "
-            "(busy, idle_unattributed, fake_busy, ...), counted as neither allocated nor unallocated, and charged to "
-            f"{UNATTRIBUTED_LABEL}."]
-
-
-def _state_hours(rows: pd.DataFrame, states: Iterable[str], column: str = "gpu_hours") -> float:
-    return float(rows.loc[rows["state"].astype(str).isin(list(states)), column].sum())
-
-
-def _labelled(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows with team/project labels: unallocated time under ``(unallocated)``, pods without a team
-    under ``(no team)``."""
-    rows = rows.copy()
-    allocated = _allocated(rows).to_numpy()
-    attributed = _attributed(rows).to_numpy()
-    for column, missing in (("team", NO_TEAM_LABEL), ("project", NO_PROJECT_LABEL), ("namespace", NO_TEAM_LABEL)):
-        values = rows[column].astype(object)
-        rows[column] = np.where(~attributed, UNATTRIBUTED_LABEL, np.where(
-            ~allocated, UNALLOCATED_LABEL, np.where(values.isna(), missing, values)))
-    return rows
-
-
-def fleet_totals(ledger: Ledger) -> dict:
-    rows = ledger.rows
-    allocated = _allocated(rows)
-    gpu_hours = float(rows["gpu_hours"].sum())
-    allocated_hours = float(rows.loc[allocated, "gpu_hours"].sum())
-    used_alloc = float(rows.loc[allocated, "used_hours"].sum())
-    fallback_alloc = float(rows.loc[allocated, "fallback_hours"].sum())
-    idle_hours = _state_hours(rows, IDLE_STATES)
-    fleet_cost = float(rows["cost"].sum())
-    idle_cost = _state_hours(rows, IDLE_STATES, "cost")
-    unattributed = float(rows.loc[~_attributed(rows), "gpu_hours"].sum())
-    return {
-        "gpus": int(ledger.instances["gpu_uuid"].nunique()) if len(ledger.instances) else 0,
-        "gpu_hours": gpu_hours,
-        "allocated_gpu_hours": allocated_hours,
-        "unattributed_gpu_hours": unattributed,
-        "unattributed_share": _ratio(unattributed, gpu_hours),
-        "used_gpu_hours": float(rows["used_hours"].sum()),
-        "idle_gpu_hours": idle_hours,
-        "idle_share": _ratio(idle_hours, gpu_hours),
-        "allocation_ratio": _ratio(allocated_hours, gpu_hours),
-        "utilisation": _ratio(float(rows["used_hours"].sum()), gpu_hours),
-        "efficiency_score": _ratio(used_alloc, allocated_hours),
-        "sm_measured_share": _ratio(allocated_hours - fallback_alloc - _state_hours(rows, ["unmeasured"]), allocated_hours),
-        "fleet_cost": fleet_cost,
-        "idle_cost": idle_cost,
-        "idle_cost_share": _ratio(idle_cost, fleet_cost),
-        "energy_kwh": float(rows["energy_kwh"].sum()),
-    }
-
-
-def _by_state(rows: pd.DataFrame) -> pd.DataFrame:
-    present = set(rows["state"].astype(str))
-    states = list(TAXONOMY) + (["unmeasured"] if "unmeasured" in present else [])
-    grouped = rows.groupby(rows["state"].astype(str))[["gpu_hours", "cost", "used_hours"]].sum().reindex(states, fill_value=0.0)
-    total = grouped["gpu_hours"].sum()
-    return pd.DataFrame({
-        "state": states,
-        "gpu_hours": grouped["gpu_hours"].to_numpy(),
-        "share": _ratio(grouped["gpu_hours"].to_numpy(), np.full(len(states), total)),
-        "cost": grouped["cost"].to_numpy(),
-        "idle": [s in IDLE_STATES for s in states],
-    })
-
-
-def _wide_states(rows: pd.DataFrame, by: str) -> pd.DataFrame:
-    if rows.empty:
-        return pd.DataFrame({by: pd.Series(dtype=object), **{s: pd.Series(dtype="float64") for s in TAXONOMY},
-                             "gpu_hours": pd.Series(dtype="float64"), "idle_share": pd.Series(dtype="float64")})
-    keys = rows[by].astype(object).fillna("(none)")
-    table = rows.pivot_table(index=keys.to_numpy(), columns=rows["state"].astype(str).to_numpy(), values="gpu_hours",
-                             aggfunc="sum", fill_value=0.0)
-    table = table.reindex(columns=list(TAXONOMY) + (["unmeasured"] if "unmeasured" in table.columns else []), fill_value=0.0)
-    table["gpu_hours"] = table.sum(axis=1)
-    table["idle_share"] = _ratio(table[list(IDLE_STATES)].sum(axis=1), table["gpu_hours"])
-    table = table.rename_axis(by).reset_index()
-    return table.sort_values(["gpu_hours", by], ascending=[False, True], ignore_index=True)
 
 
 # -- idle --------------------------------------------------------------------------------------------
@@ -423,138 +229,6 @@ def queue_depth(pending: pd.DataFrame | None, ledger: Ledger) -> dict | None:
     gpus = pd.to_numeric(window["gpus"], errors="coerce").clip(lower=0)
     return {"samples": int(gpus.notna().sum()), "mean_pending_gpus": _plain(gpus.mean()) if len(gpus) else None,
             "max_pending_gpus": _plain(gpus.max()) if len(gpus) else None}
-
-
-# -- cost ----------------------------------------------------------------------------------------------
-
-
-def _cost_table(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    idle = rows["state"].astype(str).isin(IDLE_STATES).to_numpy()
-    work = rows[keys].astype(object).fillna("(none)").assign(
-        gpu_hours=rows["gpu_hours"].to_numpy(), used_gpu_hours=rows["used_hours"].to_numpy(),
-        cost=rows["cost"].to_numpy(), idle_gpu_hours=np.where(idle, rows["gpu_hours"], 0.0),
-        idle_cost=np.where(idle, rows["cost"], 0.0), energy_kwh=rows["energy_kwh"].to_numpy())
-    grouped = work.groupby(keys, sort=False).sum().reset_index()
-    grouped["idle_cost_share"] = _ratio(grouped["idle_cost"], grouped["cost"])
-    grouped["cost_per_used_gpu_hour"] = _ratio(grouped["cost"], grouped["used_gpu_hours"])
-    return grouped.sort_values(["cost", *keys], ascending=[False] + [True] * len(keys), ignore_index=True)
-
-
-def reclaim_whatif(ledger: Ledger, fractions: Sequence[float] = DEFAULT_RECLAIM_FRACTIONS,
-                   states: Sequence[str] = RECLAIMABLE_STATES) -> pd.DataFrame:
-    """If ``fraction`` of the GPU-hours in ``states`` were reclaimed:
-
-    - ``cost_reduction``: the bill falls by that share of their cost on elastic tiers (on-demand,
-      spot), which can be released; reserved and owned capacity is paid for anyway;
-    - ``committed_value_freed``: that share of their cost on reserved and owned capacity, which is
-      not saved but becomes available to other work;
-    - ``throughput_gain``: the reclaimed hours, put to work at the fleet's measured productivity
-      (used over GPU-hours in the working states busy and underutilized), over today's used hours.
-    """
-    for fraction in fractions:
-        if not 0.0 <= fraction <= 1.0:
-            raise AnalyticsError(f"reclaim fraction {fraction} is not in 0..1")
-    rows = ledger.rows
-    state = rows["state"].astype(str)
-    reclaimable = state.isin(list(states)).to_numpy()
-    elastic = rows["tier"].astype(str).isin(ELASTIC_TIERS).to_numpy()
-    hours = float(rows.loc[reclaimable, "gpu_hours"].sum())
-    elastic_cost = float(rows.loc[reclaimable & elastic, "cost"].sum())
-    committed_cost = float(rows.loc[reclaimable & ~elastic, "cost"].sum())
-    working = state.isin(WORKING_STATES).to_numpy()
-    productivity = _ratio(float(rows.loc[working, "used_hours"].sum()), float(rows.loc[working, "gpu_hours"].sum()))
-    used = float(rows["used_hours"].sum())
-    fleet_cost = float(rows["cost"].sum())
-    out = []
-    for fraction in fractions:
-        gain_hours = fraction * hours * (productivity if np.isfinite(productivity) else 0.0)
-        out.append({
-            "fraction": float(fraction),
-            "reclaimed_gpu_hours": fraction * hours,
-            "cost_reduction": fraction * elastic_cost,
-            "cost_reduction_share": _ratio(fraction * elastic_cost, fleet_cost),
-            "committed_value_freed": fraction * committed_cost,
-            "throughput_gain": _ratio(gain_hours, used),
-            "extra_used_gpu_hours": gain_hours,
-        })
-    return pd.DataFrame(out, columns=["fraction", "reclaimed_gpu_hours", "cost_reduction", "cost_reduction_share",
-                                      "committed_value_freed", "throughput_gain", "extra_used_gpu_hours"])
-
-
-def buy_vs_rent(ledger: Ledger) -> pd.DataFrame:
-    """Per GPU model: months until owning the GPUs the fleet runs costs less than renting the
-    GPU-hours it actually allocates, at the measured allocation and power.
-
-    rent per month = average GPUs x allocation ratio x 730 h x on-demand price (a perfectly elastic
-    cloud bill); own per month = average GPUs x 730 h x measured mean power x PUE x kWh price;
-    break-even months = capex x average GPUs / (rent - own); ``None`` when owning never pays off.
-    """
-    rows = ledger.rows
-    hours = _hours(ledger)
-    book = ledger.price_book
-    out = []
-    for model, part in rows.groupby(rows["model"].astype(object), sort=True):
-        gpu_hours = float(part["gpu_hours"].sum())
-        allocated = float(part.loc[_allocated(part), "gpu_hours"].sum())
-        gpus = gpu_hours / hours if hours > 0 else 0.0
-        try:
-            prices = book.model(model)
-            on_demand = book.hourly(model, PriceTier.ON_DEMAND)
-            reserved = book.hourly(model, PriceTier.RESERVED)
-        except PriceBookError:
-            continue  # a model priced only by tiers it uses; nothing to compare
-        if prices.capex is None:
-            continue
-        watts = 1000.0 * float(part["energy_kwh"].sum()) / gpu_hours if gpu_hours > 0 else prices.typical_watts
-        allocation = allocated / gpu_hours if gpu_hours > 0 else 0.0
-        rent = gpus * allocation * HOURS_PER_MONTH * on_demand
-        rent_reserved = gpus * HOURS_PER_MONTH * reserved
-        own = gpus * HOURS_PER_MONTH * watts / 1000.0 * book.energy_price_per_kwh()
-        capex = gpus * prices.capex
-        saving = rent - own
-        months = capex / saving if saving > 0 else None
-        lifetime = prices.lifetime_years * 12
-        out.append({
-            "model": model, "avg_gpus": gpus, "allocation_ratio": allocation,
-            "utilisation": _ratio(float(part["used_hours"].sum()), gpu_hours), "mean_watts": watts,
-            "rent_on_demand_monthly": rent, "rent_reserved_monthly": rent_reserved, "own_opex_monthly": own,
-            "capex": capex, "break_even_months": months, "lifetime_months": lifetime,
-            "verdict": "buy" if months is not None and months <= lifetime else "rent",
-            "break_even_allocation_ratio": _break_even_allocation(capex, lifetime, own, gpus, on_demand),
-        })
-    columns = ["model", "avg_gpus", "allocation_ratio", "utilisation", "mean_watts", "rent_on_demand_monthly",
-               "rent_reserved_monthly", "own_opex_monthly", "capex", "break_even_months", "lifetime_months", "verdict",
-               "break_even_allocation_ratio"]
-    return pd.DataFrame(out, columns=columns)
-
-
-def _break_even_allocation(capex: float, lifetime_months: float, own_monthly: float, gpus: float, on_demand: float) -> float | None:
-    """The allocation ratio at which owning pays off exactly over the hardware's lifetime."""
-    if gpus <= 0 or on_demand <= 0 or lifetime_months <= 0:
-        return None
-    needed = (capex / lifetime_months + own_monthly) / (gpus * HOURS_PER_MONTH * on_demand)
-    return float(needed)
-
-
-def cost_report(ledger: Ledger, reclaim_fractions: Sequence[float] = DEFAULT_RECLAIM_FRACTIONS) -> Report:
-    rows = ledger.rows
-    totals = fleet_totals(ledger)
-    summary = {k: totals[k] for k in ("gpus", "gpu_hours", "unattributed_gpu_hours", "unattributed_share", "used_gpu_hours",
-                                      "fleet_cost", "idle_cost", "idle_cost_share", "energy_kwh")}
-    summary["cost_per_gpu_hour"] = _ratio(totals["fleet_cost"], totals["gpu_hours"])
-    summary["cost_per_used_gpu_hour"] = _ratio(totals["fleet_cost"], totals["used_gpu_hours"])
-    summary["idle_cost_by_reason"] = {s: _state_hours(rows, [s], "cost") for s in IDLE_STATES}
-    summary["price_book"] = ledger.price_book.to_dict()
-    by_reason = _by_state(rows)
-    tables = {
-        "by_pool": _cost_table(rows, ["pool", "tier", "model"]),
-        "by_model": _cost_table(rows, ["model"]),
-        "by_tier": _cost_table(rows, ["tier"]),
-        "by_state": by_reason,
-        "reclaim": reclaim_whatif(ledger, reclaim_fractions),
-        "buy_vs_rent": buy_vs_rent(ledger),
-    }
-    return Report("cost", ledger, summary, tables, "by_pool", _unattributed_note(totals))
 
 
 # -- chargeback -----------------------------------------------------------------------------------------

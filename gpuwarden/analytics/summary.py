@@ -13,7 +13,9 @@ from .reader import build_ledger
 from .inventory import Inventory
 from .params import IDLE_STATES, IdleParams
 from .pricebook import PriceBook
-from .reports import fleet_totals, hoarding_pods, _iso, _plain, _state_hours
+from .report_schema import _iso, _plain
+from .report_sums import _state_hours, fleet_totals
+from .reports import hoarding_pods
 
 
 def headline(data, window: Sequence | None = None, price_book: PriceBook | None = None,
