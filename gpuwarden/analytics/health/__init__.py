@@ -14,7 +14,8 @@ Public API::
 from .catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, FATAL_XIDS, XID_RULES, XidRule
 from .detectors import CounterBurstDetector, PeerDeviationDetector
 from .evaluation import EvalReport, combine, evaluate
-from .scan import DEFAULT_CONFIG, FindingLog, HealthConfig, StreamingScanner, scan
+from .scan import FindingLog, StreamingScanner, scan
+from .scan_config import DEFAULT_CONFIG, HealthConfig
 from .titan import TitanReport, titan_survival
 
 __all__ = [

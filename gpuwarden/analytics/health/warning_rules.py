@@ -1,0 +1,267 @@
+"""Early warning by peer-relative anomaly detection (``detectors``): HBM single-bit ECC errors and
+correctable row remaps, NVLink and PCIe errors bursting over the peer baseline and the GPU's own
+history; throttle share; cooling worse than the GPU's own history; a straggler slower than its
+peers at the same load with no throttle or error. Every signal uses trailing windows only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.stats import poisson
+
+from gpuwarden.fleet import FindingKind
+
+from .catalogue import EARLY_WARNING_KINDS, XID_RULES
+from .detectors import CounterBurstDetector, PeerDeviationDetector
+from .features import NVLINK_COUNTERS, GpuSeries
+from .finding_builder import _NS, FindingBuilder, nanmax
+
+
+def early_warning_findings(b: FindingBuilder) -> None:
+    """Every early-warning detector over ``b``'s series; findings go to ``b.findings``."""
+    _hbm(b)
+    _pcie(b)
+    _nvlink(b)
+    _throttle(b)
+    _cooling(b)
+    _straggler(b)
+
+
+def _burst(b: FindingBuilder, events: np.ndarray, windows: tuple[float, ...], alpha: float, min_rate: float,
+           min_events: int) -> tuple[np.ndarray, CounterBurstDetector, dict[float, np.ndarray]]:
+    """log10 p of the samples with new events in each trailing window (the smallest over windows),
+    the detector fitted on the peer groups, and the event-sample counts per window."""
+    s, c = b.s, b.config
+    gpu = s["gpu"]
+    hit = (np.nan_to_num(events) > 0).astype(float)
+    totals = np.bincount(gpu, weights=hit)
+    hours = np.bincount(gpu, weights=s["dt_s"]) / 3600.0
+    group_of_gpu = np.zeros(totals.size, dtype=np.int64)
+    groups = b.groups()
+    group_of_gpu[gpu] = groups
+    present = np.bincount(gpu) > 0
+    detector = CounterBurstDetector(alpha=alpha, min_rate_per_hour=min_rate, min_events=min_events,
+                                    quantile=c.peer_rate_quantile).fit(
+        np.column_stack([totals[present], hours[present]]), groups=group_of_gpu[present])
+    floor = s.last_reset()  # events before a reset (GPU reset / repair) do not count after it
+    peer_rate = detector.expected(np.column_stack([np.zeros(len(s)), np.ones(len(s))]), groups)
+    best = np.zeros(len(s))
+    counts: dict[float, np.ndarray] = {}
+    for window in windows:
+        count = s.window_sum(hit, window, floor)
+        counts[window] = count
+        rows = np.flatnonzero(count >= min_events)
+        if not rows.size:
+            continue
+        hours_now = s.window_hours(window, floor)[rows]
+        # The GPU's own rate before this window (and a lag): a steadily noisy GPU is not a burst.
+        # (across counter resets: a driver reload does not make a noisy link quiet)
+        lag = window + c.own_history_lag_s
+        before = s.window_sum(hit, 1e9)[rows] - s.window_sum(hit, lag)[rows]
+        before_hours = np.maximum(s.window_hours(1e9)[rows] - lag / 3600.0, 0.0)
+        own_rate = (before + peer_rate[rows] * c.own_prior_hours) / (before_hours + c.own_prior_hours)
+        mu = hours_now * np.maximum(peer_rate[rows], own_rate)
+        with np.errstate(divide="ignore"):
+            logp = np.log10(np.maximum(poisson.sf(count[rows] - 1, np.maximum(mu, 1e-12)), 1e-300))
+        logp = np.where(before_hours >= c.own_min_history_hours, logp, np.minimum(logp + c.no_history_extra_decades, 0.0))
+        best[rows] = np.minimum(best[rows], logp)
+    return best, detector, counts
+
+
+def _hbm(b: FindingBuilder) -> None:
+    s, c = b.s, b.config
+    events = s["inc_ecc_sbe_volatile_total"] + s["inc_remapped_rows_correctable_total"]
+    if not events.any():
+        return
+    best, detector, counts = _burst(b, events, c.hbm_windows_s, c.hbm_alpha, c.hbm_min_rate_per_hour, c.hbm_min_events)
+    flag = best < detector.offset_
+    floor = s.last_reset()
+    recent = s.window_sum(events, 1800, floor)
+    before = s.lag_sum(events, 1800, 1800)
+    groups = b.groups()
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.HBM_DEGRADING]
+    short, long = min(c.hbm_windows_s), max(c.hbm_windows_s)
+    b.emit(FindingKind.HBM_DEGRADING, flag, severity, action,
+           lambda rows: {
+               "signal": "ecc_sbe_volatile_total + remapped_rows_correctable_total",
+               f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
+               f"samples_with_errors_last_{int(long // 3600)}h": counts[long][rows[-1]],
+               "sbe_errors": s["inc_ecc_sbe_volatile_total"][rows[0]:rows[-1] + 1].sum(),
+               "correctable_remaps": s["inc_remapped_rows_correctable_total"][rows[0]:rows[-1] + 1].sum(),
+               "peer_baseline_per_hour": detector.expected(np.array([[0.0, 1.0]]), groups[rows[:1]])[0],
+               "log10_p": best[rows].min(),
+               "trend_last30m_vs_previous30m": f"{recent[rows[-1]]:.0f} vs {before[rows[-1]]:.0f}",
+               "recovery": recovery,
+               "note": "single-bit ECC errors and correctable remaps above the peer baseline and the GPU's own "
+                       "history: a double-bit error or a remap failure may follow"},
+           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+
+
+def _nvlink(b: FindingBuilder) -> None:
+    s, c = b.s, b.config
+    events = sum(s[f"inc_{name}"] for name in NVLINK_COUNTERS)
+    if not np.any(events):
+        return
+    best, detector, counts = _burst(b, events, c.nvlink_windows_s, c.nvlink_alpha, c.nvlink_min_rate_per_hour,
+                                    c.nvlink_min_events)
+    flag = best < detector.offset_
+    floor = s.last_reset()
+    short = min(c.nvlink_windows_s)
+    totals = {name: s.window_sum(s[f"inc_{name}"], short, floor) for name in NVLINK_COUNTERS}
+    groups = b.groups()
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.NVLINK_DEGRADING]
+    b.emit(FindingKind.NVLINK_DEGRADING, flag, severity, action,
+           lambda rows: {
+               "signal": "nvlink_{crc_flit,crc_data,replay,recovery}_errors_total",
+               **{f"{name.removeprefix('nvlink_').removesuffix('_total')}_last_{int(short // 60)}m": totals[name][rows[-1]]
+                  for name in NVLINK_COUNTERS},
+               f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
+               "peer_baseline_per_hour": detector.expected(np.array([[0.0, 1.0]]), groups[rows[:1]])[0],
+               "log10_p": best[rows].min(), "recovery": recovery,
+               "note": "NVLink errors climbing above the peer baseline and the GPU's own history: "
+                       "an NVLink fault (XID 74) often follows"},
+           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+
+
+def _pcie(b: FindingBuilder) -> None:
+    s, c = b.s, b.config
+    events = s["inc_pcie_replay_total"]
+    if not events.any():
+        return
+    score, detector, counts = _burst(b, events, (c.pcie_window_s,), c.pcie_alpha, c.pcie_min_rate_per_hour,
+                                     c.pcie_min_events)
+    count = s.window_sum(events, c.pcie_window_s, s.last_reset())
+    anomalous = score < detector.offset_
+    per_minute = events / s["dt_s"] * 60.0
+    storm_steps = s.window_count(per_minute >= c.pcie_storm_per_minute, c.pcie_window_s)
+    peak = _window_max(s, per_minute, c.pcie_window_s)
+    storm = anomalous & (storm_steps > 0)
+    degrading = anomalous & (storm_steps == 0)
+    for kind, flag in ((FindingKind.PCIE_REPLAY_STORM, storm), (FindingKind.PCIE_DEGRADING, degrading)):
+        recovery, severity, action = EARLY_WARNING_KINDS[kind]
+        b.emit(kind, flag, severity, action,
+               lambda rows, recovery=recovery, kind=kind: {
+                   "signal": "pcie_replay_total", f"replays_last_{int(c.pcie_window_s // 60)}m": count[rows[-1]],
+                   "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(), "recovery": recovery,
+                   "note": ("sustained replay storm: check the link / riser / slot" if kind == FindingKind.PCIE_REPLAY_STORM
+                            else "PCIe replays climbing: a GPU falling off the bus (XID 79) often follows")},
+               lambda rows: 0.5 + 0.05 * (-score[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+
+
+def _window_max(s: GpuSeries, values: np.ndarray, seconds: float) -> np.ndarray:
+    """Trailing maximum, approximated on a one-minute grid by a short loop over lags (windows here
+    are minutes long)."""
+    values = np.nan_to_num(np.asarray(values, dtype=float))
+    out = values.copy()
+    steps = int(round(seconds / s.step_s))
+    start = s.window_start(seconds)
+    for lag in range(1, max(steps, 1)):
+        index = np.arange(len(values)) - lag
+        ok = index >= start
+        out[ok] = np.maximum(out[ok], values[index[ok]])
+    return out
+
+
+def _throttle(b: FindingBuilder) -> None:
+    s, c = b.s, b.config
+    measured = s.window_count(s["throttle_measured"] > 0, c.throttle_window_s)
+    enough = measured >= c.throttle_min_samples
+    excess, _ = s.window_mean(s["temp_excess"], c.hot_window_s)
+    clock, _ = s.window_mean(s["log_clock_ratio"], c.throttle_window_s)
+    any_throttle = np.zeros(len(s), dtype=bool)
+    for kind, column in ((FindingKind.THERMAL_THROTTLE, "thermal"), (FindingKind.POWER_BRAKE_THROTTLE, "power_brake"), (FindingKind.HW_SLOWDOWN, "hw_slowdown")):
+        hits = s.window_count(s[column] > 0, c.throttle_window_s)
+        share = np.where(enough, hits / np.maximum(measured, 1), 0.0)
+        any_throttle |= hits > 0
+        flag = enough & (share >= c.throttle_share)
+        if not flag.any():
+            continue
+        recovery, severity, action = EARLY_WARNING_KINDS[kind]
+        b.emit(kind, flag, severity, action,
+               lambda rows, share=share, recovery=recovery, column=column: {
+                   "signal": f"throttle_reasons_bitmask ({column.replace('_', ' ')})",
+                   f"share_last_{int(c.throttle_window_s // 60)}m": share[rows].max(),
+                   "clock_vs_peers": float(np.exp(np.nanmin(clock[rows]))) if np.isfinite(clock[rows]).any() else None,
+                   "temperature_above_peers_celsius": np.nanmax(excess[rows]) if np.isfinite(excess[rows]).any() else None,
+                   "recovery": recovery},
+               lambda rows, share=share: 0.6 + 0.35 * share[rows].max())
+
+
+def _cooling(b: FindingBuilder) -> None:
+    """A GPU warming on its own: its temperature residual (load, fleet ambient and node-mates taken
+    out, see ``features.temperature_residual``) above its own recent history. A whole node running
+    warm moves its node-mates too and is not a GPU fault; a slot that always runs a few degrees warm
+    is its own history."""
+    s, c = b.s, b.config
+    residual = s["temp_residual"]
+    if not np.isfinite(residual).any():
+        return
+    recent, n_recent = s.window_mean(residual, c.cooling_window_s)
+    baseline = _own_hourly_baseline(s, residual, c.cooling_history_hours)
+    excess = recent - np.where(np.isfinite(baseline), baseline, 0.0)
+    limit = np.where(np.isfinite(baseline), c.cooling_excess_celsius, c.cooling_excess_no_history_celsius)
+    flag = (n_recent >= c.cooling_min_samples) & np.isfinite(excess) & (excess >= limit)
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.COOLING_DEGRADING]
+    temperature = s["temperature_celsius"]
+    b.emit(FindingKind.COOLING_DEGRADING, flag, severity, action,
+           lambda rows: {"signal": "temperature_celsius at comparable power vs node-mates and the GPU's own history",
+                         f"excess_over_own_history_celsius_{int(c.cooling_window_s // 60)}m": np.nanmax(excess[rows]),
+                         "own_history_baseline_celsius": None if not np.isfinite(baseline[rows[0]]) else baseline[rows[0]],
+                         "temperature_celsius": nanmax(temperature[rows]),
+                         "recovery": recovery,
+                         "note": "warming alone (not with its node-mates, not from load): fan, heatsink or "
+                                 "coolant; thermal slowdown or shutdown may follow"},
+           lambda rows: 0.6 + 0.02 * float(np.nanmax(excess[rows]) - c.cooling_excess_celsius))
+
+
+def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int) -> np.ndarray:
+    """Per row: the median of the GPU's hourly means over the ``history_hours`` hours before the
+    current hour (at least 3 of them; NaN otherwise). Causal: the current hour is never included."""
+    ts, gpu = s["ts"], s["gpu"]
+    hour = ts // (3600 * _NS) - ts.min() // (3600 * _NS)  # clock hours: chunked scans see the same cells
+    n_gpu, n_hour = int(gpu.max()) + 1, int(hour.max()) + 1
+    cell = gpu * n_hour + hour
+    valid = np.isfinite(values)
+    total = np.bincount(cell[valid], weights=values[valid], minlength=n_gpu * n_hour)
+    count = np.bincount(cell[valid], minlength=n_gpu * n_hour)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(count >= 10, total / np.maximum(count, 1), np.nan).reshape(n_gpu, n_hour)
+    table = pd.DataFrame(means.T).rolling(history_hours, min_periods=3).median().shift(1)
+    return table.to_numpy().T.reshape(-1)[cell]
+
+
+def _straggler(b: FindingBuilder) -> None:
+    """Slower than its peers at the same operating point, whether or not its power drops (a GPU
+    whose clock sags at unchanged power is as slow as one that also draws less). Only active samples
+    count (an idle GPU's clock says nothing), and a slower clock at higher power is a heavier load."""
+    s, c = b.s, b.config
+    window = c.straggler_window_s
+    active = s["active"] > 0
+    clock, n_clock = s.window_mean(np.where(active, np.clip(s["log_clock_ratio"], -0.7, 0.7), np.nan), window)
+    power, _ = s.window_mean(np.where(active, np.clip(s["log_power_ratio"], -0.7, 0.7), np.nan), window)
+    throttled = s.window_count((s["thermal"] + s["power_brake"] + s["hw_slowdown"]) > 0, window) > 0
+    errors = s.window_sum(sum(s[f"inc_xid_{code}_total"] for code in XID_RULES) + s["inc_xid_other_total"], window) > 0
+    eligible = n_clock >= c.straggler_min_samples
+    if not eligible.any():
+        return
+    X = clock[:, None]
+    groups = b.groups()
+    fit_rows = np.flatnonzero(eligible)[:: max(1, int(np.flatnonzero(eligible).size // 200_000))]
+    detector = PeerDeviationDetector(threshold=c.straggler_threshold, min_scale=c.straggler_min_scale,
+                                     direction="low", require="all").fit(X[fit_rows], groups=groups[fit_rows])
+    not_load = ~(np.nan_to_num(power) > c.straggler_max_power_excess)
+    rows = np.flatnonzero(eligible & ~throttled & ~errors & not_load)
+    score = np.zeros(len(s))
+    if rows.size:
+        score[rows] = detector.score_samples(X[rows], groups[rows])
+    flag = score < detector.offset_
+    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.STRAGGLER]
+    b.emit(FindingKind.STRAGGLER, flag, severity, action,
+           lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
+                         f"clock_vs_peers_{int(window // 60)}m": float(np.exp(clock[rows].min())),
+                         f"power_vs_peers_{int(window // 60)}m": (float(np.exp(np.nanmin(power[rows])))
+                                                                  if np.isfinite(power[rows]).any() else None),
+                         "deviation_in_thresholds": -score[rows].min(), "peer_group": b.group_label(int(groups[rows[0]])),
+                         "recovery": recovery,
+                         "note": "slower than its peers with no throttle reason and no XID: it slows every gang it joins"},
+           lambda rows: 0.5 + 0.2 * (-score[rows].min() - 1.0), sustain_s=c.straggler_cordon_after_s)
