@@ -9,13 +9,8 @@ Crash safety, at the level of a whole operation (a load, a compaction):
 
 - every writer takes ``ROOT/.lock`` (``fcntl.flock``), so writes and compactions are serialised
   across processes; readers take no lock;
-- an operation first writes its new files under dot-names (``.part-….tmp``, which readers never
-  see), then commits a journal ``ops/<op-id>.json`` (written under a temporary name and renamed:
-  it is there whole or not at all) that lists the renames and deletions, then applies it and
-  deletes the journal;
-- after a crash the next writer (or a reader that finds the lock free) replays every journal
-  (roll forward: its files were complete before it was committed) and deletes stale ``.tmp``
-  files that no journal names (roll back). A load is therefore all or nothing;
+- an operation is journalled, and replayed or undone after a crash (:mod:`.journal`), so a load
+  is all or nothing;
 - a load drops rows the store already holds (same GPU, MIG instance and timestamp), so loading
   the same rows twice adds nothing; compaction de-duplicates too (two writers racing);
 - a file that cannot be read is moved to ``ROOT/quarantine/`` with one warning naming it, and
@@ -30,18 +25,12 @@ Layout::
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import logging
 import os
-import re
 import shutil
-import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,49 +44,27 @@ import pyarrow.parquet as pq
 
 from gpuwarden.fleet.semantics import to_utc_or_none as _utc
 
+from .journal import Journal, crash_point
+from .parquet_layout import (
+    ARROW_SCHEMA,
+    CORRUPT_ERRORS,
+    KEY_SCHEMA,
+    NAME_STAMP,
+    PART_NAME,
+    PARTITIONING,
+    READ_FORMAT,
+    READ_SCHEMA,
+    ROW_GROUP_ROWS,
+    key_index,
+    read_filter,
+    unique_rows,
+    unreadable_files,
+)
 from .schema import KEY_COLUMNS, PANDAS_DTYPES, ValidationReport, coerce, empty_samples
 
 log = logging.getLogger("gpuwarden.store")
 
-_PARTITIONING = ds.partitioning(pa.schema([("date", pa.string())]), flavor="hive")
-_ROW_GROUP_ROWS = 256 * 1024
-_NAME = re.compile(r"^part-(\d{8}T\d{6})-(\d{8}T\d{6})-[0-9a-f]+\.parquet$")
-_STAMP = "%Y%m%dT%H%M%S"
-# Test seam: ``GPUWARDEN_STORE_CRASH_AT=<step>`` makes this process SIGKILL itself at that step of
-# an operation, so tests can kill -9 a real writer at an exact point (see tests/test_store_crash.py).
-_CRASH_ENV = "GPUWARDEN_STORE_CRASH_AT"
-
-
-def _crash_point(step: str) -> None:
-    if os.environ.get(_CRASH_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 TimeBound = datetime | str | None  # one end of a read's window (ISO-8601 text allowed); None leaves it open
-
-
-def _arrow_schema() -> pa.Schema:
-    kinds = {
-        "datetime64[ns, UTC]": pa.timestamp("ns", tz="UTC"),
-        "category": pa.string(),
-        "Int64": pa.int64(),
-        "float64": pa.float64(),
-    }
-    return pa.schema([(name, kinds[dtype]) for name, dtype in PANDAS_DTYPES.items()])
-
-
-ARROW_SCHEMA = _arrow_schema()
-_KEY_SCHEMA = pa.schema([ARROW_SCHEMA.field(name) for name in ("gpu_uuid", "mig_instance", "timestamp")])
-# Read strings as dictionaries: Parquet stores them dictionary-encoded, so they arrive as pandas
-# categoricals without hashing every row again. The file format must be told too: with the schema
-# alone the scanner decodes every string and hashes it back into a dictionary (3x the read time).
-_STRING_COLUMNS = [f.name for f in ARROW_SCHEMA if f.type == pa.string()]
-_READ_SCHEMA = pa.schema(
-    [pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.type == pa.string() else f for f in ARROW_SCHEMA]
-).append(pa.field("date", pa.string()))
-_FORMAT = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=_STRING_COLUMNS))
-# What a damaged file raises (bad magic bytes, truncated footer, garbage pages).
-_CORRUPT = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
 
 
 @dataclass
@@ -127,15 +94,6 @@ class CheckResult:
         return not (self.corrupt or self.stale_tmp or self.pending_ops or self.duplicate_rows)
 
 
-def _key_index(frame: pd.DataFrame) -> pd.MultiIndex:
-    """(gpu_uuid, mig_instance or '', timestamp ns): one sample's identity."""
-    return pd.MultiIndex.from_arrays([
-        frame["gpu_uuid"].astype(str).to_numpy(),
-        frame["mig_instance"].astype(object).where(frame["mig_instance"].notna(), "").astype(str).to_numpy(),
-        frame["timestamp"].dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64),
-    ])
-
-
 class LocalStore:
     """Append and range-read fleet samples under one directory.
 
@@ -145,92 +103,14 @@ class LocalStore:
 
     def __init__(self, root: str | Path, clock: Callable[[], datetime | pd.Timestamp] | None = None) -> None:
         self.root = Path(root)
-        self.samples_dir = self.root / "samples"
-        self.ops_dir = self.root / "ops"
+        self.journal = Journal(self.root)
+        self.samples_dir = self.journal.samples_dir
+        self.ops_dir = self.journal.ops_dir
         self.quarantine_dir = self.root / "quarantine"
-        self.lock_path = self.root / ".lock"
+        self.lock_path = self.journal.lock_path
         self.clock = clock
         self.last_append = AppendResult()
         self.quarantined: list[Path] = []  # moved aside by this instance, each warned about once
-
-    # -- locking and recovery -------------------------------------------------------------------
-    @contextmanager
-    def _locked(self, blocking: bool = True) -> Iterator[bool]:
-        """Hold the store's writer lock (yields False when ``blocking`` is off and it is taken)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except OSError as error:
-                if error.errno in (errno.EAGAIN, errno.EACCES):
-                    yield False
-                    return
-                raise
-            try:
-                self._recover()
-                yield True
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def _recover(self) -> tuple[int, int]:
-        """Under the lock: replay committed journals, then delete leftover temporary files.
-        Returns (journals replayed, temporary files removed)."""
-        replayed = removed = 0
-        if self.ops_dir.exists():
-            for journal in sorted(self.ops_dir.glob("*.json")):
-                try:
-                    operation = json.loads(journal.read_text())
-                except (OSError, ValueError):
-                    journal.unlink(missing_ok=True)  # cannot happen (renamed in whole), but never block
-                    continue
-                self._apply(operation)
-                journal.unlink(missing_ok=True)
-                replayed += 1
-            for partial in self.ops_dir.glob(".*.tmp"):
-                partial.unlink(missing_ok=True)
-        if self.samples_dir.exists():
-            for stale in self.samples_dir.glob("date=*/.*.tmp"):
-                stale.unlink(missing_ok=True)
-                removed += 1
-        if replayed or removed:
-            log.warning("%s: recovered from an interrupted write (%d operation(s) completed, %d temporary file(s) removed)",
-                        self.root, replayed, removed)
-        return replayed, removed
-
-    def _recover_if_needed(self) -> None:
-        """Readers finish an interrupted operation when no writer holds the lock."""
-        if self.ops_dir.exists() and any(self.ops_dir.glob("*.json")):
-            with self._locked(blocking=False):
-                pass
-
-    def _apply(self, operation: dict) -> None:
-        for temporary, final in operation.get("add", []):
-            source, target = self.root / temporary, self.root / final
-            if source.exists():
-                os.replace(source, target)
-                _crash_point(f"{operation['kind']}-renamed")
-        for old in operation.get("remove", []):
-            (self.root / old).unlink(missing_ok=True)
-
-    def _commit(self, kind: str, op_id: str, add: list[tuple[Path, Path]], remove: Sequence[Path] = ()) -> None:
-        """Journal, then apply, one operation (see the module docstring)."""
-        self.ops_dir.mkdir(parents=True, exist_ok=True)
-        operation = {
-            "op": op_id, "kind": kind, "at": pd.Timestamp.now(tz="UTC").isoformat(),
-            "add": [[str(t.relative_to(self.root)), str(f.relative_to(self.root))] for t, f in add],
-            "remove": [str(p.relative_to(self.root)) for p in remove],
-        }
-        partial = self.ops_dir / f".{op_id}.json.tmp"
-        with open(partial, "w") as handle:
-            json.dump(operation, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        journal = self.ops_dir / f"{op_id}.json"
-        os.replace(partial, journal)
-        _crash_point(f"{kind}-journaled")
-        self._apply(operation)
-        _crash_point(f"{kind}-applied")
-        journal.unlink()
 
     # -- writing -------------------------------------------------------------------------------
     def append(self, samples: pd.DataFrame, validate: bool = True, source: str = "samples") -> int:
@@ -251,7 +131,7 @@ class LocalStore:
         self.last_append.report = report
         if frame.empty:
             return 0
-        with self._locked():
+        with self.journal.locked():
             fresh = self._drop_stored(frame)
             self.last_append.already_stored = len(frame) - len(fresh)
             if fresh.empty:
@@ -259,8 +139,8 @@ class LocalStore:
             op_id = uuid.uuid4().hex[:16]
             days = fresh["timestamp"].dt.strftime("%Y-%m-%d")
             staged = [self._stage(str(day), part, op_id) for day, part in fresh.groupby(days.to_numpy(), sort=True)]
-            _crash_point("load-staged")
-            self._commit("load", op_id, staged)
+            crash_point("load-staged")
+            self.journal.commit("load", op_id, staged)
         self.last_append.written = len(fresh)
         return len(fresh)
 
@@ -273,11 +153,11 @@ class LocalStore:
         directory.mkdir(parents=True, exist_ok=True)
         table = part if isinstance(part, pa.Table) else pa.Table.from_pandas(part, schema=ARROW_SCHEMA, preserve_index=False)
         stamps = table.column("timestamp")
-        first = pd.Timestamp(pc.min(stamps).as_py()).strftime(_STAMP)
-        last = pd.Timestamp(pc.max(stamps).as_py()).strftime(_STAMP)
+        first = pd.Timestamp(pc.min(stamps).as_py()).strftime(NAME_STAMP)
+        last = pd.Timestamp(pc.max(stamps).as_py()).strftime(NAME_STAMP)
         name = f"part-{first}-{last}-{op_id}{uuid.uuid4().hex[:4]}.parquet"
         temporary = directory / f".{name}.tmp"
-        pq.write_table(table, temporary, row_group_size=_ROW_GROUP_ROWS, compression="zstd")
+        pq.write_table(table, temporary, row_group_size=ROW_GROUP_ROWS, compression="zstd")
         return temporary, directory / name
 
     def _drop_stored(self, frame: pd.DataFrame) -> pd.DataFrame:
@@ -287,7 +167,7 @@ class LocalStore:
         candidates = []
         for directory in self._day_dirs(first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")):
             for path in directory.glob("part-*.parquet"):
-                match = _NAME.match(path.name)
+                match = PART_NAME.match(path.name)
                 if match is None:
                     candidates.append(path)  # older naming: no span in the name, read it
                     continue
@@ -302,7 +182,7 @@ class LocalStore:
             return frame
         stored_frame = stored.to_pandas()
         stored_frame["timestamp"] = stored_frame["timestamp"].astype("datetime64[ns, UTC]")
-        held = _key_index(frame).isin(_key_index(stored_frame))
+        held = key_index(frame).isin(key_index(stored_frame))
         return frame[~held] if held.any() else frame
 
     def _read_files(self, files: list[Path], columns: list[str]) -> pa.Table | None:
@@ -313,7 +193,7 @@ class LocalStore:
                 tables.append(pq.read_table(path, columns=columns, schema=ARROW_SCHEMA))
             except FileNotFoundError:
                 continue
-            except _CORRUPT as error:
+            except CORRUPT_ERRORS as error:
                 self._quarantine(path, error)
         return pa.concat_tables(tables) if tables else None
 
@@ -327,7 +207,7 @@ class LocalStore:
         """Merge each day's files into one where a day has at least ``min_files``, dropping
         duplicate samples. Returns days merged. Serialised with every other writer."""
         merged = 0
-        with self._locked():
+        with self.journal.locked():
             for directory in self._day_dirs():
                 files = sorted(directory.glob("part-*.parquet"))
                 if not files or len(files) < min_files:
@@ -336,25 +216,17 @@ class LocalStore:
                 files = [f for f in files if f.exists()]  # minus any just quarantined
                 if table is None:
                     continue
-                unique = self._unique(table)
+                unique = unique_rows(table)
                 if dedupe_only and unique.num_rows == table.num_rows:
                     continue
                 op_id = uuid.uuid4().hex[:16]
                 staged = self._stage(directory.name[5:], unique.sort_by("timestamp"), op_id)
-                self._commit("compact", op_id, [staged], remove=files)
+                self.journal.commit("compact", op_id, [staged], remove=files)
                 merged += 1
         return merged
 
-    @staticmethod
-    def _unique(table: pa.Table) -> pa.Table:
-        """Rows with a distinct (GPU, MIG instance, timestamp), first one kept."""
-        frame = table.select(list(KEY_COLUMNS)).to_pandas()
-        frame["timestamp"] = frame["timestamp"].astype("datetime64[ns, UTC]")
-        duplicated = _key_index(frame).duplicated()
-        return table.filter(pa.array(~duplicated)) if duplicated.any() else table
-
     def clear(self) -> None:
-        with self._locked():
+        with self.journal.locked():
             shutil.rmtree(self.samples_dir, ignore_errors=True)
 
     # -- damage: check, quarantine, repair --------------------------------------------------------
@@ -370,28 +242,11 @@ class LocalStore:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         log.warning("%s: unreadable Parquet file (%s); moved to %s, reads go on without it", path, reason[:200], target)
 
-    def _corrupt_files(self) -> list[tuple[Path, BaseException]]:
-        bad = []
-        if not self.samples_dir.exists():
-            return bad
-        for path in sorted(self.samples_dir.glob("date=*/part-*.parquet")):
-            try:
-                metadata = pq.read_metadata(path)
-                pq.read_table(path, columns=["timestamp"]) if metadata.num_rows else None
-                missing = set(KEY_COLUMNS) - set(metadata.schema.names)
-                if missing:
-                    raise ValueError(f"missing column(s) {', '.join(sorted(missing))}")
-            except FileNotFoundError:
-                continue
-            except _CORRUPT as error:
-                bad.append((path, error))
-        return bad
-
     def quarantine_corrupt(self) -> list[Path]:
         """Find unreadable files and move them aside. Returns where they went."""
         before = len(self.quarantined)
-        with self._locked():
-            for path, error in self._corrupt_files():
+        with self.journal.locked():
+            for path, error in unreadable_files(self.samples_dir):
                 self._quarantine(path, error)
         return self.quarantined[before:]
 
@@ -403,29 +258,29 @@ class LocalStore:
             result.stale_tmp = sorted(self.samples_dir.glob("date=*/.*.tmp"))
         if self.quarantine_dir.exists():
             result.quarantined = sorted(p for p in self.quarantine_dir.rglob("*") if p.is_file())
-        bad = self._corrupt_files()
+        bad = unreadable_files(self.samples_dir)
         result.corrupt = [path for path, _ in bad]
         for directory in self._day_dirs():
             files = [f for f in sorted(directory.glob("part-*.parquet")) if f not in result.corrupt]
             tables = []
             for path in files:
                 try:
-                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=_KEY_SCHEMA))
+                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=KEY_SCHEMA))
                 except FileNotFoundError:
                     continue
-                except _CORRUPT:
+                except CORRUPT_ERRORS:
                     result.corrupt.append(path)
             result.files += len(tables)
             if not tables:
                 continue
             table = pa.concat_tables(tables)
             result.rows += table.num_rows
-            result.duplicate_rows += table.num_rows - self._unique(table).num_rows
+            result.duplicate_rows += table.num_rows - unique_rows(table).num_rows
         return result
 
     def repair(self) -> dict[str, int]:
         """Finish or undo interrupted operations, quarantine unreadable files, drop duplicates."""
-        with self._locked(blocking=True):
+        with self.journal.locked(blocking=True):
             pass  # taking the lock replays journals and removes stale temporary files
         quarantined = self.quarantine_corrupt()
         before = self.row_count()
@@ -436,12 +291,12 @@ class LocalStore:
     def _dataset(self) -> ds.Dataset | None:
         if not self.samples_dir.exists():
             return None
-        return ds.dataset(self.samples_dir, format=_FORMAT, partitioning=_PARTITIONING, schema=_READ_SCHEMA)
+        return ds.dataset(self.samples_dir, format=READ_FORMAT, partitioning=PARTITIONING, schema=READ_SCHEMA)
 
     def _scan(self, work: Callable[[ds.Dataset], object]):
         """Run ``work`` on the dataset; a concurrent compaction can delete a file between listing
         and reading (list again); an unreadable file is quarantined (then read again without it)."""
-        self._recover_if_needed()
+        self.journal.recover_if_needed()
         quarantined_here = 0
         for attempt in range(5):
             dataset = self._dataset()
@@ -453,7 +308,7 @@ class LocalStore:
                 if attempt == 4:
                     raise
                 time.sleep(0.05)
-            except _CORRUPT:
+            except CORRUPT_ERRORS:
                 moved = self.quarantine_corrupt()
                 if not moved or quarantined_here > 100:
                     raise
@@ -485,7 +340,7 @@ class LocalStore:
         timestamps as ``timestamp[ns, UTC]``. None for a store that holds nothing yet."""
         start_ts, end_ts = _utc(start), _utc(end)
         wanted = self._columns(columns)
-        table = self._scan(lambda dataset: dataset.to_table(columns=wanted, filter=self._filter(start_ts, end_ts, nodes)))
+        table = self._scan(lambda dataset: dataset.to_table(columns=wanted, filter=read_filter(start_ts, end_ts, nodes)))
         if table is None:
             return None
         table = table.unify_dictionaries()
@@ -503,29 +358,6 @@ class LocalStore:
         if unknown:
             raise KeyError(f"unknown samples column(s) {', '.join(unknown)}; allowed: {', '.join(PANDAS_DTYPES)}")
         return wanted
-
-    @staticmethod
-    def _filter(start: pd.Timestamp | None, end: pd.Timestamp | None, nodes: Iterable[str] | None):
-        """Partitions by name, then timestamps. A ``date=D`` partition holds only timestamps of day
-        D (``append`` splits by UTC day), so a bound at midnight needs no per-row timestamp test."""
-        expression = None
-
-        def both(left, right):
-            return right if left is None else left & right
-
-        if start is not None:
-            expression = both(expression, ds.field("date") >= start.strftime("%Y-%m-%d"))
-            if start != start.normalize():
-                expression = both(expression, ds.field("timestamp") >= pa.scalar(start.to_pydatetime(), pa.timestamp("ns", tz="UTC")))
-        if end is not None:
-            if end == end.normalize():
-                expression = both(expression, ds.field("date") < end.strftime("%Y-%m-%d"))
-            else:
-                expression = both(expression, ds.field("date") <= end.strftime("%Y-%m-%d"))
-                expression = both(expression, ds.field("timestamp") < pa.scalar(end.to_pydatetime(), pa.timestamp("ns", tz="UTC")))
-        if nodes is not None:
-            expression = both(expression, ds.field("node").isin(list(nodes)))
-        return expression
 
     def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         """First and last sample timestamps, or None for an empty store."""

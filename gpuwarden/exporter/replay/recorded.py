@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import time
 import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py; importing it does not load libnvidia-ml
 
 from .files import TraceRow
+from .latency import busy_wait, call_costs_s
 from .state import EventSets, GpmSamples
 
 MIB = 1024**2
@@ -33,23 +33,6 @@ MIB = 1024**2
 # The trace column each GPM metric id (``nvml.fields.GPM_METRICS``) answers from.
 GPM_COLUMNS = {1: "gpm_graphics_util", 2: "gpm_sm_util", 3: "gpm_sm_occupancy", 5: "gpm_any_tensor_util",
                10: "gpm_dram_bw_util"}
-
-# Probe latency keys -> the NVML function they timed.
-LATENCY_FUNCTIONS = {
-    "utilization": "nvmlDeviceGetUtilizationRates",
-    "memory": "nvmlDeviceGetMemoryInfo",
-    "memory_v2": "nvmlDeviceGetMemoryInfo_v2",  # not in the probe: costed as v1 (same driver path)
-    "power": "nvmlDeviceGetPowerUsage",
-    "temperature": "nvmlDeviceGetTemperature",
-    "clock_sm": "nvmlDeviceGetClockInfo",
-    "clocks_event_reasons": "nvmlDeviceGetCurrentClocksEventReasons",
-    "procs": "nvmlDeviceGetComputeRunningProcesses",
-    "field_values_10": "nvmlDeviceGetFieldValues",
-    "gpm_sample": "nvmlGpmSampleGet",
-    "energy": "nvmlDeviceGetTotalEnergyConsumption",
-    "pcie_throughput": "nvmlDeviceGetPcieThroughput",
-}
-
 
 _ERROR_CODES = {cls.__name__: code for code, cls in pynvml.NVMLError._valClassMapping.items()}
 
@@ -93,17 +76,8 @@ class RecordedNvml:
         self.processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}
         self.mps_processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}  # MPS clients, as processes
         self.memory_v2 = True  # False: nvmlDeviceGetMemoryInfo_v2 is missing, as on an older driver
-        self.latency_s: dict[str, float] = {}
-        if latency:
-            for key, function in LATENCY_FUNCTIONS.items():
-                median = probe.get("latency_idle", {}).get(key, {}).get("median_us")
-                if median is not None:
-                    self.latency_s[function] = float(median) / 1e6
-            self.latency_s.setdefault("nvmlGpmMigSampleGet", self.latency_s.get("nvmlGpmSampleGet", 0.0))
-            self.latency_s.setdefault("nvmlDeviceGetMemoryInfo_v2", self.latency_s.get("nvmlDeviceGetMemoryInfo", 0.0))
-            self.latency_s.setdefault("nvmlDeviceGetMPSComputeRunningProcesses",
-                                      self.latency_s.get("nvmlDeviceGetComputeRunningProcesses", 0.0))
-        self._spin = spin or _spin
+        self.latency_s: dict[str, float] = call_costs_s(probe) if latency else {}
+        self._spin = spin or busy_wait
         self._fields = {entry["id"]: entry for entry in self.device.get("field_values", {}).values()}
         tokens = itertools.count(0x1000, 0x10)  # GPM sample and event set handles, never 0 (a null pointer)
         self._gpm = GpmSamples(tokens)
@@ -408,13 +382,3 @@ class RecordedNvml:
     def inject_xid(self, index: int, code: int, gpu_instance: int = 0xFFFFFFFF) -> int:
         """Deliver XID ``code`` of GPU ``index`` to every event set registered for it; returns how many."""
         return self._events.deliver_xid(RecordedHandle(index), index, code, gpu_instance)
-
-
-def _spin(seconds: float) -> None:
-    """Busy-wait: time.sleep cannot wait a few microseconds, and NVML calls do not sleep either."""
-    if seconds >= 0.002:
-        time.sleep(seconds)
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass

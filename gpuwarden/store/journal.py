@@ -1,0 +1,122 @@
+"""Crash safety of the embedded store, at the level of a whole operation (a load, a compaction):
+the writer lock, the operation journal, and recovery after a crash (see :mod:`.local`).
+
+An operation first writes its new files under dot-names (never read), then commits a journal
+``ops/<op-id>.json`` (written under a temporary name and renamed: whole or absent) listing the
+renames and deletions, then applies it and deletes the journal. The next writer (or a reader that
+finds the lock free) replays every journal (roll forward) and deletes stale temporary files that
+no journal names (roll back).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+log = logging.getLogger("gpuwarden.store")
+
+# Test seam: ``GPUWARDEN_STORE_CRASH_AT=<step>`` makes this process SIGKILL itself at that step of
+# an operation, so tests can kill -9 a real writer at an exact point (see tests/test_store_crash.py).
+_CRASH_ENV = "GPUWARDEN_STORE_CRASH_AT"
+
+
+def crash_point(step: str) -> None:
+    if os.environ.get(_CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Journal:
+    """The writer lock and operation journal of the store under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.samples_dir = root / "samples"
+        self.ops_dir = root / "ops"
+        self.lock_path = root / ".lock"
+
+    @contextmanager
+    def locked(self, blocking: bool = True) -> Iterator[bool]:
+        """Hold the store's writer lock (yields False when ``blocking`` is off and it is taken)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except OSError as error:
+                if error.errno in (errno.EAGAIN, errno.EACCES):
+                    yield False
+                    return
+                raise
+            try:
+                self.recover()
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def recover(self) -> tuple[int, int]:
+        """Under the lock: replay committed journals, then delete leftover temporary files.
+        Returns (journals replayed, temporary files removed)."""
+        replayed = removed = 0
+        if self.ops_dir.exists():
+            for journal in sorted(self.ops_dir.glob("*.json")):
+                try:
+                    operation = json.loads(journal.read_text())
+                except (OSError, ValueError):
+                    journal.unlink(missing_ok=True)  # cannot happen (renamed in whole), but never block
+                    continue
+                self.apply(operation)
+                journal.unlink(missing_ok=True)
+                replayed += 1
+            for partial in self.ops_dir.glob(".*.tmp"):
+                partial.unlink(missing_ok=True)
+        if self.samples_dir.exists():
+            for stale in self.samples_dir.glob("date=*/.*.tmp"):
+                stale.unlink(missing_ok=True)
+                removed += 1
+        if replayed or removed:
+            log.warning("%s: recovered from an interrupted write (%d operation(s) completed, %d temporary file(s) removed)",
+                        self.root, replayed, removed)
+        return replayed, removed
+
+    def recover_if_needed(self) -> None:
+        """Readers finish an interrupted operation when no writer holds the lock."""
+        if self.ops_dir.exists() and any(self.ops_dir.glob("*.json")):
+            with self.locked(blocking=False):
+                pass
+
+    def apply(self, operation: dict) -> None:
+        for temporary, final in operation.get("add", []):
+            source, target = self.root / temporary, self.root / final
+            if source.exists():
+                os.replace(source, target)
+                crash_point(f"{operation['kind']}-renamed")
+        for old in operation.get("remove", []):
+            (self.root / old).unlink(missing_ok=True)
+
+    def commit(self, kind: str, op_id: str, add: list[tuple[Path, Path]], remove: Sequence[Path] = ()) -> None:
+        """Journal, then apply, one operation (see the module doc)."""
+        self.ops_dir.mkdir(parents=True, exist_ok=True)
+        operation = {
+            "op": op_id, "kind": kind, "at": pd.Timestamp.now(tz="UTC").isoformat(),
+            "add": [[str(t.relative_to(self.root)), str(f.relative_to(self.root))] for t, f in add],
+            "remove": [str(p.relative_to(self.root)) for p in remove],
+        }
+        partial = self.ops_dir / f".{op_id}.json.tmp"
+        with open(partial, "w") as handle:
+            json.dump(operation, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        journal = self.ops_dir / f"{op_id}.json"
+        os.replace(partial, journal)
+        crash_point(f"{kind}-journaled")
+        self.apply(operation)
+        crash_point(f"{kind}-applied")
+        journal.unlink()
