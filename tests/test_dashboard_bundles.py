@@ -13,7 +13,7 @@ from gpuwarden.analytics import report_bundle
 from gpuwarden.analytics.report_bundle import Bundle
 from gpuwarden.analytics.windows import Window, window_for
 from gpuwarden.dashboards import STORE_ENV
-from gpuwarden.dashboards.data import Board
+from gpuwarden.dashboards.board import Board
 from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.store import LocalStore
 

@@ -33,7 +33,7 @@ USER_ERRORS = {
     "gpuwarden.scheduling.errors.TraceOrderError", "gpuwarden.scheduling.whatif.WhatIfError",
     "gpuwarden.sim.config.ConfigError", "gpuwarden.exporter.main.ExporterError",
     "gpuwarden.exporter.replay.files.ReplayError", "gpuwarden.cli.demo.DemoError", "gpuwarden.cli.demo.DashboardError",
-    "gpuwarden.dashboards.data.StoreUnreadable", "gpuwarden.dashboards.data.SourceMisconfigured",
+    "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {

@@ -12,7 +12,8 @@ and the source's *version*: for a store the newest modification time of its day 
 Prometheus (no files to look at) the newest sample's time floored to the step, looked up at most
 once per refresh interval. So a page that switches windows or pages does not recompute, and new
 samples are picked up at the next refresh. Reports are built by :mod:`gpuwarden.analytics` only;
-this module just decides when.
+this module just decides when. Where the samples come from is :mod:`.sources`; the bundles are
+kept and refreshed by :class:`.board.Board`.
 
 The window is chosen once, in the sidebar of the router (``app.py``), and kept in
 ``st.session_state`` under :data:`WINDOW_KEY` / :data:`CUSTOM_KEY`; pages read it with
@@ -22,14 +23,7 @@ simulated).
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import math
-import os
-import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, overload
@@ -38,24 +32,27 @@ import pandas as pd
 import streamlit as st
 
 from gpuwarden.analytics import report_bundle
-from gpuwarden.analytics.fleet_report import SamplesReader
 from gpuwarden.analytics.report_bundle import Bundle
 from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, PRESETS, Window, bucket_for, window_for
-from gpuwarden.dashboards import (
-    CACHE_DIR_ENV,
-    DEFAULT_CACHE_DIR,
-    PROMETHEUS_STEP_ENV,
-    PROMETHEUS_URL_ENV,
-    SOURCE_ENV,
-    SOURCES,
-    STORE_ENV,
-)
+from gpuwarden.dashboards import PROMETHEUS_URL_ENV, STORE_ENV
 from gpuwarden.store import LocalStore
-from gpuwarden.fleet.errors import UserError
-from gpuwarden.store.sources import SamplesSource, open_prometheus
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LABELS", "Window", "bucket_for", "window_for"]  # re-exported for pages
-log = logging.getLogger("gpuwarden.dashboards")
+from .board import BUILDERS, SPINNERS, Board, board
+from .sources import (
+    PrometheusSettings,
+    SourceMisconfigured,
+    StoreUnreadable,
+    one_line,
+    prometheus_settings,
+    prometheus_source,
+    samples_source,
+    source_label,
+    store_path,
+)
+
+# Re-exported for the pages, which read them as ``data.X``.
+__all__ = ["BUILDERS", "DEFAULT_PRESET", "PRESETS", "PRESET_LABELS", "Board", "SourceMisconfigured", "StoreUnreadable",
+           "Window", "board", "bucket_for", "samples_source", "store_path", "window_for"]
 
 CACHE_TTL_S = 300  # also bounded by the store version: new samples make a new key at once
 REFRESH_EVERY_S = 60
@@ -69,126 +66,9 @@ WINDOW_KEY = "window_preset"
 CUSTOM_KEY = "window_custom"
 
 
-class StoreUnreadable(UserError):
-    """The store exists but a file in it cannot be read (or Prometheus cannot be read); the message
-    is one line for the page."""
-
-
-class SourceMisconfigured(UserError):
-    """``GPUWARDEN_SOURCE`` or a Prometheus setting is unusable; the message names the variable."""
-
-
-def store_path() -> str | None:
-    """The store directory from ``GPUWARDEN_STORE``, or None when unset or blank. Pages that only a
-    local store feeds (cluster snapshot, audit log beside it) read this, also with Prometheus."""
-    value = os.environ.get(STORE_ENV, "").strip()
-    return value or None
-
-
-# -- where samples come from: the embedded store (default) or Prometheus -----------------------------
-
-DEFAULT_PROMETHEUS_STEP = "60s"
-
-
-@dataclass(frozen=True)
-class PrometheusSettings:
-    url: str
-    step: str  # as given ("30s"); PrometheusSource parses it
-
-    @property
-    def cache_root(self) -> str:
-        """The folder this source's report bundles go to (its key in every cache)."""
-        digest = hashlib.sha256(f"{self.url}\n{self.step}".encode()).hexdigest()[:12]
-        base = os.environ.get(CACHE_DIR_ENV, "").strip() or DEFAULT_CACHE_DIR
-        return str(Path(base) / f"prometheus-{digest}")
-
-
-def prometheus_settings() -> PrometheusSettings | None:
-    """The Prometheus to read (``GPUWARDEN_SOURCE=prometheus``), or None for the store (unset,
-    blank or ``store``). SourceMisconfigured for another source or a missing URL."""
-    source = os.environ.get(SOURCE_ENV, "").strip().lower() or "store"
-    if source not in SOURCES:
-        raise SourceMisconfigured(f"{SOURCE_ENV}={source!r} is not a source; allowed: {', '.join(SOURCES)}")
-    if source == "store":
-        return None
-    url = os.environ.get(PROMETHEUS_URL_ENV, "").strip()
-    if not url:
-        raise SourceMisconfigured(f"{SOURCE_ENV}=prometheus needs {PROMETHEUS_URL_ENV} (e.g. http://prometheus:9090)")
-    return PrometheusSettings(url, os.environ.get(PROMETHEUS_STEP_ENV, "").strip() or DEFAULT_PROMETHEUS_STEP)
-
-
-_prometheus_sources: dict[PrometheusSettings, SamplesSource] = {}
-_prometheus_lock = threading.Lock()
-
-
-def prometheus_source(settings: PrometheusSettings) -> SamplesSource:
-    """The one source per URL and step (kept: it holds connection settings, not data).
-    SourceMisconfigured, naming the variable, for a URL or step it rejects."""
-    with _prometheus_lock:
-        source = _prometheus_sources.get(settings)
-        if source is None:
-            try:
-                source = open_prometheus(settings.url, step=settings.step)
-            except Exception as error:  # noqa: BLE001 - PrometheusError: one line naming the variables
-                raise SourceMisconfigured(f"{PROMETHEUS_URL_ENV}={settings.url!r} / {PROMETHEUS_STEP_ENV}="
-                                          f"{settings.step!r}: {_one_line(error)}") from None
-            _prometheus_sources[settings] = source
-    return source
-
-
-class NodeFilteredReads:
-    """A source whose ``read`` has no ``nodes=`` (Prometheus) as one that has (a store): the rows
-    of other nodes are dropped after the read. Everything else (time range, rollups, step) is the
-    wrapped source's, so analytics finds the same methods on it."""
-
-    def __init__(self, source: SamplesSource) -> None:
-        self.source = source
-
-    def read(self, start: Any = None, end: Any = None, columns: Sequence[str] | None = None,
-             nodes: Iterable[str] | None = None) -> pd.DataFrame:
-        if nodes is None:
-            return self.source.read(start, end, columns)
-        wanted = None if columns is None else list(dict.fromkeys([*columns, "node"]))
-        frame = self.source.read(start, end, wanted)
-        frame = frame[frame["node"].astype(object).isin(set(nodes))].reset_index(drop=True)
-        return frame if columns is None else frame[list(columns)]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-
-def samples_source(key: str) -> SamplesReader:
-    """The source behind a cache key (``StoreInfo.path``): Prometheus for its cache folder, else
-    the store at that path."""
-    try:
-        settings = prometheus_settings()
-    except SourceMisconfigured:
-        settings = None
-    if settings is not None and key == settings.cache_root:
-        return NodeFilteredReads(prometheus_source(settings))
-    return LocalStore(key)
-
-
-def source_label() -> str:
-    """What the pages read, for messages: the store path or the Prometheus URL."""
-    try:
-        settings = prometheus_settings()
-    except SourceMisconfigured:
-        settings = None
-    if settings is not None:
-        return f"Prometheus at {settings.url}"
-    path = store_path()
-    return f"the store at {path}" if path else "no store"
-
-
 def store_version(path: str) -> float:
     """Newest modification time of the store's day folders (a new or merged file changes it)."""
     return report_bundle.store_version(path)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else type(error).__name__
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
@@ -198,7 +78,7 @@ def _time_range(path: str, version: float) -> tuple[pd.Timestamp, pd.Timestamp] 
     try:
         return LocalStore(path).time_range()
     except Exception as error:  # noqa: BLE001 - a damaged Parquet file: one line, never a traceback
-        raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None
+        raise StoreUnreadable(f"a file in the store cannot be read ({one_line(error)})") from None
 
 
 @st.cache_data(ttl=REFRESH_EVERY_S, show_spinner=False)
@@ -209,7 +89,7 @@ def _prometheus_time_range(url: str, step: str, refresh: int) -> tuple[pd.Timest
     except SourceMisconfigured:
         raise
     except Exception as error:  # noqa: BLE001 - unreachable, refused, timed out: one line, never a traceback
-        raise StoreUnreadable(_one_line(error)) from None
+        raise StoreUnreadable(one_line(error)) from None
 
 
 RETRY_FAILED_AFTER_S = 10.0  # a Prometheus that did not answer is asked again after this long, not on every call
@@ -377,142 +257,6 @@ def window_caption(info: StoreInfo, window: Window, extra: str = "", bundles: tu
 
 # -- report bundles: computed once per window, kept beside the store, refreshed in the background ----
 
-BundleBuilder = Callable[[SamplesReader, Window, float], Bundle]
-
-
-class Board:
-    """Report bundles by (kind, store, window key).
-
-    - The bundle of the current store version is returned as it is.
-    - A bundle of an older version (new samples arrived since; or the one ``gpuwarden demo`` wrote
-      after its backfill) is returned at once while one worker thread computes the fresh one, as
-      long as it lags the window's end by at most a quarter of the window; the page says how far
-      it goes. Further behind, it is computed now.
-    - Nothing at all: computed now, then kept in memory and written beside the store (where the
-      dashboard may write) for the next dashboard process.
-    """
-
-    def __init__(self, max_entries: int = 32) -> None:
-        self._entries: OrderedDict[tuple[str, str, str], Bundle] = OrderedDict()
-        self._lock = threading.Lock()
-        self._refreshing: dict[tuple[str, str, str], Future[None]] = {}
-        self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwarden-reports")
-        self._max_entries = max_entries
-        self.computed: Counter[str] = Counter()  # kind -> bundles computed (tests, bench)
-
-    def get(self, kind: str, path: str, window: Window, version: float, build: BundleBuilder,
-            wait: bool = True) -> Bundle | None:
-        """The bundle (see the class doc); with ``wait=False``, None instead of computing now (the
-        computation is queued, and a later page run finds it)."""
-        key = (kind, path, window.key)
-        with self._lock:
-            bundle = self._entries.get(key)
-            if bundle is not None:
-                self._entries.move_to_end(key)
-        if bundle is None:
-            bundle = report_bundle.load(path, kind, window.key)
-            if bundle is not None:
-                self._keep(key, bundle)
-        if bundle is not None and bundle.version == version and bundle.start == window.start and bundle.end == window.end:
-            return bundle
-        if bundle is not None and window.end - bundle.end <= window.span / 4:
-            self._refresh(key, path, window, version, build)
-            return bundle
-        if not wait:
-            self._refresh(key, path, window, version, build)
-            return None
-        with self._lock:
-            running = self._refreshing.get(key)
-        if running is not None:  # a page that did not wait already asked for it: wait for that one
-            running.result()
-            with self._lock:
-                done = self._entries.get(key)
-            if done is not None and done.version == version:
-                return done
-        return self._compute(key, path, window, version, build)
-
-    def _keep(self, key: tuple[str, str, str], bundle: Bundle) -> None:
-        with self._lock:
-            self._entries[key] = bundle
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
-
-    def _compute(self, key: tuple[str, str, str], path: str, window: Window, version: float,
-                 build: BundleBuilder) -> Bundle:
-        try:
-            bundle = build(samples_source(path), window, version)
-        except Exception as error:  # noqa: BLE001 - any reader failure becomes one line on the page
-            raise StoreUnreadable(f"the samples could not be analysed ({_one_line(error)})") from None
-        self.computed[key[0]] += 1
-        self._keep(key, bundle)
-        try:
-            report_bundle.save(path, key[0], key[2], bundle)
-        except OSError as error:  # a read-only store or cache folder: keep it in memory only
-            log.debug("report bundle not written beside %s: %s", path, error)
-        return bundle
-
-    def _refresh(self, key: tuple[str, str, str], path: str, window: Window, version: float,
-                 build: BundleBuilder) -> None:
-        with self._lock:
-            if key in self._refreshing:
-                return
-            started = threading.Event()  # registered before it can finish, so it is never waited on twice
-
-            def work() -> None:
-                started.wait()
-                try:
-                    self._compute(key, path, window, version, build)
-                except Exception:  # the stale bundle stays; the next page run tries again
-                    log.warning("refreshing the %s report failed", key[0], exc_info=True)
-                finally:
-                    with self._lock:
-                        self._refreshing.pop(key, None)
-
-            self._refreshing[key] = self._workers.submit(work)
-            started.set()
-
-    def wait(self) -> None:
-        """Block until the refreshes queued so far are done (tests and the bench)."""
-        self._workers.submit(lambda: None).result()
-
-
-@st.cache_resource(show_spinner=False)
-def board() -> Board:
-    """The dashboard process's one :class:`Board` (a new one after :func:`clear_caches`)."""
-    return Board()
-
-
-def _fleet_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
-    from gpuwarden.analytics.fleet_report import fleet_bundle
-
-    return fleet_bundle(source, window, version)
-
-
-def _ledger_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
-    from gpuwarden.analytics.idle_cost_report import ledger_bundle
-
-    return ledger_bundle(source, window, version)
-
-
-def _health_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
-    from gpuwarden.analytics.health_report import health_bundle
-
-    return health_bundle(source, window, version)
-
-
-def _gpus_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
-    from gpuwarden.analytics.fleet_report import gpu_histories_bundle
-
-    return gpu_histories_bundle(source, window, version)
-
-
-BUILDERS: dict[str, BundleBuilder] = {"fleet": _fleet_builder, "ledger": _ledger_builder, "health": _health_builder,
-                                      "gpus": _gpus_builder}
-SPINNERS = {"fleet": "Summarising the fleet…", "ledger": "Classifying and pricing GPU time…",
-            "health": "Scanning for health findings…", "gpus": "Reading GPU histories…"}
-
-
 @overload
 def bundle(kind: str, info: StoreInfo, window: Window) -> Bundle: ...
 @overload
@@ -585,7 +329,7 @@ def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: floa
     try:
         return history(samples_source(path), Window(start, end, ""), node, uuid)
     except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
-        raise StoreUnreadable(f"a file in the store cannot be read ({_one_line(error)})") from None
+        raise StoreUnreadable(f"a file in the store cannot be read ({one_line(error)})") from None
 
 
 def require_queue_plan() -> tuple[Path, Any]:
