@@ -135,7 +135,8 @@ def test_a_price_book_entry_may_be_keyed_by_an_alias():
      "must be named <compute slices>g"),
     ("profiles", "NVIDIA B200,3g.90gb,3,4,90,2,0 4", "NVIDIA B200,3g.90gb,3,4,90,2,0 5", "placements '0 5'"),
     ("profiles", "NVIDIA A30,1g.6gb,", "NVIDIA A31,1g.6gb,", "model 'NVIDIA A31' is not in"),
-    ("profiles", "NVIDIA B200,7g.180gb,7,8,180,1,0", "NVIDIA B200,7g.180gb,7,8,180,1", "expected 7 fields"),
+    ("profiles", "NVIDIA B200,7g.180gb,7,8,180,1,0", "NVIDIA B200,7g.180gb,7,8,180,1", "placements ''"),
+    ("profiles", "NVIDIA B200,7g.180gb,7,8,180,1,0", "NVIDIA B200,7g.180gb,7,8,180,1,0,extra", "more than the 7 fields"),
 ])
 def test_a_broken_line_is_named(tmp_path, which, find, replace, message):
     models, profiles = _copy(tmp_path)

@@ -12,14 +12,13 @@ library only: the exporter imports :mod:`gpuwarden.fleet` and carries no numpy.
 
 from __future__ import annotations
 
-import csv
 import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalogue import CatalogueError
+from .catalogue import CatalogueError, data_rows
 
 MODELS_PATH = Path(__file__).with_name("gpu_models.csv")
 MIG_PROFILES_PATH = Path(__file__).with_name("gpu_mig_profiles.csv")
@@ -124,23 +123,6 @@ class GpuCatalogue:
         return sorted({p for m in self.models.values() for p in m.mig_profiles})
 
 
-def _data_rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV whose lines starting with '#' are comments; the header must be ``columns``."""
-    with path.open(newline="", encoding="utf-8") as handle:
-        lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
-    if not lines:
-        raise CatalogueError(f"{path}: empty file")
-    reader = csv.DictReader(line for _, line in lines)
-    if tuple(reader.fieldnames or ()) != columns:
-        raise CatalogueError(f"{path}:{lines[0][0]}: header must be {','.join(columns)}")
-    rows = []
-    for (lineno, _), row in zip(lines[1:], reader):
-        if None in row or any(value is None for value in row.values()):
-            raise CatalogueError(f"{path}:{lineno}: expected {len(columns)} fields ({','.join(columns)})")
-        rows.append((lineno, {k: v.strip() for k, v in row.items()}))
-    return rows
-
-
 def _number(row: Mapping[str, str], column: str, kind: type[int] | type[float] = float, low: float = 0.0) -> float:
     text = row[column]
     try:
@@ -202,7 +184,7 @@ def load_gpu_catalogue(models_path: str | Path = MODELS_PATH,
     models_path, profiles_path = Path(models_path), Path(profiles_path)
     models: dict[str, GpuSpec] = {}
     spellings: dict[str, str] = {}
-    for lineno, row in _data_rows(models_path, _MODEL_COLUMNS):
+    for lineno, row in data_rows(models_path, _MODEL_COLUMNS):
         try:
             spec = _model(row)
             for spelling in (spec.name, *spec.aliases):
@@ -213,7 +195,7 @@ def load_gpu_catalogue(models_path: str | Path = MODELS_PATH,
             raise CatalogueError(f"{models_path}:{lineno}: {exc}") from None
         models[spec.name] = spec
     profiles: dict[str, dict[str, MigProfileSpec]] = {name: {} for name in models}
-    for lineno, row in _data_rows(profiles_path, _PROFILE_COLUMNS):
+    for lineno, row in data_rows(profiles_path, _PROFILE_COLUMNS):
         try:
             for name in (n.strip() for n in row["models"].split("|")):
                 if name not in models:
