@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import THROTTLE_REASONS, XID_COLUMN_NAMES
+from gpuwarden.fleet.sampling import sampling_step_seconds
 from gpuwarden.fleet.semantics import counter_increments, default_pool, group_first_rows
 
 NVLINK_COUNTERS: tuple[str, ...] = (
@@ -234,14 +235,12 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
             cols[name] = _segment_reduce(values, starts, _REDUCE.get(name, "max"))
     ts, gpu, node, model, pool = ts[starts], gpu[starts], node[starts], model[starts], pool[starts]
     cols.update(ts=ts, gpu=gpu, node=node, model=model, pool=pool)
-    gpu_start = np.r_[True, gpu[1:] != gpu[:-1]] if gpu.size else np.zeros(0, dtype=bool)
     first = group_first_rows(gpu)
     base = int(ts.min()) if ts.size else 0
     span = int(ts.max()) - base + 1 if ts.size else 1
     # GPUs sit further apart in the key than the window spans plus any trailing window (~11 days).
     key = gpu.astype(np.int64) * np.int64(span + 10**15) + (ts - base)
-    diffs = np.diff(ts)[~gpu_start[1:]] if ts.size > 1 else np.array([])
-    step_s = max(float(np.median(diffs)) / _NS_PER_S, 1.0) if diffs.size else 60.0
+    step_s = sampling_step_seconds(ts, gpu)  # rows are sorted by (gpu, time): no sort
     series = GpuSeries(cols, gpus, nodes, models, np.asarray(pools_unique, dtype=str), key, first, step_s)
     _add_increments(series)
     return series
