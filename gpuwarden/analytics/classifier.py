@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpuwarden.fleet.sampling import sampling_step_ns
+
 from .params import IdleParams
 from .state_codes import (
     ALLOCATED_IDLE,
@@ -138,12 +140,9 @@ def classify(inst: Ints, ts: Ints, holder: Ints, activity: Activity, mem_ratio: 
     dt[1:] = np.diff(c_ts)
     step_measured = True
     if step_ns is None:
-        steps = dt[~new_inst & (dt > 0)]
-        if len(steps) == 0:
-            # One sample per GPU so far: it stands for the default interval (the caller says so).
-            step, step_measured = DEFAULT_STEP_NS, False
-        else:
-            step = int(np.median(steps))
+        measured = sampling_step_ns(c_ts, c_inst)  # sorted by (instance, time): no sort
+        # None: one sample per GPU so far; it stands for the default interval (the caller says so).
+        step, step_measured = (DEFAULT_STEP_NS, False) if measured is None else (measured, True)
     else:
         step = step_ns
     max_gap = int(p.resolved_max_gap(pd.Timedelta(step, unit="ns")).value)

@@ -11,6 +11,10 @@ Costs:
 - owned: ``capex / (lifetime_years * 8760)`` per GPU-hour plus energy, ``watts / 1000 * hours *
   pue * kwh_price`` with the measured board power (``typical_watts`` where a sample has none).
 
+A model name resolves as the GPU catalogue resolves it (``H100``, ``NVIDIA-H100-80GB-HBM3``), and
+``tdp_watts`` defaults to the catalogue's; an entry's ``aliases`` are other products billed at its
+prices.
+
 A model the book does not know raises :class:`PriceBookError` naming the model (and the tier).
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Iterable, Mapping
 
 
 from gpuwarden.fleet import PriceTier
+from gpuwarden.fleet.gpu_catalogue import gpu_catalogue, name_key
 
 from .params import AnalyticsError
 from .yamlfile import read_yaml
@@ -29,6 +34,7 @@ from .yamlfile import read_yaml
 DEFAULT_PRICE_BOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 HOURS_PER_YEAR = 8760.0
 HOURS_PER_MONTH = HOURS_PER_YEAR / 12
+DEFAULT_TDP_WATTS = 400.0  # a model neither the book nor the GPU catalogue knows
 
 
 class PriceBookError(AnalyticsError):
@@ -62,14 +68,24 @@ class PriceBook:
     def __post_init__(self) -> None:
         aliases = {}
         for name, prices in self.models.items():
-            aliases[name.casefold()] = name
-            for alias in prices.aliases:
-                aliases[alias.casefold()] = name
+            for spelling in (name, *prices.aliases):
+                aliases[name_key(spelling)] = name
+                canonical = gpu_catalogue().resolve(spelling)  # an entry may be keyed by any spelling
+                if canonical is not None:
+                    aliases.setdefault(name_key(canonical), name)
         object.__setattr__(self, "_by_alias", aliases)
+
+    def _entry(self, name: str) -> str | None:
+        """The entry pricing ``name``: by its own spelling, else by the GPU catalogue's name for it."""
+        key = self._by_alias.get(name_key(name))
+        if key is None:
+            canonical = gpu_catalogue().resolve(str(name))
+            key = None if canonical is None else self._by_alias.get(name_key(canonical))
+        return key
 
     # -- lookups -----------------------------------------------------------------------------------
     def model(self, name: str) -> ModelPrices:
-        key = self._by_alias.get(str(name).strip().casefold())
+        key = self._entry(name)
         if key is None:
             known = ", ".join(sorted(self.models))
             raise PriceBookError(f"price book ({self.source}) has no entry for GPU model {name!r}; "
@@ -78,7 +94,7 @@ class PriceBook:
 
     def check(self, models: Iterable[str], tiers: Iterable[tuple[str, str]] = ()) -> None:
         """Fail naming every model (and model/tier pair) the book cannot price."""
-        missing = sorted({str(m) for m in models if str(m).strip().casefold() not in self._by_alias})
+        missing = sorted({str(m) for m in models if self._entry(str(m)) is None})
         if missing:
             known = ", ".join(sorted(self.models))
             raise PriceBookError(f"price book ({self.source}) has no entry for GPU model(s) "
@@ -150,7 +166,9 @@ class PriceBook:
             lifetime = _number(owned.get("lifetime_years", default_lifetime), f"{where}.owned.lifetime_years")
             if lifetime <= 0:
                 raise PriceBookError(f"{where}.owned.lifetime_years: {lifetime} must be > 0")
-            tdp = _number(entry.get("tdp_watts", 400), f"{where}.tdp_watts")
+            hardware = gpu_catalogue().get(str(name))
+            default_tdp = hardware.tdp_watts if hardware is not None else DEFAULT_TDP_WATTS
+            tdp = _number(entry.get("tdp_watts", default_tdp), f"{where}.tdp_watts")
             typical = _number(entry.get("typical_watts", 0.6 * tdp), f"{where}.typical_watts")
             models[str(name)] = ModelPrices(str(name), hourly, capex, lifetime, tdp, typical,
                                             tuple(str(a) for a in entry.get("aliases") or ()))

@@ -14,11 +14,13 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
+from gpuwarden.fleet.sampling import sampling_step_ns
 from gpuwarden.fleet.semantics import mig_share
 
 from .inventory import Inventory
 from .params import IdleParams
 from .pricebook import PriceBook
+from .state_codes import DEFAULT_STEP_NS
 
 _NAN = float("nan")
 
@@ -111,7 +113,12 @@ def states_by_gpu(frame: pd.DataFrame, params: IdleParams | None = None, step=No
     stamps = pd.DatetimeIndex(frame["timestamp"]).as_unit("ns").asi8
     if step is None:
         step = params.step
-    step_ns = int(pd.Timedelta(step).value) if step is not None else _median_step(frame, stamps)
+    if step is not None:
+        step_ns = int(pd.Timedelta(step).value)
+    else:
+        instance = frame.groupby([frame["gpu_uuid"].astype(str), frame["mig_instance"].astype(object).fillna("")],
+                                 sort=False).ngroup().to_numpy()
+        step_ns = sampling_step_ns(stamps, instance) or DEFAULT_STEP_NS
     max_gap_ns = int(params.resolved_max_gap(pd.Timedelta(step_ns, unit="ns")).value) if max_gap is None else int(pd.Timedelta(max_gap).value)
     energy_price = price_book.energy_price_per_kwh()
 
@@ -141,12 +148,3 @@ def states_by_gpu(frame: pd.DataFrame, params: IdleParams | None = None, step=No
     out = frame.groupby(keys, sort=True, group_keys=True).apply(per_gpu, include_groups=False)
     out = out.reset_index(level=[0, 1]).reset_index(drop=True)
     return out.rename(columns={out.columns[0]: "gpu_uuid", out.columns[1]: "mig_instance"})
-
-
-def _median_step(frame: pd.DataFrame, stamps: np.ndarray) -> int:
-    keys = frame["gpu_uuid"].astype(str) + "/" + frame["mig_instance"].astype(object).fillna("").astype(str)
-    order = np.lexsort((stamps, keys.to_numpy()))
-    ts, k = stamps[order], keys.to_numpy()[order]
-    diffs = np.diff(ts)[k[1:] == k[:-1]]
-    diffs = diffs[diffs > 0]
-    return int(np.median(diffs))

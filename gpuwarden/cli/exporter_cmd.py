@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from gpuwarden.exporter.main import (
+    REPLAY_MIG_LIMIT,
     ExporterError,
     add_arguments,
     build_backend,
@@ -30,7 +31,7 @@ _BOUNDS = {
     "interval": number(float, 0.05, 3600),
     "watchdog": number(float, 0.05, 86400),
     "replay_gpus": number(int, 1, 1024),
-    "replay_mig": number(int, 0, 7),
+    "replay_mig": number(int, 0, REPLAY_MIG_LIMIT),
 }
 
 

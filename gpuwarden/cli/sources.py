@@ -10,12 +10,12 @@ span the source does hold.
 from __future__ import annotations
 
 import argparse
-import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuwarden.fleet.durations import DurationError, parse_duration_seconds
 from gpuwarden.fleet.semantics import to_utc
 
 from .args import number
@@ -26,18 +26,17 @@ if TYPE_CHECKING:
 
     from gpuwarden.store.sources import SamplesSource
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_WINDOW_SECONDS = 10 * 366 * 86400  # ten years
 
 
 def duration(text: str) -> pd.Timedelta:
+    """A positive duration of at most ten years (``7d``, ``6h``, ``1h30m``: :mod:`gpuwarden.fleet.durations`)."""
     import pandas as pd
 
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; expected a number and one of s, m, h, d, w (e.g. 7d)")
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    try:
+        seconds = parse_duration_seconds(text)
+    except DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if not 0 < seconds <= MAX_WINDOW_SECONDS:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range; expected a duration > 0s and <= 3660d")
     return pd.Timedelta(seconds=seconds)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
 from gpuwarden.fleet.paths import default_data_dir
 
 from .nvml import NvmlBackend, NvmlUnavailable
@@ -29,6 +30,7 @@ from .service import ExporterService
 log = logging.getLogger("gpuwarden.exporter")
 
 BACKENDS = ("nvml", "replay", "sim")
+REPLAY_MIG_LIMIT = gpu_catalogue().model("NVIDIA H200").mig_compute_slices  # the recorded GPU is an H200
 
 
 class ExporterError(UserError):
@@ -87,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser, backends: Sequence[str] = BAC
     replay.add_argument("--replay-trace", default=None, help="phase trace CSV (default <data>/h200/phase_trace.csv)")
     replay.add_argument("--replay-probe", default=None, help="NVML probe JSON (default <data>/h200/nvml_probe.json)")
     replay.add_argument("--replay-gpus", type=_count(1024), default=1, help="GPUs to play from the recorded one (default 1)")
-    replay.add_argument("--replay-mig", type=_count(7), default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
+    replay.add_argument("--replay-mig", type=_count(REPLAY_MIG_LIMIT), default=0, help="MIG instances per replayed GPU (default 0: MIG off)")
     replay.add_argument("--replay-mig-profile", default="1g.18gb", help="profile of the replayed MIG instances (default 1g.18gb)")
     replay.add_argument("--replay-latency", action="store_true", help="make each NVML call cost its recorded H200 median")
 

@@ -126,33 +126,38 @@ def _check(spec: MetricSpec) -> None:
             raise ValueError(f"pattern {spec.source_column!r} matches no fleet-samples column")
 
 
+def data_rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV data file whose lines starting with '#' are comments and whose
+    header must be ``columns``; values are stripped, missing trailing fields read as empty."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise CatalogueError(f"{path}: empty file")
+    reader = csv.DictReader(line for _, line in lines)
+    if tuple(reader.fieldnames or ()) != columns:
+        raise CatalogueError(f"{path}:{lines[0][0]}: header must be {','.join(columns)}")
+    rows = []
+    for (lineno, _), row in zip(lines[1:], reader):
+        if None in row:
+            raise CatalogueError(f"{path}:{lineno}: more than the {len(columns)} fields {','.join(columns)}")
+        rows.append((lineno, {k: (v or "").strip() for k, v in row.items()}))
+    return rows
+
+
 def load_catalogue(path: str | Path = DEFAULT_CATALOGUE_PATH) -> tuple[MetricSpec, ...]:
     """Read and validate a catalogue CSV. Lines starting with '#' are comments."""
     path = Path(path)
     specs: list[MetricSpec] = []
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
-    if not rows:
-        raise CatalogueError(f"{path}: empty catalogue")
-    reader = csv.DictReader(line for _, line in rows)
-    if tuple(reader.fieldnames or ()) != _COLUMNS:
-        raise CatalogueError(f"{path}:{rows[0][0]}: header must be {','.join(_COLUMNS)}")
     seen: set[str] = set()
-    for (lineno, _), row in zip(rows[1:], reader):
+    for lineno, row in data_rows(path, _COLUMNS):
         try:
-            spec = MetricSpec(
-                metric=row["metric"].strip(),
-                type=row["type"].strip(),
-                source_column=row["source_column"].strip(),
-                transform=(row["transform"] or "value").strip(),
-                label=(row["label"] or "").strip(),
-                scale=_parse_scale(row["scale"] or ""),
-                help=(row["help"] or "").strip(),
-            )
+            spec = MetricSpec(metric=row["metric"], type=row["type"], source_column=row["source_column"],
+                              transform=row["transform"] or "value", label=row["label"],
+                              scale=_parse_scale(row["scale"]), help=row["help"])
             _check(spec)
             if spec.metric in seen:
                 raise ValueError(f"duplicate metric {spec.metric!r}")
-        except (ValueError, AttributeError) as exc:
+        except ValueError as exc:
             raise CatalogueError(f"{path}:{lineno}: {exc}") from None
         seen.add(spec.metric)
         specs.append(spec)

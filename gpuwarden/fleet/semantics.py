@@ -1,11 +1,11 @@
 """GPU-time semantics every room shares: one home, so two pages never disagree on the same GPU.
 
 - **MIG share**: how much of its GPU a MIG instance is. A readable profile (``3g.40gb``,
-  ``1:3g.40gb``, ``mig-3g.40gb``) counts its compute slices over the GPU's compute slices (7 on
-  A100 / H100 / H200 / B200, 4 on A30: NVIDIA's MIG user guide). A profile whose slices cannot be
-  read gets what its readable siblings (the other instances of the same GPU at the same time) leave,
+  ``1:3g.40gb``, ``mig-3g.40gb``) counts its compute slices over the GPU's compute slices (the GPU
+  catalogue's, from NVIDIA's MIG user guide: 7 on A100 / H100 / H200 / B200, 4 on A30). A profile
+  whose slices cannot be read gets what its readable siblings (the other instances of the same GPU at the same time) leave,
   split evenly among the unreadable ones, so a GPU's instances never add up to more than the GPU.
-  Only when nothing is known about the siblings does it count as one slice (1/7). A whole GPU
+  Only when nothing is known about the siblings does it count as one slice. A whole GPU
   (no profile) is 1.0. :func:`mig_share` is the scalar form, :func:`mig_shares` the one over a
   frame of fleet samples.
 - **Counter increase**: a cumulative ``*_total`` counter read as Prometheus' ``increase()`` reads
@@ -27,7 +27,6 @@ import numpy.typing as npt
 import pandas as pd
 
 from .semantics_scalar import (
-    DEFAULT_COMPUTE_SLICES,
     PROFILE_SLICES,
     default_pool,
     gpu_compute_slices,
@@ -37,7 +36,7 @@ from .semantics_scalar import (
 )
 
 __all__ = [
-    "DEFAULT_COMPUTE_SLICES", "counter_increase", "counter_increments", "counter_resets", "default_pool",
+    "counter_increase", "counter_increments", "counter_resets", "default_pool",
     "gpu_compute_slices", "group_first_rows", "iso_utc", "mig_share", "mig_shares",
     "profile_slices", "request_gpu_equivalents", "to_utc", "to_utc_or_none", "utc_times",
 ]
@@ -111,9 +110,10 @@ def mig_shares(frame: pd.DataFrame, gpu: str = "gpu_uuid", at: str | None = "tim
     slices = slices.where(slices > 0)
     if "model" in part.columns:
         models = part["model"].astype(object)
-        totals = models.map(lambda m: gpu_compute_slices(None if pd.isna(m) else str(m))).astype("float64")
+        per_model = {m: gpu_compute_slices(str(m)) for m in models.dropna().unique()}  # one look-up per model
+        totals = models.map(per_model).fillna(float(gpu_compute_slices(None))).astype("float64")
     else:
-        totals = pd.Series(float(DEFAULT_COMPUTE_SLICES), index=part.index)
+        totals = pd.Series(float(gpu_compute_slices(None)), index=part.index)
     readable = (slices / totals).clip(upper=1.0)
     unknown = readable.isna()
     if unknown.any():

@@ -10,21 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-DEFAULT_COMPUTE_SLICES = 7
-# GPUs whose MIG mode splits into other than 7 compute slices, by a word of the model name.
-_COMPUTE_SLICES_BY_MODEL_WORD: dict[str, int] = {"A30": 4}
+from .gpu_catalogue import gpu_catalogue
+
 # The compute slices of a profile: '3g.40gb', '1:3g.40gb' (instance id first), 'mig-3g.40gb'.
 PROFILE_SLICES = re.compile(r"(?:^|[:/\s-])(\d+)g\.")
 _POOL_ORDINAL = re.compile(r"-\d+$")
 
 def gpu_compute_slices(model: str | None) -> int:
-    """Compute slices a GPU of ``model`` splits into under MIG (7 unless the model is known to
-    differ; an unknown model counts as 7)."""
-    if model:
-        for word in str(model).replace("-", " ").split():
-            if word in _COMPUTE_SLICES_BY_MODEL_WORD:
-                return _COMPUTE_SLICES_BY_MODEL_WORD[word]
-    return DEFAULT_COMPUTE_SLICES
+    """Compute slices a GPU of ``model`` splits into under MIG, from the GPU catalogue (4 on an A30,
+    7 on A100 / H100 / H200 / B200); a model it does not know counts as its largest split (7)."""
+    return gpu_catalogue().compute_slices(model)
 
 
 def profile_slices(profile: str | None) -> int | None:

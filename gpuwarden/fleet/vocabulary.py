@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from collections.abc import Mapping
 
 from .errors import UserError
+from .gpu_catalogue import gpu_catalogue
 from .semantics_scalar import request_gpu_equivalents
 
 
@@ -145,7 +146,8 @@ class FindingKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class MigProfile:
-    """A MIG GPU-instance profile such as ``1g.18gb``: compute slices out of 7, memory in bytes."""
+    """A MIG GPU-instance profile such as ``1g.18gb``: compute slices out of the GPU's (the GPU
+    catalogue's), memory in bytes."""
 
     name: str
     compute_slices: int
@@ -153,7 +155,8 @@ class MigProfile:
     max_instances: int
 
     def __post_init__(self) -> None:
-        _require(1 <= self.compute_slices <= 7, f"MigProfile.compute_slices: {self.compute_slices} not in 1..7")
+        most = gpu_catalogue().max_compute_slices
+        _require(1 <= self.compute_slices <= most, f"MigProfile.compute_slices: {self.compute_slices} not in 1..{most}")
         _require(self.memory_bytes > 0, f"MigProfile.memory_bytes: {self.memory_bytes} must be > 0")
 
 

@@ -1,8 +1,8 @@
-"""MIG profile tables, MIG fit checks and MIG layout advice.
+"""MIG fit checks and MIG layout advice over the GPU catalogue's profiles.
 
-Tables follow NVIDIA's MIG user guide (A100 80GB, H100 80GB, H200 141GB): compute slices out of 7,
-memory slices out of 8, and the most instances of a profile one GPU can hold. Scheduling keeps its
-own copy so it never imports the simulator.
+The profiles themselves (compute and memory slices, the most instances of a profile one GPU holds,
+as NVIDIA's MIG user guide lists them) are data in :mod:`gpuwarden.fleet.gpu_catalogue`; this
+module only reasons over them.
 """
 
 from __future__ import annotations
@@ -11,41 +11,33 @@ import itertools
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
+from gpuwarden.fleet.gpu_catalogue import MigProfileSpec, gpu_catalogue
+
 from .errors import UnknownMigProfile
 
-GIB = 1024**3
+# Views of the catalogue for callers that index by name: model -> its profiles (MIG models only),
+# and every alias -> the catalogue's name.
+MIG_TABLES: dict[str, Mapping[str, MigProfileSpec]] = {
+    name: spec.mig_profiles for name, spec in gpu_catalogue().models.items() if spec.mig_profiles}
+MODEL_ALIASES: dict[str, str] = {alias: spec.name for spec in gpu_catalogue().models.values() for alias in spec.aliases}
 
 
-@dataclass(frozen=True)
-class MigSpec:
-    name: str
-    compute_slices: int  # of 7
-    memory_slices: int  # of 8
-    memory_gib: float
-    max_instances: int
+def mig_table(model: str) -> Mapping[str, MigProfileSpec]:
+    """The MIG profiles ``model`` (a name or an alias) offers; {} for a model without MIG."""
+    return gpu_catalogue().mig_profiles(model)
 
 
-def _table(rows: Sequence[tuple[str, int, int, float, int]]) -> dict[str, MigSpec]:
-    return {name: MigSpec(name, c, m, gib, n) for name, c, m, gib, n in rows}
+def compute_slices(model: str | None) -> int:
+    """Compute slices a GPU of ``model`` splits into (the catalogue's largest split when unknown)."""
+    return gpu_catalogue().compute_slices(model)
 
 
-_80GB = [("1g.10gb", 1, 1, 10, 7), ("1g.20gb", 1, 2, 20, 4), ("2g.20gb", 2, 2, 20, 3),
-         ("3g.40gb", 3, 4, 40, 2), ("4g.40gb", 4, 4, 40, 1), ("7g.80gb", 7, 8, 80, 1)]
-MIG_TABLES: dict[str, dict[str, MigSpec]] = {
-    "NVIDIA A100-SXM4-80GB": _table(_80GB),
-    "NVIDIA H100 80GB HBM3": _table(_80GB),
-    "NVIDIA H200": _table([("1g.18gb", 1, 1, 18, 7), ("1g.35gb", 1, 2, 35, 4), ("2g.35gb", 2, 2, 35, 3),
-                           ("3g.71gb", 3, 4, 71, 2), ("4g.71gb", 4, 4, 71, 1), ("7g.141gb", 7, 8, 141, 1)]),
-}
-# short names people type
-MODEL_ALIASES = {"A100": "NVIDIA A100-SXM4-80GB", "H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200"}
+def fraction_slices(fraction_ratio: float, model: str | None) -> int:
+    """Compute slices that hold ``fraction_ratio`` of a GPU of ``model`` (rounded, at least one)."""
+    return max(1, round(fraction_ratio * compute_slices(model)))
 
 
-def mig_table(model: str) -> dict[str, MigSpec]:
-    return MIG_TABLES.get(MODEL_ALIASES.get(model, model), {})
-
-
-def mig_spec(model: str, profile: str) -> MigSpec:
+def mig_spec(model: str, profile: str) -> MigProfileSpec:
     table = mig_table(model)
     if profile not in table:
         allowed = ", ".join(table) or "none (this model has no MIG)"
@@ -59,17 +51,19 @@ def known_profile(profile: str) -> bool:
 
 def check_profile(profile: str) -> None:
     if not known_profile(profile):
-        allowed = sorted({p for table in MIG_TABLES.values() for p in table})
+        allowed = gpu_catalogue().profile_names()
         raise UnknownMigProfile(f"unknown MIG profile {profile!r}; known profiles: {', '.join(allowed)}")
 
 
 def fits(model: str, used: Sequence[str], profile: str) -> bool:
     """Whether one more ``profile`` instance fits on a GPU already holding ``used`` instances."""
-    table = mig_table(model)
-    if profile not in table:
+    gpu = gpu_catalogue().get(model)
+    if gpu is None or profile not in gpu.mig_profiles:
         return False
+    table = gpu.mig_profiles
     specs = [table[name] for name in used] + [table[profile]]
-    if sum(s.compute_slices for s in specs) > 7 or sum(s.memory_slices for s in specs) > 8:
+    if (sum(s.compute_slices for s in specs) > gpu.mig_compute_slices
+            or sum(s.memory_slices for s in specs) > gpu.mig_memory_slices):
         return False
     return sum(1 for s in specs if s.name == profile) <= table[profile].max_instances
 
@@ -102,7 +96,7 @@ def valid_layouts(model: str) -> list[tuple[str, ...]]:
     table = mig_table(model)
     names = sorted(table, key=lambda n: (-table[n].compute_slices, -table[n].memory_slices))
     found: set[tuple[str, ...]] = set()
-    for size in range(1, 8):
+    for size in range(1, compute_slices(model) + 1):  # every instance takes a slice at least
         for combo in itertools.combinations_with_replacement(names, size):
             used: list[str] = []
             ok = True
@@ -163,7 +157,7 @@ def advise_layouts(model: str, gpus: int, demand: Mapping[str, int]) -> LayoutAd
                 remaining[name] -= 1
             else:
                 wasted += table[name].compute_slices
-        unused += 7 - sum(table[name].compute_slices for name in best)
+        unused += compute_slices(model) - sum(table[name].compute_slices for name in best)
     provided = {p: int(demand[p]) - remaining.get(p, 0) for p in demand}
     return LayoutAdvice(model=model, gpus=gpus, layouts=tuple(sorted(chosen.items(), key=lambda kv: -kv[1])),
                         served=provided, unmet={p: c for p, c in remaining.items() if c > 0},

@@ -229,10 +229,9 @@ def _place_mig(nodes: list[NodeState], job: Job, options: PlacementOptions) -> P
 
 def _place_fraction_on_mig(nodes: list[NodeState], job: Job) -> Placement:
     """The smallest free MIG instance with at least the fraction's share of compute slices
-    (rounded to sevenths), on the fullest MIG GPU."""
+    (rounded to the GPU's slices), on the fullest MIG GPU."""
     if job.pods > 1:
         return None, "fractional gangs are not supported; submit pods separately"
-    slices = max(1, round(job.milli * 7 / MILLI))
     best: tuple[tuple[int, int, str, int], str, int, str] | None = None
     for n in nodes:
         table = mig.mig_table(n.model)
@@ -246,13 +245,13 @@ def _place_fraction_on_mig(nodes: list[NodeState], job: Job) -> Placement:
             for profile in free_slots:
                 spec = table.get(profile)
                 size = spec.compute_slices if spec else 0
-                if size < slices:
+                if size < mig.fraction_slices(job.milli / MILLI, n.model):
                     continue
                 key = (size, len(free_slots), n.name, g)
                 if best is None or key < best[0]:
                     best = (key, n.name, g, profile)
     if best is None:
-        return None, f"capacity: no free MIG instance with {slices} compute slice(s)"
+        return None, f"capacity: no free MIG instance with {job.milli} milli-GPU of compute"
     return [(best[1], best[2], best[3])], ""
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import workload_key
+from gpuwarden.fleet.sampling import sampling_step_seconds
 from gpuwarden.fleet.semantics import mig_share
 
 from . import mig
@@ -104,14 +105,6 @@ class History:
         return {uuid: node.name for node in self.nodes for uuid in node.gpu_uuids}
 
 
-def sampling_step(timestamps: pd.Series) -> float:
-    """The scrape interval: the median spacing of the distinct sample times (60 s with one sample)."""
-    times = np.unique(timestamps.to_numpy(dtype="datetime64[ns]"))
-    if len(times) < 2:
-        return DEFAULT_STEP_SECONDS
-    return float(np.median(np.diff(times)).astype("timedelta64[ns]").astype(np.int64) / 1e9)
-
-
 def rebuild(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
             max_gap_seconds: float = DEFAULT_MAX_GAP_SECONDS) -> History:
     """The workloads and fleet of ``frame`` (fleet samples in ``[start, end)``); rules in the module doc."""
@@ -127,7 +120,8 @@ def rebuild(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
     for column in ("node", "gpu_uuid", "model", "mig_instance", "namespace", "pod", "team", "attribution"):
         frame[column] = frame[column].astype("category")  # a store's read already is: then free
     frame = frame.sort_values("timestamp", kind="stable", ignore_index=True)
-    step = sampling_step(frame["timestamp"])
+    step = sampling_step_seconds(frame["timestamp"].to_numpy(dtype="datetime64[ns]"), frame["gpu_uuid"].cat.codes.to_numpy(),
+                                 DEFAULT_STEP_SECONDS)
     notes: list[str] = []
     nodes, excluded = _fleet(frame)
     if excluded:

@@ -12,13 +12,16 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import SAMPLE_COLUMNS, SAMPLE_COLUMN_NAMES, THROTTLE_REASONS
+from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
 
 from .faults import SLOW_KINDS
 from .workloads import PROFILES
 
 FREE_MEMORY_BYTES = 615 * 1024**2  # what NVML reports used with no process (H200 trace)
-H200_TDP_WATTS = 700.0
-H200_MAX_SM_MHZ = 1980.0
+# The recorded phases and GenAI pods ran on H200s: their numbers are scaled from this model's.
+TRACE_GPU = gpu_catalogue().model("NVIDIA H200")
+H200_TDP_WATTS = TRACE_GPU.tdp_watts
+H200_MAX_SM_MHZ = float(TRACE_GPU.max_sm_clock_mhz)
 IDLE_BIT = THROTTLE_REASONS["gpu_idle"]
 
 
@@ -124,9 +127,9 @@ class Renderer:
         tensor[devices] = duty * 0.45
         dram[devices] = duty * 0.35
         power[devices] = 124.0 + (520.0 - 124.0) * duty**0.8  # idle context 124 W .. busy ~520 W
-        clock[devices] = 1980.0
+        clock[devices] = H200_MAX_SM_MHZ
         throttle[devices] = np.where(duty == 0, IDLE_BIT, 0)
-        mem_ratio = self.genai.mem_used_bytes[series, t] / (141 * 1024**3)
+        mem_ratio = self.genai.mem_used_bytes[series, t] / TRACE_GPU.memory_bytes
         mem[devices] = np.maximum(mem_ratio * self.dev_mem_total[devices] * 1.6, FREE_MEMORY_BYTES)
 
     def _render_faults(self, power, temp, clock, throttle) -> None:

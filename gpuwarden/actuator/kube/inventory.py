@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from kubernetes.utils import parse_quantity
 
+from gpuwarden.fleet.semantics import gpu_compute_slices
 from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, Location, MigInstance, Node,
                              Placement, PriceTier, PriorityClass, Team, Topology, Workload, WorkloadKind,
                              WorkloadPhase, WorkloadState, workload_key)
@@ -256,6 +257,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], dateti
     gpu_cursor: dict[str, int] = {}
     mig_cursor: dict[str, int] = {}
     gpus_on = {n.name: n.gpu_count for n in nodes}
+    slices_on = {n.name: gpu_compute_slices(n.gpu_model) for n in nodes}  # MIG instances a GPU holds at most
     workloads = []
     for key, group in sorted(groups.items()):
         w = kueue_owner.get((group["namespace"], group["controller"], group["name"]))
@@ -274,10 +276,10 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], dateti
                 if node_name not in gpus_on:
                     continue
                 last = max(0, gpus_on[node_name] - 1)
-                if group["mig"]:  # one MIG instance; up to 7 share a GPU
-                    index = mig_cursor.get(node_name, 0)
+                if group["mig"]:  # one MIG instance; up to the GPU's compute slices share a GPU
+                    index, per_gpu = mig_cursor.get(node_name, 0), slices_on[node_name]
                     mig_cursor[node_name] = index + 1
-                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index // 7, last)}", index % 7 + 1))
+                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index // per_gpu, last)}", index % per_gpu + 1))
                     continue
                 for _ in range(max(1, group["count"])):  # Kubernetes does not say which GPU: lay pods in order
                     index = gpu_cursor.get(node_name, 0)

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import random
-import re
 import ssl
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from typing import Any, TypeAlias
 
 import pandas as pd
 
+from gpuwarden.fleet.durations import DurationError, parse_duration_seconds
 from gpuwarden.fleet.semantics import to_utc
 from ..schema import SamplesError
 
@@ -53,21 +53,16 @@ class PrometheusQueryError(PrometheusError):
         self.error_type = error_type
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
 def duration_seconds(value: float | str | pd.Timedelta) -> float:
     """Seconds from a number, a Timedelta, or a Prometheus duration ("15s", "1h30m", "7d")."""
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, pd.Timedelta):
         return float(value.total_seconds())
-    text = str(value).strip()
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise PrometheusError(f"{value!r} is not a duration; expected e.g. 15s, 1m, 1h30m, 7d")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    try:
+        return parse_duration_seconds(str(value))
+    except DurationError as error:
+        raise PrometheusError(str(error)) from None
 
 
 def promql_duration(seconds: float) -> str:
