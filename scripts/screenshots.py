@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
 from gpuwarden.cli.demo import precompute_reports
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium
 from gpuwarden.dashboards.launch import launch_dashboard
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity

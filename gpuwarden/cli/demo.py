@@ -329,7 +329,7 @@ class HealthScan:
         start = end - pd.Timedelta(hours=HEALTH_WINDOW_HOURS)
         self.last = scan(self.store.read(start, end + pd.Timedelta(seconds=1)), pools=self.pools)
         # The dashboard's Queue & quotas and portal pages read the snapshot the actuator planned on.
-        from gpuwarden.dashboards import cluster_state
+        from gpuwarden.fleet import cluster_state
 
         cluster_state.write_snapshot(Path(self.store.root) / "cluster", snapshot)
         return self.last
