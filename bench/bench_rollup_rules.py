@@ -31,7 +31,7 @@ from gpuwarden.analytics.promrules import render_recording_rules  # noqa: E402
 from gpuwarden.exporter import ExporterService  # noqa: E402
 from gpuwarden.sim.backend import SimGpuBackend  # noqa: E402
 from gpuwarden.sim.config import SimConfig  # noqa: E402
-from gpuwarden.sim.engine import Simulation  # noqa: E402
+from gpuwarden.cli.simfleet import simulated_fleet  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_rollup import free_port  # noqa: E402
@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=90.0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-rules-"))
-    sim = Simulation(SimConfig(nodes=args.gpus // 8, gpus_per_node=8, warmup_days=0.2))
+    sim = simulated_fleet(SimConfig(nodes=args.gpus // 8, gpus_per_node=8, warmup_days=0.2))
     sim.step()
     exporter = ExporterService(SimGpuBackend(sim), interval_seconds=15, host="127.0.0.1", port=0).start()
     process = None

@@ -14,14 +14,15 @@ import resource
 import statistics
 import time
 
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
 
 TARGET_SECONDS = 60.0
 
 
 def one_run(days: float, nodes: int, seed: int) -> tuple[float, float, int, int]:
     started = time.perf_counter()
-    simulation = Simulation(SimConfig(seed=seed, nodes=nodes))
+    simulation = simulated_fleet(SimConfig(seed=seed, nodes=nodes))
     setup = time.perf_counter() - started
     steps = int(days * 86400 / simulation.config.step_seconds)
     rows = 0

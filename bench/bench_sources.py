@@ -35,7 +35,7 @@ import pandas as pd
 from gpuwarden.fleet import THROTTLE_REASONS
 from gpuwarden.fleet.catalogue import load_catalogue
 from gpuwarden.sim.config import SimConfig
-from gpuwarden.sim.engine import Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.store import LocalStore
 from gpuwarden.store.prometheus import PrometheusSource
 from gpuwarden.store.scraper import SeriesMapper
@@ -178,7 +178,7 @@ def main() -> None:
     config = SimConfig(nodes=max(1, args.gpus // 8), gpus_per_node=8, step_seconds=args.step, warmup_days=warmup,
                        start=(start - pd.Timedelta(seconds=args.step)).to_pydatetime(), data_dir=args.data_dir)
     started = time.perf_counter()
-    sim = Simulation(config)
+    sim = simulated_fleet(config)
     chunks = list(sim.iter_chunks(steps, chunk_steps=max(1, 86400 // args.step)))
     rows = sum(len(c) for c in chunks)
     print(f"simulated {sim.device_count} devices ({args.gpus} GPUs incl. MIG instances) x {steps} steps of {args.step}s "

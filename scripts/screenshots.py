@@ -26,11 +26,11 @@ if str(ROOT) not in sys.path:
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
 from gpuwarden.cli.demo import precompute_reports
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium
 from gpuwarden.dashboards.launch import launch_dashboard
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
-from gpuwarden.sim import Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim.cluster import SimCluster
 from gpuwarden.sim.config import SimConfig
 from gpuwarden.store import LocalStore
@@ -60,7 +60,7 @@ def build_demo_store(root: Path, nodes: int = 4, days: float = 0.25, seed: int =
     """A store a dashboard can show everything on: samples, cluster snapshot, one pending approval
     (a cordon planned by the real actuator in approve mode on the simulated cluster), one request."""
     config = SimConfig(seed=seed, nodes=nodes, warmup_days=0.1, data_dir=data_dir, fault_rate_scale=fault_rate_scale)
-    simulation = Simulation(config)
+    simulation = simulated_fleet(config)
     store = LocalStore(root)
     steps = round(days * 86400 / config.step_seconds)
     for frame in simulation.iter_chunks(steps):

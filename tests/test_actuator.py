@@ -21,7 +21,8 @@ from gpuwarden.actuator import (
 )
 from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
 from gpuwarden.sim.cluster import SimCluster
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)
@@ -29,7 +30,7 @@ T0 = datetime(2026, 11, 23, tzinfo=UTC)
 
 @pytest.fixture
 def cluster(data_dir):
-    simulation = Simulation(SimConfig(nodes=8, warmup_days=0.05, fault_rate_scale=0.0, data_dir=data_dir))
+    simulation = simulated_fleet(SimConfig(nodes=8, warmup_days=0.05, fault_rate_scale=0.0, data_dir=data_dir))
     return SimCluster(simulation)
 
 

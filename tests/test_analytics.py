@@ -290,9 +290,10 @@ def test_cost_follows_tier_and_owned_energy():
 
 @pytest.fixture(scope="module")
 def sim_frame():
-    from gpuwarden.sim import SimConfig, Simulation
+    from gpuwarden.cli.simfleet import simulated_fleet
+    from gpuwarden.sim import SimConfig
 
-    simulation = Simulation(SimConfig(nodes=8, seed=3))
+    simulation = simulated_fleet(SimConfig(nodes=8, seed=3))
     return pd.concat(list(simulation.iter_chunks(360)), ignore_index=True)
 
 

@@ -16,7 +16,8 @@ from test_dashboard_browser import require, screenshots
 from gpuwarden.analytics import build_ledger, idle_report
 from gpuwarden.cli.demo import PodOwners
 from gpuwarden.exporter import ExporterService
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
 from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.cluster import SimCluster
 from gpuwarden.store import LocalStore
@@ -26,7 +27,7 @@ from gpuwarden.store.scraper import Scraper
 def test_scraped_rows_of_gpus_without_a_pod_are_attributed(tmp_path):
     require(screenshots.DATA_DIR.is_dir(), f"the shared traces the simulator reads are absent ({screenshots.DATA_DIR})")
     config = SimConfig(seed=11, nodes=4, warmup_days=0.2, data_dir=screenshots.DATA_DIR)
-    simulation = Simulation(config)
+    simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
     store = LocalStore(tmp_path, clock=lambda: simulation.now)
     exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=3600.0, host="127.0.0.1", port=0)

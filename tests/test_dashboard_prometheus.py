@@ -25,7 +25,7 @@ from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.exporter import ExporterService
 from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.config import SimConfig
-from gpuwarden.sim.engine import Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.store.prometheus import PrometheusSource
 
 STEP = "2s"  # two 1 s scrapes per grid point: every GPU is on every point
@@ -35,7 +35,7 @@ STEP = "2s"  # two 1 s scrapes per grid point: every GPU is on every point
 def scraped(data_dir, tmp_path_factory):
     """A static simulated fleet (2 nodes x 4 GPUs) served by a real exporter, scraped every second
     by a real Prometheus; yields (Prometheus URL, the fleet's newest samples)."""
-    fleet = Simulation(SimConfig(nodes=2, gpus_per_node=4, warmup_days=0.1, data_dir=data_dir))
+    fleet = simulated_fleet(SimConfig(nodes=2, gpus_per_node=4, warmup_days=0.1, data_dir=data_dir))
     fleet.step()
     exporter = ExporterService(SimGpuBackend(fleet), interval_seconds=0.5, host="127.0.0.1", port=0).start()
     server = None

@@ -18,7 +18,7 @@ from test_dashboard_idle_cost import fleet
 from gpuwarden.actuator import approvals
 from gpuwarden.analytics import health_report as hv
 from gpuwarden.dashboards import STORE_ENV, auth, fmt, palette
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards.launch import APP_PATH
 from gpuwarden.fleet import (
     ClusterSnapshot,
@@ -140,7 +140,7 @@ def test_cluster_state_round_trips_and_requests_join_the_queue(tmp_path):
     ({"fraction_milli": 50}, "fraction of one GPU 5%: from 10% to 100% in steps of 10%"),
     ({"fraction_milli": 250}, "fraction of one GPU 25%"),
     ({"gpus": 2, "fraction_milli": 500}, "a fraction asks for one GPU"),
-    ({"mig_profile": "9g.99gb"}, "MIG profile '9g.99gb': not offered by this cluster's GPUs; allowed: 1g.10gb"),
+    ({"mig_profile": "9g.99gb"}, "MIG profile '9g.99gb': no GPU of this cluster is cut into it; allowed: none"),
     ({"mig_profile": "1g.10gb", "gpus": 2}, "a MIG request is one instance"),
     ({"priority_class": "urgent"}, "priority class 'urgent': allowed: best-effort, low, normal, high, critical"),
     ({"team": "gamma"}, "team 'gamma': not a team of this cluster; allowed: alpha, beta"),

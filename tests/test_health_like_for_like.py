@@ -124,12 +124,13 @@ def test_normal_input_raises_no_warning_and_row_remap_evidence_is_measured():
 
 
 def test_sim_noise_and_attribution_knobs(data_dir):
-    from gpuwarden.sim import SimConfig, Simulation
+    from gpuwarden.cli.simfleet import simulated_fleet
+    from gpuwarden.sim import SimConfig
     from gpuwarden.sim.config import ConfigError
 
     base = dict(seed=5, nodes=2, warmup_days=0.0, data_dir=data_dir, fault_rate_scale=0.0)
-    quiet = Simulation(SimConfig(**base)).run(120)
-    noisy = Simulation(SimConfig(**base, background_noise=True, attribution="off")).run(120)
+    quiet = simulated_fleet(SimConfig(**base)).run(120)
+    noisy = simulated_fleet(SimConfig(**base, background_noise=True, attribution="off")).run(120)
     assert quiet["nvlink_crc_flit_errors_total"].max() == 0
     assert noisy["nvlink_crc_flit_errors_total"].max() > 0 and noisy["pcie_replay_total"].max() > 0
     assert noisy["pod"].isna().all() and set(noisy["attribution"].astype(str)) == {"off"}

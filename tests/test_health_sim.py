@@ -14,7 +14,8 @@ from gpuwarden.analytics.health.evaluation import evaluate
 from gpuwarden.cli import main
 from gpuwarden.dashboards import STORE_ENV
 from gpuwarden.dashboards.launch import APP_PATH
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
 from gpuwarden.store import LocalStore
 
 # Seed 11 is neither a tuning seed (1, 2) nor a reporting seed (101-104).
@@ -26,7 +27,7 @@ INJECTED = {"ecc_dbe": 0.08, "xid79_off_bus": 0.1, "straggler": 0.06, "pcie_repl
 def simulated(data_dir):
     config = SimConfig(seed=11, nodes=8, warmup_days=0.0, data_dir=data_dir, fault_rate_scale=0.0,
                        counts_overrides=INJECTED)
-    simulation = Simulation(config)
+    simulation = simulated_fleet(config)
     frame = pd.concat(list(simulation.iter_chunks(18 * 60, chunk_steps=6 * 60)), ignore_index=True)
     return frame, simulation.ground_truth(), len(simulation.gpus)
 

@@ -32,7 +32,7 @@ from gpuwarden.exporter import ExporterService
 from gpuwarden.fleet import IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES
 from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.config import SimConfig
-from gpuwarden.sim.engine import Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.store import LocalStore, SamplesError
 from gpuwarden.store.prometheus import (
     PrometheusError,
@@ -129,7 +129,7 @@ def assert_same_samples(left: pd.DataFrame, right: pd.DataFrame, columns=None) -
 
 @pytest.fixture(scope="module")
 def fleet(data_dir):
-    sim = Simulation(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
+    sim = simulated_fleet(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
     sim.step()
     return sim
 

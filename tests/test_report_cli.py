@@ -19,11 +19,12 @@ REPORTS_DOC = Path(__file__).resolve().parents[1] / "gpuwarden" / "analytics" / 
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory) -> str:
-    from gpuwarden.sim import SimConfig, Simulation
+    from gpuwarden.cli.simfleet import simulated_fleet
+    from gpuwarden.sim import SimConfig
 
     root = tmp_path_factory.mktemp("report-store")
     store = LocalStore(root)
-    for chunk in Simulation(SimConfig(nodes=8, seed=11)).iter_chunks(240, chunk_steps=120):
+    for chunk in simulated_fleet(SimConfig(nodes=8, seed=11)).iter_chunks(240, chunk_steps=120):
         store.append(chunk)
     return str(root)
 

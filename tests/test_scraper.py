@@ -88,9 +88,9 @@ def test_labels_and_attribution_override():
 def test_sim_fleet_round_trip(data_dir):
     from gpuwarden.sim.backend import SimGpuBackend
     from gpuwarden.sim.config import SimConfig
-    from gpuwarden.sim.engine import Simulation
+    from gpuwarden.cli.simfleet import simulated_fleet
 
-    sim = Simulation(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
+    sim = simulated_fleet(SimConfig(nodes=8, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
     truth = sim.step()
     frame = scraped(SimGpuBackend(sim).read(), cluster="sim")
     key = lambda f: f["gpu_uuid"].astype(object) + "/" + f["mig_instance"].astype(object).fillna("-")  # noqa: E731

@@ -21,6 +21,7 @@ import pandas.testing as pdt
 import pytest
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, GpuBackend, WorkloadKind, WorkloadPhase
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim import ConfigError, SimConfig, Simulation, TraceError
 from gpuwarden.sim import hardware as sim_hardware
 from gpuwarden.sim.backend import SimGpuBackend
@@ -65,11 +66,11 @@ def kind_of_pods(sim: Simulation) -> dict[str, WorkloadKind]:
 
 def test_same_seed_gives_identical_samples_and_another_seed_does_not(data_dir):
     config = small(data_dir, warmup_days=0.05)
-    first = Simulation(config).run(60)
-    second = Simulation(config).run(60)
+    first = simulated_fleet(config).run(60)
+    second = simulated_fleet(config).run(60)
     pdt.assert_frame_equal(first, second)
 
-    other = Simulation(config.replace(seed=config.seed + 1)).run(60)
+    other = simulated_fleet(config.replace(seed=config.seed + 1)).run(60)
     assert list(other.columns) == list(first.columns) and len(other) == len(first)
     # Same fleet layout (names and UUIDs derive from the cluster name), different behaviour.
     assert (other["gpu_uuid"].astype(str).to_numpy() == first["gpu_uuid"].astype(str).to_numpy()).all()
@@ -81,8 +82,9 @@ def test_same_seed_gives_identical_samples_and_another_seed_does_not(data_dir):
 _DIGEST_SCRIPT = """
 import hashlib, sys
 import pandas as pd
-from gpuwarden.sim import SimConfig, Simulation
-frame = Simulation(SimConfig(nodes=8, warmup_days=0.02, fault_rate_scale=2000.0, data_dir=sys.argv[1])).run(30)
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
+frame = simulated_fleet(SimConfig(nodes=8, warmup_days=0.02, fault_rate_scale=2000.0, data_dir=sys.argv[1])).run(30)
 print(hashlib.sha256(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes()).hexdigest())
 """
 
@@ -108,7 +110,7 @@ STEPS = 90
 
 @pytest.fixture(scope="module")
 def sampled(data_dir):
-    sim = Simulation(small(data_dir))
+    sim = simulated_fleet(small(data_dir))
     frame = sim.run(STEPS)
     return sim, frame
 
@@ -204,7 +206,7 @@ def test_allocated_rows_carry_pod_and_owner_and_free_rows_none(sampled):
 @pytest.fixture(scope="module")
 def day(data_dir):
     """A simulated day (5-minute steps) of a 16-node fleet."""
-    sim = Simulation(small(data_dir, nodes=16, warmup_days=0.25, step_seconds=300))
+    sim = simulated_fleet(small(data_dir, nodes=16, warmup_days=0.25, step_seconds=300))
     frame = pd.concat(list(sim.iter_chunks(288, chunk_steps=96)), ignore_index=True)
     kinds = kind_of_pods(sim)
     frame["kind"] = frame["pod"].astype(object).map(kinds)
@@ -247,7 +249,7 @@ def test_training_pools_are_busy_after_the_default_warmup_for_any_seed(data_dir,
     """``training_load`` defaults to 0.95 of training capacity and the default warmup is a day
     ("so the first recorded day starts busy"). The Philly replay offset must not land in the
     trace's near-empty first weeks (days 0-19 hold ~70 of 82k jobs)."""
-    sim = Simulation(small(data_dir, seed=seed, warmup_days=1.0, step_seconds=300))
+    sim = simulated_fleet(small(data_dir, seed=seed, warmup_days=1.0, step_seconds=300))
     training = np.isin(sim.dev_pool, ("train-h100", "train-h100-spot", "train-h200"))
     occupancy = []
     for _ in range(144):  # half a day
@@ -265,7 +267,7 @@ def test_training_pools_are_busy_after_the_default_warmup_for_any_seed(data_dir,
 @pytest.fixture(scope="module")
 def faulty(data_dir):
     """Every fault kind at 2000x the published rates, 6 simulated hours at the default 60 s step."""
-    sim = Simulation(small(data_dir, warmup_days=0.0, fault_rate_scale=2000.0))
+    sim = simulated_fleet(small(data_dir, warmup_days=0.0, fault_rate_scale=2000.0))
     frame = sim.run(360)
     return sim, frame, sim.ground_truth()
 
@@ -317,7 +319,7 @@ def test_faults_only_come_from_ground_truth_gpus(faulty):
 def ecc(data_dir):
     """ECC double-bit errors only (0.5 per GPU-day), 36 simulated hours at 5-minute steps."""
     config = small(data_dir, warmup_days=0.0, step_seconds=300, fault_rate_scale=0.0, counts_overrides={"ecc_dbe": 0.5})
-    sim = Simulation(config)
+    sim = simulated_fleet(config)
     frame = sim.run(432)
     return sim, frame, sim.ground_truth()
 
@@ -366,7 +368,7 @@ def test_ecc_dbe_has_rising_sbe_then_xid48_and_dbe_then_resets_on_repair(ecc):
 @pytest.fixture(scope="module")
 def off_bus(data_dir):
     config = small(data_dir, warmup_days=0.0, step_seconds=300, fault_rate_scale=0.0, counts_overrides={"xid79_off_bus": 0.5})
-    sim = Simulation(config)
+    sim = simulated_fleet(config)
     frame = sim.run(288)
     return sim, frame, sim.ground_truth()
 
@@ -398,7 +400,7 @@ def test_xid79_off_bus_loses_the_gpu_until_repair(off_bus):
 
 def test_application_xids_kill_jobs_but_are_not_gpu_faults(data_dir, monkeypatch):
     monkeypatch.setattr(sim_hardware, "APPLICATION_XID_RATE_PER_GPU_DAY", 30.0)
-    sim = Simulation(small(data_dir, warmup_days=0.0))
+    sim = simulated_fleet(small(data_dir, warmup_days=0.0))
     frame = sim.run(120)
     assert sim.counts["application_xids"] > 0
     app_columns = [f"xid_{code}_total" for code in APPLICATION_XIDS]
@@ -425,7 +427,7 @@ def test_short_faults_register_at_coarse_steps(data_dir):
     seen: its XID counted on its GPU (and its job killed), not silently skipped."""
     config = small(data_dir, warmup_days=0.0, step_seconds=300, fault_rate_scale=0.0,
                    counts_overrides={"xid94_contained_ecc": 0.5})
-    sim = Simulation(config)
+    sim = simulated_fleet(config)
     frame = sim.run(72)
     truth = sim.ground_truth()
     truth = truth[truth["event_at"] <= frame["timestamp"].max()]
@@ -438,7 +440,7 @@ def test_short_faults_register_at_coarse_steps(data_dir):
 
 
 def test_spot_reclaim_preempts_jobs_on_spot_nodes_and_keeps_their_progress(data_dir):
-    sim = Simulation(small(data_dir, spot_reclaims_per_node_day=60.0))
+    sim = simulated_fleet(small(data_dir, spot_reclaims_per_node_day=60.0))
     spot_nodes = np.flatnonzero(sim.node_spot)
     assert spot_nodes.size == 1
     on_spot = np.isin(sim.dev_node, spot_nodes)
@@ -531,14 +533,14 @@ def test_backend_marks_lost_gpus(off_bus):
 
 
 def test_backend_before_any_step_reads_nothing(data_dir):
-    sim = Simulation(small(data_dir, warmup_days=0.0))
+    sim = simulated_fleet(small(data_dir, warmup_days=0.0))
     assert SimGpuBackend(sim).read() == ()
 
 
 def test_backend_after_chunked_stepping_serves_the_last_step(data_dir):
     """``iter_chunks`` (the demo's backfill) advances the clock; a scrape afterwards must see the
     newest step, not an older one (or nothing)."""
-    sim = Simulation(small(data_dir, warmup_days=0.0))
+    sim = simulated_fleet(small(data_dir, warmup_days=0.0))
     sim.step()
     chunks = list(sim.iter_chunks(10, chunk_steps=5))
     readings = SimGpuBackend(sim).read()
@@ -637,7 +639,7 @@ def test_phase_trace_without_a_column_names_file_and_column(data_dir, tmp_path):
     frame = pd.read_csv(data_dir / "h200" / "phase_trace.csv", dtype=str)
     frame.drop(columns=["temp_c"]).to_csv(root / "h200" / "phase_trace.csv", index=False)
     with pytest.raises(TraceError) as error:
-        Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+        simulated_fleet(SimConfig(nodes=4, warmup_days=0, data_dir=root))
     message = str(error.value)
     assert "phase_trace.csv" in message and "temp_c" in message and "missing column" in message
 
@@ -652,7 +654,7 @@ def test_phase_trace_bad_value_names_the_line(data_dir, tmp_path):
     lines[41] = ",".join(fields) + "\n"  # file line 42
     (root / "h200" / "phase_trace.csv").write_text("".join(lines))
     with pytest.raises(TraceError, match=r"phase_trace\.csv:42: column 'power_w': 'hot' is not a number"):
-        Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+        simulated_fleet(SimConfig(nodes=4, warmup_days=0, data_dir=root))
 
 
 def test_philly_jobs_without_a_column_names_file_and_column(data_dir, tmp_path):
@@ -663,7 +665,7 @@ def test_philly_jobs_without_a_column_names_file_and_column(data_dir, tmp_path):
     write_gz(root / "philly" / "philly_jobs.csv.gz",
              [",".join(f for i, f in enumerate(line.rstrip("\n").split(",")) if i != drop) + "\n" for line in lines])
     with pytest.raises(TraceError) as error:
-        Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+        simulated_fleet(SimConfig(nodes=4, warmup_days=0, data_dir=root))
     message = str(error.value)
     assert "philly_jobs.csv.gz" in message and "num_gpus" in message and "missing column" in message
 
@@ -685,19 +687,17 @@ def test_philly_jobs_bad_row_names_the_line(data_dir, tmp_path, column, value, p
     lines[7] = ",".join(fields) + "\n"  # file line 8
     write_gz(root / "philly" / "philly_jobs.csv.gz", lines)
     with pytest.raises(TraceError, match=pattern):
-        Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+        simulated_fleet(SimConfig(nodes=4, warmup_days=0, data_dir=root))
 
 
 def test_missing_trace_file_is_named(data_dir, tmp_path):
     root = data_copy(data_dir, tmp_path, "genai/pod_gpu_duty_cycle.csv.gz")
     with pytest.raises(TraceError, match=r"pod_gpu_duty_cycle\.csv\.gz: trace file not found"):
-        Simulation(SimConfig(nodes=4, warmup_days=0, data_dir=root))
+        simulated_fleet(SimConfig(nodes=4, warmup_days=0, data_dir=root))
 
 
 def test_a_fleet_without_warmup_renders_its_first_steps_before_any_job_runs():
     """With ``warmup_days=0`` the first steps have no job at all (it once failed with an IndexError)."""
-    from gpuwarden.sim import SimConfig, Simulation
-
-    chunks = list(Simulation(SimConfig(nodes=2, gpus_per_node=2, warmup_days=0, seed=3)).iter_chunks(3, chunk_steps=3))
+    chunks = list(simulated_fleet(SimConfig(nodes=2, gpus_per_node=2, warmup_days=0, seed=3)).iter_chunks(3, chunk_steps=3))
     first = chunks[0]
     assert len(first) >= 3 * 4 and first["pod"].isna().all()  # 4 GPUs x 3 steps, nothing scheduled yet

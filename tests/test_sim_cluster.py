@@ -21,6 +21,7 @@ from gpuwarden.fleet import (
     WorkloadKind,
     WorkloadPhase,
 )
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim import SimConfig, Simulation
 from gpuwarden.sim.cluster import SimCluster
 
@@ -30,7 +31,7 @@ TRAINING_KINDS = (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNING)
 @pytest.fixture
 def sim(data_dir: Path) -> Simulation:
     # Half a day of warmup at 1.5x training demand: training pools full, a queue waiting behind them.
-    return Simulation(SimConfig(nodes=8, warmup_days=0.5, training_load=1.5, fault_rate_scale=0.0,
+    return simulated_fleet(SimConfig(nodes=8, warmup_days=0.5, training_load=1.5, fault_rate_scale=0.0,
                                 spot_reclaims_per_node_day=0.0, data_dir=data_dir))
 
 
@@ -404,7 +405,7 @@ def test_bind_refuses_gpus_on_a_cordoned_node(sim, cluster):
 
 
 def test_unhealthy_gpus_show_in_the_snapshot(data_dir):
-    sim = Simulation(SimConfig(nodes=8, warmup_days=0.0, step_seconds=300, fault_rate_scale=0.0,
+    sim = simulated_fleet(SimConfig(nodes=8, warmup_days=0.0, step_seconds=300, fault_rate_scale=0.0,
                                counts_overrides={"xid79_off_bus": 2.0}, data_dir=data_dir))
     cluster = SimCluster(sim)
     step(sim, 48)
@@ -419,22 +420,24 @@ def test_unhealthy_gpus_show_in_the_snapshot(data_dir):
 
 
 def test_the_simulator_is_scheduled_by_the_production_scheduler(sim, cluster):
-    """The simulator keeps no placement code: every start is a BIND or RESUME the scheduling
-    engine decided and SimCluster carried out, within the job's pools and off spot unless
-    checkpointable training; the engine's view and the simulator's never disagree."""
+    """The simulator keeps no placement code: every start is a BIND or RESUME the actuator's
+    scheduling round decided on SimCluster's snapshot and SimCluster carried out, within the job's
+    pools and off spot unless checkpointable training; the round's view and the simulator's never
+    disagree."""
     import inspect
 
+    from gpuwarden.actuator.scheduling_round import SchedulingRound
     from gpuwarden.sim import engine
 
     source = inspect.getsource(engine)
-    assert "gpuwarden.scheduling" in inspect.getsource(__import__("gpuwarden.sim.dispatch", fromlist=["x"]))
+    assert isinstance(sim.scheduling, SchedulingRound) and sim.scheduling.cluster is sim.cluster
     assert "_fit" not in source and "best-fit" not in source.lower()
     applied = []
-    real_apply = sim.dispatcher.cluster.apply
-    sim.dispatcher.cluster.apply = lambda action: applied.append(action) or real_apply(action)
-    empty_node(cluster, busiest_training_node(cluster))  # room, and an action: a pass at the next step
+    real_apply = sim.cluster.apply
+    sim.cluster.apply = lambda action: applied.append(action) or real_apply(action)
+    empty_node(cluster, busiest_training_node(cluster))  # room, and an action: a round at the next step
     step(sim, 15)
-    assert sim.dispatcher.refused == 0
+    assert sim.scheduling.refused == 0
     assert applied and {a.kind for a in applied} <= {ActionKind.BIND, ActionKind.RESUME, ActionKind.SUSPEND,
                                                      ActionKind.PREEMPT}
     snapshot = cluster.snapshot()
@@ -443,6 +446,6 @@ def test_the_simulator_is_scheduled_by_the_production_scheduler(sim, cluster):
     for workload in snapshot.workloads:
         job = sim.job_by_name[workload.workload.name]
         for placement in workload.placements:
-            assert pool_of[placement.node] in job.spec.pools
+            assert pool_of[placement.node] in job.spec.workload.pools
             if placement.node in spot:
                 assert workload.workload.kind in TRAINING_KINDS and workload.workload.checkpointable

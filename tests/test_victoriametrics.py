@@ -24,7 +24,7 @@ from gpuwarden.cli import main
 from gpuwarden.exporter import ExporterService
 from gpuwarden.sim.backend import SimGpuBackend
 from gpuwarden.sim.config import SimConfig
-from gpuwarden.sim.engine import Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.store.prometheus import PrometheusSource
 from servers import PROJECT_FROM_POD, ServerProcess, assert_reports_agree, binary, rollup_window
 from test_prometheus import free_port, wait_for
@@ -36,7 +36,7 @@ PARAMS = IdleParams(hoard_grace="0s")  # as the 1 s rules below: no warm-up on a
 def vm(data_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("victoriametrics")
     victoria, vmalert = binary("victoria-metrics", "victoria-metrics"), binary("vmalert", "victoria-metrics")
-    fleet = Simulation(SimConfig(nodes=2, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
+    fleet = simulated_fleet(SimConfig(nodes=2, gpus_per_node=8, warmup_days=0.5, data_dir=data_dir))
     fleet.step()
     exporter = ExporterService(SimGpuBackend(fleet), interval_seconds=0.5, host="127.0.0.1", port=0).start()
     processes: list[ServerProcess] = []

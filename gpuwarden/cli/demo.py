@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace, config) -> int:
     from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
     from gpuwarden.fleet.processes import stop_process
     from gpuwarden.exporter import ExporterService
-    from gpuwarden.sim import Simulation
+    from gpuwarden.cli.simfleet import simulated_fleet
     from gpuwarden.sim.backend import SimGpuBackend
     from gpuwarden.sim.cluster import SimCluster
     from gpuwarden.store import LocalStore
@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace, config) -> int:
     duration = args.duration if args.duration is not None else (60.0 if args.headless else None)
     print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
           f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
-    simulation = Simulation(config)
+    simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
     reset_store(args.store)
     store = LocalStore(args.store, clock=lambda: simulation.now)  # the demo's clock is simulated
@@ -331,7 +331,7 @@ class HealthScan:
         start = end - pd.Timedelta(hours=HEALTH_WINDOW_HOURS)
         self.last = scan(self.store.read(start, end + pd.Timedelta(seconds=1)), pools=self.pools)
         # The dashboard's Queue & quotas and portal pages read the snapshot the actuator planned on.
-        from gpuwarden.dashboards import cluster_state
+        from gpuwarden.fleet import cluster_state
 
         cluster_state.write_snapshot(Path(self.store.root) / "cluster", snapshot)
         return self.last

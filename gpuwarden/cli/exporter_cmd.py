@@ -58,10 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from gpuwarden.sim import Simulation
     from gpuwarden.sim.backend import SimGpuBackend
 
-    simulation = Simulation(sim_config_from(args))
+    from .simfleet import simulated_fleet
+
+    simulation = simulated_fleet(sim_config_from(args))
     simulation.step()
     nodes = [args.node_name] if args.node_name else None
     if nodes and args.node_name not in {n.name for n in simulation.nodes}:

@@ -33,10 +33,11 @@ from gpuwarden.analytics.health.evaluation import REPORTING_SEEDS, TUNING_SEEDS,
 from gpuwarden.fleet import Finding
 from gpuwarden.fleet.semantics import iso_utc
 from gpuwarden.fleet.traces import default_data_dir
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.sim import SimConfig
 from gpuwarden.sim.faults import KINDS
 
 from .args import positive_float, positive_int
+from .simfleet import simulated_fleet
 from .sources import add_source_options, open_window
 
 DEFAULT_RATE = 0.004  # events per GPU-day for every fault kind in the harness
@@ -243,7 +244,7 @@ def simulate_and_score(seed: int, days: float, nodes: int = 64, rate: float = DE
     """One harness run: simulate, scan day by day (with context), score against the ground truth."""
     sim_config = SimConfig(seed=seed, nodes=nodes, data_dir=data_dir, counts_overrides={kind: rate for kind in KINDS},
                            background_noise=noise, attribution=attribution)
-    simulation = Simulation(sim_config)
+    simulation = simulated_fleet(sim_config)
     scanner = StreamingScanner(config)
     start = simulation.now + pd.Timedelta(seconds=sim_config.step_seconds)
     steps = int(round(days * 86400 / sim_config.step_seconds))

@@ -40,8 +40,9 @@ def add_parser(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from gpuwarden.sim import Simulation
     from gpuwarden.store import LocalStore, SamplesError, write_samples
+
+    from .simfleet import simulated_fleet
 
     for flag, path in (("--out", args.out), ("--ground-truth", args.ground_truth)):
         if path is not None and not str(path).lower().endswith((".csv", ".csv.gz", ".parquet")):
@@ -56,7 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         config = recording_ends_at(config, pd.Timestamp.now(tz="UTC"), args.days)
     started = time.perf_counter()
-    simulation = Simulation(config)
+    simulation = simulated_fleet(config)
     steps = int(round(args.days * 86400 / config.step_seconds))
     rows = 0
     if args.store:

@@ -294,7 +294,7 @@ def cluster_version(directory: Path | None) -> tuple[float, ...]:
 def queue_plan(directory: str, version: tuple[float, ...]) -> Any:
     """(snapshot with portal requests and admin weights, the planner's plan, pending table,
     requests, unreadable request lines), or None without a snapshot. ValueError for a damaged snapshot."""
-    from gpuwarden.dashboards import cluster_state as cs
+    from gpuwarden.fleet import cluster_state as cs
     from gpuwarden.scheduling import queue_report
 
     folder = Path(directory)
@@ -309,7 +309,7 @@ def queue_plan(directory: str, version: tuple[float, ...]) -> Any:
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=4, show_spinner=False)
 def _snapshot(directory: str, version: tuple[float, ...]) -> Any:
-    from gpuwarden.dashboards import cluster_state as cs
+    from gpuwarden.fleet import cluster_state as cs
 
     return cs.read_snapshot(Path(directory))
 
@@ -335,7 +335,7 @@ def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: floa
 def require_queue_plan() -> tuple[Path, Any]:
     """The cluster-state folder and its :func:`queue_plan`, or the page stops with one line saying
     why (no store, no snapshot yet, a damaged one). The Queue and Request pages open with it."""
-    from gpuwarden.dashboards import cluster_state as cs
+    from gpuwarden.fleet import cluster_state as cs
 
     directory = cs.state_dir(store_path())
     if directory is None:

@@ -3,6 +3,8 @@
 - ``GpuBackend``: what the exporter reads GPUs from (NVML, the simulated fleet, a replay file).
 - ``Cluster``: what the actuator reads a snapshot from and applies actions to (Kubernetes through
   the official client, or the simulated fleet).
+- ``SchedulingHook``: what the simulated fleet calls when its scheduler would run; the CLI hands it
+  the actuator's round over the simulator's own ``Cluster``.
 The CLI wires implementations to users; planning code never knows which one it has.
 """
 
@@ -12,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .vocabulary import Action, Gpu, Node, Team, Workload
 
@@ -85,6 +87,9 @@ class WorkloadState:
     controller: str = ""
     pods: tuple[str, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # GPU-seconds of service received so far (whole-GPU equivalents x seconds run), what LAS orders
+    # the queue by. The simulator counts it; a live cluster reports 0 until it is measured (issue 21).
+    attained_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,18 @@ class Cluster(Protocol):
     def apply(self, action: Action) -> ActionResult:
         """Apply one action; never raise for a refused action, return ``ok=False`` with why."""
         ...
+
+
+class SchedulingHook(Protocol):
+    """One scheduling round on a ``Cluster``: snapshot, plan, apply. A simulated cluster calls it
+    where a live cluster's scheduling loop would run (every interval, and right after an action)."""
+
+    def run_round(self) -> object: ...
+
+
+# What a simulated cluster is given at construction: the round to run on its own ``Cluster`` view
+# (the CLI hands it the actuator's round, so the simulator never decides).
+SchedulingHookFactory = Callable[[Cluster], SchedulingHook]
 
 
 @runtime_checkable

@@ -213,6 +213,11 @@ class Node:
     gpu_count: int
     cpu_milli: int
     memory_bytes: int
+    # Fractional pods may share one of its GPUs (time-slicing or MPS). False: a GPU (or a MIG
+    # instance) serves one pod, so a fraction takes the smallest MIG instance that holds it, else a
+    # whole GPU. The simulated fleet cannot share; a live cluster is taken to (its device plugin's
+    # sharing config is not read yet).
+    shares_gpus: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "location", _choice(Location, self.location, "Node.location"))
@@ -288,6 +293,11 @@ class Workload:
     gang_size: int = 1
     checkpointable: bool = False
     checkpoint_interval_seconds: float | None = None
+    # Node pools it may run in (a node selector on the pool label); empty: any pool.
+    pools: tuple[str, ...] = ()
+    # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
+    # ``key`` (any value): see :func:`taint_blocks`.
+    tolerations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _choice(WorkloadKind, self.kind, "Workload.kind"))
@@ -308,6 +318,30 @@ class Workload:
     def key(self) -> str:
         """``namespace/name`` (:func:`workload_key`)."""
         return workload_key(self.namespace, self.name)
+
+
+HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers kube-scheduler
+
+
+def _parse_taint(text: str) -> tuple[str, str | None, str | None]:
+    """``key=value:Effect`` (value and effect optional) as (key, value, effect)."""
+    body, _, effect = text.partition(":")
+    key, has_value, value = body.partition("=")
+    return key, value if has_value else None, effect or None
+
+
+def taint_blocks(taint: str, tolerations: tuple[str, ...]) -> bool:
+    """Whether kube-scheduler keeps a pod with ``tolerations`` off a node with ``taint``: a
+    NoSchedule or NoExecute taint that no toleration matches (same key; same value unless the
+    toleration names none; same effect unless it names none)."""
+    key, value, effect = _parse_taint(taint)
+    if effect not in HARD_TAINT_EFFECTS:
+        return False
+    for toleration in tolerations:
+        t_key, t_value, t_effect = _parse_taint(toleration)
+        if t_key == key and t_value in (None, value) and t_effect in (None, effect):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def node_allowed(job: Job, node: NodeState) -> bool:
     """Whether ``job`` may ever run on ``node`` (schedulable, GPU model, price tier, pool), free room aside."""
     return (
         node.schedulable
-        and (not job.pools or node.pool in job.pools)
+        and (not job.pools or node.pool in job.pools) and node.name not in job.avoid_nodes
         and (job.gpu_model is None or node.model == job.gpu_model or mig.MODEL_ALIASES.get(job.gpu_model) == node.model)
         and _tier_ok(job, node)
     )

@@ -95,6 +95,7 @@ class Job:
     duration: float | None = None  # replay only
     flavour: str = ANY_FLAVOUR
     pools: tuple[str, ...] = ()  # node pools the job may run in (empty: any)
+    avoid_nodes: frozenset[str] = frozenset()  # nodes whose taints it does not tolerate
     # mutable
     state: JobState = JobState.PENDING
     started: float | None = None

@@ -1,8 +1,13 @@
-"""``SimCluster``: the ``Cluster`` protocol over the simulated fleet, so the actuator can act on it.
+"""``SimCluster``: the ``Cluster`` protocol over the simulated fleet, so the actuator acts on it and
+the scheduling round (the same one a real cluster gets) plans on its snapshot.
 
-Actions take effect on the simulation's next step (the scheduler runs there). Each returns an
-``ActionResult``; a refused action (unknown node, a job that is not running) is ``ok=False`` with
-the reason, never an exception.
+The snapshot says what a live cluster says, in the same fields: cordons; taints, with a spot node
+that was reclaimed shown as Kubernetes shows an unreachable node (a NoExecute taint); unhealthy
+GPUs (down or lost); MIG layouts and which instance each pod holds; that no GPU is shared by two
+pods (``Node.shares_gpus`` is False); each workload's pools, latest start and attained service.
+
+Each action returns an ``ActionResult``; a refused action (unknown node, a job that is not
+running) is ``ok=False`` with the reason, never an exception.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ if TYPE_CHECKING:
     from .engine import SimJob, Simulation
 
 _LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable=:NoExecute"  # what Kubernetes puts on a lost node
 
 
 class SimCluster:
     def __init__(self, simulation: Simulation) -> None:
         self.sim = simulation
+        self._placements: dict[int, tuple[np.ndarray, tuple[Placement, ...]]] = {}  # by job, while its devices stay
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
@@ -41,6 +48,9 @@ class SimCluster:
             unhealthy = frozenset(
                 sim.gpus[g].uuid for g in np.flatnonzero((sim.gpu_down_until > sim.now_s) | sim.gpu_lost)
             )
+            taints = {sim.nodes[i].name: taints for i, taints in sim.node_taints.items()}
+            for i in np.flatnonzero(sim.node_down_until > sim.now_s):
+                taints[sim.nodes[i].name] = (*taints.get(sim.nodes[i].name, ()), UNREACHABLE_TAINT)
             return ClusterSnapshot(
                 taken_at=now,
                 nodes=sim.nodes,
@@ -48,25 +58,34 @@ class SimCluster:
                 workloads=workloads,
                 teams=sim.teams,
                 cordoned=frozenset(sim.nodes[i].name for i in np.flatnonzero(sim.node_cordoned)),
-                taints={sim.nodes[i].name: taints for i, taints in sim.node_taints.items()},
+                taints=taints,
                 unhealthy_gpus=unhealthy,
             )
 
+    def _placements_of(self, job: SimJob) -> tuple[Placement, ...]:
+        sim = self.sim
+        if job.devices is None:
+            self._placements.pop(job.index, None)
+            return ()
+        cached = self._placements.get(job.index)
+        if cached is not None and cached[0] is job.devices:
+            return cached[1]
+        placements = tuple(
+            Placement(sim.nodes[sim.dev_node[d]].name, sim.gpus[sim.dev_gpu[d]].uuid, int(sim.dev_mig_id[d]) or None)
+            for d in job.devices
+        )
+        self._placements[job.index] = (job.devices, placements)
+        return placements
+
     def _state(self, job: SimJob) -> WorkloadState:
         sim = self.sim
-        placements = ()
-        if job.devices is not None:
-            placements = tuple(
-                Placement(sim.nodes[sim.dev_node[d]].name, sim.gpus[sim.dev_gpu[d]].uuid,
-                          int(sim.dev_mig_id[d]) or None)
-                for d in job.devices
-            )
         at = lambda seconds: None if seconds is None else sim.origin + timedelta(seconds=float(seconds))  # noqa: E731
         return WorkloadState(
-            workload=job.spec.workload, phase=job.phase, submitted_at=at(job.spec.submit_s), started_at=at(job.started_s),
-            placements=placements, progress_seconds=job.progress_s, duration_seconds=job.spec.duration_s,
-            preemptions=job.preemptions,
+            workload=job.spec.workload, phase=job.phase, submitted_at=at(job.spec.submit_s),
+            started_at=at(job.last_started_s), placements=self._placements_of(job), progress_seconds=job.progress_s,
+            duration_seconds=job.spec.duration_s, preemptions=job.preemptions,
             priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,
+            attained_gpu_seconds=job.attained_gpu_seconds,
         )
 
     # -- acting --------------------------------------------------------------------------------
@@ -169,6 +188,7 @@ class SimCluster:
         if placements:
             return f"resumed {action.target} on {self._bind_onto(action, job, placements)} device(s)"
         job.phase = WorkloadPhase.PENDING
+        self.sim.suspended.discard(job.index)
         if job not in self.sim.queue:
             self.sim.queue.append(job)
         return f"resumed {action.target} (queued)"

@@ -1,10 +1,11 @@
 """The simulated fleet: a deterministic, time-stepped cluster of nodes, GPUs and jobs.
 
 One ``step()`` advances the clock by ``step_seconds``: arrivals join the queue, faults and spot
-reclaims strike, running jobs progress (at the speed of their slowest GPU) and finish, the built-in
-production scheduler (``gpuwarden.scheduling``, run by ``dispatch.Dispatcher``) decides what starts,
-resumes, suspends or is preempted, carried out through ``SimCluster``; and one row of fleet
-samples per device is rendered:
+reclaims strike, running jobs progress (at the speed of their slowest GPU) and finish, and the
+scheduling round it was given at construction (a ``fleet.SchedulingHook``: the CLI hands it the
+actuator's round, the one a real cluster gets) reads ``SimCluster``'s snapshot, decides what
+starts, resumes, suspends or is preempted, and applies it through ``SimCluster``; the simulator
+carries decisions out and never makes them. Then one row of fleet samples per device is rendered:
 
 - training / fine-tuning / notebook devices draw a real sample of their current H200 phase
   (``phase_trace.csv``), scaled to the device's model (power by TDP, clocks by max SM clock);
@@ -12,10 +13,10 @@ samples per device is rendered:
 - free devices draw from the ``idle_no_process`` phase;
 - active faults then bend the numbers (clocks, temperature, throttle bits, error counters).
 
-The seams are modules: ``hardware`` (noise, faults, repairs, spot reclaims), ``dispatch`` (the
-production scheduler's pass), ``render`` (samples), ``cluster`` (the ``Cluster`` protocol view).
+The seams are modules: ``hardware`` (noise, faults, repairs, spot reclaims), ``render`` (samples),
+``cluster`` (the ``Cluster`` protocol view the round plans on and acts through).
 Everything random comes from one ``numpy`` generator seeded by ``SimConfig.seed``; the same
-config gives the same samples, bit for bit. The ``Cluster`` protocol view is ``SimCluster``.
+config gives the same samples, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import PriorityClass, WorkloadKind, WorkloadPhase, XID_COLUMN_NAMES
+from gpuwarden.fleet.protocols import SchedulingHookFactory
 
 from .catalog import MODELS
 from .cluster import SimCluster
 from .config import SimConfig
-from .dispatch import Dispatcher
 from .faults import GROUND_TRUTH_COLUMNS, NVLINK_COUNTERS, FaultEvent, FaultInjector
 from .fleetgen import build_fleet
-from gpuwarden.fleet.semantics import mig_share
+from gpuwarden.fleet.semantics import mig_share, request_gpu_equivalents
 from gpuwarden.fleet.traces import default_data_dir, load_genai, load_h200_phases, load_openb_pods, load_philly_jobs, load_philly_vcs
 from .hardware import HardwareSteps
 from .render import FREE_MEMORY_BYTES, H200_MAX_SM_MHZ, H200_TDP_WATTS, IDLE_BIT, Renderer  # noqa: F401 (re-exported)
@@ -73,6 +74,9 @@ class SimJob:
     devices: np.ndarray | None = None
     preemptions: int = 0
     restarts: int = 0
+    last_started_s: float | None = None  # the latest (re)start: what a pod's start time says
+    attained_gpu_seconds: float = 0.0  # service received: GPU equivalents x seconds run
+    gpu_equivalents: float = 0.0
 
     @property
     def name(self) -> str:
@@ -82,7 +86,10 @@ class SimJob:
 class Simulation(HardwareSteps, Renderer):
     """A simulated fleet you can step, read and act on."""
 
-    def __init__(self, config: SimConfig | None = None) -> None:
+    def __init__(self, config: SimConfig | None = None, *, scheduling: SchedulingHookFactory) -> None:
+        """``scheduling`` builds the scheduling round on this fleet's ``SimCluster``; the round runs
+        every ``scheduling_interval_seconds`` when jobs arrived or finished, and right after a
+        cluster action (``gpuwarden.cli.simfleet`` wires the actuator's round)."""
         self.config = config or SimConfig()
         cfg = self.config
         data_dir = Path(cfg.data_dir) if cfg.data_dir else default_data_dir()
@@ -102,8 +109,11 @@ class Simulation(HardwareSteps, Renderer):
         self.faults = FaultInjector(cfg, len(self.gpus), self.rng)
         self.jobs: list[SimJob] = []
         self.job_by_name: dict[str, SimJob] = {}
-        self.queue: list[SimJob] = []  # pending jobs (the scheduler's suspended ones: dispatcher.suspended)
-        self.dispatcher = Dispatcher(self, SimCluster(self), cfg.scheduler_policy)
+        self.queue: list[SimJob] = []  # pending jobs
+        self.suspended: set[int] = set()  # indices of suspended jobs
+        self.cluster = SimCluster(self)
+        self.scheduling = scheduling(self.cluster)
+        self.last_round_s = 0.0
         self.origin = cfg.start - timedelta(days=cfg.warmup_days)
         self.now_s = 0.0
         self.step_index = 0
@@ -228,7 +238,12 @@ class Simulation(HardwareSteps, Renderer):
 
     def _arrive(self, now: float) -> None:
         for spec in self.arrivals.arrivals(now):
-            job = SimJob(spec, len(self.jobs), priority=spec.workload.priority_class)
+            request = spec.workload.gpus
+            job = SimJob(spec, len(self.jobs), priority=spec.workload.priority_class,
+                         gpu_equivalents=request_gpu_equivalents(request.mig_profile, spec.workload.gang_size,
+                                                                 model=request.gpu_model) if request.mig_profile else
+                         request_gpu_equivalents(None, spec.workload.gang_size * max(1, request.count),
+                                                 request.fraction_milli))
             pods = [spec.workload.name] if spec.workload.gang_size == 1 else [
                 f"{spec.workload.name}-{k}" for k in range(spec.workload.gang_size)]
             codes = np.arange(len(self._pod_names), len(self._pod_names) + len(pods))
@@ -264,6 +279,10 @@ class Simulation(HardwareSteps, Renderer):
         job.phase = to_phase
         if to_phase == WorkloadPhase.PENDING and job not in self.queue:
             self.queue.append(job)
+        if to_phase == WorkloadPhase.SUSPENDED:
+            self.suspended.add(job.index)
+        else:
+            self.suspended.discard(job.index)
 
     def _progress(self, now: float) -> None:
         step = self.config.step_seconds
@@ -279,6 +298,7 @@ class Simulation(HardwareSteps, Renderer):
             # Services and notebooks live for their lifetime; training advances at its slowest GPU.
             rate = job_speed[job_index] if kind in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNING) else 1.0
             job.progress_s += step * rate
+            job.attained_gpu_seconds += step * job.gpu_equivalents
             if job.progress_s >= job.spec.duration_s:
                 self.dev_job[job.devices] = -1
                 job.devices = None
@@ -301,20 +321,23 @@ class Simulation(HardwareSteps, Renderer):
         return (self.dev_job < 0) & node_ok[self.dev_node] & gpu_ok[self.dev_gpu]
 
     def _schedule(self, now: float) -> None:
-        """One pass of the production scheduler (``dispatch``): at once after a cluster action,
-        else every ``scheduling_interval_seconds`` when jobs arrived, finished or were stopped."""
-        if not (self.queue or self.dispatcher.suspended):
+        """One scheduling round: at once after a cluster action, else every
+        ``scheduling_interval_seconds`` when jobs arrived, finished or were stopped."""
+        if not (self.queue or self.suspended):
             return
-        due = now - self.dispatcher.last_now >= self.config.scheduling_interval_seconds
+        due = now - self.last_round_s >= self.config.scheduling_interval_seconds
         if not (self.acted or (due and self._capacity_changed)):
             return
-        self.dispatcher.schedule(now)
+        self.scheduling.run_round()
+        self.last_round_s = now
         self._capacity_changed = self.acted = False
 
     def _bind(self, job: SimJob, devices: np.ndarray, now: float) -> None:
         self.dev_job[devices] = job.index
         job.devices = devices
         job.phase = WorkloadPhase.RUNNING
+        job.last_started_s = now
+        self.suspended.discard(job.index)
         if job.started_s is None:
             job.started_s = now
             self.counts["started"] += 1

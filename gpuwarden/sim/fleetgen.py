@@ -77,7 +77,7 @@ def build_fleet(cluster: str, node_count: int, gpus_per_node: int, philly_vcs: p
             topology = Topology(nvlink_domain=name, leaf_switch=f"leaf-{pool}-{ordinal // leaf_nodes}", rack=f"rack-{position // 4:02d}")
             nodes.append(
                 Node(name, pool, location, tier, topology, model_name, gpus_per_node, cpu_milli=192_000,
-                     memory_bytes=2048 * GIB)
+                     memory_bytes=2048 * GIB, shares_gpus=False)  # a simulated GPU holds one pod
             )
             mig = ordinal < mig_nodes and model_name in MIG_LAYOUTS
             for index in range(gpus_per_node):

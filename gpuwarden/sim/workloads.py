@@ -49,7 +49,6 @@ class JobSpec:
     workload: Workload
     submit_s: float
     duration_s: float
-    pools: tuple[str, ...]
     profile: str
     mem_ratio: float  # share of each GPU's memory the job holds
     genai_series: int = -1
@@ -139,9 +138,10 @@ class ArrivalStream:
             project=f"{team}-{PROJECTS[self.counter % len(PROJECTS)]}", priority_class=priority,
             gpus=GpuRequest(count=per_pod), gang_size=gang, checkpointable=checkpointable,
             checkpoint_interval_seconds=(900.0 if fine_tuning else 1800.0) if checkpointable else None,
+            pools=TRAINING_POOLS,
         )
         profile = _choice(rng, FINE_TUNING_MIX if fine_tuning else TRAINING_MIX)
-        return JobSpec(workload, at, duration, TRAINING_POOLS, profile, float(rng.uniform(0.55, 0.95)))
+        return JobSpec(workload, at, duration, profile, float(rng.uniform(0.55, 0.95)))
 
     # -- openb inference -------------------------------------------------------------------------
     def _openb_setup(self, openb: pd.DataFrame, inference_gpus: int) -> None:
@@ -170,12 +170,13 @@ class ArrivalStream:
         workload = Workload(
             name=f"svc-{self.counter:06d}", namespace=team, kind=WorkloadKind.INFERENCE, team=team,
             project=f"{team}-{PROJECTS[self.counter % len(PROJECTS)]}", priority_class=priority, gpus=request,
+            pools=INFERENCE_POOLS,
         )
         life = float(np.clip(rng.lognormal(np.log(12 * 3600.0), 1.0), 3600.0, 14 * DAY))
         if residual:
             life *= float(rng.uniform(0.05, 1.0))
         series = int(rng.integers(self.genai_pods))
-        return JobSpec(workload, at, life, INFERENCE_POOLS, "inference", 0.0, series, int(rng.integers(1440)))
+        return JobSpec(workload, at, life, "inference", 0.0, series, int(rng.integers(1440)))
 
     def _notebook(self, at: float, residual: bool = False) -> JobSpec:
         rng = self.rng
@@ -184,12 +185,12 @@ class ArrivalStream:
         workload = Workload(
             name=f"nb-{self.counter:06d}", namespace=team, kind=WorkloadKind.NOTEBOOK, team=team,
             project=f"{team}-exp", priority_class=_choice(rng, {PriorityClass.NORMAL: 0.7, PriorityClass.LOW: 0.3}),
-            gpus=GpuRequest(count=1),
+            gpus=GpuRequest(count=1), pools=INFERENCE_POOLS,
         )
         life = float(np.clip(rng.lognormal(np.log(8 * 3600.0), 0.8), 3600.0, 3 * DAY))
         if residual:
             life *= float(rng.uniform(0.05, 1.0))
-        return JobSpec(workload, at, life, INFERENCE_POOLS, "notebook", 0.0)
+        return JobSpec(workload, at, life, "notebook", 0.0)
 
     def _poisson_times(self, rate_per_s: float, start_s: float, end_s: float) -> np.ndarray:
         count = int(self.rng.poisson(rate_per_s * (end_s - start_s)))

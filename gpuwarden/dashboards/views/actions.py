@@ -12,7 +12,7 @@ from gpuwarden.actuator import audit_report as av
 from gpuwarden.analytics.health_report import findings_on_node
 from gpuwarden.analytics.windows import window_for
 from gpuwarden.dashboards import auth, data, show
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards.data import store_path
 
 st.title("Actuator actions")

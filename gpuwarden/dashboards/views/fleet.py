@@ -12,7 +12,7 @@ import streamlit as st
 
 from gpuwarden.analytics import fleet_report as fr
 from gpuwarden.analytics.health_report import active_critical
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards import data, fmt
 
 info = data.require_store()

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from gpuwarden.dashboards import auth, data
-from gpuwarden.dashboards import cluster_state as cs
+from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.fleet import FleetValueError, PriorityClass
 
 st.title("Request GPUs")

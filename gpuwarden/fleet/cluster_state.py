@@ -1,10 +1,13 @@
-"""The cluster as the dashboard sees it: a ``ClusterSnapshot`` kept as JSON beside the store, the
-workload requests teams submit from the portal, and the team weights admins set.
+"""The cluster kept as files: a ``ClusterSnapshot`` as JSON beside the store (every field of the
+fleet vocabulary, encoded and decoded by type), the workload requests teams submit from the
+portal, and the team weights admins set.
 
-The dashboard runs in its own process and never talks to the cluster itself: whoever holds the
-``Cluster`` (the demo's ``SimCluster``, the actuator's ``KubeCluster``) writes
-:func:`write_snapshot` each round, and the Queue and Portal pages plan on the newest one with the
-scheduling room's own :func:`gpuwarden.scheduling.plan`.
+Fleet vocabulary, so every room may read it: whoever holds the ``Cluster`` (the demo's
+``SimCluster``, the actuator's ``KubeCluster``) writes :func:`write_snapshot` each round; the
+dashboard, in its own process, never talks to the cluster itself, and its Queue and Portal pages
+plan on the newest snapshot with the scheduling room's own :func:`gpuwarden.scheduling.plan`.
+Fields added to the vocabulary later are optional here: a file without them reads with their
+defaults.
 
 Files (default under ``<store>/cluster/``; ``GPUWARDEN_CLUSTER_STATE`` names another folder):
 ``snapshot.json`` (the snapshot), ``requests.jsonl`` (portal submissions, append-only, one JSON
@@ -18,20 +21,16 @@ import enum
 import functools
 import json
 import os
+import types
 import typing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.fleet import (
-    ClusterSnapshot,
-    GpuRequest,
-    PriorityClass,
-    Workload,
-    WorkloadKind,
-    WorkloadPhase,
-    WorkloadState,
-)
+from collections.abc import Mapping
+
+from .protocols import ClusterSnapshot, WorkloadPhase, WorkloadState
+from .vocabulary import GpuRequest, PriorityClass, Workload, WorkloadKind
 
 STATE_ENV = "GPUWARDEN_CLUSTER_STATE"
 SCHEMA_VERSION = 1
@@ -72,10 +71,10 @@ def _decode(kind: Any, value: Any) -> Any:
         return None
     origin = typing.get_origin(kind)
     args = typing.get_args(kind)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
         return _decode(options[0], value) if options else value
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         hints = _hints(kind)
         return kind(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(kind) if f.name in value})
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -87,21 +86,22 @@ def _decode(kind: Any, value: Any) -> Any:
         return tuple(_decode(inner, v) for v in value)
     if origin is frozenset:
         return frozenset(_decode(args[0] if args else Any, v) for v in value)
-    if origin in (typing.Mapping, dict, __import__("collections.abc").abc.Mapping):
+    if origin in (typing.Mapping, dict, Mapping):
         inner = args[1] if len(args) == 2 else Any
         return {k: _decode(inner, v) for k, v in value.items()}
     return value
 
 
-def snapshot_to_dict(snapshot: ClusterSnapshot) -> dict:
+def snapshot_to_dict(snapshot: ClusterSnapshot) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "snapshot": _encode(snapshot)}
 
 
-def snapshot_from_dict(document: dict) -> ClusterSnapshot:
+def snapshot_from_dict(document: Mapping[str, Any]) -> ClusterSnapshot:
     if document.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"cluster snapshot schema_version {document.get('schema_version')!r}; this dashboard reads "
                          f"{SCHEMA_VERSION}")
-    return _decode(ClusterSnapshot, document["snapshot"])
+    snapshot: ClusterSnapshot = _decode(ClusterSnapshot, document["snapshot"])
+    return snapshot
 
 
 def write_snapshot(directory: str | os.PathLike[str], snapshot: ClusterSnapshot) -> Path:
@@ -157,15 +157,13 @@ FRACTION_STEP_MILLI = 100  # the portal offers 10 % steps
 FRACTION_MIN_MILLI = 100
 
 
-def request_limits(snapshot: ClusterSnapshot | None) -> tuple[int | None, list[str], list[str]]:
-    """(most whole GPUs one request may ask for: the cluster's GPUs; MIG profiles its GPU models
-    offer; its team names). Without a snapshot: no GPU bound, every known profile, any team."""
-    from gpuwarden.scheduling.mig import MIG_TABLES, mig_table
-
+def request_limits(snapshot: ClusterSnapshot | None) -> tuple[int | None, list[str] | None, list[str]]:
+    """(most whole GPUs one request may ask for: the cluster's GPUs; the MIG profiles its GPUs are
+    cut into, the only ones a MIG request can be placed on, since the scheduler never re-cuts a
+    GPU; its team names). Without a snapshot: no GPU bound, no profile bound (None), any team."""
     if snapshot is None or not snapshot.gpus:
-        return None, sorted({p for table in MIG_TABLES.values() for p in table}), []
-    models = {gpu.model for gpu in snapshot.gpus}
-    profiles = sorted({p for model in models for p in mig_table(model)})
+        return None, None, []
+    profiles = sorted({instance.profile for gpu in snapshot.gpus for instance in gpu.mig_instances})
     return len(snapshot.gpus), profiles, [t.name for t in snapshot.teams]
 
 
@@ -192,11 +190,11 @@ def validate_request(request: WorkloadRequest, snapshot: ClusterSnapshot | None 
     if fraction < 1000 and request.gpus != 1:
         raise ValueError(f"fraction of one GPU {fraction / 10:g}% with {request.gpus} GPUs: a fraction asks for one GPU")
     if request.mig_profile is not None:
-        if request.mig_profile not in profiles:
-            raise ValueError(f"MIG profile {request.mig_profile!r}: not offered by this cluster's GPUs; allowed: "
-                             + (", ".join(profiles) or "none (no GPU here has MIG)"))
         if request.gpus != 1 or fraction != 1000:
             raise ValueError("MIG profile: a MIG request is one instance, not a count of GPUs or a fraction")
+        if profiles is not None and request.mig_profile not in profiles:
+            raise ValueError(f"MIG profile {request.mig_profile!r}: no GPU of this cluster is cut into it; allowed: "
+                             + (", ".join(profiles) or "none (no GPU here has MIG)"))
     priorities = [p.value for p in PriorityClass]
     if request.priority_class not in priorities:
         raise ValueError(f"priority class {request.priority_class!r}: allowed: {', '.join(priorities)}")
