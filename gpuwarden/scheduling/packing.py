@@ -67,17 +67,25 @@ class TargetWorkload:
                    cpu=np.array([s.cpu_milli for s in shapes], dtype=np.int64),
                    mem=np.array([s.mem_bytes for s in shapes], dtype=np.int64), model_ok=model_ok, weight=weight)
 
+    def __post_init__(self) -> None:
+        # shapes share few per-GPU needs (22 among the default list's 151): usable GPUs are counted
+        # per distinct need, then spread to the shapes
+        needs, index = np.unique(self.need, return_inverse=True)
+        object.__setattr__(self, "_needs", needs)
+        object.__setattr__(self, "_need_index", index.reshape(-1))
+        object.__setattr__(self, "_gpu_shape", self.count > 0)
+
     def fragmentation(self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray) -> np.ndarray:
         """``F`` for a batch of node states: free (B, G), cpu (B,), mem (B,), model (B,) -> (B,) milli-GPU."""
-        usable = free[:, :, None] >= self.need[None, None, :]  # (B, G, T)
-        fits_gpu = usable.sum(axis=1) >= self.count[None, :]
-        usable_milli = np.einsum("bg,bgt->bt", free.astype(np.float64), usable)
+        usable = free[:, :, None] >= self._needs[None, None, :]  # (B, G, D)
+        fits_gpu = usable.sum(axis=1)[:, self._need_index] >= self.count[None, :]
+        usable_milli = np.einsum("bg,bgd->bd", free.astype(np.float64), usable)[:, self._need_index]
         host = (
             fits_gpu
             & (cpu[:, None] >= self.cpu[None, :])
             & (mem[:, None] >= self.mem[None, :])
             & self.model_ok[model]
-            & (self.count[None, :] > 0)  # a CPU-only shape uses no GPU: all free GPU is a fragment for it
+            & self._gpu_shape[None, :]  # a CPU-only shape uses no GPU: all free GPU is a fragment for it
         )
         total = free.sum(axis=1).astype(np.float64)
         fragmented: np.ndarray = total - (host * usable_milli) @ self.weight
