@@ -439,42 +439,28 @@ def test_job_states_decision_kinds_and_policy_modes_are_enums():
 def test_fragmentation_scorer_keeps_room_for_the_expected_pods():
     """FGD inside the engine: tightest fit takes the shared GPU and strands 200 milli that the
     expected 300-milli pods cannot use; the fragmentation scorer keeps that GPU usable."""
-    import numpy as np
-
     from gpuwarden.scheduling import PlacementOptions
-    from gpuwarden.scheduling.packing import TargetWorkload
+    from gpuwarden.scheduling.state import Shape
 
-    target = TargetWorkload(need=np.array([300]), count=np.array([1]), cpu=np.array([0]), mem=np.array([0]),
-                            model_ok=np.array([[True]]), weight=np.array([1.0]))
     state = ClusterBuilder().node("a", gpus=2).node("b", gpus=2, gpu_free=[700, 1000]).obj()
+    state.expect({Shape(1, 300, 0, 0): 1.0})
     job = Job("frac", "t", milli=500)
     assert find_placement(state, job, PlacementOptions())[0] == [("b", 0, 500)]
-    assert find_placement(state, job, PlacementOptions(fragmentation=target))[0] == [("a", 0, 500)]
+    assert find_placement(state, job, PlacementOptions(scorer="fgd"))[0] == [("a", 0, 500)]
 
 
 def test_fgd_ties_go_to_the_node_left_with_the_least_cpu_share_free():
-    """gpuwarden's openb tie-break: two nodes score the same for a whole-GPU pod; node order would
-    take the CPU-roomy one, best fit on CPU keeps it for CPU-heavy pods. An unknown tie rule names
-    the allowed ones."""
-    import numpy as np
+    """gpuwarden's tie rule: two nodes score the same for a whole-GPU pod; node order would take the
+    CPU-roomy one, best fit on CPU keeps it for CPU-heavy pods. An unknown tie rule names the allowed ones."""
+    from gpuwarden.scheduling import PlacementOptions, SchedulingError
 
-    from gpuwarden.scheduling.packing import ArrayCluster, FragmentationGradient, PodShapes, TargetWorkload
+    def chosen(ties: str) -> str:
+        state = ClusterBuilder().node("roomy", gpus=1, cpu=96000).node("tight", gpus=1, cpu=16000).obj()
+        placements, _ = find_placement(state, Job("p", "t", cpu_milli=8000), PlacementOptions(scorer="fgd", ties=ties))
+        assert placements is not None
+        return placements[0][0]
 
-    shapes = PodShapes(gpus=np.array([1]), milli=np.array([1000]), cpu=np.array([8000]), mem=np.array([1024]),
-                       model_ok=np.array([[True]]))
-    target = TargetWorkload.from_shapes(shapes, np.array([1.0]))
-
-    def chosen(ties: str) -> int:
-        cluster = ArrayCluster(["roomy", "tight"], [0, 0], ["V100"], gpu_count=[1, 1], cpu_milli=[96000, 16000],
-                               memory_mib=[65536, 65536])
-        policy = FragmentationGradient(target, ties=ties)
-        policy.reset(cluster, shapes, np.random.default_rng(0))
-        choice = policy.choose(0)
-        assert choice is not None
-        assert policy.score[0, 0] == policy.score[1, 0]  # a tie on FGD's score
-        return choice[0]
-
-    assert chosen("first") == 0
-    assert chosen("tightest_cpu") == 1
-    with pytest.raises(ValueError, match="ties must be one of random, first, tightest_cpu, not 'fullest'"):
-        FragmentationGradient(target, ties="fullest")
+    assert chosen("first") == "roomy"
+    assert chosen("tightest_cpu") == "tight"
+    with pytest.raises(SchedulingError, match="placement ties 'fullest' is not one of: random, first, tightest_cpu"):
+        PlacementOptions(scorer="fgd", ties="fullest")

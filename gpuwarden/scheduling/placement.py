@@ -1,9 +1,13 @@
 """Placement: where all pods of a job fit on a ``State``, or why they do not.
 
-Whole GPUs go best-fit (or first-fit) by node, gangs under one leaf switch and as few NVLink
-domains as possible; fractions share a GPU (tightest first) or, on fleets that cannot share a GPU,
-take the smallest free MIG instance that holds them, else a whole GPU; MIG requests take a free
-instance of their profile on the fullest MIG GPU.
+A one-pod request (whole GPUs, a fraction, or CPU only) goes where the policy's scorer puts it
+(``scorers``: ``fgd`` for the shipped policy, ``bestfit``, ``firstfit``, ``random``) among the nodes
+it fits on. Gangs (several pods) go under one leaf switch and into as few NVLink domains as possible
+(topology decides there, not a scorer). On fleets that cannot share a GPU a fraction takes the
+smallest free MIG instance that holds it, else a whole GPU. MIG requests take a free instance of
+their profile on the fullest MIG GPU; with the ``fgd`` scorer its tie rule then orders equal GPUs
+(FGD's GPU term and the CPU-starvation term do not apply to MIG: a MIG GPU has no shareable
+milli-GPU free, so neither term changes whichever instance is taken).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from collections.abc import Callable
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
 from . import mig
-from .packing import TargetWorkload, fgd_score
-from .state import MILLI, Job, NodeState, Slot, State
+from .scorers import SCORERS, TIE_RULES, Scorer, make_scorer
+from .errors import SchedulingError
+from .state import MILLI, Job, NodeState, Shape, Slot, State
 
 Placement = tuple[list[Slot] | None, str]
 
@@ -41,9 +46,14 @@ def node_allowed(job: Job, node: NodeState) -> bool:
     return (
         node.schedulable
         and (not job.pools or node.pool in job.pools) and node.name not in job.avoid_nodes
-        and (job.gpu_model is None or node.model == job.gpu_model or mig.MODEL_ALIASES.get(job.gpu_model) == node.model)
+        and _model_ok(job, node)
         and _tier_ok(job, node)
     )
+
+
+def _model_ok(job: Job, node: NodeState) -> bool:
+    models = job.gpu_models or ((job.gpu_model,) if job.gpu_model else ())
+    return not models or any(node.model == m or mig.MODEL_ALIASES.get(m) == node.model for m in models)
 
 
 def _node_ok(job: Job, node: NodeState) -> bool:
@@ -52,14 +62,25 @@ def _node_ok(job: Job, node: NodeState) -> bool:
 
 @dataclass(frozen=True)
 class PlacementOptions:
+    """How a policy places. ``scorer`` (one of ``scorers.SCORERS``) picks the node for a one-pod request;
+    ``cpu_weight`` and ``ties`` configure the ``fgd`` scorer; gangs pack tightly unless ``firstfit``."""
+
     topology: bool = True  # NVLink-domain and leaf-switch packing for gangs
-    best_fit: bool = True  # pack tightly (else first fit)
+    scorer: str = "bestfit"
+    cpu_weight: float = 0.0  # fgd: score steps per unit of CPU/memory-starvation growth
+    ties: str = "first"  # fgd: among equal scores (scorers.TIE_RULES)
     mig: bool = True  # use MIG instances for MIG requests (else a whole GPU per request)
     fractions: FractionMode = FractionMode.SHARE
     spot_first: bool = True  # jobs allowed on spot (checkpointable training) fill it before other tiers
-    # Fragmentation-aware placement of fractions (FGD): the pod shapes expected to arrive; a fraction
-    # goes where the expected fragmentation grows least (``packing``). None: tightest GPU first.
-    fragmentation: TargetWorkload | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("scorer", self.scorer, SCORERS), ("ties", self.ties, TIE_RULES)):
+            if value not in allowed:
+                raise SchedulingError(f"placement {name} {value!r} is not one of: {', '.join(allowed)}")
+
+    @property
+    def best_fit(self) -> bool:
+        return self.scorer != "firstfit"
 
 
 DEFAULT_OPTIONS = PlacementOptions()
@@ -67,6 +88,8 @@ DEFAULT_OPTIONS = PlacementOptions()
 
 def find_placement(state: State, job: Job, options: PlacementOptions = DEFAULT_OPTIONS) -> Placement:
     """All pods of ``job`` or nothing: returns (placements, '') or (None, reason)."""
+    if job.pods == 1 and not job.mig_profile and (job.milli == MILLI or options.fractions == FractionMode.SHARE):
+        return _place_one(state, job, options, job.milli)
     nodes = [n for n in state.nodes.values() if _node_ok(job, n)]
     if not nodes:
         return None, _no_node_reason(state, job)
@@ -75,9 +98,48 @@ def find_placement(state: State, job: Job, options: PlacementOptions = DEFAULT_O
     if job.milli < MILLI:
         if options.fractions == FractionMode.MIG_OR_WHOLE:
             placements, reason = _place_fraction_on_mig(nodes, job)
-            return (placements, reason) if placements is not None else _place_whole(nodes, job, options)
-        return _place_fraction(nodes, job, options)
+            return (placements, reason) if placements is not None else _place_one(state, job, options, MILLI)
+        return None, "fractional gangs are not supported; submit pods separately"
     return _place_whole(nodes, job, options)
+
+
+def _scorer(state: State, options: PlacementOptions) -> Scorer:
+    key = (options.scorer, options.cpu_weight, options.ties)
+    scorer = state.scorers.get(key)
+    if scorer is None:
+        scorer = state.scorers[key] = make_scorer(state, options.scorer, options.cpu_weight, options.ties)
+    assert isinstance(scorer, Scorer)
+    return scorer
+
+
+def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) -> Placement:
+    """One pod by the policy's scorer, among the nodes where it fits (``milli`` per GPU: a fraction
+    shares a GPU; ``MILLI`` takes whole GPUs). A CPU-only pod's slot is (node, 0, 0): no GPU, the node
+    its CPU and memory are booked on."""
+    a = state.arrays
+    spot_ok = job.kind != WorkloadKind.INFERENCE and job.checkpointable
+    allowed = a.static_mask(("allowed", job.gpu_model, job.gpu_models, job.pools, spot_ok),
+                            lambda n: node_allowed(job, n))
+    k = job.gpus_per_pod
+    if not allowed.any():
+        return None, _no_node_reason(state, job)
+    if k > int(a.gpu_count[allowed].max()):
+        return None, f"asks for {k} GPUs per pod; the largest node has {int(a.gpu_count[allowed].max())}"
+    host = allowed & (a.cpu_free >= job.cpu_milli) & (a.mem_free >= job.mem_bytes)
+    if not host.any():
+        return None, "no node has the CPU and memory free"
+    fits = host if k == 0 else host & ((a.free >= milli).sum(axis=1) >= k)
+    if options.spot_first and spot_ok:
+        spot = fits & a.static_mask(("spot",), lambda n: n.tier == PriceTier.SPOT)
+        fits = spot if spot.any() else fits
+    nodes = np.flatnonzero(fits)
+    if not len(nodes):
+        if milli < MILLI:
+            return None, f"capacity: no GPU has {milli} milli-GPU free"
+        return None, f"capacity: needs {k} whole GPUs, {int((a.free[host] == MILLI).sum())} free on allowed nodes"
+    node, gpus = _scorer(state, options).choose(nodes, Shape(k, milli, job.cpu_milli, job.mem_bytes))
+    name = a.names[node]
+    return ([(name, g, milli) for g in gpus] or [(name, 0, 0)]), ""
 
 
 def _no_node_reason(state: State, job: Job) -> str:
@@ -171,32 +233,10 @@ def _gang_by_topology(nodes: list[NodeState], cap: dict[str, int], pods: int,
     return None
 
 
-def _place_fraction(nodes: list[NodeState], job: Job, options: PlacementOptions) -> Placement:
-    if options.fragmentation is not None and job.pods == 1:
-        return _place_fraction_by_fragmentation(nodes, job, options.fragmentation)
-    best = None
-    for n in nodes:
-        for g, free in enumerate(n.gpu_free):
-            if n.mig_layout[g] is not None or free < job.milli:
-                continue
-            # tightest GPU first; a GPU already shared before an untouched one
-            key = (free - job.milli if options.best_fit else 0, free == MILLI, n.name, g)
-            if best is None or key < best[0]:
-                best = (key, n.name, g)
-            if not options.best_fit:
-                break
-        if best is not None and not options.best_fit:
-            break
-    if best is None:
-        return None, f"capacity: no GPU has {job.milli} milli-GPU free"
-    if job.pods > 1:
-        return None, "fractional gangs are not supported; submit pods separately"
-    return [(best[1], best[2], job.milli)], ""
-
-
 def _place_mig(nodes: list[NodeState], job: Job, options: PlacementOptions) -> Placement:
     profile = job.mig_profile
     assert profile is not None
+    tightest_cpu = options.scorer == "fgd" and options.ties == "tightest_cpu"
     placements: list[Slot] = []
     taken: dict[tuple[str, int], list[str]] = {}
     for _ in range(job.pods):
@@ -215,7 +255,9 @@ def _place_mig(nodes: list[NodeState], job: Job, options: PlacementOptions) -> P
                         free_slots.remove(used)
                 if profile not in free_slots:
                     continue
-                key = (len(free_slots), n.name, g)  # fill the fullest GPU first
+                # fill the fullest GPU first; the fgd scorer's CPU tie rule then keeps CPU-roomy nodes open
+                cpu_left = (n.cpu_free - job.cpu_milli) / max(n.cpu_capacity, 1) if tightest_cpu else 0.0
+                key = (len(free_slots), cpu_left, n.name, g)
                 if best is None or key < best[0]:
                     best = (key, n.name, g)
         if best is None:
@@ -253,31 +295,3 @@ def _place_fraction_on_mig(nodes: list[NodeState], job: Job) -> Placement:
     if best is None:
         return None, f"capacity: no free MIG instance with {job.milli} milli-GPU of compute"
     return [(best[1], best[2], best[3])], ""
-
-
-def _place_fraction_by_fragmentation(nodes: list[NodeState], job: Job, target: TargetWorkload) -> Placement:
-    """FGD as a scorer of the one engine: every (node, GPU) that holds the fraction is scored by how
-    much it grows the node's fragmentation against ``target`` (``packing.fgd_score``, lower is
-    better); among equal scores the tightest GPU, then node order. ``target``'s model constraints
-    are not applied here (one model column)."""
-    width = max((n.gpu_count for n in nodes), default=0)
-    rows: list[tuple[NodeState, int]] = [(n, g) for n in nodes for g, free in enumerate(n.gpu_free)
-                                         if n.mig_layout[g] is None and free >= job.milli]
-    if not rows:
-        return None, f"capacity: no GPU has {job.milli} milli-GPU free"
-    before = np.zeros((len(nodes), width), dtype=np.int32)
-    for i, n in enumerate(nodes):
-        before[i, : n.gpu_count] = n.gpu_free
-    index = {n.name: i for i, n in enumerate(nodes)}
-    cpu = np.array([n.cpu_free for n in nodes], dtype=np.int64)
-    mem = np.array([n.mem_free for n in nodes], dtype=np.int64)
-    model = np.zeros(len(nodes), dtype=np.int32)
-    base = target.fragmentation(before, cpu, mem, model)
-    after = np.array([before[index[n.name]] for n, _ in rows])
-    at = np.array([index[n.name] for n, _ in rows])
-    after[np.arange(len(rows)), [g for _, g in rows]] -= job.milli
-    grown = target.fragmentation(after, cpu[at] - job.cpu_milli, mem[at] - job.mem_bytes, model[at]) - base[at]
-    score = fgd_score(grown)
-    order = min(range(len(rows)), key=lambda k: (float(score[k]), rows[k][0].gpu_free[rows[k][1]], at[k], rows[k][1]))
-    node, gpu = rows[order]
-    return [(node.name, gpu, job.milli)], ""

@@ -1,4 +1,9 @@
-"""Placement replay on the Alibaba openb trace with the FGD paper's protocol.
+"""Placement replay on the Alibaba openb trace with the FGD paper's protocol, through the engine.
+
+Each pod is a one-pod ``Job`` placed by ``find_placement`` on a ``State`` of the trace's nodes with a
+policy's ``PlacementOptions``: ``gpuwarden`` is the shipped policy's (``policy.POLICIES``), ``fgd``,
+``bestfit`` and ``random`` the paper's baselines as the engine's scorers. The fragmentation target
+is the pod list's own shape distribution (``State.expect``), as in the paper.
 
 Protocol (Weng et al., ATC'23, and the issue): nodes from ``openb_node_list_gpu_node.csv``; all pods
 of a list in a seed-random order, then pods drawn uniformly with replacement from the same list,
@@ -14,15 +19,16 @@ from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet.traces import TraceError
 
-from .packing import (MILLI, ArrayCluster, BestFit, FragmentationGradient, PackingPolicy, PodShapes, RandomFit,
-                      TargetWorkload)
+from .packing import TargetWorkload
+from .placement import PlacementOptions, find_placement
+from .policy import policy_named
+from .state import MILLI, Job, NodeState, Shape, State
 
 OPENB_LISTS = (
     "cpu050", "cpu100", "cpu200", "cpu250", "default",
@@ -33,14 +39,38 @@ OPENB_LISTS = (
 DEFAULT_SEEDS = tuple(range(42, 52))
 POLICIES = ("random", "bestfit", "fgd", "gpuwarden")
 PUBLISHED_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
+MIB = 2**20
+
+
+def placement_options(policy: str) -> PlacementOptions:
+    """The engine's placement options for a replay policy: the shipped policy's, or a baseline scorer."""
+    if policy == "gpuwarden":
+        return policy_named("gpuwarden").placement
+    if policy == "fgd":
+        return PlacementOptions(scorer="fgd", ties="random")  # plain FGD: random among equal scores
+    if policy in ("bestfit", "random"):
+        return PlacementOptions(scorer=policy)
+    raise ValueError(f"unknown placement policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
 @dataclass(frozen=True)
 class OpenbInput:
-    cluster_args: dict[str, Any]
-    shapes: PodShapes
+    nodes: pd.DataFrame  # sn, cpu_milli, memory_mib, gpu, model
+    shapes: tuple[Shape, ...]  # distinct pod shapes
     pod_shape: np.ndarray  # shape id of each pod of the list
     popularity: np.ndarray  # pods per shape in the list
+
+    @property
+    def gpu_milli(self) -> np.ndarray:
+        return np.array([s.gpus * s.milli for s in self.shapes], dtype=np.int64)
+
+    def demand(self) -> dict[Shape, float]:
+        return {shape: float(count) for shape, count in zip(self.shapes, self.popularity)}
+
+    def state(self) -> State:
+        """A fresh engine state of the trace's nodes (nothing placed)."""
+        return State(NodeState(name=str(n.sn), model=str(n.model), gpu_count=int(n.gpu), cpu_free=int(n.cpu_milli),
+                               mem_free=int(n.memory_mib) * MIB) for n in self.nodes.itertuples())
 
 
 def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
@@ -69,10 +99,28 @@ def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
     return frame
 
 
+def available_lists(data_dir: Path) -> list[str]:
+    prefix = "openb_pod_list_"
+    return sorted(p.stem[len(prefix):] for p in (data_dir / "openb").glob(f"{prefix}*.csv"))
+
+
+def pod_list_path(data_dir: Path, pod_list: str) -> Path:
+    """A list's file: a name under the data folder (``default`` is ``openb/openb_pod_list_default.csv``)
+    or a path to a CSV in the openb format."""
+    named = data_dir / "openb" / f"openb_pod_list_{pod_list}.csv"
+    if named.exists() or not (pod_list.endswith(".csv") or "/" in pod_list):
+        if not named.exists():
+            found = available_lists(data_dir)
+            raise TraceError(f"--lists: {pod_list!r} is neither an openb pod list under {data_dir / 'openb'} "
+                             f"({', '.join(found) or 'none there'}) nor a CSV file path")
+        return named
+    return Path(pod_list)
+
+
 def load_openb_pods(data_dir: Path, pod_list: str) -> pd.DataFrame:
     """A pod list: GPUs, milli-GPU per GPU, CPU, memory and the optional ``gpu_spec`` model constraint."""
     frame = _read_csv(
-        data_dir / "openb" / f"openb_pod_list_{pod_list}.csv",
+        pod_list_path(data_dir, pod_list),
         {"name": "text", "cpu_milli": "number", "memory_mib": "number", "num_gpu": "number", "gpu_milli": "number"},
     )
     return pd.DataFrame({
@@ -84,89 +132,49 @@ def load_openb_pods(data_dir: Path, pod_list: str) -> pd.DataFrame:
 
 
 def load_openb_nodes(data_dir: Path) -> pd.DataFrame:
-    frame = _read_csv(
+    return _read_csv(
         data_dir / "openb" / "openb_node_list_gpu_node.csv",
         {"sn": "text", "cpu_milli": "number", "memory_mib": "number", "gpu": "number", "model": "text"},
     )
-    return frame
 
 
 def prepare(data_dir: Path, pod_list: str) -> OpenbInput:
     nodes = load_openb_nodes(data_dir)
     pods = load_openb_pods(data_dir, pod_list)
-    models = tuple(sorted(nodes["model"].astype(str).unique()))
-    model_index = {name: i for i, name in enumerate(models)}
-    cluster_args = dict(
-        names=nodes["sn"].astype(str).tolist(),
-        model_index=[model_index[m] for m in nodes["model"].astype(str)],
-        model_names=models,
-        gpu_count=nodes["gpu"].astype(int).to_numpy(),
-        cpu_milli=nodes["cpu_milli"].astype("int64").to_numpy(),
-        memory_mib=nodes["memory_mib"].astype("int64").to_numpy(),
-    )
-    spec = pods["gpu_spec"].fillna("").astype(str)
-    unknown = sorted({m for value in spec for m in value.split("|") if m and m not in model_index})
-    if unknown:
-        raise TraceError(f"openb_pod_list_{pod_list}.csv: gpu_spec names unknown GPU model(s) {', '.join(unknown)}")
+    path = pod_list_path(data_dir, pod_list)
+    known = set(nodes["model"].astype(str))
     gpus = pods["gpus"].to_numpy()
-    milli = np.where(gpus > 0, pods["gpu_milli"].to_numpy(), 0)
-    if ((gpus > 0) & ((milli < 1) | (milli > MILLI))).any():
-        bad = int(np.flatnonzero((gpus > 0) & ((milli < 1) | (milli > MILLI)))[0])
-        raise TraceError(f"openb_pod_list_{pod_list}.csv:{bad + 2}: gpu_milli {milli[bad]} not in 1..1000")
-    key = pd.DataFrame({"g": gpus, "m": milli, "c": pods["cpu_milli"], "r": pods["memory_mib"],
-                        "s": spec.map(lambda v: "|".join(sorted(set(filter(None, v.split("|"))))))})
+    milli = np.where(gpus > 0, pods["gpu_milli"].to_numpy(), MILLI)
+    bad = (gpus > 0) & ((milli < 1) | (milli > MILLI) | ((gpus > 1) & (milli < MILLI)))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"{path}:{row + 2}: gpu_milli {milli[row]} with num_gpu {gpus[row]}: "
+                         "gpu_milli is 1..1000 for one GPU and 1000 for several")
+    spec = pods["gpu_spec"].fillna("").astype(str).map(lambda v: tuple(sorted(set(filter(None, v.split("|"))))))
+    for row, models in enumerate(spec):
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise TraceError(f"{path}:{row + 2}: gpu_spec names unknown GPU model(s) {', '.join(unknown)}; "
+                             f"the nodes have {', '.join(sorted(known))}")
+    key = pd.DataFrame({"g": gpus, "m": milli, "c": pods["cpu_milli"], "r": pods["memory_mib"], "s": spec})
     codes = key.groupby(["g", "m", "c", "r", "s"], sort=True).ngroup().to_numpy()
-    uniq = key.drop_duplicates(["g", "m", "c", "r", "s"]).sort_values(["g", "m", "c", "r", "s"]).reset_index(drop=True)
-    model_ok = np.ones((len(uniq), len(models)), dtype=bool)
-    for row, value in enumerate(uniq["s"]):
-        if value:
-            model_ok[row] = False
-            for name in value.split("|"):
-                model_ok[row, model_index[name]] = True
-    shapes = PodShapes(
-        gpus=uniq["g"].to_numpy(np.int32), milli=uniq["m"].to_numpy(np.int32),
-        cpu=uniq["c"].to_numpy(np.int64), mem=uniq["r"].to_numpy(np.int64), model_ok=model_ok,
-    )
-    popularity = np.bincount(codes, minlength=len(uniq)).astype(float)
-    return OpenbInput(cluster_args, shapes, np.asarray(codes), popularity)
+    uniq = key.drop_duplicates(["g", "m", "c", "r", "s"]).sort_values(["g", "m", "c", "r", "s"])
+    shapes = tuple(Shape(int(r.g), int(r.m), int(r.c), int(r.r) * MIB, r.s) for r in uniq.itertuples())
+    popularity = np.bincount(codes, minlength=len(shapes)).astype(float)
+    return OpenbInput(nodes, shapes, np.asarray(codes), popularity)
 
 
 def arrival_sequence(data: OpenbInput, seed: int, inflation: float = 1.3) -> np.ndarray:
     """Shape ids in arrival order: the list shuffled, then draws with replacement, stopping before 130%."""
     rng = np.random.default_rng(seed)
-    cluster_milli = int(np.sum(data.cluster_args["gpu_count"])) * MILLI
+    cluster_milli = int(data.nodes["gpu"].astype(int).sum()) * MILLI
     limit = inflation * cluster_milli
     order = data.pod_shape[rng.permutation(len(data.pod_shape))]
     extra = data.pod_shape[rng.integers(0, len(data.pod_shape), size=4 * len(data.pod_shape))]
     sequence = np.concatenate([order, extra])
-    demand = np.cumsum(data.shapes.gpu_milli_total[sequence])
+    demand = np.cumsum(data.gpu_milli[sequence])
     stop = int(np.searchsorted(demand, limit, side="right"))
     return sequence[:stop]
-
-
-def make_policy(name: str, data: OpenbInput) -> PackingPolicy:
-    if name == "random":
-        return RandomFit()
-    if name == "bestfit":
-        return BestFit()
-    target = TargetWorkload.from_shapes(data.shapes, data.popularity)
-    if name == "fgd":
-        return FragmentationGradient(target)
-    if name == "gpuwarden":
-        return FragmentationGradient(target, packing_weight=GPUWARDEN_PACKING_WEIGHT, cpu_weight=GPUWARDEN_CPU_WEIGHT,
-                                     ties="tightest_cpu")
-    raise ValueError(f"unknown placement policy {name!r}; choose from {', '.join(POLICIES)}")
-
-
-# gpuwarden's extensions over plain FGD (tuned on seeds 1-3 of default, cpu250, gpushare40, multigpu40):
-# equal FGD scores go to the node the pod leaves with the least CPU share free, then the first in node
-# order (packs), instead of a random one; and a penalty, in FGD score steps per unit, for growing a
-# node's CPU/memory starvation (GPU share free beyond the CPU or memory share free: CPU-starved GPUs
-# are stranded GPUs). The CPU best fit among ties was chosen from seven tie rules on seeds 42-51 and
-# confirmed on seeds 1-10, which the choice never saw (docs/scheduling.md). The fullest-node
-# tie-break (packing weight) no longer helps once scores are FGD's integer steps: off.
-GPUWARDEN_PACKING_WEIGHT = 0.0
-GPUWARDEN_CPU_WEIGHT = 200.0
 
 
 @dataclass
@@ -190,51 +198,36 @@ class SeedResult:
 
 
 def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "?") -> SeedResult:
+    """One seed: every arriving pod placed by the engine (``find_placement``) or failed, with its reason."""
     started = time.perf_counter()
-    cluster = ArrayCluster(**data.cluster_args)
-    policy = make_policy(policy_name, data)
-    policy.reset(cluster, data.shapes, np.random.default_rng(seed + 7919))
+    options = placement_options(policy_name)
+    state = data.state()
+    state.seed = seed + 7919  # the random scorer's and random ties' draws
+    state.expect(data.demand())
     sequence = arrival_sequence(data, seed)
-    shapes = data.shapes
+    jobs = [Job(f"shape-{i}", "openb", gpus_per_pod=s.gpus, milli=s.milli, cpu_milli=s.cpu_milli,
+                mem_bytes=s.mem_bytes, gpu_models=s.models) for i, s in enumerate(data.shapes)]
     placed = failed = 0
     reasons: dict[str, int] = {}
     for s in sequence:
-        s = int(s)
-        choice = policy.choose(s)
-        if choice is None:
+        job = jobs[int(s)]
+        placements, reason = find_placement(state, job, options)
+        if placements is None:
             failed += 1
-            reason = _failure_reason(cluster, shapes, s)
             reasons[reason] = reasons.get(reason, 0) + 1
             continue
-        node, gpus = choice
-        cluster.bind(node, gpus, int(shapes.milli[s]), int(shapes.cpu[s]), int(shapes.mem[s]))
+        state.occupy(job, placements)  # pods never leave: booked on the nodes, no job record needed
         placed += 1
-    target = TargetWorkload.from_shapes(data.shapes, data.popularity)
+    arrays = state.arrays
+    cluster_milli = int(arrays.gpu_count.sum()) * MILLI
+    target = TargetWorkload.from_demand(data.demand(), arrays.models)
     return SeedResult(
         pod_list=pod_list, policy=policy_name, seed=seed, arrived=len(sequence), placed=placed, failed=failed,
-        arrived_milli=int(shapes.gpu_milli_total[sequence].sum()), allocated_milli=cluster.allocated_milli,
-        cluster_milli=cluster.total_milli, fragmented_milli=cluster.fragmented_milli(target),
+        arrived_milli=int(data.gpu_milli[sequence].sum()), allocated_milli=cluster_milli - int(arrays.free.sum()),
+        cluster_milli=cluster_milli,
+        fragmented_milli=float(target.fragmentation(arrays.free, arrays.cpu_free, arrays.mem_free, arrays.model).sum()),
         failure_reasons=reasons, seconds=time.perf_counter() - started,
     )
-
-
-def _failure_reason(cluster: ArrayCluster, shapes: PodShapes, s: int) -> str:
-    """Why a pod did not fit anywhere, in the words a user searches for."""
-    model_ok = shapes.model_ok[s][cluster.model]
-    k, milli = int(shapes.gpus[s]), int(shapes.milli[s])
-    if k > int(cluster.gpu_count[model_ok].max(initial=0)):
-        return f"asks for {k} GPUs; no node of an allowed model has that many"
-    if not model_ok.any():
-        return "no node has an allowed GPU model"
-    cpu_ok = model_ok & (cluster.cpu_free >= shapes.cpu[s]) & (cluster.mem_free >= shapes.mem[s])
-    if not cpu_ok.any():
-        return "no node of an allowed model has the CPU and memory free"
-    if k == 0:
-        return "no node has the CPU and memory free"
-    if k == 1 and milli < MILLI:
-        return "no GPU of an allowed model has the fraction free (fragmented)" if (
-            cluster.free[model_ok].sum() >= milli) else "no free GPU of an allowed model"
-    return f"no node has {k} whole GPUs free together with the CPU and memory"
 
 
 def _run_one(args: tuple[str, str, str, int]) -> SeedResult:

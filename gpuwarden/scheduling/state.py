@@ -1,7 +1,8 @@
 """The working copy decisions are made on: nodes, jobs, quota usage, and tentative changes.
 
 Every tentative change goes through a ``Statement`` that can be checkpointed and rolled back (a
-gang that does not fully fit, a preemption that would not free enough room).
+gang that does not fully fit, a preemption that would not free enough room). The placement scorers
+read the nodes as arrays (``NodeArrays``), built on first use and booked beside the nodes here.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from enum import StrEnum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
 from gpuwarden.fleet.semantics import request_gpu_equivalents
 
 from . import mig
 from .errors import SchedulingError
+from .nodearrays import NodeArrays
 from .quotas import ANY_FLAVOUR, Quotas
 
 MILLI = 1000
@@ -56,8 +61,14 @@ class NodeState:
     mig_used: list[list[str]] = field(default_factory=list)  # instances in use per GPU
     gpu_ids: list[str] = field(default_factory=list)
     pool: str = ""
+    # what the node has in all (0: the free amount given at construction), for the CPU and memory
+    # shares the scorers weigh
+    cpu_capacity: int = 0
+    mem_capacity: int = 0
 
     def __post_init__(self) -> None:
+        self.cpu_capacity = self.cpu_capacity or self.cpu_free
+        self.mem_capacity = self.mem_capacity or self.mem_free
         if not self.gpu_free:
             self.gpu_free = [MILLI] * self.gpu_count
         if not self.mig_layout:
@@ -87,6 +98,7 @@ class Job:
     milli: int = MILLI  # < 1000: a fractional GPU (then gpus_per_pod == 1)
     mig_profile: str | None = None
     gpu_model: str | None = None
+    gpu_models: tuple[str, ...] = ()  # any one of these models (openb's gpu_spec); empty: gpu_model decides
     cpu_milli: int = 0
     mem_bytes: int = 0
     kind: WorkloadKind = WorkloadKind.TRAINING
@@ -125,6 +137,22 @@ class Job:
     @property
     def key(self) -> str:
         return self.name
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.gpus_per_pod, self.milli, self.cpu_milli, self.mem_bytes,
+                     self.gpu_models or ((self.gpu_model,) if self.gpu_model else ()))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one pod asks for: GPUs (milli each when a fraction), CPU, memory and allowed models (empty: any)."""
+
+    gpus: int
+    milli: int
+    cpu_milli: int
+    mem_bytes: int
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,6 +213,40 @@ class State:
         self.quotas = quotas or Quotas()
         self.jobs: dict[str, Job] = {}
         self.capacity = sum(n.gpu_count for n in self.nodes.values() if n.schedulable)
+        self._arrays: NodeArrays | None = None
+        # the pod shapes the fragmentation scorer expects: counted from the jobs known (pods per
+        # shape), or given by ``expect`` (a trace's distribution); the version tells scorers to rebuild
+        self._demand: dict[Shape, float] = {}
+        self._demand_given = False
+        self.demand_version = 0
+        self.scorers: dict[Any, Any] = {}  # placement scorers with their caches, by configuration
+        self.seed = 0  # for the random scorers
+
+    @property
+    def arrays(self) -> NodeArrays:
+        if self._arrays is None:
+            self._arrays = NodeArrays(list(self.nodes.values()))
+        return self._arrays
+
+    def expect(self, demand: Mapping[Shape, float]) -> None:
+        """Fix the pod shapes expected to arrive (and their weights) instead of counting known jobs."""
+        self._demand, self._demand_given = dict(demand), True
+        self.demand_version += 1
+
+    def demand(self) -> dict[Shape, float]:
+        return self._demand
+
+    def _count(self, job: Job) -> None:
+        if not self._demand_given and job.mig_profile is None:
+            shape = job.shape
+            self._demand[shape] = self._demand.get(shape, 0.0) + job.pods
+            self.demand_version += 1
+
+    def rng(self) -> np.random.Generator:
+        if "rng" not in self.scorers:
+            self.scorers["rng"] = np.random.default_rng(self.seed)
+        generator: np.random.Generator = self.scorers["rng"]
+        return generator
 
     def add_job(self, job: Job) -> None:
         if job.name in self.jobs:
@@ -192,10 +254,12 @@ class State:
         if job.mig_profile:
             mig.check_profile(job.mig_profile)
         self.jobs[job.name] = job
+        self._count(job)
 
     def add_running(self, job: Job, placements: list[Slot]) -> None:
         """A job already running where ``placements`` say (read from a cluster)."""
         self.jobs[job.name] = job
+        self._count(job)
         self.occupy(job, placements)
         job.placements, job.state = placements, JobState.RUNNING
 
@@ -203,6 +267,7 @@ class State:
         """A running job whose GPUs the nodes already show as taken (built from a cluster's free
         capacity): registered and counted against its quota, not booked on the nodes again."""
         self.jobs[job.name] = job
+        self._count(job)
         job.placements, job.state = placements, JobState.RUNNING
         self.quotas.add(job.team, job.flavour, job.gpu_equivalents)
 
@@ -228,6 +293,7 @@ class State:
         self._book(job, placements, -1)
 
     def _book(self, job: Job, placements: list[Slot], sign: int) -> None:
+        arrays = self._arrays
         for node_name, gpu, amount in placements:
             node = self.nodes[node_name]
             if isinstance(amount, str):
@@ -237,7 +303,12 @@ class State:
                     node.mig_used[gpu].remove(amount)
             else:
                 node.gpu_free[gpu] -= sign * amount
+                if arrays is not None:
+                    arrays.take_gpu(node_name, gpu, sign * amount)
         for node_name, share in self._shares(job, placements).items():
-            self.nodes[node_name].cpu_free -= sign * int(job.cpu_milli * job.pods * share)
-            self.nodes[node_name].mem_free -= sign * int(job.mem_bytes * job.pods * share)
+            cpu, mem = sign * int(job.cpu_milli * job.pods * share), sign * int(job.mem_bytes * job.pods * share)
+            self.nodes[node_name].cpu_free -= cpu
+            self.nodes[node_name].mem_free -= mem
+            if arrays is not None:
+                arrays.take_host(node_name, cpu, mem)
         self.quotas.add(job.team, job.flavour, sign * job.gpu_equivalents)

@@ -146,7 +146,7 @@ def _as_whole(job: Job) -> Job:
                                               "kind", "checkpointable", "submitted", "duration")})
 
 
-NAIVE = QueuePolicy("naive", placement=PlacementOptions(topology=False, best_fit=False, mig=False))
+NAIVE = QueuePolicy("naive", placement=PlacementOptions(topology=False, scorer="firstfit", mig=False))
 GPUWARDEN = QueuePolicy("gpuwarden-mixed", order="fifo", preempt="priority", checkpoint=True, defragment=True)
 
 
