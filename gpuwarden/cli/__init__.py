@@ -21,7 +21,6 @@ import os
 import sys
 
 from gpuwarden import __version__
-from gpuwarden.fleet.errors import UserError
 
 from .args import Parser
 
@@ -97,6 +96,8 @@ def _main(argv: list[str]) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    from gpuwarden.fleet.errors import UserError  # imported here: `gpuwarden --help` loads no room
+
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()
