@@ -1,5 +1,9 @@
-"""Fleet vocabulary, the fleet-samples columns, and the protocols rooms meet through."""
+"""Fleet vocabulary, the fleet-samples columns, the GPU catalogue, the duration parser, and the
+protocols rooms meet through. (The numpy rules, :mod:`.semantics` and :mod:`.sampling`, are imported
+from their modules: the exporter imports this package and carries no numpy.)"""
 
+from .durations import DurationError, parse_duration_seconds
+from .gpu_catalogue import GpuCatalogue, GpuCatalogueError, GpuSpec, MigProfileSpec, gpu_catalogue
 from .protocols import (
     ActionResult,
     Cluster,
