@@ -103,7 +103,7 @@ def test_sim_fleet_round_trip(data_dir):
 
 
 def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
-    """The scrape loop runs on a FakeClock: each 15 s tick is one round, and rows carry its time."""
+    """The scrape rounds run on a runner on a FakeClock: each 15 s tick is one round, and rows carry its time."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
@@ -120,9 +120,10 @@ def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
         assert results[1].url == dead and "refused" in (results[1].error or "").lower()
         assert store.row_count() == 2
         clock.advance(15)
-        scraper.start()  # a round at once, then one per tick
-        tick(clock, 15)
-        tick(clock, 15)
+        scraper.start()  # a round at once, then one per tick (each on its own thread: waited for before the next tick)
+        for rounds in (2, 3):
+            wait_for(lambda: scraper.scrapes == rounds, what=f"scrape round {rounds}")  # noqa: B023
+            tick(clock, 15)
         wait_for(lambda: store.row_count() >= 8, what="three scrape rounds in the store")
         scraper.stop()
         frame = store.read()
