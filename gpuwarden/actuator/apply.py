@@ -14,7 +14,9 @@ in the last hour of the injected clock (a ``FakeClock`` moves it);
 the node share counts cordoned nodes and nodes carrying a gpuwarden taint. When a limit is reached
 the circuit breaker opens: nothing more is applied, a metric and an Event say so, and a person
 resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
-action is tried, so a plan interrupted half-way leaves a record of exactly what was done.
+action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
+maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
+once as blocked, never tripping the breaker, and applied at a round inside it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gpuwarden.fleet.protocols import EventSink
 from . import approvals
 from .audit import AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, finding_record, new_id
 from .limits import Budget, SafetyLimits, applied_since, parse_at
+from .maintenance import MaintenanceWindow
 from .plan import Plan, PlannedAction
 
 log = logging.getLogger("gpuwarden.actuator")
@@ -76,7 +79,8 @@ class Actuator:
 
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits | None = None,
                  audit: AuditLog | None = None, clock: Clock = SYSTEM_CLOCK,
-                 leader: Callable[[], bool] | None = None, name: str = "actuator") -> None:
+                 leader: Callable[[], bool] | None = None, name: str = "actuator",
+                 window: MaintenanceWindow | None = None) -> None:
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits or SafetyLimits()
@@ -84,6 +88,8 @@ class Actuator:
         self.clock = clock
         self.leader = leader or (lambda: True)
         self.name = name
+        self.window = window
+        self._held: set[tuple[str, str]] = set()  # held back by the window: recorded once while it is shut
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
         self._breaker_noted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
@@ -117,6 +123,10 @@ class Actuator:
         self.audit.record(entry)
         return entry
 
+    def _held_back(self, action: Action) -> str | None:
+        """Why the maintenance window holds ``action`` back now (None: it may go)."""
+        return self.window.holds_back(action, self.clock.now()) if self.window is not None else None
+
     @staticmethod
     def _findings(planned: PlannedAction) -> tuple[Record, ...]:
         return tuple(finding_record(f) for f in planned.findings)
@@ -137,6 +147,8 @@ class Actuator:
             breaker = self.breaker_open
             if not breaker:
                 self._breaker_noted.clear()
+            if self.window is None or self.window.is_open(self.clock.now()):
+                self._held.clear()
             for position, planned in enumerate(plan.actions):
                 action, findings = planned.action, self._findings(planned)
                 if not self.leader():
@@ -149,6 +161,13 @@ class Actuator:
                         self._breaker_noted.add(planned.key)
                         out.append(self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person "
                                                "(gpuwarden actuator reset)", findings=findings, snapshot_at=plan.snapshot_at))
+                    continue
+                held = self._held_back(action)
+                if held:
+                    if planned.key not in self._held:
+                        self._held.add(planned.key)
+                        out.append(self._entry(Outcome.BLOCKED, action, held, findings=findings,
+                                               snapshot_at=plan.snapshot_at))
                     continue
                 why = budget.why_not(action)
                 if why:
@@ -170,8 +189,11 @@ class Actuator:
         out, seen = [], set()
         breaker = self.breaker_open
         for planned in plan.actions:
-            why = "circuit breaker open" if breaker else budget.why_not(planned.action)
-            if why:
+            held = self._held_back(planned.action)
+            why = held or ("circuit breaker open" if breaker else budget.why_not(planned.action))
+            if held:
+                outcome, message = Outcome.BLOCKED, f"would be blocked: {held}"  # a schedule, not a fault
+            elif why:
                 breaker = True  # auto mode would stop here: everything after it is blocked too
                 outcome, message = Outcome.BLOCKED, f"would be blocked: {why}"
             else:
@@ -212,6 +234,8 @@ class Actuator:
             if not self.leader():
                 out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **kwargs))
                 continue
+            if self._held_back(action):
+                continue  # it stays approved and is applied at the first round inside the window
             out.append(self._guarded_apply(action, budget, **kwargs))
         return out
 
@@ -265,6 +289,10 @@ class Actuator:
         with self._lock:
             awaiting = self._decide(approval_id, True, by, comment)
             action = action_from_record(awaiting)
+            held = self._held_back(action)
+            if held:  # recorded without its approval id, so the approval stays waiting to be applied
+                return self._entry(Outcome.BLOCKED, action, f"approved; {held} (applied at the first round inside it)",
+                                   by=by)
             return self._guarded_apply(action, Budget(self, None), approval_id=str(approval_id), by=by,
                                        findings=tuple(awaiting.get("findings") or ()),
                                        snapshot_at=parse_at(awaiting.get("snapshot_at")))

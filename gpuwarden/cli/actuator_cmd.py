@@ -2,6 +2,7 @@
 
     gpuwarden actuator run  --mode observe|approve|auto --source local|file|prometheus ... \\
                             [--kubeconfig PATH | --in-cluster] [--interval 60] [--leader-elect]
+                            [--maintenance-window "tue,thu 02:00-05:00"]
     gpuwarden actuator plan [same options]       one dry round, printed; nothing applied or recorded
     gpuwarden actuator list [--audit PATH]       actions waiting for approval, and applied ones (undo ids)
     gpuwarden actuator approve ID --by NAME      the running actuator applies it at its next round
@@ -25,6 +26,7 @@ from pathlib import Path
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.actuator.findings import findings_from_frame
+from gpuwarden.actuator.maintenance import MaintenanceWindow
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
@@ -68,8 +70,18 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling", default="none",
                         help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
     parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
+    parser.add_argument("--maintenance-window", type=_window, metavar="'DAYS HH:MM-HH:MM'",
+                        help="apply cordon, taint, drain, evict, suspend and preempt only inside this UTC window, "
+                             "e.g. 'tue,thu 02:00-05:00' (default: any time)")
     parser.add_argument("--protect-node", action="append", default=[], metavar="NODE",
                         help="never act on this node (repeatable; a node label gpuwarden.io/protect=true does the same)")
+
+
+def _window(text: str) -> MaintenanceWindow:
+    try:
+        return MaintenanceWindow.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(subparsers) -> None:
@@ -139,7 +151,7 @@ def _kube(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
 def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None,
               clock: Clock = SYSTEM_CLOCK) -> Actuator:
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
-    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader)
+    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window)
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
@@ -224,6 +236,7 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     runner.add("reconcile", round_job, every(args.interval, clock), at_once=True)
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
+          + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
     runner.start()
