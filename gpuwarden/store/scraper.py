@@ -10,6 +10,7 @@ own (:meth:`Scraper.start`).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -19,7 +20,6 @@ from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.fleet.catalogue import MetricSpec
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
@@ -35,16 +35,51 @@ log = logging.getLogger("gpuwarden.store.scraper")
 SampleTime = Callable[[], "float | datetime | pd.Timestamp"]  # the time scraped rows carry
 
 
+# One sample line of the text format: name, {labels}, value, optional timestamp in milliseconds.
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_ESCAPES = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _labels(body: str | None, line: str) -> dict[str, str]:
+    if not body:
+        return {}
+    labels, end = {}, 0
+    for match in _LABEL.finditer(body):
+        if match.start() != end:
+            break
+        value = match[2]
+        labels[match[1]] = _ESCAPES.sub(lambda e: _UNESCAPED.get(e[1], e[0]), value) if "\\" in value else value
+        end = match.end()
+    if end != len(body):
+        raise ValueError(f"not a label set in the Prometheus text format: {line[:200]!r}")
+    return labels
+
+
 def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -> pd.DataFrame:
-    """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``."""
+    """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``.
+
+    Lines are parsed with two regular expressions, only those of series the catalogue names, and
+    each distinct label set once (a GPU's series share theirs): prometheus_client's parser reads
+    labels a character at a time. A malformed line is a ValueError naming it."""
     assembler = FrameAssembler(mapper)
     stamp = np.array([pd.Timestamp(timestamp).value], dtype=np.int64)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if mapper.target(sample.name) is None:
-                continue
-            when = stamp if sample.timestamp is None else np.array([int(float(sample.timestamp) * 1e9)], dtype=np.int64)
-            assembler.add(sample.name, sample.labels, when, np.array([sample.value], dtype=np.float64))
+    label_sets: dict[str | None, dict[str, str]] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            raise ValueError(f"not a sample line in the Prometheus text format: {line[:200]!r}")
+        name, body, value, millis = match.groups()
+        if mapper.target(name) is None:
+            continue
+        when = stamp if millis is None else np.array([int(millis) * 1_000_000], dtype=np.int64)
+        labels = label_sets.get(body)
+        if labels is None:
+            labels = label_sets[body] = _labels(body, line)
+        assembler.add(name, labels, when, np.array([float(value)], dtype=np.float64))
     return assembler.frame()
 
 
