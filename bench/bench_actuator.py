@@ -35,6 +35,7 @@ from gpuwarden.actuator import Actuator, Mode, PlanningPolicy, SafetyLimits, pla
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client  # noqa: E402
 from gpuwarden.actuator.plan import scheduling_findings  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, Severity  # noqa: E402
+from gpuwarden.fleet.clock import FakeClock  # noqa: E402
 from gpuwarden.scheduling.planner import plan as schedule_plan  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -99,7 +100,7 @@ def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) 
             path = Path(tmp) / "kc.json"
             path.write_text(kubeconfig)
             client = load_client(str(path), timeout_seconds=60)
-        cluster = KubeCluster(KubeApi(client), page_size=page_size, clock=lambda: NOW)
+        cluster = KubeCluster(KubeApi(client), page_size=page_size, clock=FakeClock(NOW))
         snap_s, plan_s, calls = [], [], []
         for _ in range(repeat):
             before = cluster.api.calls
@@ -110,7 +111,7 @@ def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) 
             started = time.perf_counter()
             found = findings(nodes) + scheduling_findings(schedule_plan(snapshot, "gpuwarden").actions, snapshot)
             plan = plan_from_findings(found, snapshot, PlanningPolicy(notify_grace_seconds=0))
-            actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(), clock=lambda: NOW)
+            actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(), clock=FakeClock(NOW))
             entries = actuator.execute(plan, snapshot)  # limits evaluated on the same snapshot
             plan_s.append(time.perf_counter() - started)
         return {"nodes": nodes, "gpus": len(snapshot.gpus), "pods": pods, "workloads": len(snapshot.workloads),

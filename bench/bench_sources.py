@@ -38,7 +38,7 @@ from gpuwarden.sim.config import SimConfig
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.store import LocalStore
 from gpuwarden.store.prometheus import PrometheusSource
-from gpuwarden.store.scraper import SeriesMapper
+from gpuwarden.store.series import SeriesMapper
 
 IDLE_COLUMNS = ["timestamp", "cluster", "node", "gpu_uuid", "gpu_index", "model", "mig_instance", "namespace", "pod",
                 "team", "project", "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts"]

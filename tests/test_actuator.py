@@ -23,6 +23,7 @@ from gpuwarden.fleet import Action, ActionKind, ActionResult, Finding, FindingKi
 from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim import SimConfig
+from gpuwarden.fleet.runner import Runner
 from gpuwarden.sim.cluster import SimCluster
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)
@@ -88,15 +89,15 @@ def test_observe_mode_records_and_changes_nothing(cluster, tmp_path):
 
 def test_auto_mode_applies_within_the_hourly_limit(cluster):
     names = node_names(cluster)
-    now = [T0]
+    clock = FakeClock(T0)
     actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_actions_per_hour=2, max_cordoned_node_ratio=1.0),
-                        clock=lambda: now[0])
+                        clock=clock)
     entries = actuator.execute(plan_from_findings([finding(n) for n in names[:3]], cluster.snapshot()))
     assert [e.outcome for e in entries] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.BLOCKED, Outcome.BREAKER_OPEN]
     assert "limit 2" in entries[2].message
     assert entries[3].outcome == Outcome.BREAKER_OPEN and actuator.breaker_open
     assert cluster.snapshot().cordoned == frozenset(names[:2])
-    now[0] = T0 + timedelta(hours=1, seconds=1)  # the window moves on, but the breaker waits for a person
+    clock.advance(timedelta(hours=1, seconds=1))  # the window moves on, but the breaker waits for a person
     held = actuator.execute(plan_from_findings([finding(names[2])], cluster.snapshot()))
     assert held == []  # blocked and recorded once already in this breaker episode
     new = actuator.execute(plan_from_findings([finding(names[3])], cluster.snapshot()))
@@ -170,14 +171,17 @@ def test_reconciler_runs_rounds_on_a_schedule_in_observe_mode(cluster):
         return [finding(a)]
 
     clock = FakeClock()
-    reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=1.0)), find,
-                            interval_seconds=60, clock=clock).start()
+    reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=1.0), clock=clock),
+                            find, interval_seconds=60)
+    runner = Runner(clock)
+    reconciler.register(runner, at_once=False)
+    runner.start()
     try:
         for rounds in (1, 2):  # each minute on the fake clock is one round
             tick(clock, 60)
             wait_for(lambda: len(reconciler.rounds) == rounds, what=f"reconcile round {rounds}")  # noqa: B023
     finally:
-        reconciler.stop()
+        runner.stop()
     assert len(reconciler.rounds) == 2
     assert [e.outcome for e in reconciler.rounds[0].entries] == [Outcome.PLANNED]
     assert all(r.entries == () and len(r.plan.actions) == 1 for r in reconciler.rounds[1:])  # recorded once

@@ -14,7 +14,7 @@ import pytest
 from test_dashboard_browser import require, screenshots
 
 from gpuwarden.analytics import build_ledger, idle_report
-from gpuwarden.cli.demo import PodOwners
+from gpuwarden.cli.demo_live import PodOwners
 from gpuwarden.exporter import ExporterService
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim import SimConfig
@@ -35,8 +35,8 @@ def test_scraped_rows_of_gpus_without_a_pod_are_attributed(tmp_path):
     try:
         owners = PodOwners(cluster)
         scraper = Scraper([exporter.url], store, interval_seconds=1.0, cluster=config.cluster, attribution=owners,
-                          clock=lambda: simulation.now)
-        for _ in range(4):  # as demo.live does: step, collect, refresh owners, scrape
+                          sample_time=lambda: simulation.now)
+        for _ in range(4):  # as the demo's live-step job does: step, collect, refresh owners, scrape
             simulation.step()
             exporter.collect_now()
             owners.refresh()

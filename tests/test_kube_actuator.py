@@ -8,11 +8,13 @@ merge patches with resourceVersion conflicts, the Eviction subresource with PDB 
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, UTC
 
 import pytest
 from fake_kube_api import BATCH, CORE, KUEUE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, kueue_workload, namespace, node, pdb, pod
+from polling import tick
 
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
 from gpuwarden.actuator.approvals import decide, pending
@@ -20,6 +22,7 @@ from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 from gpuwarden.actuator.loop import Reconciler
 from gpuwarden.actuator.plan import NOTIFIED_ANNOTATION
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
+from gpuwarden.fleet.clock import FakeClock
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ROOMY = SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0)
@@ -34,7 +37,7 @@ def api():
 
 def connect(api: FakeKubeAPI, tmp_path, **kwargs) -> KubeCluster:
     client = load_client(api.kubeconfig(tmp_path / "kubeconfig.json"), timeout_seconds=kwargs.pop("timeout_seconds", 2.0))
-    return KubeCluster(KubeApi(client, backoff_seconds=0.01, max_backoff_seconds=0.05, **kwargs), clock=lambda: NOW)
+    return KubeCluster(KubeApi(client, backoff_seconds=0.01, max_backoff_seconds=0.05, **kwargs), clock=FakeClock(NOW))
 
 
 def health(node_name: str, action=ActionKind.CORDON, kind=FindingKind.OFF_THE_BUS) -> Finding:
@@ -64,7 +67,7 @@ def small_fleet(api: FakeKubeAPI) -> None:
 def test_a_health_finding_cordons_the_node_is_audited_with_its_findings_and_undone(api, tmp_path):
     small_fleet(api)
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     entries = actuator.execute(plan_from_findings([health("n1")], snapshot), snapshot)
 
@@ -91,7 +94,7 @@ def test_a_hoarding_finding_in_an_opted_in_namespace_notifies_then_suspends_and_
     job_with_pods(api, "research", "sweep", ["n0"], gpus=2)
     job_with_pods(api, "prod", "serve", ["n2"], gpus=2)  # same finding, namespace did not opt in
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     policy = PlanningPolicy(notify_grace_seconds=3600, reclaim_grace_seconds=3600)
 
     # First: a notice (an Event on the pod and an annotation), nothing else.
@@ -130,7 +133,7 @@ def test_a_quota_reclaim_preempts_the_borrower_is_audited_and_undone(api, tmp_pa
     job_with_pods(api, "team-b", "borrower", ["n0"], gpus=8)  # team-b runs on team-a's lent guarantee
     job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending")  # team-a wants it back
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     reconciler = Reconciler(actuator, lambda snapshot: [], scheduling="gpuwarden")
 
     report = reconciler.reconcile_once()
@@ -382,7 +385,7 @@ def test_a_resume_without_placements_or_under_kueue_leaves_the_template_alone(ap
 def test_a_failure_mid_plan_is_typed_recorded_and_the_plan_goes_on(api, tmp_path, status, temporary, words):
     small_fleet(api)
     cluster = connect(api, tmp_path, attempts=3, timeout_seconds=0.5)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     api.inject("PATCH", "/nodes/n1$", status, times=5, hang_seconds=1.0)
     entries = actuator.execute(plan_from_findings([health("n0"), health("n1"), health("n2")], snapshot), snapshot)
@@ -397,7 +400,7 @@ def test_a_failure_mid_plan_is_typed_recorded_and_the_plan_goes_on(api, tmp_path
 def test_a_409_mid_plan_is_re_read_and_retried(api, tmp_path):
     small_fleet(api)
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     api.inject("PATCH", "/nodes/n1$", 409, times=2)
     entries = actuator.execute(plan_from_findings([health(n) for n in ("n0", "n1", "n2")], snapshot), snapshot)
@@ -412,7 +415,7 @@ def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_pe
     cluster = connect(api, tmp_path)
     cluster.namespace = "gpuwarden"
     actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_actions_per_hour=1, max_cordoned_node_ratio=1.0),
-                        AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+                        AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     actuator.execute(plan_from_findings([health("n0"), health("n1")], snapshot), snapshot)
     assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 1.0
@@ -420,7 +423,7 @@ def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_pe
     assert event.body["reason"] == "CircuitBreakerOpen" and "1 actions in the last hour" in event.body["message"]
     breaker = [r for r in audit_of(tmp_path) if r["outcome"] == "breaker-open"]
     assert breaker and breaker[0]["kind"] == "circuit-breaker"
-    restarted = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    restarted = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     assert restarted.breaker_open  # a restart does not close it; a person does
     restarted.reset_breaker(by="ops")
     assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 0.0
@@ -428,14 +431,24 @@ def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_pe
     assert [e.outcome for e in entries] == [Outcome.APPLIED]
 
 
-def test_a_429_backs_off_and_then_succeeds(api, tmp_path):
+def test_a_429_backs_off_on_the_clock_and_then_succeeds(api, tmp_path):
+    """The back-offs are waits on the injected clock: 0.2 s then 0.4 s, each x0.5..1.5 jitter."""
     small_fleet(api)
-    slept = []
+    clock = FakeClock(NOW)
     client = load_client(api.kubeconfig(tmp_path / "kc.json"))
-    cluster = KubeCluster(KubeApi(client, backoff_seconds=0.2, sleep=slept.append))
+    cluster = KubeCluster(KubeApi(client, backoff_seconds=0.2, clock=clock), clock=clock)
     api.inject("PATCH", "/nodes/n0$", 429, times=2)
-    assert cluster.apply(Action(ActionKind.CORDON, "n0", "x")).ok
-    assert len(slept) == 2 and 0.1 <= slept[0] <= 0.3 and 0.2 <= slept[1] <= 0.6  # exponential, with jitter
+    results = []
+    applying = threading.Thread(target=lambda: results.append(cluster.apply(Action(ActionKind.CORDON, "n0", "x"))))
+    applying.start()
+    tick(clock, 0.099)  # short of the shortest first back-off (0.1 s)
+    assert clock.waiting == 1 and len(api.calls("PATCH", "/nodes/n0$")) == 1
+    tick(clock, 0.201)  # 0.3 s: past the longest first back-off; the second starts here
+    tick(clock, 0.199)  # short of the shortest second back-off (0.2 s)
+    assert clock.waiting == 1 and len(api.calls("PATCH", "/nodes/n0$")) == 2
+    tick(clock, 0.401)  # past the longest second back-off (0.6 s)
+    applying.join(10)
+    assert [r.ok for r in results] == [True] and len(api.calls("PATCH", "/nodes/n0$")) == 3
 
 
 # -- modes, limits, restarts ------------------------------------------------------------------------
@@ -445,7 +458,7 @@ def test_observe_mode_reports_what_the_limits_would_block_and_sends_no_write(api
         node(api, f"n{i}")
     node(api, "n9-tainted", taints=[{"key": "gpuwarden.io/unhealthy", "value": "true", "effect": "NoSchedule"}])
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=0.3), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(max_cordoned_node_ratio=0.3), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     entries = actuator.execute(plan_from_findings([health(f"n{i}") for i in range(5)], snapshot), snapshot)
     # 11 nodes, one already tainted by gpuwarden (counts): 30% allows 3 out, so 2 more.
@@ -458,14 +471,14 @@ def test_the_hourly_limit_survives_restarts(api, tmp_path):
     """#16: a limit of 3 per hour and three restarts within two minutes apply 3 actions, not 9."""
     for i in range(9):
         node(api, f"n{i}")
-    clock = [NOW]
+    clock = FakeClock(NOW)
     limits = SafetyLimits(max_actions_per_hour=3, max_cordoned_node_ratio=1.0)
     for restart in range(3):
         cluster = connect(api, tmp_path)  # a new process: nothing in memory but the audit log on disk
-        actuator = Actuator(cluster, Mode.AUTO, limits, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: clock[0])
+        actuator = Actuator(cluster, Mode.AUTO, limits, AuditLog(tmp_path / "audit.jsonl"), clock=clock)
         snapshot = cluster.snapshot()
         actuator.execute(plan_from_findings([health(f"n{3 * restart + k}") for k in range(3)], snapshot), snapshot)
-        clock[0] += timedelta(seconds=40)
+        clock.advance(40)
     applied = [r["target"] for r in audit_of(tmp_path) if r["outcome"] == "applied"]
     assert applied == ["n0", "n1", "n2"]
     assert len(api.calls("PATCH", "/nodes/")) == 3
@@ -478,13 +491,13 @@ def test_a_restart_in_the_middle_of_a_plan_never_repeats_what_was_applied(api, t
     findings = [health("n0"), health("n1", ActionKind.TAINT), health("n2")]
     snapshot = cluster.snapshot()
     plan = plan_from_findings(findings, snapshot)
-    first = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    first = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     api.inject("PATCH", "/nodes/n1$", "timeout", times=10, hang_seconds=1.0)  # the process dies while n1 hangs
     cluster.api.attempts, cluster.api.timeout_seconds = 1, 0.3
     first.execute(type(plan)(plan.actions[:2], (), plan.snapshot_at), snapshot)
     api.faults.clear()
     cluster = connect(api, tmp_path)
-    second = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    second = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     plan = plan_from_findings(findings, snapshot)
     assert [p.action.target for p in plan.actions] == ["n1", "n2"]  # n0 stands: not planned again
@@ -512,7 +525,7 @@ def test_approvals_survive_a_restart_and_are_applied_at_the_next_round_with_the_
     cluster = connect(api, tmp_path)
     snapshot = cluster.snapshot()
     plan = plan_from_findings([health("n0"), health("n1")], snapshot)
-    Actuator(cluster, Mode.APPROVE, ROOMY, AuditLog(path), clock=lambda: NOW).execute(plan, snapshot)
+    Actuator(cluster, Mode.APPROVE, ROOMY, AuditLog(path), clock=FakeClock(NOW)).execute(plan, snapshot)
     waiting = pending(path)
     assert [(p.kind, p.target) for p in waiting] == [("cordon", "n0"), ("cordon", "n1")]
     assert waiting[0].findings[0]["kind"] == "off-the-bus" and waiting[0].planned_at
@@ -525,7 +538,7 @@ def test_approvals_survive_a_restart_and_are_applied_at_the_next_round_with_the_
     assert pending(path) == []
     assert api.calls("PATCH") == []
 
-    restarted = Actuator(connect(api, tmp_path), Mode.APPROVE, ROOMY, AuditLog(path), clock=lambda: NOW)
+    restarted = Actuator(connect(api, tmp_path), Mode.APPROVE, ROOMY, AuditLog(path), clock=FakeClock(NOW))
     snapshot = restarted.cluster.snapshot()
     entries = restarted.execute(plan_from_findings([health("n0"), health("n1")], snapshot), snapshot)
     assert [(e.outcome, e.target, e.by) for e in entries] == [(Outcome.APPLIED, "n0", "dana")]  # n1 was rejected
@@ -544,7 +557,7 @@ def test_a_finished_drain_stands_and_is_not_applied_again(api, tmp_path):
     small_fleet(api)
     job_with_pods(api, "prod", "train", ["n0"])
     cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: NOW)
+    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     for _ in range(3):
         snapshot = cluster.snapshot()
         actuator.execute(plan_from_findings([health("n0", ActionKind.DRAIN)], snapshot), snapshot)

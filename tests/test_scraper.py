@@ -18,7 +18,8 @@ from gpuwarden.exporter import ExporterService
 from gpuwarden.fleet import METRIC_COLUMN_NAMES, THROTTLE_REASONS, GpuReading
 from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.store import PANDAS_DTYPES, LocalStore
-from gpuwarden.store.scraper import Scraper, SeriesMapper, parse_exposition
+from gpuwarden.store.scraper import Scraper, parse_exposition
+from gpuwarden.store.series import SeriesMapper
 
 STAMP = pd.Timestamp("2026-11-23T00:00:00Z")
 
@@ -103,7 +104,7 @@ def test_sim_fleet_round_trip(data_dir):
 
 
 def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
-    """The scrape loop runs on a FakeClock: each 15 s tick is one round, and rows carry its time."""
+    """The scrape rounds run on a runner on a FakeClock: each 15 s tick is one round, and rows carry its time."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
@@ -120,9 +121,10 @@ def test_scraper_writes_the_store_and_survives_a_dead_target(tmp_path):
         assert results[1].url == dead and "refused" in (results[1].error or "").lower()
         assert store.row_count() == 2
         clock.advance(15)
-        scraper.start()  # a round at once, then one per tick
-        tick(clock, 15)
-        tick(clock, 15)
+        scraper.start()  # a round at once, then one per tick (each on its own thread: waited for before the next tick)
+        for rounds in (2, 3):
+            wait_for(lambda: scraper.scrapes == rounds, what=f"scrape round {rounds}")  # noqa: B023
+            tick(clock, 15)
         wait_for(lambda: store.row_count() >= 8, what="three scrape rounds in the store")
         scraper.stop()
         frame = store.read()
@@ -142,3 +144,39 @@ def test_scraper_rejects_bad_arguments(tmp_path):
         Scraper([], LocalStore(tmp_path))
     with pytest.raises(ValueError):
         Scraper(["http://x/metrics"], LocalStore(tmp_path), interval_seconds=0)
+
+
+def parsed_by_prometheus_client(text: str, mapper: SeriesMapper) -> pd.DataFrame:
+    """The same page through prometheus_client's own parser: what parse_exposition must agree with."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwarden.store.series import FrameAssembler
+
+    assembler = FrameAssembler(mapper)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            when = STAMP.value if sample.timestamp is None else int(round(float(sample.timestamp) * 1000)) * 1_000_000
+            assembler.add(sample.name, sample.labels, np.array([when]), np.array([sample.value]))
+    return assembler.frame()
+
+
+def test_the_page_parser_reads_what_prometheus_clients_parser_reads():
+    service = ExporterService(StaticBackend(readings()), port=0)
+    service.collect_now()
+    page = service.render_metrics().decode()
+    # Escapes, a brace in a value, a trailing comma, spacing and a millisecond timestamp, as a third
+    # party's exporter may write them; the series names are the catalogue's.
+    uuid_line = next(line for line in page.splitlines() if line.startswith("DCGM_FI_DEV_POWER_USAGE{"))
+    labels, _, value = uuid_line.rpartition("} ")
+    odd = (labels.replace('pod="train-0"', 'pod="tr\\"ain\\\\0}\\n"').replace("{", " {", 1)
+           + f",}}  {value} 1764547200123")
+    for text in (page, page + odd + "\n"):
+        mapper = SeriesMapper(cluster="lab")
+        ours, theirs = parse_exposition(text, mapper, STAMP), parsed_by_prometheus_client(text, mapper)
+        pd.testing.assert_frame_equal(ours, theirs)
+    assert 'tr"ain\\0}\n' in set(ours["pod"].astype(object)) and pd.Timestamp(1764547200123, unit="ms", tz="UTC") in set(
+        ours["timestamp"])
+    with pytest.raises(ValueError, match="not a label set in the Prometheus text format: 'DCGM_FI_DEV_GPU_TEMP"):
+        parse_exposition('DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID=unquoted} 61\n', SeriesMapper(), STAMP)
+    with pytest.raises(ValueError, match="not a sample line"):
+        parse_exposition("DCGM_FI_DEV_GPU_TEMP\n", SeriesMapper(), STAMP)

@@ -9,11 +9,14 @@ Modes:
   with the limits checked at that moment.
 - ``auto``: actions are applied at once, within the limits.
 
-Safety: the hourly limit counts applied actions in the audit log (so restarts do not reset it);
+Safety: the hourly limit counts applied actions in the audit log (so restarts do not reset it),
+in the last hour of the injected clock (a ``FakeClock`` moves it);
 the node share counts cordoned nodes and nodes carrying a gpuwarden taint. When a limit is reached
 the circuit breaker opens: nothing more is applied, a metric and an Event say so, and a person
 resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
-action is tried, so a plan interrupted half-way leaves a record of exactly what was done.
+action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
+maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
+once as blocked, never tripping the breaker, and applied at a round inside it.
 """
 
 from __future__ import annotations
@@ -21,25 +24,26 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from dataclasses import dataclass
-from datetime import datetime, timedelta, UTC
+from datetime import datetime, timedelta
 from collections.abc import Callable
 from typing import TypedDict, Unpack
 
 from prometheus_client import Gauge
 
 from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.protocols import EventSink
 
 from . import approvals
 from .audit import AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, finding_record, new_id
+from .limits import Budget, SafetyLimits, applied_since, parse_at
+from .maintenance import MaintenanceWindow
 from .plan import Plan, PlannedAction
 
 log = logging.getLogger("gpuwarden.actuator")
 
 BREAKER_GAUGE = Gauge("gpuwarden_actuator_circuit_open",
                       "1 while the actuator's circuit breaker is open (a safety limit was reached; a person must reset it)")
-OWN_TAINT_PREFIX = "gpuwarden.io/"  # taints the actuator puts on; others (nvidia.com/gpu:NoSchedule) are the operator's
 REJECTED_QUIET = timedelta(hours=24)  # a rejected action is not asked again for this long
 
 
@@ -58,24 +62,6 @@ class Mode(str, enum.Enum):
     AUTO = "auto"
 
 
-@dataclass(frozen=True)
-class SafetyLimits:
-    """Limits that hold in approve and auto modes, and are reported as "would block" in observe."""
-
-    max_actions_per_hour: int = 10
-    max_cordoned_node_ratio: float = 0.1  # never take more than this share of nodes out of scheduling
-
-    def __post_init__(self) -> None:
-        if self.max_actions_per_hour < 0:
-            raise ValueError(f"max_actions_per_hour: {self.max_actions_per_hour} must be >= 0")
-        if not 0.0 <= self.max_cordoned_node_ratio <= 1.0:
-            raise ValueError(f"max_cordoned_node_ratio: {self.max_cordoned_node_ratio} not in 0..1")
-
-
-_REMOVES_NODE = (ActionKind.CORDON, ActionKind.DRAIN, ActionKind.TAINT)
-_UNCOUNTED = (ActionKind.NOTIFY,)  # a notice changes nothing a workload runs on
-
-
 def inverse(action: Action) -> Action | None:
     """The action that takes ``action`` back, where a generic one exists."""
     why = f"undo {action.kind.value}"
@@ -88,68 +74,22 @@ def inverse(action: Action) -> Action | None:
     return None
 
 
-def _parse(at: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(at) if at else None
-    except ValueError:
-        return None
-
-
-class _Budget:
-    """What the limits still allow this round: actions in the last hour and nodes out of scheduling."""
-
-    def __init__(self, actuator: Actuator, snapshot: ClusterSnapshot | None) -> None:
-        self.actuator = actuator
-        self.snapshot = snapshot
-        self.applied = actuator.applied_in_last_hour()
-        self.removed: set[str] | None = None
-
-    def _current(self) -> ClusterSnapshot:
-        """The round's snapshot, read from the cluster the first time a limit needs it."""
-        if self.snapshot is None:
-            self.snapshot = self.actuator.cluster.snapshot()
-        return self.snapshot
-
-    def _removed(self) -> set[str]:
-        if self.removed is None:
-            snapshot = self._current()
-            own = {n for n, taints in snapshot.taints.items() if any(t.startswith(OWN_TAINT_PREFIX) for t in taints)}
-            self.removed = set(snapshot.cordoned) | own
-        return self.removed
-
-    def why_not(self, action: Action) -> str | None:
-        limits = self.actuator.limits
-        if action.kind not in _UNCOUNTED and self.applied >= limits.max_actions_per_hour:
-            return f"{self.applied} actions in the last hour; limit {limits.max_actions_per_hour}"
-        if action.kind in _REMOVES_NODE:
-            removed = self._removed() | {action.target}
-            total = max(1, len(self._current().nodes))
-            ratio = len(removed) / total
-            if ratio > limits.max_cordoned_node_ratio:
-                return (f"would leave {len(removed)} of {total} nodes cordoned or tainted ({ratio:.0%}); "
-                        f"limit {limits.max_cordoned_node_ratio:.0%}")
-        return None
-
-    def take(self, action: Action) -> None:
-        if action.kind not in _UNCOUNTED:
-            self.applied += 1
-        if action.kind in _REMOVES_NODE:
-            self._removed().add(action.target)
-
-
 class Actuator:
     """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
-    def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits = SafetyLimits(),
-                 audit: AuditLog | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 leader: Callable[[], bool] | None = None, name: str = "actuator") -> None:
+    def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits | None = None,
+                 audit: AuditLog | None = None, clock: Clock = SYSTEM_CLOCK,
+                 leader: Callable[[], bool] | None = None, name: str = "actuator",
+                 window: MaintenanceWindow | None = None) -> None:
         self.cluster = cluster
         self.mode = Mode(mode)
-        self.limits = limits
+        self.limits = limits or SafetyLimits()
         self.audit = audit or AuditLog()
         self.clock = clock
         self.leader = leader or (lambda: True)
         self.name = name
+        self.window = window
+        self._held: set[tuple[str, str]] = set()  # held back by the window: recorded once while it is shut
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
         self._breaker_noted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
@@ -157,15 +97,7 @@ class Actuator:
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
     def applied_in_last_hour(self) -> int:
-        hour_ago = self.clock() - timedelta(hours=1)
-        count = 0
-        for record in self.audit.records():
-            if record.get("outcome") != Outcome.APPLIED.value or record.get("kind") in [k.value for k in _UNCOUNTED]:
-                continue
-            at = _parse(record.get("at"))
-            if at is not None and at > hour_ago:
-                count += 1
-        return count
+        return applied_since(self.audit.records(), self.clock.now() - timedelta(hours=1))
 
     @property
     def breaker_open(self) -> bool:
@@ -185,11 +117,15 @@ class Actuator:
     def _entry(self, outcome: Outcome, action: Action, message: str = "", approval_id: str | None = None,
                findings: tuple[Record, ...] = (), snapshot_at: datetime | None = None, by: str | None = None,
                undo: Action | None = None, undo_of: str | None = None) -> AuditEntry:
-        entry = AuditEntry(self.clock(), self.mode, outcome, action.kind.value, action.target, action.reason, message,
+        entry = AuditEntry(self.clock.now(), self.mode, outcome, action.kind.value, action.target, action.reason, message,
                            approval_id, dict(action.params), tuple(findings), snapshot_at, new_id(),
                            by or self.name, action_record(undo), undo_of)
         self.audit.record(entry)
         return entry
+
+    def _held_back(self, action: Action) -> str | None:
+        """Why the maintenance window holds ``action`` back now (None: it may go)."""
+        return self.window.holds_back(action, self.clock.now()) if self.window is not None else None
 
     @staticmethod
     def _findings(planned: PlannedAction) -> tuple[Record, ...]:
@@ -199,7 +135,7 @@ class Actuator:
     def execute(self, plan: Plan, snapshot: ClusterSnapshot | None = None) -> list[AuditEntry]:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
-            budget = _Budget(self, snapshot)
+            budget = Budget(self, snapshot)
             if self.mode == Mode.OBSERVE:
                 return self._observe(plan, budget)
             out: list[AuditEntry] = []
@@ -211,6 +147,8 @@ class Actuator:
             breaker = self.breaker_open
             if not breaker:
                 self._breaker_noted.clear()
+            if self.window is None or self.window.is_open(self.clock.now()):
+                self._held.clear()
             for position, planned in enumerate(plan.actions):
                 action, findings = planned.action, self._findings(planned)
                 if not self.leader():
@@ -223,6 +161,13 @@ class Actuator:
                         self._breaker_noted.add(planned.key)
                         out.append(self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person "
                                                "(gpuwarden actuator reset)", findings=findings, snapshot_at=plan.snapshot_at))
+                    continue
+                held = self._held_back(action)
+                if held:
+                    if planned.key not in self._held:
+                        self._held.add(planned.key)
+                        out.append(self._entry(Outcome.BLOCKED, action, held, findings=findings,
+                                               snapshot_at=plan.snapshot_at))
                     continue
                 why = budget.why_not(action)
                 if why:
@@ -240,12 +185,15 @@ class Actuator:
                     break
             return out
 
-    def _observe(self, plan: Plan, budget: _Budget) -> list[AuditEntry]:
+    def _observe(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
         out, seen = [], set()
         breaker = self.breaker_open
         for planned in plan.actions:
-            why = "circuit breaker open" if breaker else budget.why_not(planned.action)
-            if why:
+            held = self._held_back(planned.action)
+            why = held or ("circuit breaker open" if breaker else budget.why_not(planned.action))
+            if held:
+                outcome, message = Outcome.BLOCKED, f"would be blocked: {held}"  # a schedule, not a fault
+            elif why:
                 breaker = True  # auto mode would stop here: everything after it is blocked too
                 outcome, message = Outcome.BLOCKED, f"would be blocked: {why}"
             else:
@@ -262,12 +210,12 @@ class Actuator:
     def _queue(self, plan: Plan) -> list[AuditEntry]:
         records = self.audit.records()
         waiting = {(p.kind, p.target) for p in approvals.pending_from(records)}
-        quiet_since = self.clock() - REJECTED_QUIET
+        quiet_since = self.clock.now() - REJECTED_QUIET
         by_id = {str(r["approval_id"]): r for r in records
                  if r.get("outcome") == Outcome.AWAITING_APPROVAL.value and r.get("approval_id") is not None}
         rejected = {(by_id[str(r["approval_id"])]["kind"], by_id[str(r["approval_id"])]["target"]) for r in records
                     if r.get("outcome") == Outcome.REJECTED.value and str(r.get("approval_id")) in by_id
-                    and (_parse(r.get("at")) or quiet_since) > quiet_since}
+                    and (parse_at(r.get("at")) or quiet_since) > quiet_since}
         out = []
         for planned in plan.actions:
             if planned.key in waiting or planned.key in rejected:
@@ -276,20 +224,22 @@ class Actuator:
                                    findings=self._findings(planned), snapshot_at=plan.snapshot_at))
         return out
 
-    def _apply_approved(self, budget: _Budget) -> list[AuditEntry]:
+    def _apply_approved(self, budget: Budget) -> list[AuditEntry]:
         out = []
         for awaiting, decision in approvals.approved_not_applied(self.audit.records()):
             action = action_from_record(awaiting)
             kwargs: _EntryContext = {
                 "approval_id": str(awaiting["approval_id"]), "findings": tuple(awaiting.get("findings") or ()),
-                "snapshot_at": _parse(awaiting.get("snapshot_at")), "by": decision.get("by") or "operator"}
+                "snapshot_at": parse_at(awaiting.get("snapshot_at")), "by": decision.get("by") or "operator"}
             if not self.leader():
                 out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **kwargs))
                 continue
+            if self._held_back(action):
+                continue  # it stays approved and is applied at the first round inside the window
             out.append(self._guarded_apply(action, budget, **kwargs))
         return out
 
-    def _guarded_apply(self, action: Action, budget: _Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
+    def _guarded_apply(self, action: Action, budget: Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
         if self.breaker_open:
             return self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person", **kwargs)
         why = budget.why_not(action)
@@ -299,7 +249,7 @@ class Actuator:
             return entry
         return self._apply(action, budget, **kwargs)
 
-    def _apply(self, action: Action, budget: _Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
+    def _apply(self, action: Action, budget: Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
         try:
             result = self.cluster.apply(action)
         except Exception as error:  # noqa: BLE001 the protocol says never raise; a client bug or outage still must be recorded
@@ -329,7 +279,7 @@ class Actuator:
             return self._note(Outcome.BREAKER_RESET, comment or "reset", f"reset by {by}", by)
 
     def _note(self, outcome: Outcome, reason: str, message: str, by: str) -> AuditEntry:
-        entry = AuditEntry(self.clock(), self.mode, outcome, "circuit-breaker", self.name, reason, message, by=by)
+        entry = AuditEntry(self.clock.now(), self.mode, outcome, "circuit-breaker", self.name, reason, message, by=by)
         self.audit.record(entry)
         return entry
 
@@ -339,14 +289,18 @@ class Actuator:
         with self._lock:
             awaiting = self._decide(approval_id, True, by, comment)
             action = action_from_record(awaiting)
-            return self._guarded_apply(action, _Budget(self, None), approval_id=str(approval_id), by=by,
+            held = self._held_back(action)
+            if held:  # recorded without its approval id, so the approval stays waiting to be applied
+                return self._entry(Outcome.BLOCKED, action, f"approved; {held} (applied at the first round inside it)",
+                                   by=by)
+            return self._guarded_apply(action, Budget(self, None), approval_id=str(approval_id), by=by,
                                        findings=tuple(awaiting.get("findings") or ()),
-                                       snapshot_at=_parse(awaiting.get("snapshot_at")))
+                                       snapshot_at=parse_at(awaiting.get("snapshot_at")))
 
     def reject(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
         with self._lock:
             awaiting = self._decide(approval_id, False, by, comment)
-            entry = AuditEntry(self.clock(), self.mode, Outcome.REJECTED, awaiting["kind"], awaiting["target"],
+            entry = AuditEntry(self.clock.now(), self.mode, Outcome.REJECTED, awaiting["kind"], awaiting["target"],
                                awaiting.get("reason", ""), comment, str(approval_id), by=by)
             self.audit.entries.append(entry)
             return entry
@@ -355,10 +309,10 @@ class Actuator:
         approval_id = str(approval_id)
         if self.audit.path is not None:
             awaiting = approvals.check_decidable(self.audit.records(), approval_id)
-            approvals.decide(self.audit.path, approval_id, approve, by, comment)
+            approvals.decide(self.audit.path, approval_id, approve, by, comment, self.clock)
             return awaiting
         awaiting = approvals.check_decidable(self.audit.records(), approval_id)
-        self.audit.append_record(approvals.decision_record(approval_id, approve, by, comment, self.clock()))
+        self.audit.append_record(approvals.decision_record(approval_id, approve, by, comment, self.clock.now()))
         return awaiting
 
     def undo(self, entry_id: str, by: str = "operator") -> AuditEntry:

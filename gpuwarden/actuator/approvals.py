@@ -10,9 +10,11 @@ carrying the approver's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import datetime
 from pathlib import Path
 from collections.abc import Iterable
+
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .audit import AuditLog, Outcome, Record, append_line, locked
 
@@ -71,10 +73,10 @@ def pending(audit_path: str | Path) -> list[PendingApproval]:
     return pending_from(AuditLog.read(path)) if path.exists() else []
 
 
-def decision_record(approval_id: str, approve: bool, by: str, comment: str, at: datetime | None = None) -> Record:
+def decision_record(approval_id: str, approve: bool, by: str, comment: str, at: datetime) -> Record:
     return {
         "outcome": Outcome.APPROVED.value if approve else Outcome.REJECTED.value, "approval_id": str(approval_id),
-        "by": by, "comment": comment, "at": (at or datetime.now(UTC)).isoformat(),
+        "by": by, "comment": comment, "at": at.isoformat(),
     }
 
 
@@ -92,12 +94,14 @@ def check_decidable(records: list[Record], approval_id: str) -> Record:
     return waiting[approval_id]
 
 
-def decide(audit_path: str | Path, approval_id: str, approve: bool, by: str, comment: str = "") -> None:
-    """Append the decision; ValueError (one clear line) if the id is unknown or already decided."""
+def decide(audit_path: str | Path, approval_id: str, approve: bool, by: str, comment: str = "",
+           clock: Clock = SYSTEM_CLOCK) -> None:
+    """Append the decision, timed by ``clock``; ValueError (one clear line) if the id is unknown or
+    already decided."""
     if not str(by).strip():
         raise ValueError("a decision needs the name of who made it (by)")
     path = Path(audit_path)
     with locked(path):  # check and append as one step, so two people cannot both decide
         records = AuditLog.read(path) if path.exists() else []
         check_decidable(records, approval_id)
-        append_line(path, decision_record(approval_id, approve, by, comment))
+        append_line(path, decision_record(approval_id, approve, by, comment, clock.now()))

@@ -1,11 +1,10 @@
-"""The reconcile loop: every interval, findings + a cluster snapshot -> a plan -> the actuator.
+"""The reconcile round: findings + a cluster snapshot -> a plan -> the actuator, as a runner job.
 
-One background thread runs ``reconcile_once`` every ``interval_seconds`` on an injected
-:class:`~gpuwarden.fleet.clock.Clock`, so a slow round is never run twice at once and rounds missed
-while one ran collapse into the next (what APScheduler's ``max_instances=1, coalesce=True`` gave;
-APScheduler 3 reads ``datetime.now()`` inside its scheduler, triggers and executors, so no clock can
-be handed to it, and a test of the loop had to sleep). Tests hand in a ``FakeClock`` and advance it.
-Where findings come from is a callable, so the loop knows nothing about analytics or Prometheus.
+:meth:`Reconciler.register` adds the round to the process's :class:`~gpuwarden.fleet.runner.Runner`
+on an APScheduler ``IntervalTrigger`` started on the runner's clock, so a slow round is never run
+twice at once and rounds missed while one ran coalesce into one (APScheduler's ``max_instances=1,
+coalesce=True``). Tests hand the runner a ``FakeClock`` and advance it. Where findings come from is
+a callable, so the round knows nothing about analytics or Prometheus.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwarden.fleet import ClusterSnapshot, Finding
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
+from gpuwarden.fleet.runner import Job, Runner
+from gpuwarden.fleet.triggers import every
 from gpuwarden.scheduling.planner import plan as schedule_plan
 
 from .apply import Actuator
@@ -36,8 +36,7 @@ class RoundReport:
 class Reconciler:
     def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
                  policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0,
-                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None) -> None:
         """``scheduling``: a scheduling policy name (``gpuwarden``...) whose decisions on each
         snapshot (quota reclaim, queue order) join the plan; None plans from findings only."""
         if interval_seconds <= 0:
@@ -49,8 +48,6 @@ class Reconciler:
         self.scheduling = scheduling
         self.on_round = on_round  # e.g. the CLI's one-line summary of each scheduled round
         self.rounds: list[RoundReport] = []
-        self.clock = clock
-        self._repeater = Repeater("gpuwarden-reconciler", self._safe_round, interval_seconds, clock, first_at_once=False)
         self._lock = threading.Lock()
 
     def reconcile_once(self) -> RoundReport:
@@ -70,22 +67,18 @@ class Reconciler:
                      self.actuator.mode.value)
             return report
 
-    def _safe_round(self) -> None:
+    def run_round(self) -> None:
+        """One round as a runner job: a failed round is one line, retried at the next fire time."""
         try:
             report = self.reconcile_once()
-        except Exception as error:  # a failed round is one line, retried next interval; never kills the loop
+        except Exception as error:  # noqa: BLE001 (a failed round never ends the job)
             log.error("reconcile round failed: %s: %s; retrying next interval", type(error).__name__, error)
             log.debug("reconcile round failed", exc_info=True)
             return
         if self.on_round is not None:
             self.on_round(report)
 
-    def start(self) -> Reconciler:
-        """A round every interval, the first one interval after start (``Repeater``: a round that
-        overruns delays the next one, rounds never overlap)."""
-        self._repeater.start()
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop after the running round (if any); safe to call twice."""
-        self._repeater.stop(timeout)
+    def register(self, runner: Runner, *, at_once: bool = True) -> Job:
+        """Add the round to ``runner``: every interval on its clock, the first at once or one
+        interval from now."""
+        return runner.add("reconcile", self.run_round, every(self.interval_seconds, runner.clock), at_once=at_once)

@@ -2,6 +2,7 @@
 
     gpuwarden actuator run  --mode observe|approve|auto --source local|file|prometheus ... \\
                             [--kubeconfig PATH | --in-cluster] [--interval 60] [--leader-elect]
+                            [--maintenance-window "tue,thu 02:00-05:00"]
     gpuwarden actuator plan [same options]       one dry round, printed; nothing applied or recorded
     gpuwarden actuator list [--audit PATH]       actions waiting for approval, and applied ones (undo ids)
     gpuwarden actuator approve ID --by NAME      the running actuator applies it at its next round
@@ -26,6 +27,8 @@ from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy
 from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.store import SamplesError
+from gpuwarden.actuator.maintenance import MaintenanceWindow
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from gpuwarden.actuator.kube import KubeCluster
@@ -68,8 +71,18 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling", default="none",
                         help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
     parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
+    parser.add_argument("--maintenance-window", type=_window, metavar="'DAYS HH:MM-HH:MM'",
+                        help="apply cordon, taint, drain, evict, suspend and preempt only inside this UTC window, "
+                             "e.g. 'tue,thu 02:00-05:00' (default: any time)")
     parser.add_argument("--protect-node", action="append", default=[], metavar="NODE",
                         help="never act on this node (repeatable; a node label gpuwarden.io/protect=true does the same)")
+
+
+def _window(text: str) -> MaintenanceWindow:
+    try:
+        return MaintenanceWindow.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(subparsers) -> None:
@@ -127,18 +140,19 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _kube(args: argparse.Namespace) -> KubeCluster:
+def _kube(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
     # Imported here: the kubernetes client takes a second to import, and other commands never need it.
     from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 
     client = load_client(str(args.kubeconfig) if args.kubeconfig else None, args.in_cluster, args.context,
                          args.request_timeout)
-    return KubeCluster(KubeApi(client), namespace=args.namespace, page_size=args.page_size)
+    return KubeCluster(KubeApi(client, clock=clock), namespace=args.namespace, page_size=args.page_size, clock=clock)
 
 
-def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None) -> Actuator:
+def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None,
+              clock: Clock = SYSTEM_CLOCK) -> Actuator:
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
-    return Actuator(cluster, Mode(args.mode), limits, audit, leader=leader)
+    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window)
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
@@ -186,63 +200,55 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_loop(args: argparse.Namespace) -> int:
-    from apscheduler.schedulers.background import BackgroundScheduler
-
+def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
+    """The actuator process: one runner (on ``clock``) owns its jobs, the reconcile round every
+    --interval (the first at once) and, with --leader-elect, the Lease renewal every third of its
+    duration; --rounds stops it after that many rounds."""
     from gpuwarden.actuator.kube import LeaderElector
+    from gpuwarden.fleet.runner import Runner
+    from gpuwarden.fleet.triggers import every
 
     try:
-        cluster = _kube(args)
+        cluster = _kube(args, clock)
     except ValueError as error:
         return _fail(str(error))
+    runner = Runner(clock, name="gpuwarden-actuator")
     elector = None
     if args.leader_elect:
-        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration)
+        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
+        elector.try_acquire_or_renew()  # before the first round, which acts only as the leader
+        runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
     if args.metrics_listen:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
-    actuator = _actuator(args, cluster, AuditLog(args.audit), leader=elector.is_leader if elector else None)
+    actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock)
     reconciler = _reconciler(args, actuator, args.interval)
     stop = threading.Event()
+    rounds = [0]
+
+    def round_job() -> None:
+        try:
+            reconciler.run_round()  # a failed round is logged; the next one tries again
+        finally:
+            rounds[0] += 1
+            if args.rounds and rounds[0] >= args.rounds:
+                stop.set()
+
+    runner.add("reconcile", round_job, every(args.interval, clock), at_once=True)
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    lease_scheduler = None
-    if elector:
-        elector.try_acquire_or_renew()
-        lease_scheduler = BackgroundScheduler(timezone="UTC")
-        lease_scheduler.add_job(elector.try_acquire_or_renew, "interval", seconds=max(1, args.lease_duration / 3),
-                                max_instances=1, coalesce=True)
-        lease_scheduler.start()
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
+          + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
+    runner.start()
     try:
-        if args.rounds:
-            for _ in range(args.rounds):
-                _one_round(reconciler)
-                if stop.wait(args.interval if _ < args.rounds - 1 else 0):
-                    break
-        else:
-            reconciler.start()
-            stop.wait()
+        stop.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        reconciler.stop()
+        runner.stop()
         signal.signal(signal.SIGTERM, previous)
-        if lease_scheduler:
-            lease_scheduler.shutdown(wait=False)
     return 0
-
-
-def _one_round(reconciler: Reconciler) -> None:
-    from gpuwarden.actuator.kube import KubeFailure
-
-    try:
-        report = reconciler.reconcile_once()
-    except (SamplesError, KubeFailure, ValueError) as error:  # one line; the next round tries again
-        print(f"actuator: round failed: {error}", file=sys.stderr, flush=True)
-        return
-    _summary(report)
 
 
 def _summary(report) -> None:

@@ -3,7 +3,8 @@
 simulated fleet -> backfill a week into the embedded store (progress bar) -> precompute the
 dashboard's reports of its default window beside the store -> serve exporter metrics for every
 simulated node on localhost -> keep stepping the fleet while the embedded scraper reads /metrics
-into the store -> open the dashboard. ``--headless --duration S`` does the
+into the store, the store compacts and the actuator reconciles, all jobs of one runner on one clock
+(:mod:`.demo_live`) -> open the dashboard. ``--headless --duration S`` does the
 same without the dashboard and prints a summary. Ctrl-C or SIGTERM stops everything and prints the
 same summary.
 
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import webbrowser
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .args import host_port, number, plain, port
+from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs
 from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
@@ -43,15 +47,11 @@ from .storemark import (
 
 if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when it parses
     from gpuwarden.actuator import Reconciler
-    from gpuwarden.exporter import ExporterService
     from gpuwarden.sim import Simulation
-    from gpuwarden.sim.cluster import SimCluster
     from gpuwarden.store import LocalStore
     from gpuwarden.store.scraper import Scraper
 
 DEMO_FAULT_SCALE = 25.0  # published rates give about one fault per simulated week on 512 GPUs
-RECONCILE_INTERVAL_S = 30.0  # wall seconds between actuator rounds (30 simulated minutes at the default pace)
-HEALTH_WINDOW_HOURS = 6.0  # samples each health scan reads
 DEMO_LEAD_HOURS = 1.0  # the backfill ends this long before now: an hour of live demo stays in the past
 SUMMARY_ROWS = 5  # findings and actions listed in the summary; the rest are counted
 
@@ -147,12 +147,12 @@ def reset_store(root: Path) -> None:
     mark_demo_store(root)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     import pandas as pd
 
     config = sim_config_from(args)
     if not args.config:  # the simulated week ends just before now (a config file's start is kept)
-        end = pd.Timestamp.now(tz="UTC").floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
+        end = pd.Timestamp(clock.now()).floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
         config = recording_ends_at(config, end, args.days)
     try:
         preflight(args)
@@ -161,17 +161,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        return _run(args, config)
+        return _run(args, config, clock)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(args: argparse.Namespace, config) -> int:
+def _run(args: argparse.Namespace, config, clock: Clock) -> int:
     from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
     from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
-    from gpuwarden.fleet.processes import stop_process
     from gpuwarden.exporter import ExporterService
     from gpuwarden.cli.simfleet import simulated_fleet
+    from gpuwarden.fleet.processes import stop_process
+    from gpuwarden.fleet.runner import Runner
     from gpuwarden.sim.backend import SimGpuBackend
     from gpuwarden.sim.cluster import SimCluster
     from gpuwarden.store import LocalStore
@@ -180,15 +181,17 @@ def _run(args: argparse.Namespace, config) -> int:
     duration = args.duration if args.duration is not None else (60.0 if args.headless else None)
     print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
           f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
+    # The simulated fleet and the cluster the actuator acts on: built here, and only here.
     simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
     reset_store(args.store)
     store = LocalStore(args.store, clock=lambda: simulation.now)  # the demo's clock is simulated
     host, exporter_port = args.exporter_listen
     exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval),
-                               host=host, port=exporter_port)
+                               host=host, port=exporter_port, clock=clock)
+    runner = Runner(clock, name="gpuwarden-demo")
     dashboard: subprocess.Popen | None = None
-    started = time.monotonic()
+    started = clock.monotonic()
     return_code = 0
     scraper: Scraper | None = None
     reconciler: Reconciler | None = None
@@ -197,7 +200,7 @@ def _run(args: argparse.Namespace, config) -> int:
         backfill(simulation, store, args.days)
         exporter.start()
         exporter.collect_now()
-        reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, audit=AuditLog(audit_path(args.store))),
+        reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, audit=AuditLog(audit_path(args.store)), clock=clock),
                                 HealthScan(store, simulation), interval_seconds=RECONCILE_INTERVAL_S)
         first = reconciler.reconcile_once()  # findings and the plan for the backfilled week, before going live
         print(f"health:    {first.findings} findings; actuator (observe mode) would take "
@@ -217,9 +220,10 @@ def _run(args: argparse.Namespace, config) -> int:
               (f" for {duration:g} s" if duration is not None else "; Ctrl-C stops"), flush=True)
         owners = PodOwners(cluster)
         scraper = Scraper([exporter.url], store, interval_seconds=args.step_interval, cluster=config.cluster,
-                          attribution=owners, clock=lambda: simulation.now)
-        reconciler.start()
-        live(simulation, exporter, scraper, owners, store, args.step_interval, duration)
+                          attribution=owners, clock=clock, sample_time=lambda: simulation.now)
+        add_live_jobs(runner, simulation, exporter, scraper, owners, store, reconciler, args.step_interval)
+        runner.start()
+        clock.wait(threading.Event(), duration)  # the jobs run; Ctrl-C or SIGTERM ends the wait early
     except (KeyboardInterrupt, Stopped) as stop:
         print(f"\nstopping ({stop or 'Ctrl-C'})...", flush=True)
         return_code = 130 if isinstance(stop, KeyboardInterrupt) else 143
@@ -230,13 +234,12 @@ def _run(args: argparse.Namespace, config) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the summary short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            if reconciler is not None:
-                reconciler.stop()
+            runner.stop()
             series = count_series(exporter.url) if exporter.port else 0
             exporter.stop()
             if dashboard is not None:
                 stop_process(dashboard)  # waits after a kill too: no zombie
-            print_summary(simulation, store, exporter.url, series, time.monotonic() - started, scraper, reconciler)
+            print_summary(simulation, store, exporter.url, series, clock.monotonic() - started, scraper, reconciler)
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     return return_code
@@ -310,72 +313,6 @@ def wait_for_dashboard(process: subprocess.Popen, url: str, port: int, timeout_s
 
 def audit_path(store_path: Path) -> Path:
     return Path(store_path) / "actuator" / "audit.jsonl"  # where the Actions page looks by default
-
-
-class HealthScan:
-    """The actuator's source of findings: a health scan of the store's newest samples."""
-
-    def __init__(self, store: LocalStore, simulation: Simulation) -> None:
-        self.store = store
-        self.now = lambda: simulation.now
-        self.pools = {node.name: node.pool for node in simulation.nodes}
-        self.last: list = []
-
-    def __call__(self, snapshot) -> list:
-        import pandas as pd
-
-        from gpuwarden.analytics.health import scan
-
-        # The window ends at the fleet's clock, never at the newest sample.
-        end = pd.Timestamp(self.now())
-        start = end - pd.Timedelta(hours=HEALTH_WINDOW_HOURS)
-        self.last = scan(self.store.read(start, end + pd.Timedelta(seconds=1)), pools=self.pools)
-        # The dashboard's Queue & quotas and portal pages read the snapshot the actuator planned on.
-        from gpuwarden.fleet import cluster_state
-
-        cluster_state.write_snapshot(Path(self.store.root) / "cluster", snapshot)
-        return self.last
-
-
-class PodOwners:
-    """Team and project of each simulated pod, as a real cluster's pod labels would give them; the
-    scraper asks it for the pods it sees in ``/metrics`` (the exporter only knows namespaces)."""
-
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-        self.owners: dict[str, tuple[str, str]] = {}
-
-    def refresh(self) -> None:
-        self.owners = {w.workload.name: (w.workload.team, w.workload.project) for w in self.cluster.snapshot().workloads}
-
-    def __call__(self, namespace: str | None, pod: str | None) -> tuple[str | None, str | None]:
-        if pod is None:
-            return namespace, None
-        owner = self.owners.get(pod) or self.owners.get(pod.rsplit("-", 1)[0])  # gang pods are <job>-<k>
-        return owner or (namespace, None)
-
-
-def live(simulation: Simulation, exporter: ExporterService, scraper: Scraper, owners: PodOwners, store: LocalStore,
-         interval: float, duration: float | None) -> None:
-    """Every ``interval`` wall seconds: step the fleet, collect it through the exporter, and let the
-    embedded scraper read ``/metrics`` into the store (one simulated step, one scrape)."""
-    deadline = None if duration is None else time.monotonic() + duration
-    next_step = time.monotonic()
-    steps = 0
-    while deadline is None or time.monotonic() < deadline:
-        simulation.step()
-        exporter.collect_now()
-        owners.refresh()
-        scraper.scrape_once()
-        steps += 1
-        if steps % 60 == 0:
-            store.compact()
-        next_step += interval
-        pause = next_step - time.monotonic()
-        if deadline is not None:
-            pause = min(pause, deadline - time.monotonic())
-        if pause > 0:
-            time.sleep(pause)
 
 
 def count_series(url: str) -> int:

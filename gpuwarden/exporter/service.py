@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.fleet import GpuBackend, GpuReading
 from gpuwarden.fleet.catalogue import MetricSpec
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.runner import Every, Runner
 
 from .collector import GpuCollector, escape_label_value, go_float, render_text
 from .snapshot import ExporterSnapshot
@@ -99,7 +100,7 @@ class ExporterService:
         self._stop = threading.Event()
         self._watchdog_wake = threading.Event()
         self._server: ExporterHttpServer | None = None
-        self._collections = Repeater("gpuwarden-exporter-collect", self.collect_now, self.interval_seconds, clock)
+        self._collections: Runner | None = None  # the process's runner: one job, the collections
         self._watchdog_thread: threading.Thread | None = None
         self._in_flight_since: float | None = None  # monotonic start of the running collection
         self._hang_logged = False
@@ -330,7 +331,10 @@ class ExporterService:
         self.port = self._server.server_address[1]
         self._watchdog_thread = threading.Thread(target=self._watchdog_loop, name="gpuwarden-exporter-watchdog", daemon=True)
         self._server.start()
-        self._collections.start()  # a collection now, then one every interval on the clock
+        self._collections = Runner(self._clock, name="gpuwarden-exporter-collect")
+        # A collection now, then one every interval on the clock (APScheduler is not in the exporter image).
+        self._collections.add("collect", self.collect_now, Every(self.interval_seconds, self._clock.now()), at_once=True)
+        self._collections.start()
         self._watchdog_thread.start()
         log.info("exporter serving %s (backend=%s, interval=%.3gs)", self.url, getattr(self.backend, "name", "?"), self.interval_seconds)
         return self
@@ -345,7 +349,9 @@ class ExporterService:
         watchdog, self._watchdog_thread = self._watchdog_thread, None
         if watchdog is not None:
             watchdog.join(timeout)
-        self._collections.stop(min(timeout, 1.0))  # a backend read that never returns is left behind, logged
+        collections, self._collections = self._collections, None
+        if collections is not None:
+            collections.stop(min(timeout, 1.0))  # a backend read that never returns is left behind, logged
         log.info("exporter stopped")
 
     def __enter__(self) -> ExporterService:

@@ -1,330 +1,85 @@
 """The embedded scraper: exporter ``/metrics`` endpoints into the embedded store, no Prometheus.
 
-Series become fleet-samples rows through the metric catalogue (``gpuwarden/fleet/
-metric_catalogue.csv``), inverted here, so that the scraper and :class:`~gpuwarden.store.
-prometheus.PrometheusSource` turn the very same series into the very same rows:
-
-- a ``value`` row gives its column as ``value / scale``;
-- a ``pattern`` row gives the column its label fills in (``gpuwarden_xid_errors_total{xid="48"}``
-  -> ``xid_48_total``);
-- the ``bits`` row (throttle reasons) gives ``throttle_reasons_bitmask`` back as the OR of the bits
-  whose series read 1;
-- ``mem_total_bytes`` is ``FB_USED + FB_FREE`` (the derived ``mem_free_bytes`` source) unless the
-  catalogue exports it directly;
-- identity comes from the DCGM labels: ``node`` (else ``Hostname``) -> node, ``UUID`` -> gpu_uuid, ``gpu`` ->
-  gpu_index, ``modelName`` -> model, ``GPU_I_ID``/``GPU_I_PROFILE`` -> mig_instance ("1:3g.40gb"),
-  ``pod``/``namespace`` as they are (empty -> null). ``cluster`` is a ``cluster`` label when the
-  series has one (a Prometheus target or external label), else the ``cluster`` you give.
-  ``team``/``project`` are ``team``/``project`` labels when present, else ``attribution(namespace,
-  pod)``; the default attribution charges a pod's namespace as its team (namespace-per-team).
-
-``attribution`` is the ``state`` label of ``gpuwarden_pod_attribution_state`` (known | off |
-failed) where the exporter serves it; without that series a pod label proves attribution answered
-("known") and a GPU without one is null (not recorded; analytics reads it as "off").
-
-``gpuwarden_gpu_lost`` feeds no column but makes the row exist: a lost GPU is a row of nulls (its
-memory total carried from its other rows), as the simulator and the local store have it. Series
-the catalogue does not name (exporter self-metrics) are ignored.
+Each page is parsed into fleet-samples rows by :mod:`.series` (the metric catalogue inverted, the
+same mapping :class:`~gpuwarden.store.prometheus.PrometheusSource` uses), stamped with the time of the
+scrape, and appended to a :class:`~gpuwarden.store.local.LocalStore`. Its rounds are a job on the
+process's :class:`~gpuwarden.fleet.runner.Runner` (:meth:`Scraper.register`), or on a runner of its
+own (:meth:`Scraper.start`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.fleet import ATTRIBUTION_STATES, IDENTITY_COLUMN_NAMES, METRIC_COLUMN_NAMES, THROTTLE_REASONS
-from gpuwarden.fleet.catalogue import MetricSpec, load_catalogue
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, Repeater
+from gpuwarden.fleet.catalogue import MetricSpec
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.runner import Job, Runner
 from gpuwarden.fleet.semantics import to_utc
+from gpuwarden.fleet.triggers import every
 
 from .local import LocalStore
-from .schema import PANDAS_DTYPES, empty_samples
+from .series import Attribution, FrameAssembler, SeriesMapper, namespace_is_team
 
 log = logging.getLogger("gpuwarden.store.scraper")
 
-Attribution = Callable[[str | None, str | None], "tuple[str | None, str | None]"]
 SampleTime = Callable[[], "float | datetime | pd.Timestamp"]  # the time scraped rows carry
-_MIB_FREE = "mem_free_bytes"
-# Where two attribution states meet in one row (the state changed within a step), the worse wins.
-_STATE_ORDER: tuple[str, ...] = ("known", "off", "failed")
-_STATE_RANK: dict[str, int] = {name: rank for rank, name in enumerate(_STATE_ORDER)}
-assert set(_STATE_ORDER) == set(ATTRIBUTION_STATES)
 
 
-def namespace_is_team(namespace: str | None, pod: str | None) -> tuple[str | None, str | None]:
-    """Default attribution: a pod's namespace is the team it is charged to; no project."""
-    return namespace, None
+# One sample line of the text format: name, {labels}, value, optional timestamp in milliseconds.
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_ESCAPES = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 
 
-@dataclass(frozen=True)
-class _Target:
-    kind: str  # value | pattern | bits | mem_free | presence | state
-    spec: MetricSpec
-    column: str | None = None
-
-
-class SeriesMapper:
-    """The metric catalogue inverted: exported series -> fleet-samples identity and columns."""
-
-    def __init__(
-        self,
-        catalogue: Sequence[MetricSpec] | None = None,
-        *,
-        cluster: str = "default",
-        attribution: Attribution | None = namespace_is_team,
-    ) -> None:
-        self.catalogue = tuple(catalogue) if catalogue is not None else load_catalogue()
-        self.cluster = cluster
-        self.attribution = attribution
-        self._targets: dict[str, _Target] = {}
-        direct = {spec.source_column for spec in self.catalogue if spec.transform == "value"}
-        for spec in self.catalogue:
-            if spec.metric in self._targets:
-                continue
-            if spec.transform == "value" and spec.source_column in METRIC_COLUMN_NAMES:
-                if spec.source_column not in {t.column for t in self._targets.values()}:
-                    self._targets[spec.metric] = _Target("value", spec, spec.source_column)
-            elif spec.transform == "value" and spec.source_column == "gpu_lost":
-                # No column, but a lost GPU's row must exist (with nulls), as in the local store.
-                self._targets[spec.metric] = _Target("presence", spec)
-            elif spec.transform == "value" and spec.source_column == _MIB_FREE and "mem_total_bytes" not in direct:
-                self._targets[spec.metric] = _Target("mem_free", spec)
-            elif spec.transform == "pattern":
-                self._targets[spec.metric] = _Target("pattern", spec)
-            elif spec.transform == "bits" and spec.source_column == "throttle_reasons_bitmask":
-                self._targets[spec.metric] = _Target("bits", spec, "throttle_reasons_bitmask")
-            elif spec.transform == "state" and spec.source_column == "attribution":
-                self._targets[spec.metric] = _Target("state", spec, "attribution")
-        self._identity_cache: dict[tuple, tuple] = {}
-
-    # -- which series ---------------------------------------------------------------------------
-    def target(self, metric: str) -> _Target | None:
-        return self._targets.get(metric)
-
-    def metrics_for(self, columns: Iterable[str] | None = None) -> list[str]:
-        """Exported metric names needed to fill ``columns`` (all metric columns when None)."""
-        wanted = set(METRIC_COLUMN_NAMES if columns is None else columns)
-        names = []
-        for metric, target in self._targets.items():
-            if target.kind in ("value", "bits") and target.column in wanted:
-                names.append(metric)
-            elif target.kind == "mem_free" and "mem_total_bytes" in wanted:
-                names.append(metric)
-            elif target.kind == "pattern" and any(target.spec.source_regex().match(c) for c in wanted):
-                names.append(metric)
-        names += [m for m, t in self._targets.items() if t.kind == "presence"]
-        if "mem_total_bytes" in wanted:  # FB_USED is half of mem_total_bytes
-            used = [m for m, t in self._targets.items() if t.column == "mem_used_bytes"]
-            names += [m for m in used if m not in names]
-        return names
-
-    def state_metrics(self) -> list[str]:
-        """Exported metric names that fill the ``attribution`` column."""
-        return [m for m, t in self._targets.items() if t.kind == "state"]
-
-    def column_of(self, metric: str, labels: Mapping[str, str]) -> str | None:
-        """The samples column one series feeds (None for bits / derived / unknown)."""
-        target = self._targets.get(metric)
-        if target is None:
-            return None
-        if target.kind == "value":
-            return target.column
-        if target.kind == "pattern":
-            key = labels.get(target.spec.label)
-            if key is None:
-                return None
-            head, _, tail = target.spec.source_column.partition("*")
-            column = f"{head}{key}{tail}"
-            return column if column in METRIC_COLUMN_NAMES else None
-        return None
-
-    # -- identity -------------------------------------------------------------------------------
-    def identity(self, labels: Mapping[str, str]) -> tuple | None:
-        """(cluster, node, gpu_uuid, gpu_index, model, mig_instance, namespace, pod, team, project, attribution),
-        or None for a series that names no GPU."""
-        key = (
-            labels.get("cluster", ""), labels.get("node") or labels.get("Hostname", ""), labels.get("UUID", ""),
-            labels.get("gpu", ""), labels.get("modelName", ""), labels.get("GPU_I_ID", ""),
-            labels.get("GPU_I_PROFILE", ""), labels.get("namespace", ""), labels.get("pod", ""),
-            labels.get("team", ""), labels.get("project", ""),
-        )
-        cached = self._identity_cache.get(key)
-        if cached is not None:
-            return cached
-        cluster, node, uuid, gpu, model, mig_id, mig_profile, namespace, pod, team, project = key
-        if not uuid or not node:
-            return None
-        try:
-            index = int(gpu)
-        except ValueError:
-            return None
-        mig = f"{mig_id}:{mig_profile}" if mig_id else None
-        namespace_v, pod_v = namespace or None, pod or None
-        team_v, project_v = team or None, project or None
-        if (team_v is None or project_v is None) and self.attribution is not None and (namespace_v or pod_v):
-            guess_team, guess_project = self.attribution(namespace_v, pod_v)
-            team_v = team_v if team_v is not None else guess_team
-            project_v = project_v if project_v is not None else guess_project
-        # A pod label proves attribution answered; without one nobody can tell "no pod" from "not looked".
-        attribution = "known" if pod_v else None
-        identity = (cluster or self.cluster, node, uuid, index, model, mig, namespace_v, pod_v, team_v, project_v, attribution)
-        if len(self._identity_cache) > 200_000:
-            self._identity_cache.clear()
-        self._identity_cache[key] = identity
-        return identity
-
-
-class FrameAssembler:
-    """Collects series (label set, timestamps, values) and pivots them into fleet-samples rows.
-
-    Rows are keyed by (identity, timestamp); every distinct identity (a GPU with a given pod) is
-    its own row, as the exporter's series are. Vectorised, so a Prometheus range read of millions
-    of points assembles in numpy, not in a Python loop per point.
-    """
-
-    def __init__(self, mapper: SeriesMapper) -> None:
-        self.mapper = mapper
-        self._identities: dict[tuple, int] = {}
-        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-        self._bits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._presence: list[tuple[np.ndarray, np.ndarray]] = []
-        self._states: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def add(self, metric: str, labels: Mapping[str, str], times_ns: np.ndarray, values: np.ndarray) -> None:
-        target = self.mapper.target(metric)
-        if target is None or len(values) == 0:
-            return
-        identity = self.mapper.identity(labels)
-        if identity is None:
-            return
-        ident = self._identities.setdefault(identity, len(self._identities))
-        ids = np.full(len(values), ident, dtype=np.int64)
-        times_ns = np.asarray(times_ns, dtype=np.int64)
-        values = np.asarray(values, dtype=np.float64)
-        ok = ~np.isnan(values)
-        if not ok.all():
-            ids, times_ns, values = ids[ok], times_ns[ok], values[ok]
-        if target.kind == "presence":
-            self._presence.append((ids, times_ns))
-            return
-        if target.kind == "state":
-            state = labels.get(target.spec.label, "")
-            if state in _STATE_RANK and values.size:
-                live = values >= 0.5  # only the current state's series reads 1
-                self._states.append((ids[live], times_ns[live], np.full(int(live.sum()), _STATE_RANK[state], np.int8)))
-            return
-        if target.kind == "bits":
-            bit = THROTTLE_REASONS.get(labels.get(target.spec.label, ""))
-            if bit is None:
-                return
-            scaled = values / target.spec.scale
-            self._bits.append((ids, times_ns, np.where(scaled >= 0.5, bit, 0).astype(np.int64)))
-            return
-        column = _MIB_FREE if target.kind == "mem_free" else self.mapper.column_of(metric, labels)
-        if column is None:
-            return
-        self._parts.setdefault(column, []).append((ids, times_ns, values / target.spec.scale))
-
-    def frame(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """The fleet-samples table (schema dtypes), sorted by time then identity."""
-        wanted = list(columns) if columns is not None else list(PANDAS_DTYPES)
-        pieces = [p for parts in self._parts.values() for p in parts] + self._bits + self._presence
-        if not pieces:
-            return empty_samples()[wanted]
-        ids = np.concatenate([p[0] for p in pieces])
-        times = np.concatenate([p[1] for p in pieces])
-        n_ident = max(1, len(self._identities))
-        base_times = np.unique(times)
-        # One int64 key per row, time-major and identity-minor, so sorted keys are sorted rows.
-        row_keys = np.unique(np.searchsorted(base_times, times).astype(np.int64) * n_ident + ids)
-        row_ids, row_times = row_keys % n_ident, base_times[row_keys // n_ident]
-        n = row_keys.size
-
-        def positions(part_ids: np.ndarray, part_times: np.ndarray) -> np.ndarray:
-            return np.searchsorted(row_keys, np.searchsorted(base_times, part_times).astype(np.int64) * n_ident + part_ids)
-
-        out: dict[str, object] = {}
-        values: dict[str, np.ndarray] = {}
-        for column, parts in self._parts.items():
-            array = np.full(n, np.nan)
-            for part_ids, part_times, part_values in parts:
-                array[positions(part_ids, part_times)] = part_values
-            values[column] = array
-        if "mem_total_bytes" not in values and "mem_used_bytes" in values and _MIB_FREE in values:
-            values["mem_total_bytes"] = values["mem_used_bytes"] + values[_MIB_FREE]
-        if self._bits:
-            mask = np.full(n, -1, dtype=np.int64)
-            for part_ids, part_times, part_bits in self._bits:
-                where = positions(part_ids, part_times)
-                mask[where] = np.where(mask[where] < 0, 0, mask[where])
-                np.bitwise_or.at(mask, where, part_bits)
-            values["throttle_reasons_bitmask"] = mask.astype("float64")
-            values["throttle_reasons_bitmask"][mask < 0] = np.nan
-        identities = list(self._identities)
-        out["timestamp"] = pd.DatetimeIndex(row_times.astype("datetime64[ns]")).tz_localize("UTC")
-        for position, name in enumerate(IDENTITY_COLUMN_NAMES[1:]):
-            per_identity = [identity[position] for identity in identities]
-            if name == "gpu_index":
-                out[name] = pd.array(np.asarray(per_identity, dtype=np.int64)[row_ids], dtype="Int64")
-                continue
-            categories = sorted({v for v in per_identity if v is not None})
-            lookup = {v: i for i, v in enumerate(categories)}
-            codes = np.array([lookup.get(v, -1) if v is not None else -1 for v in per_identity], dtype=np.int64)
-            out[name] = pd.Categorical.from_codes(codes[row_ids], categories=categories)
-        if self._states and "attribution" in out:
-            out["attribution"] = self._attribution(out["attribution"], row_keys, base_times, n_ident)
-        for name in METRIC_COLUMN_NAMES:
-            array = values.get(name, np.full(n, np.nan))
-            out[name] = pd.array(np.round(array), dtype="Float64").astype("Int64") if PANDAS_DTYPES[name] == "Int64" else array
-        frame = pd.DataFrame(out)
-        if "mem_total_bytes" in wanted and frame["mem_total_bytes"].isna().any():
-            # A GPU that answered without memory figures (lost) keeps its known total; rows of a
-            # GPU whose total was never seen in this batch cannot be rows (the column is required).
-            known = frame.groupby("gpu_uuid", sort=False, observed=True)["mem_total_bytes"].transform(lambda s: s.ffill().bfill())
-            frame["mem_total_bytes"] = known
-            frame = frame[frame["mem_total_bytes"].notna()].reset_index(drop=True)
-        return frame[wanted]
-
-
-    def _attribution(self, default: pd.Categorical, row_keys: np.ndarray, base_times: np.ndarray, n_ident: int) -> pd.Categorical:
-        """The ``attribution`` column: the exporter's state series where a row has one (state
-        points make no rows of their own), else the identity's default."""
-        rank = np.full(len(row_keys), -1, np.int8)
-        for ids, times, ranks in self._states:
-            where = np.searchsorted(base_times, times)
-            known_time = where < len(base_times)
-            where = np.minimum(where, len(base_times) - 1)
-            known_time &= base_times[where] == times
-            keys = where.astype(np.int64) * n_ident + ids
-            position = np.minimum(np.searchsorted(row_keys, keys), len(row_keys) - 1)
-            hit = known_time & (row_keys[position] == keys)
-            np.maximum.at(rank, position[hit], ranks[hit])
-        fallback = np.asarray(default.astype(object), dtype=object)
-        chosen = np.where(rank >= 0, np.array(_STATE_ORDER, dtype=object)[np.maximum(rank, 0)], fallback)
-        categories = sorted({v for v in chosen if v is not None})
-        lookup = {v: i for i, v in enumerate(categories)}
-        return pd.Categorical.from_codes([lookup[v] if v is not None else -1 for v in chosen], categories=categories)
+def _labels(body: str | None, line: str) -> dict[str, str]:
+    if not body:
+        return {}
+    labels, end = {}, 0
+    for match in _LABEL.finditer(body):
+        if match.start() != end:
+            break
+        value = match[2]
+        labels[match[1]] = _ESCAPES.sub(lambda e: _UNESCAPED.get(e[1], e[0]), value) if "\\" in value else value
+        end = match.end()
+    if end != len(body):
+        raise ValueError(f"not a label set in the Prometheus text format: {line[:200]!r}")
+    return labels
 
 
 def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -> pd.DataFrame:
-    """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``."""
+    """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``.
+
+    Lines are parsed with two regular expressions, only those of series the catalogue names, and
+    each distinct label set once (a GPU's series share theirs): prometheus_client's parser reads
+    labels a character at a time. A malformed line is a ValueError naming it."""
     assembler = FrameAssembler(mapper)
     stamp = np.array([pd.Timestamp(timestamp).value], dtype=np.int64)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if mapper.target(sample.name) is None:
-                continue
-            when = stamp if sample.timestamp is None else np.array([int(float(sample.timestamp) * 1e9)], dtype=np.int64)
-            assembler.add(sample.name, sample.labels, when, np.array([sample.value], dtype=np.float64))
+    label_sets: dict[str | None, dict[str, str]] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            raise ValueError(f"not a sample line in the Prometheus text format: {line[:200]!r}")
+        name, body, value, millis = match.groups()
+        if mapper.target(name) is None:
+            continue
+        when = stamp if millis is None else np.array([int(millis) * 1_000_000], dtype=np.int64)
+        labels = label_sets.get(body)
+        if labels is None:
+            labels = label_sets[body] = _labels(body, line)
+        assembler.add(name, labels, when, np.array([float(value)], dtype=np.float64))
     return assembler.frame()
 
 
@@ -340,12 +95,12 @@ class Scraper:
     """Scrape exporter endpoints into a :class:`LocalStore` every ``interval_seconds``.
 
     ``scrape_once()`` scrapes every target once (in order) and appends one batch per target; a
-    failing target is logged and reported, never fatal. ``start()`` runs it on a daemon thread
-    until ``stop()``, one round every ``interval_seconds`` on ``clock`` (a
+    failing target is logged and reported, never fatal. :meth:`register` adds it to a process's
+    runner, one round every ``interval_seconds`` on the runner's clock (the first at once);
+    :meth:`start` does that on a runner of its own, on ``clock`` (a
     :class:`~gpuwarden.fleet.clock.Clock`; tests hand in a ``FakeClock`` and advance it).
     ``sample_time`` gives the time the rows carry (seconds or a datetime; default ``clock.time``);
-    the demo passes the simulated clock so scraped rows carry simulated time. A plain callable given
-    as ``clock`` is taken as ``sample_time``, as before the Clock existed.
+    the demo passes the simulated fleet's time so scraped rows carry simulated time.
     """
 
     def __init__(
@@ -358,7 +113,7 @@ class Scraper:
         attribution: Attribution | None = namespace_is_team,
         catalogue: Sequence[MetricSpec] | None = None,
         timeout_seconds: float = 5.0,
-        clock: Clock | SampleTime = SYSTEM_CLOCK,
+        clock: Clock = SYSTEM_CLOCK,
         sample_time: SampleTime | None = None,
     ) -> None:
         if interval_seconds <= 0:
@@ -370,12 +125,9 @@ class Scraper:
         self.interval_seconds = float(interval_seconds)
         self.timeout_seconds = timeout_seconds
         self.mapper = SeriesMapper(catalogue, cluster=cluster, attribution=attribution)
-        if isinstance(clock, Clock):
-            self._clock: Clock = clock
-        else:  # the older form: clock=<a callable giving the sample time>
-            self._clock, sample_time = SYSTEM_CLOCK, sample_time or clock
-        self._sample_time: SampleTime = sample_time or self._clock.time
-        self._repeater = Repeater("gpuwarden-scraper", self.scrape_once, self.interval_seconds, self._clock)
+        self.clock = clock
+        self._sample_time: SampleTime = sample_time or clock.time
+        self._runner: Runner | None = None  # its own, from start()
         self._lock = threading.Lock()
         self.scrapes = 0
         self.rows_written = 0
@@ -412,14 +164,25 @@ class Scraper:
             self.last_results = tuple(results)
             return self.last_results
 
+    def register(self, runner: Runner) -> Job:
+        """Add the scrape rounds to ``runner``: now, then every interval on its clock."""
+        return runner.add("scrape", self.scrape_once, every(self.interval_seconds, runner.clock), at_once=True)
+
     def start(self) -> Scraper:
-        """Scrape now, then every interval on the clock (a failed round is logged, never fatal)."""
-        self._repeater.start()
+        """Scrape now, then every interval on ``clock``, on a runner of its own (a failed round is
+        logged, never fatal)."""
+        if self._runner is not None:
+            raise RuntimeError("the scraper is already started")
+        self._runner = Runner(self.clock, name="gpuwarden-scraper")
+        self.register(self._runner)
+        self._runner.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after the current round; safe to call twice."""
-        self._repeater.stop(timeout)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop(timeout)
 
     def __enter__(self) -> Scraper:
         return self.start()
@@ -428,4 +191,4 @@ class Scraper:
         self.stop()
 
 
-__all__ = ["FrameAssembler", "ScrapeResult", "Scraper", "SeriesMapper", "namespace_is_team", "parse_exposition"]
+__all__ = ["ScrapeResult", "Scraper", "parse_exposition"]

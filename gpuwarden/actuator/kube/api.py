@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
+import threading
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
@@ -23,6 +23,8 @@ from collections.abc import Callable
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -76,7 +78,7 @@ def load_client(kubeconfig: str | None = None, in_cluster: bool = False, context
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, attempts: int = 4, backoff_seconds: float = 0.5,
                  max_backoff_seconds: float = 10.0, timeout_seconds: float | None = None,
-                 sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self.client = api_client
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
@@ -88,7 +90,8 @@ class KubeApi:
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.timeout_seconds = timeout_seconds or getattr(api_client, "timeout_seconds", 10.0)
-        self.sleep = sleep
+        self.clock = clock  # back-offs wait on it (a FakeClock in tests)
+        self._never = threading.Event()  # a back-off is a wait nothing ends early
         self.rng = rng or random.Random()
         self.calls = 0  # requests sent, retries included (the bench reads it)
 
@@ -116,7 +119,7 @@ class KubeApi:
             delay = min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (attempt - 1))
             delay = retry_after if retry_after is not None else delay * self.rng.uniform(0.5, 1.5)
             log.info("%s %s: %s; retrying in %.2f s", verb, resource, failure.message, delay)
-            self.sleep(delay)
+            self.clock.wait(self._never, delay)
         raise AssertionError("unreachable")
 
     def list_all(self, method: Callable[..., Any], *args: Any, resource: str, page_size: int = 500,

@@ -22,12 +22,11 @@ Every result is an ``ActionResult``: ok, or a permanent or temporary failure wit
 from __future__ import annotations
 
 import logging
-from datetime import datetime, UTC
 from collections.abc import Callable
 from typing import Any
 
-
 from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from .inventory import KUEUE, Inventory, read_snapshot
@@ -52,7 +51,7 @@ def _taint(text: str) -> Json:
 
 class KubeCluster:
     def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), event_source: str = "gpuwarden-actuator") -> None:
+                 clock: Clock = SYSTEM_CLOCK, event_source: str = "gpuwarden-actuator") -> None:
         self.api = api
         self.namespace = namespace  # where the actuator's own Events go
         self.page_size = page_size
@@ -98,7 +97,7 @@ class KubeCluster:
                     "Warning")
 
     def _event(self, namespace: str, involved: Json, reason: str, message: str, kind: str = "Normal") -> None:
-        now = self.clock().isoformat().replace("+00:00", "Z")
+        now = self.clock.now().isoformat().replace("+00:00", "Z")
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{involved['name']}.gpuwarden.", "namespace": namespace},
                 "involvedObject": {**involved, "namespace": namespace if involved["kind"] != "Namespace" else None},
@@ -303,7 +302,7 @@ class KubeCluster:
     def _do_notify(self, action: Action) -> Done:
         namespace, _, _ = self._workload(action.target)
         pods = self.inventory.pods.get(action.target, [])
-        at = str(action.params.get("at") or self.clock().isoformat())
+        at = str(action.params.get("at") or self.clock.now().isoformat())
         annotation = str(action.params.get("annotation", "gpuwarden.io/idle-notified-at"))
         message = str(action.params.get("message") or action.reason)
         for pod in pods:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import datetime
 from typing import TypeVar
 
 from kubernetes.utils import parse_quantity
@@ -21,6 +21,7 @@ from gpuwarden.fleet.semantics import gpu_compute_slices
 from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, Location, MigInstance, Node,
                              Placement, PriceTier, PriorityClass, Team, Topology, Workload, WorkloadKind,
                              WorkloadPhase, WorkloadState, workload_key)
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import Json, KubeApi, KubeFailure
 
@@ -132,9 +133,8 @@ def _node(item: Json) -> tuple[Node, list[Gpu]] | None:
     return node, out
 
 
-def read_snapshot(api: KubeApi, page_size: int = 500, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                  ) -> tuple[ClusterSnapshot, Inventory]:
-    taken_at = clock()
+def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOCK) -> tuple[ClusterSnapshot, Inventory]:
+    taken_at = clock.now()
     inventory = Inventory()
     nodes, gpus, cordoned, taints, node_labels = [], [], set(), {}, {}
     for item in api.list_all(api.core.list_node, resource="nodes", page_size=page_size):

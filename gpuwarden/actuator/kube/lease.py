@@ -4,14 +4,17 @@
 409 means another replica wrote first, and this one is not the leader. A holder that has not
 renewed within ``lease_duration_seconds`` may be replaced. ``is_leader`` is true only while the last
 successful renewal is younger than the lease duration, so a leader that cannot reach the API server
-stops acting within one lease duration, and the other replica takes over after it expires.
+stops acting within one lease duration, and the other replica takes over after it expires. Time is
+the injected clock's (``FakeClock`` in tests); the process's runner calls :meth:`LeaderElector.try_acquire_or_renew`
+every :attr:`LeaderElector.renew_interval_seconds` (a third of the lease).
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, UTC
-from collections.abc import Callable
+
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, KubeApi, KubeFailure
 
@@ -30,17 +33,22 @@ def _parse(text: str | None) -> datetime | None:
 
 class LeaderElector:
     def __init__(self, api: KubeApi, namespace: str, name: str, identity: str, lease_duration_seconds: int = 15,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.lease_duration = timedelta(seconds=lease_duration_seconds)
         self.clock = clock
         self.renewed_at: datetime | None = None
 
+    @property
+    def renew_interval_seconds(self) -> float:
+        """How often the runner renews: a third of the lease, so two renewals can fail before it lapses."""
+        return max(1.0, self.lease_duration.total_seconds() / 3)
+
     def is_leader(self) -> bool:
-        return self.renewed_at is not None and self.clock() - self.renewed_at < self.lease_duration
+        return self.renewed_at is not None and self.clock.now() - self.renewed_at < self.lease_duration
 
     def try_acquire_or_renew(self) -> bool:
-        now = self.clock()
+        now = self.clock.now()
         try:
             lease = self.api.call(self.api.coordination.read_namespaced_lease, self.name, self.namespace, verb="get",
                                   resource="leases")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from gpuwarden.fleet import IDENTITY_COLUMN_NAMES
 
-from ..scraper import SeriesMapper
+from ..series import SeriesMapper
 from .client import MAX_POINTS_PER_SERIES, PrometheusClient, log, promql_duration
 from .expressions import FAKE_BUSY_EXPR, IDLE_EXPR, ROLLUP_LABELS, STATE_ROLLUPS, with_matchers
 

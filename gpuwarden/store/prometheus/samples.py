@@ -3,7 +3,7 @@
 One ``query_range`` per exported metric family per chunk of the window, at ``step`` (aligned to
 multiples of the step, so repeated reads see the same grid), turned back into fleet-samples rows
 through the metric catalogue (the same inversion the embedded scraper uses,
-:class:`~gpuwarden.store.scraper.SeriesMapper`). Rows are stamped with the grid time; a row holds
+:class:`~gpuwarden.store.series.SeriesMapper`). Rows are stamped with the grid time; a row holds
 the newest sample of the step before it (``last_over_time(metric[lookback])``).
 """
 
@@ -19,7 +19,7 @@ import pandas as pd
 from gpuwarden.fleet import IDENTITY_COLUMN_NAMES
 
 from ..schema import empty_samples
-from ..scraper import FrameAssembler, SeriesMapper
+from ..series import FrameAssembler, SeriesMapper
 from .client import PrometheusClient, log, promql_duration
 
 

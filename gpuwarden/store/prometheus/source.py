@@ -12,7 +12,7 @@ import pandas as pd
 from gpuwarden.fleet.catalogue import MetricSpec
 
 from ..schema import PANDAS_DTYPES, empty_samples
-from ..scraper import Attribution, SeriesMapper, namespace_is_team
+from ..series import Attribution, SeriesMapper, namespace_is_team
 from . import rollups, samples, timerange
 from .client import Moment, PrometheusClient, PrometheusError, duration_seconds, epoch_seconds
 from .expressions import ROLLUP_LAG_INTERVALS, STATE_ROLLUPS
