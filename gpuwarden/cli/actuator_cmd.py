@@ -26,7 +26,6 @@ from pathlib import Path
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
-from gpuwarden.store import SamplesError
 from gpuwarden.actuator.maintenance import MaintenanceWindow
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
