@@ -24,7 +24,7 @@ the step lets near-equal growths tie and the tie-break then packs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class TargetWorkload:
     mem: np.ndarray
     model_ok: np.ndarray  # (models, T) bool
     weight: np.ndarray  # (T,) float, sums to 1
+    _needs: np.ndarray = field(init=False, repr=False, compare=False)  # (D,) distinct per-GPU needs
+    _need_index: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index into _needs
+    _gpu_shape: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) asks for a GPU
 
     @classmethod
     def from_demand(cls, demand: Mapping[Shape, float], models: Sequence[str]) -> TargetWorkload:
