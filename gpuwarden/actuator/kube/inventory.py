@@ -75,6 +75,17 @@ def _gpu_request(pod: Json) -> tuple[int, str | None]:
     return count, mig
 
 
+def _tolerations(pod: Json) -> tuple[str, ...]:
+    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.vocabulary.taint_blocks``):
+    operator Exists names no value; an empty key tolerates every taint."""
+    out = []
+    for entry in (pod.get("spec") or {}).get("tolerations") or ():
+        value = None if entry.get("operator") == "Exists" else str(entry.get("value") or "")
+        out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
+                   + (f":{entry['effect']}" if entry.get("effect") else ""))
+    return tuple(out)
+
+
 def _time(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -225,7 +236,8 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         key = workload_key(namespace, name)
         group = groups.setdefault(key, {"controller": controller, "namespace": namespace, "name": name, "pods": [],
                                         "count": count, "mig": mig, "annotations": {}, "phases": [],
-                                        "created": [], "started": [], "priority": None, "labels": labels})
+                                        "created": [], "started": [], "priority": None, "labels": labels,
+                                        "tolerations": _tolerations(pod)})
         group["pods"].append(pod)
         group["annotations"].update(meta.get("annotations") or {})
         group["phases"].append((pod.get("status") or {}).get("phase", "Pending"))
@@ -299,7 +311,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             priority_class=_priority(priority_name),
             gpus=GpuRequest(count=1, mig_profile=group["mig"]) if group["mig"] else GpuRequest(count=group["count"]),
             gang_size=max(1, len(phases)), checkpointable=checkpointable,
-            checkpoint_interval_seconds=600.0 if checkpointable else None,
+            checkpoint_interval_seconds=600.0 if checkpointable else None, tolerations=group.get("tolerations", ()),
         )
         created = [t for t in group["created"] if t] or [taken_at]
         started = [t for t in group["started"] if t]
@@ -308,7 +320,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             placements=tuple(placements), controller=group["controller"], pods=tuple(inventory.pods[key]),
             annotations=annotations, priority_override=priority_name if priority_name and _priority(
                 priority_name).value != priority_name else None,
-        ))
+        ))  # attained_gpu_seconds stays 0 until it is measured from the store (issue 21)
 
     teams = {team for team in teams_by_ns.values()} | set(team_quota)
     team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9))) for t in sorted(teams))
