@@ -1,0 +1,27 @@
+"""What every report and scan says about its source: the pod-attribution rule it used (with the
+``--pod-attribution`` override) and what its reads met (series skipped or kept, XID events read
+from dcgm-exporter's last-XID gauge). Sources without such notes say nothing here."""
+
+from __future__ import annotations
+
+import argparse
+
+POD_ATTRIBUTION_RULES = ("auto", "on", "off")  # gpuwarden.store.prometheus.attribution.RULES (a test keeps them equal)
+
+
+def add_attribution_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pod-attribution", choices=POD_ATTRIBUTION_RULES, default="auto",
+        help="Prometheus source: is a GPU without a pod label unallocated? auto (default): yes where the same "
+             "exporter labels any GPU with a pod (its pod mapping is on), else its owner is unknown; on: always; "
+             "off: never (owner unknown) unless the exporter serves gpuwarden_pod_attribution_state")
+
+
+def apply_attribution(source: object, rule: str) -> None:
+    """Give the source the rule; a source that reads its attribution from the samples ignores it."""
+    if hasattr(source, "pod_attribution"):
+        source.pod_attribution = rule  # type: ignore[attr-defined]
+
+
+def source_notes(source: object) -> list[str]:
+    return list(getattr(source, "notes", []) or [])
