@@ -117,7 +117,7 @@ def run_scan(args: argparse.Namespace) -> int:
         findings = [f for f in findings if f.active]
     gpu_findings = [f for f in findings if f.kind not in APP_KINDS]
     app_events = [f for f in findings if f.kind in APP_KINDS]
-    text = render_scan(args.format, gpu_findings, app_events, start, end, rows, [*notes, *source_notes(window.source)])
+    text = render_scan(args.format, gpu_findings, app_events, start, end, rows, [*notes, *source_notes(window.source, args.pod_attribution, reads_attribution=False)])
     return write_output(text, args.output)
 
 

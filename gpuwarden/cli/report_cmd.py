@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
     options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
     report = build_report(args.kind, ledger, **options.get(args.kind, {}))
-    report.notes.extend(source_notes(window.source))
+    report.notes.extend(source_notes(window.source, args.pod_attribution))
     text = render(report, args.format, args.table, None if args.limit == 0 else args.limit, wide=args.wide)
     if args.output:
         args.output.write_text(text)

@@ -23,5 +23,13 @@ def apply_attribution(source: object, rule: str) -> None:
         source.pod_attribution = rule  # type: ignore[attr-defined]
 
 
-def source_notes(source: object) -> list[str]:
-    return list(getattr(source, "notes", []) or [])
+def source_notes(source: object, rule: str = "auto", reads_attribution: bool = True) -> list[str]:
+    """The source's own notes; for a source without a rule (the local store, a file), which one
+    its samples carry, and that an override has no effect there."""
+    if hasattr(source, "pod_attribution"):
+        return list(getattr(source, "notes", []) or [])
+    if not reads_attribution:
+        return []
+    ignored = f" (--pod-attribution {rule} applies to the Prometheus source only)" if rule != "auto" else ""
+    return ["pod attribution: as recorded in the samples' attribution column; a row without a pod label and "
+            f"without 'known' there is unattributed (owner unknown){ignored}"]
