@@ -138,3 +138,23 @@ def test_the_cli_offers_the_stores_attribution_rules():
     from gpuwarden.store.prometheus.attribution import RULES
 
     assert POD_ATTRIBUTION_RULES == RULES
+
+
+def test_dcgm_exporters_throttle_bitmask_becomes_the_throttle_reasons_column():
+    from gpuwarden.fleet import THROTTLE_REASONS
+    from gpuwarden.store.prometheus.throttle_gauge import bits_spec, reason_series
+    from gpuwarden.store.scraper import FrameAssembler, SeriesMapper
+
+    mapper = SeriesMapper()
+    spec = bits_spec(mapper.catalogue)
+    assert spec is not None
+    labels = {"Hostname": "n1", "UUID": "GPU-a", "gpu": "0", "modelName": H100}
+    masks = np.array([0, THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["sw_power_cap"], np.nan, 1])
+    assembler = FrameAssembler(mapper)
+    times = np.arange(4) * MIN_NS
+    assembler.add("DCGM_FI_DEV_GPU_UTIL", labels, times, np.full(4, 50.0))
+    for reason_labels, values in reason_series(spec, labels, masks):
+        assembler.add(spec.metric, reason_labels, times, values)
+    frame = assembler.frame(["timestamp", "gpu_uuid", "gpu_util_ratio", "throttle_reasons_bitmask"])
+    got = frame["throttle_reasons_bitmask"].astype("float64").tolist()
+    assert got[:2] == [0.0, 0x44] and np.isnan(got[2]) and got[3] == 1.0  # unmeasured stays null, never 0

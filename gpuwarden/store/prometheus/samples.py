@@ -22,6 +22,7 @@ from ..schema import empty_samples
 from ..scraper import FrameAssembler, SeriesMapper
 from .client import PrometheusClient, log, promql_duration
 from .series_checks import ReadNotes, check_series
+from .throttle_gauge import THROTTLE_GAUGES, bits_spec, reason_series
 from .xid_gauge import XID_GAUGE, XidGauges
 
 
@@ -31,7 +32,8 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
 
     Series that name no GPU are skipped and odd ones kept, each with a note in ``notes``
     (:mod:`.series_checks`); where XID columns are wanted, dcgm-exporter's last-XID gauge gives
-    the XID events of GPUs without gpuwarden's counter (:mod:`.xid_gauge`)."""
+    the XID events of GPUs without gpuwarden's counter (:mod:`.xid_gauge`), and its throttle
+    bitmask, where enabled, the throttle reasons (:mod:`.throttle_gauge`)."""
     notes = notes if notes is not None else ReadNotes()
     metric_columns = [c for c in wanted if c not in IDENTITY_COLUMN_NAMES]
     # Rows exist where a GPU has series; with only identity columns asked, read a cheap one.
@@ -44,6 +46,9 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
     if counter_metric is not None:
         # One step before each chunk: the value a change at the chunk's first point is a change from.
         jobs += [(XID_GAUGE, first - step, last) for first, last in chunks]
+    bits = bits_spec(mapper.catalogue) if "throttle_reasons_bitmask" in wanted else None
+    if bits is not None:  # dcgm-exporter's bitmask gauge, where its configuration enables it
+        jobs += [(metric, first, last) for first, last in chunks for metric in THROTTLE_GAUGES]
     if not jobs:
         return empty_samples()[wanted]
     assembler = FrameAssembler(mapper)
@@ -74,6 +79,10 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
                     continue
                 if metric == counter_metric:
                     gauges.counted.add(gauges.gpu(labels))
+                if bits is not None and metric in THROTTLE_GAUGES:
+                    for reason_labels, reason_values in reason_series(bits, labels, numbers):
+                        assembler.add(bits.metric, reason_labels, times_ns, reason_values)
+                    continue
                 assembler.add(metric, labels, times_ns, numbers)
                 points += len(values)
     if counter_metric is not None:
