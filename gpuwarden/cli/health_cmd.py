@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -117,7 +118,8 @@ def run_scan(args: argparse.Namespace) -> int:
         findings = [f for f in findings if f.active]
     gpu_findings = [f for f in findings if f.kind not in APP_KINDS]
     app_events = [f for f in findings if f.kind in APP_KINDS]
-    text = render_scan(args.format, gpu_findings, app_events, start, end, rows, [*notes, *source_notes(window.source, args.pod_attribution, reads_attribution=False)])
+    notes += source_notes(window.source, args.pod_attribution, reads_attribution=False)
+    text = render_scan(args.format, gpu_findings, app_events, start, end, rows, notes)
     return write_output(text, args.output)
 
 
@@ -161,7 +163,7 @@ def write_output(text: str, output: Path | None) -> int:
     return 0
 
 
-def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, rows: int, notes: list[str] = ()) -> dict:
+def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, rows: int, notes: Sequence[str] = ()) -> dict:
     cordoning = {a.value for a in CORDONING_ACTIONS}
     by_kind: dict[str, int] = {}
     for f in findings:
@@ -188,7 +190,7 @@ CSV_FIELDS = ("gpu_uuid", "node", "kind", "severity", "recommended_action", "con
 
 
 def render_scan(fmt: str, findings: list[Finding], app_events: list[Finding], start, end, rows: int,
-                notes: list[str] = ()) -> str:
+                notes: Sequence[str] = ()) -> str:
     if fmt == "json":
         return json.dumps(scan_dict(findings, app_events, start, end, rows, notes), indent=2) + "\n"
     if fmt == "csv":
