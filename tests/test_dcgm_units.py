@@ -158,3 +158,19 @@ def test_dcgm_exporters_throttle_bitmask_becomes_the_throttle_reasons_column():
     frame = assembler.frame(["timestamp", "gpu_uuid", "gpu_util_ratio", "throttle_reasons_bitmask"])
     got = frame["throttle_reasons_bitmask"].astype("float64").tolist()
     assert got[:2] == [0.0, 0x44] and np.isnan(got[2]) and got[3] == 1.0  # unmeasured stays null, never 0
+
+
+def test_the_rule_applies_to_the_recording_rules_states_too():
+    """The rules call a pod-less GPU unallocated only where the exporter serves its attribution
+    state; under the rule, the recorded states agree with the raw read."""
+    frame = pd.DataFrame({"node": ["mapped", "mapped", "plain", "stated"], "pod": [None, "rollup-pod", None, None],
+                          "state": ["underutilized", "busy", "idle_unattributed", "busy"]})
+    rule = PodAttribution("auto")
+    rule.mapping_nodes |= {"mapped", "stated"}
+    rule.state_nodes.add("stated")  # gpuwarden's exporter: its own state decided already
+    assert rule.apply_states(frame)["state"].astype(object).tolist() == ["unallocated", "busy", "idle_unattributed", "busy"]
+    assert "plain" in rule.note()
+    on = PodAttribution("on")
+    on.state_nodes.add("stated")
+    assert on.apply_states(frame)["state"].astype(object).tolist() == ["unallocated", "busy", "unallocated", "busy"]
+    assert PodAttribution("off").apply_states(frame)["state"].astype(object).tolist() == frame["state"].tolist()

@@ -40,17 +40,40 @@ class PodAttribution:
         self.lookback_s = float(lookback_s)
         self.mapping_nodes: set[str] = set()
         self.silent_nodes: set[str] = set()  # read, but no pod label seen: attribution unknown
+        self.state_nodes: set[str] = set()  # their exporter serves gpuwarden_pod_attribution_state
         self.applied = False  # a read asked for the attribution column
 
-    def refresh(self, client: PrometheusClient, anchor: str, end_s: float) -> None:
-        if self.rule != "auto":
-            return
-        selector = anchor[:-1] + ',pod!=""}' if anchor.endswith("}") else anchor + '{pod!=""}'
-        for labels in client.series(selector, end_s - self.lookback_s, end_s):
-            node = labels.get("node") or labels.get("Hostname")
-            if node:
-                self.mapping_nodes.add(node)
+    def refresh(self, client: PrometheusClient, anchor: str, end_s: float, state_metrics: list[str]) -> None:
+        """Find the nodes whose exporter maps pods (``auto``) and those that say so themselves."""
+        def nodes(selector: str) -> set[str]:
+            found = (labels.get("node") or labels.get("Hostname") for labels in
+                     client.series(selector, end_s - self.lookback_s, end_s))
+            return {node for node in found if node}
+
+        for metric in state_metrics:
+            self.state_nodes |= nodes(metric)
+        if self.rule == "auto":
+            self.mapping_nodes |= nodes(anchor[:-1] + ',pod!=""}' if anchor.endswith("}") else anchor + '{pod!=""}')
         log.info("pod attribution: %d node(s) whose exporter maps pods", len(self.mapping_nodes))
+
+    def apply_states(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The recording rules' states (``read_state_rollup``) under the rule: the rules call a
+        pod-less GPU unallocated only where the exporter serves its attribution state, so on the
+        other nodes whose mapping is on, every pod-less state becomes ``unallocated``."""
+        if frame.empty:
+            return frame
+        self.applied = True
+        nodes = frame["node"].astype(object)
+        podless = frame["pod"].isna().to_numpy() & ~nodes.isin(self.state_nodes).to_numpy()
+        if self.rule == "off":
+            return frame
+        mapped = podless & (True if self.rule == "on" else nodes.isin(self.mapping_nodes).to_numpy())
+        if self.rule == "auto":
+            self.silent_nodes.update(set(nodes[podless & ~mapped]))
+        states = frame["state"].astype(object).where(~mapped, "unallocated")
+        frame = frame.copy()
+        frame["state"] = pd.Categorical(states)
+        return frame
 
     def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
         """``frame`` with the rule's ``attribution`` where the exporter served none."""

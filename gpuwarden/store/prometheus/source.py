@@ -128,7 +128,7 @@ class PrometheusSource(PrometheusClient):
         end_s = epoch_seconds(end)
         anchor = self._anchor()
         if "attribution" in wanted and anchor is not None:
-            self.attribution.refresh(self, anchor, end_s)
+            self.attribution.refresh(self, anchor, end_s, self.mapper.state_metrics())
         frame = samples.read_samples(self, self.mapper, epoch_seconds(start), end_s, wanted, self.step, self.lookback,
                                      self.read_notes)
         return self.attribution.apply(frame)
@@ -156,9 +156,15 @@ class PrometheusSource(PrometheusClient):
     def read_state_rollup(self, start: datetime | str, end: datetime | str, bucket: float | str = "1h") -> pd.DataFrame | None:
         """The idle taxonomy per GPU, namespace and state, summed per ``bucket`` from the
         recording rules' 5-minute rollups (:func:`.rollups.read_state_rollup`); None when there
-        are none in the window (the rules are not loaded)."""
-        return rollups.read_state_rollup(self, self.mapper, epoch_seconds(start), epoch_seconds(end),
-                                         duration_seconds(bucket), ROLLUP_LAG_INTERVALS * self.rule_interval)
+        are none in the window (the rules are not loaded). The pod-attribution rule applies to them
+        as to raw samples (:meth:`.attribution.PodAttribution.apply_states`)."""
+        frame = rollups.read_state_rollup(self, self.mapper, epoch_seconds(start), epoch_seconds(end),
+                                          duration_seconds(bucket), ROLLUP_LAG_INTERVALS * self.rule_interval)
+        anchor = self._anchor()
+        if frame is None or anchor is None:
+            return frame
+        self.attribution.refresh(self, anchor, epoch_seconds(end), self.mapper.state_metrics())
+        return self.attribution.apply_states(frame)
 
     def read_rollup(self, start: datetime | str, end: datetime | str, step: float | str = "1h",
                     by: str = "gpu", use_rules: bool = True) -> pd.DataFrame:
