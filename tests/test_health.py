@@ -171,7 +171,10 @@ def test_missing_health_columns_vanishing_gpu_and_nulls_do_not_crash():
                                 "throttle_reasons_bitmask"])
     frame = frame[~at(frame, 2, 30, 60)]  # GPU 2 vanishes for half an hour
     frame.loc[at(frame, 3, 40, 50), ["ecc_sbe_volatile_total", "xid_48_total", "sm_clock_mhz", "power_watts"]] = np.nan
-    assert scan(frame) == []
+    # Half an hour without GPU 2 while its node-mates report is its series lost (and found again):
+    # that finding alone, no crash and nothing from the missing columns or the nulls.
+    findings = scan(frame)
+    assert [(f.kind, f.gpu_uuid) for f in findings] == [("gpu-series-lost", frame.loc[at(frame, 2, 0), "gpu_uuid"].iloc[0])]
     assert scan(frame.iloc[0:0]) == []
 
 

@@ -163,9 +163,13 @@ def classify(inst: Ints, ts: Ints, holder: Ints, activity: Activity, mem_ratio: 
 
     allocated = c_holder >= 0
     unattributed = c_holder == UNATTRIBUTED  # classified by activity alone, never "unallocated"
+    # Starved needs a workload waiting on input: a pod holds the GPU, and between its idle samples
+    # it runs real bursts. A GPU flickering at a few percent (NVML
+    # utilisation alone shows that on an idle GPU) is idle or underutilised, not starved.
+    burst_n = _window_count(has_act & (c_act >= p.starved_burst_activity), lo)
     state = np.full(n, BUSY, np.int8)
     state[act_sum < p.underutilized_below * act_n] = UNDERUTILIZED  # mean activity below the threshold
-    state[idle_n >= p.starved_idle_share * count] = STARVED
+    state[allocated & (burst_n > 0) & (idle_n >= p.starved_idle_share * count)] = STARVED
     plain_idle = c_idle & (idle_n >= p.idle_window_share * count - 1e-9)
     branch = plain_idle & allocated
     state[branch] = ALLOCATED_IDLE

@@ -26,7 +26,9 @@ sample) lands in exactly one state:
 ``starved``
     short bursts with long gaps: in the trailing window of ``window_samples`` samples at least
     ``starved_idle_share`` of the samples are idle while others run kernels (an input pipeline or
-    a CPU that cannot keep the GPU fed). The idle samples between the bursts count here too.
+    a CPU that cannot keep the GPU fed). The idle samples between the bursts count here too. It
+    needs evidence of a workload waiting: a pod holds the GPU and a burst reaches
+    ``starved_burst_activity``; a GPU flickering at a few percent is idle or underutilised.
 ``underutilized``
     steady but low activity: the window's mean activity is below ``underutilized_below``.
 ``busy``
@@ -105,6 +107,9 @@ class IdleParams:
     window is idle; with fewer idle neighbours it is the gap of a bursty pattern."""
     starved_idle_share: float = 0.4
     """At least this share of idle samples in a window that also runs kernels is ``starved``."""
+    starved_burst_activity: float = 0.10
+    """``starved`` needs a pod on the GPU and, in the window, a burst at or above this activity: a
+    workload waiting on input between real bursts, not a GPU flickering at a few percent."""
     underutilized_below: float = 0.5
     """Mean window activity below this is ``underutilized``; at or above it, ``busy``."""
     hoard_mem_ratio: float = 0.10
@@ -118,7 +123,7 @@ class IdleParams:
 
     def __post_init__(self) -> None:
         for name in ("idle_activity", "fake_busy_util", "idle_window_share", "starved_idle_share",
-                     "underutilized_below", "hoard_mem_ratio"):
+                     "starved_burst_activity", "underutilized_below", "hoard_mem_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
                 raise AnalyticsError(f"IdleParams.{name}: {value!r} is not a ratio in 0..1")

@@ -73,7 +73,7 @@ def classify_gpu(group: pd.DataFrame, params: IdleParams, step_ns: int, max_gap_
         state = "busy"
         if mean < params.underutilized_below:
             state = "underutilized"
-        if s_idle >= params.starved_idle_share:
+        if allocated and s_idle >= params.starved_idle_share and any(a >= params.starved_burst_activity for a in acts):
             state = "starved"
         branch = idle and s_idle >= params.idle_window_share and allocated
         if branch:

@@ -22,11 +22,13 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from gpuwarden.analytics.health import StreamingScanner, scan
+from gpuwarden.analytics.health.coverage import Coverage
 from gpuwarden.analytics.health.catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, XID_RULES
 from gpuwarden.analytics.health.features import NEEDED_COLUMNS
 from gpuwarden.analytics.health.evaluation import REPORTING_SEEDS, TUNING_SEEDS, EvalReport, combine, evaluate, verdict
@@ -39,6 +41,7 @@ from gpuwarden.sim.faults import KINDS
 from .args import positive_float, positive_int
 from .simfleet import simulated_fleet
 from .sources import add_source_options, open_window
+from .source_notes import add_attribution_option, apply_attribution, source_notes
 
 DEFAULT_RATE = 0.004  # events per GPU-day for every fault kind in the harness
 
@@ -57,6 +60,7 @@ def add_parser(subparsers) -> None:
     scan_parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     scan_parser.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     scan_parser.add_argument("--all", action="store_true", help="include findings that are no longer active")
+    add_attribution_option(scan_parser)
     scan_parser.set_defaults(run=run_scan)
 
     eval_parser = commands.add_parser(
@@ -103,38 +107,41 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.since is None:
         args.since = DAY if args.source != "file" else pd.Timedelta(days=36500)  # a file: all of it
     window = open_window(args)
+    apply_attribution(window.source, args.pod_attribution)
     start, end = window.start, window.end
     if args.source == "file":
         span = window.source.time_range()
         if span is not None:
             start = max(start, span[0])
-    findings, rows = scan_source(window.source, start, end)
+    findings, rows, notes = scan_source(window.source, start, end)
     if not args.all:
         findings = [f for f in findings if f.active]
     gpu_findings = [f for f in findings if f.kind not in APP_KINDS]
     app_events = [f for f in findings if f.kind in APP_KINDS]
-    text = render_scan(args.format, gpu_findings, app_events, start, end, rows)
+    notes += source_notes(window.source, args.pod_attribution, reads_attribution=False)
+    text = render_scan(args.format, gpu_findings, app_events, start, end, rows, notes)
     return write_output(text, args.output)
 
 
-def scan_source(source, start: pd.Timestamp, end: pd.Timestamp) -> tuple[list[Finding], int]:
+def scan_source(source, start: pd.Timestamp, end: pd.Timestamp) -> tuple[list[Finding], int, list[str]]:
     """Scan [start, end) of ``source``: in one go up to a day, else a day at a time (only the columns
-    the scan reads), as a live scan would, so memory stays that of a day."""
+    the scan reads), as a live scan would, so memory stays that of a day. Also the notes on what
+    the scan could not see (detectors without their signals, nodes gone silent)."""
     if end - start <= DAY:
         frame = source.read(start, end, columns=_columns(source))
-        return scan(frame, now=end - pd.Timedelta(microseconds=1)), len(frame)
+        return scan(frame, now=end - pd.Timedelta(microseconds=1)), len(frame), Coverage().add(frame).notes()
     scanner = StreamingScanner()
-    rows = 0
+    coverage = Coverage()
     cursor = start
     while cursor < end:
         upper = min(cursor + DAY, end)
         chunk = source.read(cursor, upper, columns=_columns(source))
-        rows += len(chunk)
         if len(chunk):
             scanner.feed(chunk)
+            coverage.add(chunk)
         del chunk
         cursor = upper
-    return scanner.findings(), rows
+    return scanner.findings(), coverage.rows, coverage.notes()
 
 
 def _columns(source) -> list[str] | None:
@@ -156,7 +163,7 @@ def write_output(text: str, output: Path | None) -> int:
     return 0
 
 
-def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, rows: int) -> dict:
+def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, rows: int, notes: Sequence[str] = ()) -> dict:
     cordoning = {a.value for a in CORDONING_ACTIONS}
     by_kind: dict[str, int] = {}
     for f in findings:
@@ -173,7 +180,7 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
         "findings": [finding_dict(f) for f in findings],
         "application_events": [finding_dict(f) for f in app_events],
         "notes": ["findings are claims about a GPU; application XIDs (13, 31, 43, 45, 68) are the workload's own "
-                  "faults, listed under application_events, and never recommend an action on the node"],
+                  "faults, listed under application_events, and never recommend an action on the node", *notes],
     }
 
 
@@ -182,9 +189,10 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
 CSV_FIELDS = ("gpu_uuid", "node", "kind", "severity", "recommended_action", "confidence", "first_seen", "last_seen", "evidence")
 
 
-def render_scan(fmt: str, findings: list[Finding], app_events: list[Finding], start, end, rows: int) -> str:
+def render_scan(fmt: str, findings: list[Finding], app_events: list[Finding], start, end, rows: int,
+                notes: Sequence[str] = ()) -> str:
     if fmt == "json":
-        return json.dumps(scan_dict(findings, app_events, start, end, rows), indent=2) + "\n"
+        return json.dumps(scan_dict(findings, app_events, start, end, rows, notes), indent=2) + "\n"
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
@@ -205,11 +213,14 @@ def render_scan(fmt: str, findings: list[Finding], app_events: list[Finding], st
                 lines.append(f"| {f.severity.value} | {f.kind} | {f.node} | {f.gpu_uuid} | "
                              f"{f.recommended_action.value if f.recommended_action else '-'} | "
                              f"{f.first_seen:%Y-%m-%d %H:%M} | {f.last_seen:%Y-%m-%d %H:%M} |")
+        lines += [""] + [f"> {note}" for note in notes] if notes else []
         return "\n".join(lines) + "\n"
     text = format_findings(findings, start, end, rows)
     if app_events:
         text += f"\n\n{len(app_events)} application event(s) (the workload's own faults; no action on the node):\n"
         text += "\n".join(f"  {f.kind:12} {f.node:22} {f.gpu_uuid}  {f.first_seen:%Y-%m-%d %H:%M}" for f in app_events)
+    if notes:
+        text += "\n\nnotes:\n" + "\n".join(f"- {note}" for note in notes)
     return text + "\n"
 
 

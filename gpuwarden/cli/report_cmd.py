@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .args import number
 from .output import FORMATS
+from .source_notes import add_attribution_option, apply_attribution, source_notes
 from .sources import add_source_options, duration, open_window
 
 if TYPE_CHECKING:  # imported when a report runs, not to parse arguments
@@ -60,6 +61,7 @@ def add_parser(subparsers) -> None:
                          help="idle longer than this while holding memory is hoarding (default 30m)")
     pricing.add_argument("--reclaim", type=_fractions, default=(0.25, 0.5, 1.0),
                          help="cost report: reclaim what-if fractions of idle GPU-hours (default 0.25,0.5,1)")
+    add_attribution_option(pricing)
     pricing.add_argument("--unallocated", choices=["separate", "proportional"], default="separate",
                          help="chargeback: unallocated cost as its own row, or spread over teams (default separate)")
     parser.set_defaults(run=run)
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.analytics.render import render
 
     window = open_window(args)
+    apply_attribution(window.source, args.pod_attribution)
     price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
     inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
     from gpuwarden.analytics.windows import report_bucket_for
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
     options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
     report = build_report(args.kind, ledger, **options.get(args.kind, {}))
+    report.notes.extend(source_notes(window.source, args.pod_attribution))
     text = render(report, args.format, args.table, None if args.limit == 0 else args.limit, wide=args.wide)
     if args.output:
         args.output.write_text(text)

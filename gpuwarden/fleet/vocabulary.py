@@ -115,6 +115,7 @@ class FindingKind(enum.StrEnum):
     ROW_REMAP_FAILURE = "row-remap-failure"
     NVLINK_ERROR = "nvlink-error"
     OFF_THE_BUS = "off-the-bus"
+    GPU_SERIES_LOST = "gpu-series-lost"  # its series stopped while its node-mates' went on
     HIGH_SBE_RATE = "high-sbe-rate"
     CONTAINED_ECC = "contained-ecc"
     UNCONTAINED_ECC = "uncontained-ecc"

@@ -102,6 +102,9 @@ EARLY_WARNING_KINDS: dict[FindingKind, tuple[str, Severity, ActionKind | None]] 
     FindingKind.COOLING_DEGRADING: ("inspect", Severity.WARNING, ActionKind.TAINT),  # warming alone: thermal shutdown risk
     FindingKind.STRAGGLER: ("replace", Severity.WARNING, ActionKind.CORDON),
     FindingKind.UNCORRECTABLE_ECC: ("drain-and-reset", Severity.CRITICAL, ActionKind.DRAIN),
+    # A GPU whose series stopped while its node-mates' went on (presence_rules): fell off the bus, or
+    # its exporter lost it. Cordon, not drain: a person checks which before the node is rebooted.
+    FindingKind.GPU_SERIES_LOST: ("reboot", Severity.CRITICAL, ActionKind.CORDON),
 }
 
 

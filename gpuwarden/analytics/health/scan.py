@@ -12,6 +12,8 @@
    power-brake throttle share, temperature above peers, and a GPU slower than its peers at the same
    load with no throttle or error (straggler).
 
+3. **Presence** (:mod:`.presence_rules`): a GPU whose series stop while its node-mates report.
+
 Every signal is computed causally (trailing windows), so a finding's ``first_seen`` is when a
 live scan would first have reported it. A finding is one episode of one condition on one GPU;
 conditions that come back within ``episode_gap_s`` extend the episode. ``FindingLog`` merges the
@@ -32,6 +34,7 @@ from gpuwarden.fleet.semantics import to_utc
 from .fault_rules import known_fault_findings
 from .features import gpu_series
 from .finding_builder import FindingBuilder
+from .presence_rules import series_lost_findings
 from .scan_config import DEFAULT_CONFIG, HealthConfig
 from .warning_rules import early_warning_findings
 
@@ -61,6 +64,7 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     if report_from is not None:
         builder.report_from_ns = int(to_utc(report_from).value)
     known_fault_findings(builder)
+    series_lost_findings(builder)
     early_warning_findings(builder)
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
     return sorted(builder.findings, key=lambda f: (order[f.severity], f.first_seen, f.node, f.gpu_uuid or "", f.kind))

@@ -60,6 +60,9 @@ class HealthConfig:
     straggler_min_scale: float = 0.025
     straggler_max_power_excess: float = 0.05  # log power vs peers: a slower clock at more power is load
     dbe_explained_within_s: float = 300.0
+    # A GPU with no sample this long while its node-mates report lost its series (one missed
+    # scrape is jitter; a GPU off the bus stays gone until the node reboots).
+    series_lost_after_s: float = 600.0
     # Early warnings recommend a cordon only once sustained this long (before that: a taint).
     cordon_after_s: float = 1800.0
     straggler_cordon_after_s: float = 2700.0

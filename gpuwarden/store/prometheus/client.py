@@ -209,6 +209,12 @@ class PrometheusClient:
         data = self._request("/api/v1/query", params)
         return data.get("result", []) if isinstance(data, dict) else []
 
+    def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
+        """The label sets of the series ``match`` selects within [start, end] (Prometheus' series
+        API: the index only, no samples read)."""
+        data = self._request("/api/v1/series", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
+        return [labels for labels in data if isinstance(labels, dict)] if isinstance(data, list) else []
+
     def query_range(self, promql: str, start: Moment, end: Moment, step: float | str = 60.0) -> list[dict[str, Any]]:
         """A range query, split into chunks of at most ``chunk`` and 11,000 points; the series
         of every chunk, concatenated (a series may appear once per chunk)."""

@@ -14,6 +14,8 @@ from gpuwarden.fleet.catalogue import MetricSpec
 from ..schema import PANDAS_DTYPES, empty_samples
 from ..series import Attribution, SeriesMapper, namespace_is_team
 from . import rollups, samples, timerange
+from .attribution import PodAttribution
+from .series_checks import ReadNotes
 from .client import Moment, PrometheusClient, PrometheusError, duration_seconds, epoch_seconds
 from .expressions import ROLLUP_LAG_INTERVALS, STATE_ROLLUPS
 
@@ -27,7 +29,10 @@ class PrometheusSource(PrometheusClient):
     rules (``rules/``: 1 m); ``rollup_interval``: that of their rollups (5 m). ``rollups``: reports
     read the rollups where they exist. ``history``: how far back ``time_range`` looks.
     ``lookback``: how old a sample a grid point may show (default: one step); raise it when the
-    step equals the scrape interval and scrapes jitter.
+    step equals the scrape interval and scrapes jitter. ``pod_attribution``: whether a GPU without a
+    pod label is unallocated where the exporter does not say (:mod:`.attribution`: auto | on | off).
+    ``notes`` lists what the reads met and how they read it (series skipped or kept, XID events from
+    dcgm-exporter's gauge, the attribution rule): every report prints them.
     """
 
     def __init__(
@@ -45,6 +50,7 @@ class PrometheusSource(PrometheusClient):
         lookback: float | str | None = None,
         rollups: bool = True,
         rollup_interval: float | str = "5m",
+        pod_attribution: str = "auto",
         **connection: Any,
     ) -> None:
         """``connection``: the keyword options of :class:`PrometheusClient` (token, TLS, timeout,
@@ -66,6 +72,28 @@ class PrometheusSource(PrometheusClient):
         self.rollups = bool(rollups)
         self.rollup_interval = duration_seconds(rollup_interval)
         self.history = duration_seconds(history)
+        try:
+            self.attribution = PodAttribution(pod_attribution)
+        except ValueError as error:
+            raise PrometheusError(str(error)) from None
+        self.read_notes = ReadNotes()
+
+    @property
+    def pod_attribution(self) -> str:
+        return self.attribution.rule
+
+    @pod_attribution.setter
+    def pod_attribution(self, rule: str) -> None:
+        try:
+            self.attribution = PodAttribution(rule, self.attribution.lookback_s)
+        except ValueError as error:
+            raise PrometheusError(str(error)) from None
+
+    @property
+    def notes(self) -> list[str]:
+        """What the reads so far met, and the attribution rule used."""
+        rule = self.attribution.note()
+        return [*([rule] if rule else []), *self.read_notes.lines()]
 
     def query_range(self, promql: str, start: Moment, end: Moment, step: float | str | None = None) -> list[dict[str, Any]]:
         """A range query at ``step`` (default: the source's), split into chunks."""
@@ -97,8 +125,13 @@ class PrometheusSource(PrometheusClient):
                 return empty_samples()[wanted]
             start = start if start is not None else span[0]
             end = end if end is not None else span[1] + pd.Timedelta(seconds=self.step)
-        return samples.read_samples(self, self.mapper, epoch_seconds(start), epoch_seconds(end), wanted,
-                                    self.step, self.lookback)
+        end_s = epoch_seconds(end)
+        anchor = self._anchor()
+        if "attribution" in wanted and anchor is not None:
+            self.attribution.refresh(self, anchor, end_s, self.mapper.state_metrics())
+        frame = samples.read_samples(self, self.mapper, epoch_seconds(start), end_s, wanted, self.step, self.lookback,
+                                     self.read_notes)
+        return self.attribution.apply(frame)
 
     def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         """Oldest and newest GPU sample within ``history`` of now, or None when there is none
@@ -123,9 +156,15 @@ class PrometheusSource(PrometheusClient):
     def read_state_rollup(self, start: datetime | str, end: datetime | str, bucket: float | str = "1h") -> pd.DataFrame | None:
         """The idle taxonomy per GPU, namespace and state, summed per ``bucket`` from the
         recording rules' 5-minute rollups (:func:`.rollups.read_state_rollup`); None when there
-        are none in the window (the rules are not loaded)."""
-        return rollups.read_state_rollup(self, self.mapper, epoch_seconds(start), epoch_seconds(end),
-                                         duration_seconds(bucket), ROLLUP_LAG_INTERVALS * self.rule_interval)
+        are none in the window (the rules are not loaded). The pod-attribution rule applies to them
+        as to raw samples (:meth:`.attribution.PodAttribution.apply_states`)."""
+        frame = rollups.read_state_rollup(self, self.mapper, epoch_seconds(start), epoch_seconds(end),
+                                          duration_seconds(bucket), ROLLUP_LAG_INTERVALS * self.rule_interval)
+        anchor = self._anchor()
+        if frame is None or anchor is None:
+            return frame
+        self.attribution.refresh(self, anchor, epoch_seconds(end), self.mapper.state_metrics())
+        return self.attribution.apply_states(frame)
 
     def read_rollup(self, start: datetime | str, end: datetime | str, step: float | str = "1h",
                     by: str = "gpu", use_rules: bool = True) -> pd.DataFrame:
