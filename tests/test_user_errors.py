@@ -25,7 +25,8 @@ PACKAGE = Path(gpuwarden.__file__).parent
 # variable they set), by module and name.
 USER_ERRORS = {
     "gpuwarden.fleet.vocabulary.FleetValueError", "gpuwarden.fleet.traces.TraceError",
-    "gpuwarden.fleet.catalogue.CatalogueError", "gpuwarden.store.schema.SamplesError",
+    "gpuwarden.fleet.catalogue.CatalogueError", "gpuwarden.fleet.gpu_catalogue.GpuCatalogueError",
+    "gpuwarden.fleet.durations.DurationError", "gpuwarden.store.schema.SamplesError",
     "gpuwarden.store.prometheus.client.PrometheusError", "gpuwarden.store.prometheus.client.PrometheusUnavailable",
     "gpuwarden.store.prometheus.client.PrometheusQueryError", "gpuwarden.analytics.params.AnalyticsError",
     "gpuwarden.analytics.pricebook.PriceBookError", "gpuwarden.scheduling.errors.SchedulingError",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import UserError
+
 UNIT_SECONDS: dict[str, float] = {
     "y": 365 * 86400.0, "w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001,
 }
@@ -17,7 +19,7 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|[ywdhms])")
 _EXAMPLES = "e.g. 90s, 15m, 6h, 7d, 1w, 1h30m"
 
 
-class DurationError(ValueError):
+class DurationError(UserError, ValueError):
     """Text that is not a duration; the message names it and the units allowed."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UserError
 from .catalogue import CatalogueError, data_rows
 
 MODELS_PATH = Path(__file__).with_name("gpu_models.csv")
@@ -34,7 +35,7 @@ _SEPARATORS = re.compile(r"[\s_-]+")
 _LABEL_SUFFIX = re.compile(r"(?: shared| mig .*)$")
 
 
-class GpuCatalogueError(ValueError):
+class GpuCatalogueError(UserError, ValueError):
     """A GPU model the catalogue does not know; the message names it and the known models."""
 
 
