@@ -6,6 +6,7 @@ text with timestamps for ``promtool tsdb create-blocks-from openmetrics``."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,25 +70,48 @@ def serve_args(paths: dict, *extra: str) -> argparse.Namespace:
 def openmetrics(series: Iterable[tuple[str, float, float]]) -> str:
     """OpenMetrics text of (series 'name{labels}', value, unix seconds), grouped by series in time order."""
     lines = sorted(series, key=lambda s: (s[0], s[2]))
-    body = "".join(f"{name} {value!r} {stamp:.3f}\n" for name, value, stamp in lines)
+    body = "".join(f"{name} {_number(value)} {stamp:.3f}\n" for name, value, stamp in lines)
     return body + "# EOF\n"
 
 
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, repr(value))
+
+
 def exposition_series(text: str, stamp: float) -> list[tuple[str, float, float]]:
-    """The samples of an exposition-format scrape as (series, value, stamp)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """The samples of an exposition-format scrape (text format 0.0.4) as (series, value, stamp): each
+    sample line is ``series value``, so the series text is kept exactly as served."""
     out = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
-            out.append((f"{sample.name}{{{labels}}}" if labels else sample.name, float(sample.value), stamp))
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out.append((series, float(value), stamp))
     return out
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def now_floor() -> datetime:
     return datetime.now(UTC).replace(second=0, microsecond=0)
+
+
+def exporter_series(samples: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """What gpuwarden's exporter would have served for every step of ``samples`` (its own renderer over
+    the simulated backend's readings), as timestamped series."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpuwarden.exporter import ExporterSnapshot, load_catalogue
+    from gpuwarden.exporter.collector import render_text
+    from gpuwarden.sim.backend import SimGpuBackend
+
+    catalogue = load_catalogue()
+    out: list[tuple[str, float, float]] = []
+    for stamp, frame in samples.groupby("timestamp", sort=True):
+        seconds = pd.Timestamp(stamp).timestamp()
+        backend = SimGpuBackend(SimpleNamespace(lock=threading.Lock(), latest=frame))  # type: ignore[arg-type]
+        snapshot = ExporterSnapshot(readings=backend.read(), driver_version=backend.driver_version(), success=True,
+                                    timestamp_seconds=seconds, duration_seconds=0.05,
+                                    last_success_timestamp_seconds=seconds, pod_attribution=True, attribution="known")
+        out += exposition_series(render_text(snapshot, catalogue).decode(), seconds)
+    return out
