@@ -129,7 +129,9 @@ def test_served_figures_are_the_analytics_figures(demo):
     assert get("gpuwarden_actuator_pending_approvals") == 2 and get("gpuwarden_actuator_breaker_open") == 1
     assert get("gpuwarden_actuator_oldest_pending_approval_age_seconds") == pytest.approx(40 * 60)
     # Queue: the planner's own pending workloads, per team.
-    table = pending_table(read_snapshot(demo["cluster"]), plan_with(read_snapshot(demo["cluster"])))
+    cluster = read_snapshot(demo["cluster"])
+    assert get("gpuwarden_cluster_snapshot_timestamp_seconds") == cluster.taken_at.timestamp()
+    table = pending_table(cluster, plan_with(cluster))
     assert len(table) > 0
     for team, rows in table.groupby("team"):
         assert get("gpuwarden_queue_pending_workloads", {"team": team}) == len(rows)

@@ -44,6 +44,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "queue_pending_workloads": ("gauge", "Workloads waiting in the scheduling queue, by team", ("team",)),
     "queue_pending_gpus": ("gauge", "GPUs (equivalents) requested by waiting workloads, by team", ("team",)),
     "queue_oldest_wait_seconds": ("gauge", "Longest wait of a queued workload, by team", ("team",)),
+    "cluster_snapshot_timestamp_seconds": ("gauge", "Unix time the cluster snapshot behind the queue figures was taken", ()),
     "metrics_computed_timestamp_seconds": ("gauge", "Unix time the served figures were computed", ()),
     "metrics_compute_duration_seconds": ("gauge", "Seconds the last computation of the served figures took", ()),
     "metrics_compute_errors": ("gauge", "Parts of the figures that could not be computed in the last round, by part",
@@ -110,6 +111,7 @@ class SnapshotCollector(Collector):
             add("actuator_newest_audit_timestamp_seconds", actuator.newest_entry_timestamp_seconds)
             for (outcome, kind), count in sorted(actuator.actions_by_outcome.items()):
                 add("actuator_actions", count, (outcome, kind))
+        add("cluster_snapshot_timestamp_seconds", snapshot.cluster_snapshot_timestamp_seconds)
         for queued in snapshot.queue or ():
             add("queue_pending_workloads", queued.pending_workloads, (queued.team,))
             add("queue_pending_gpus", queued.pending_gpus, (queued.team,))

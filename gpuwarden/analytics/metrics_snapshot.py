@@ -88,6 +88,7 @@ class MetricsSnapshot:
     findings: tuple[FindingFigure, ...] = ()
     actuator: ActuatorFigures | None = None
     queue: tuple[QueueFigure, ...] | None = None  # None: no cluster snapshot was given
+    cluster_snapshot_timestamp_seconds: float | None = None  # when the queue's cluster snapshot was taken
     errors: tuple[str, ...] = field(default=())  # parts that could not be computed this round
 
 

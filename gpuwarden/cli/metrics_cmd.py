@@ -103,14 +103,16 @@ def compute(args: argparse.Namespace, now: float | None = None) -> MetricsSnapsh
         if scanned is not None:
             findings = finding_figures(f for f in scanned[0] if f.kind not in APP_KINDS)
     actuator = _part(errors, "actuator", lambda: read_actuator(args.audit, now))
-    queue = None
+    queue, taken_at = None, None
     if args.cluster_state is not None:
         snapshot = _part(errors, "queue", lambda: read_snapshot(args.cluster_state))
-        queue = _part(errors, "queue", lambda: queue_figures(snapshot)) if snapshot is not None else None
+        if snapshot is not None:
+            queue, taken_at = _part(errors, "queue", lambda: queue_figures(snapshot)), snapshot.taken_at.timestamp()
     return MetricsSnapshot(
         computed_at_seconds=now, compute_duration_seconds=time.perf_counter() - started,
         price_book=str(args.price_book) if args.price_book else "bundled", fleet=fleet, idle=idle,
-        findings=findings, actuator=actuator, queue=queue, errors=tuple(dict.fromkeys(errors)))
+        findings=findings, actuator=actuator, queue=queue, cluster_snapshot_timestamp_seconds=taken_at,
+        errors=tuple(dict.fromkeys(errors)))
 
 
 def run(args: argparse.Namespace) -> int:
