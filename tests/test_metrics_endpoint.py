@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +16,7 @@ import pytest
 from metrics_demo import build_fleet, now_floor, serve_args
 from polling import wait_for
 from prometheus_client import CollectorRegistry
+from test_prometheus import free_port
 
 from gpuwarden.actuator.approvals import decision_record
 from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger, idle_report
@@ -164,14 +164,8 @@ def test_a_price_book_not_in_usd_is_refused_naming_the_currency(demo, tmp_path):
         fleet_figures(ledger)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_serve_answers_scrapes_and_stops_on_sigterm(demo):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden.cli", "metrics", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "10s",

@@ -62,18 +62,10 @@ def add_parser(subparsers) -> None:
         each.set_defaults(run=run)
 
 
-def _part(errors: list[str], name: str, compute: Any) -> Any:
-    """``compute()``, or None with ``name`` noted when it fails (one part never costs the others)."""
-    try:
-        return compute()
-    except Exception as error:  # noqa: BLE001 - any failure of one part is logged and served as an error metric
-        log.warning("metrics: %s not computed: %s", name, error)
-        errors.append(name)
-        return None
-
-
-def compute(args: argparse.Namespace, now: float | None = None) -> MetricsSnapshot:
-    """One snapshot of every figure, over the window ``args`` names, ending now."""
+def compute(args: argparse.Namespace, now: float | None = None, strict: bool = False) -> MetricsSnapshot:
+    """One snapshot of every figure, over the window ``args`` names, ending now. A part that fails
+    is left out and named in ``errors`` (one part never costs the others), or with ``strict``
+    (``metrics show``) its error goes to the caller."""
     import pandas as pd
 
     from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger
@@ -87,6 +79,17 @@ def compute(args: argparse.Namespace, now: float | None = None) -> MetricsSnapsh
     started = time.perf_counter()
     now = time.time() if now is None else now
     errors: list[str] = []
+
+    def _part(errors: list[str], name: str, compute: Any) -> Any:
+        try:
+            return compute()
+        except Exception as error:  # noqa: BLE001 - a failing part is logged and served as an error metric
+            if strict:
+                raise
+            log.warning("metrics: %s not computed: %s", name, error)
+            errors.append(name)
+            return None
+
     window = _part(errors, "source", lambda: open_window(args, now=pd.Timestamp(now, unit="s", tz="UTC")))
     book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
     inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: latest[-1] if latest else None))
     if args.action == "show":
-        latest.append(compute(args))
+        latest.append(compute(args, strict=True))
         sys.stdout.write(generate_latest(registry).decode())
         return 0
     start_http_server(args.listen[1], addr=args.listen[0], registry=registry)
