@@ -108,3 +108,36 @@ def test_rendered_manifests_validate_against_kubernetes(helm, kube_validate):
             except kube_validate.ValidationError as error:
                 errors.append(f"{version} {doc['kind']}/{doc['metadata']['name']}: {error.message}")
     assert not errors, "\n".join(errors[:10])
+
+
+def test_pricing_values_become_the_endpoints_price_book_and_inventory(helm, tmp_path):
+    from test_helm import CHART, NAMESPACE, RELEASE, run_helm
+
+    from gpuwarden.analytics import Inventory, PriceBook
+
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {
+        "priceBook": {"currency": "USD", "power": {"kwh_price": 0.2, "pue": 1.3}, "owned_defaults": {"lifetime_years": 5},
+                      "models": {"NVIDIA H100 80GB HBM3": {"on-demand": 5.0, "reserved": 3.0, "spot": 2.0,
+                                                           "owned": {"capex": 30000}}}},
+        "inventory": {"default_tier": "reserved", "rules": [{"pattern": "gpu-*", "pool": "gpu", "tier": "owned"}]}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    pricing = _named(docs, "ConfigMap")["gw-gpuwarden-metrics-pricing"]["data"]
+    for file_name, text in pricing.items():
+        (tmp_path / file_name).write_text(text)
+    book = PriceBook.from_yaml(tmp_path / "pricebook.yaml")
+    assert book.currency == "USD" and list(book.models) == ["NVIDIA H100 80GB HBM3"]
+    assert Inventory.from_yaml(tmp_path / "inventory.yaml").lookup("gpu-007")[1] == "owned"
+    deployment = _named(docs, "Deployment")["gw-gpuwarden-metrics"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert (str(args.price_book), str(args.inventory)) == ("/etc/gpuwarden/pricing/pricebook.yaml",
+                                                          "/etc/gpuwarden/pricing/inventory.yaml")
+    assert {"name": "pricing", "mountPath": "/etc/gpuwarden/pricing", "readOnly": True} in container["volumeMounts"]
+    # Without pricing values: the bundled book and inventory, no ConfigMap, no flag.
+    bundled = render(helm, "metricsEndpoint.enabled=true", "metricsEndpoint.grafanaDashboards=false")
+    assert not _named(bundled, "ConfigMap")
+    (plain,) = _named(bundled, "Deployment")["gw-gpuwarden-metrics"]["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in plain["args"] if a.startswith(("--price-book", "--inventory"))]

@@ -192,3 +192,23 @@ def test_bad_interval_is_one_line_naming_the_flag():
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--interval '1s': expected at least 10s" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_price_book_given_prices_the_cost_metrics_and_is_named(demo, tmp_path):
+    import yaml
+
+    from gpuwarden.analytics.pricebook import DEFAULT_PRICE_BOOK_PATH
+
+    book = yaml.safe_load(DEFAULT_PRICE_BOOK_PATH.read_text())
+    for prices in book["models"].values():  # every cloud price doubled; owned hardware as it was
+        for tier in ("on-demand", "reserved", "spot"):
+            if tier in prices:
+                prices[tier] *= 2
+    (tmp_path / "book.yaml").write_text(yaml.safe_dump(book))
+    bundled = compute(serve_args(demo, "--since", "3h"), now=demo["end"].timestamp())
+    mine = compute(serve_args(demo, "--since", "3h", "--price-book", str(tmp_path / "book.yaml")), now=demo["end"].timestamp())
+    get = registry_of(mine).get_sample_value
+    assert get("gpuwarden_metrics_info", {"price_book": str(tmp_path / "book.yaml")}) == 1.0
+    assert registry_of(bundled).get_sample_value("gpuwarden_metrics_info", {"price_book": "bundled"}) == 1.0
+    assert bundled.fleet.cost_usd < mine.fleet.cost_usd <= 2 * bundled.fleet.cost_usd + 1e-9
+    assert mine.fleet.gpu_hours == bundled.fleet.gpu_hours
