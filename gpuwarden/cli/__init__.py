@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("gpuwarden.cli.health_cmd", "GPU health findings, evaluation and fleet risk"),
     "simulate": ("gpuwarden.cli.simulate_cmd", "replay traces through the scheduling policies"),
     "actuator": ("gpuwarden.cli.actuator_cmd", "plan and apply remediation on a cluster; approvals and undo"),
+    "metrics": ("gpuwarden.cli.metrics_cmd", "serve analytics results (idle, cost, health, actuator, queue) as Prometheus metrics"),
 }
 
 log = logging.getLogger("gpuwarden.cli")
