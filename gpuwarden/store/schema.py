@@ -246,6 +246,24 @@ def validate_rows(frame: pd.DataFrame, source: str = "samples", report: Validati
     return rejections.kept(frame)
 
 
+def _to_timestamps(raw: pd.Series, source: str, line_offset: int | None) -> pd.Series:
+    """ISO-8601 text as UTC nanosecond timestamps (unparsable text becomes NaT, named by the caller).
+    A year before 1678 parses, then overflows nanoseconds: name that line instead of raising."""
+    def parse(text: pd.Series) -> pd.Series:
+        return pd.to_datetime(text, utc=True, errors="coerce", format="ISO8601").astype(PANDAS_DTYPES["timestamp"])
+
+    try:
+        return parse(raw)
+    except (pd.errors.OutOfBoundsDatetime, OverflowError):
+        for position, value in enumerate(raw.tolist()):
+            try:
+                parse(pd.Series([value]))
+            except (pd.errors.OutOfBoundsDatetime, OverflowError):
+                raise SamplesError(f"{_where(source, position, line_offset)}: column 'timestamp': {value!r} is "
+                                   "outside the timestamps a sample can have (1678-2261)") from None
+        raise
+
+
 def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> pd.Series:
     """Convert one column to its schema dtype; a value that does not parse names its line or row."""
     kind = _KIND[name]
@@ -253,7 +271,7 @@ def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> p
         if isinstance(raw.dtype, pd.DatetimeTZDtype):
             values = raw.dt.tz_convert("UTC")
         else:
-            values = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+            values = _to_timestamps(raw, source, line_offset)
         expected = "an ISO-8601 timestamp"
     elif kind == "string":
         values = raw if isinstance(raw.dtype, pd.CategoricalDtype) else raw.astype("category")
