@@ -13,7 +13,7 @@ from builders import node, snapshot, workload
 from gpuwarden.actuator.scheduling_round import EPOCH, SchedulingRound
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import Action, ActionKind, PriorityClass, WorkloadKind, WorkloadPhase
-from gpuwarden.fleet.vocabulary import taint_blocks
+from gpuwarden.fleet.taints import taint_blocks
 from gpuwarden.scheduling import plan, state_from_snapshot
 from gpuwarden.scheduling.state import MILLI
 from gpuwarden.sim import ConfigError, SimConfig

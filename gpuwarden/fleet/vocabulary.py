@@ -292,7 +292,7 @@ class Workload:
     # Node pools it may run in (a node selector on the pool label); empty: any pool.
     pools: tuple[str, ...] = ()
     # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
-    # ``key`` (any value): see :func:`taint_blocks`.
+    # ``key`` (any value): see :func:`gpuwarden.fleet.taints.taint_blocks`.
     tolerations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -314,30 +314,6 @@ class Workload:
     def key(self) -> str:
         """``namespace/name`` (:func:`workload_key`)."""
         return workload_key(self.namespace, self.name)
-
-
-HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers kube-scheduler
-
-
-def _parse_taint(text: str) -> tuple[str, str | None, str | None]:
-    """``key=value:Effect`` (value and effect optional) as (key, value, effect)."""
-    body, _, effect = text.partition(":")
-    key, has_value, value = body.partition("=")
-    return key, value if has_value else None, effect or None
-
-
-def taint_blocks(taint: str, tolerations: tuple[str, ...]) -> bool:
-    """Whether kube-scheduler keeps a pod with ``tolerations`` off a node with ``taint``: a
-    NoSchedule or NoExecute taint that no toleration matches (same key, or none: every key; same
-    value unless the toleration names none; same effect unless it names none)."""
-    key, value, effect = _parse_taint(taint)
-    if effect not in HARD_TAINT_EFFECTS:
-        return False
-    for toleration in tolerations:
-        t_key, t_value, t_effect = _parse_taint(toleration)
-        if t_key in ("", key) and t_value in (None, value) and t_effect in (None, effect):
-            return False
-    return True
 
 
 @dataclass(frozen=True)

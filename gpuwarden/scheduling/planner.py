@@ -25,7 +25,7 @@ from typing import Any
 from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Gpu, PriorityClass, Workload, WorkloadPhase, WorkloadState
-from gpuwarden.fleet.vocabulary import taint_blocks
+from gpuwarden.fleet.taints import taint_blocks
 
 from .mig import check_profile
 from .placement import FractionMode

@@ -74,7 +74,7 @@ def _gpu_request(pod: Json) -> tuple[int, str | None]:
 
 
 def _tolerations(pod: Json) -> tuple[str, ...]:
-    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.vocabulary.taint_blocks``):
+    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.taints.taint_blocks``):
     operator Exists names no value; an empty key tolerates every taint."""
     out = []
     for entry in (pod.get("spec") or {}).get("tolerations") or ():
