@@ -16,12 +16,12 @@ process runs it on its runner every scheduling interval.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from gpuwarden.fleet import Action, ActionKind, ActionResult, Cluster, ClusterSnapshot, WorkloadPhase
+from gpuwarden.fleet import Action, ActionKind, ActionResult, Cluster, WorkloadPhase, WorkloadState
 from gpuwarden.scheduling import JobState, Scheduler, State
-from gpuwarden.scheduling.planner import actions_for, policy_for, state_from_snapshot
+from gpuwarden.scheduling.planner import KnownJobs, actions_for, policy_for, state_from_snapshot
 from gpuwarden.scheduling.scheduler import Decision, DecisionKind
 
 STOPS = (ActionKind.SUSPEND, ActionKind.PREEMPT)  # a PREEMPT of a checkpointable workload suspends it
@@ -38,25 +38,27 @@ class SchedulingRound:
         # per workload it preempted: (when, in round seconds; protected from preemption until)
         self.preemptions: dict[str, tuple[list[float], float]] = {}
         self.refused = 0  # actions the cluster refused (the snapshot and the cluster disagreed)
+        self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
         self.rounds = 0
 
     def run_round(self) -> tuple[ActionResult, ...]:
         snapshot = self.cluster.snapshot()
-        state, _ = state_from_snapshot(snapshot, origin=EPOCH)
-        self._recall(snapshot, state)
+        state, workloads = state_from_snapshot(snapshot, origin=EPOCH, known=self.known)
+        self._recall(workloads, state)
         scheduler = Scheduler(policy_for(snapshot, self.policy))
         now = (snapshot.taken_at - EPOCH).total_seconds()
         decisions = scheduler.schedule(state, now)
         self._note_preemptions(state, decisions)
+        self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
         results = tuple(self._apply(actions_for(decisions, state, scheduler.policy.name)))
         self.rounds += 1
         return results
 
-    def _recall(self, snapshot: ClusterSnapshot, state: State) -> None:
+    def _recall(self, workloads: Mapping[str, WorkloadState], state: State) -> None:
         """Hold others' suspends out of the plan; give back the preemption history it keeps."""
-        live = {ws.workload.key: ws.phase for ws in snapshot.workloads}
-        self.suspended = {key for key in self.suspended if live.get(key) == WorkloadPhase.SUSPENDED}
-        self.preemptions = {key: kept for key, kept in self.preemptions.items() if key in live}
+        self.suspended = {key for key in self.suspended
+                          if key in workloads and workloads[key].phase == WorkloadPhase.SUSPENDED}
+        self.preemptions = {key: kept for key, kept in self.preemptions.items() if key in workloads}
         for key, job in list(state.jobs.items()):
             if job.state == JobState.SUSPENDED and key not in self.suspended:
                 del state.jobs[key]  # suspended by someone else: theirs to resume

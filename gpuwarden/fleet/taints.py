@@ -1,11 +1,7 @@
-"""Taints as kube-scheduler reads them: which ones keep a pod with given tolerations off a node.
-
-The planner reads them from the cluster snapshot (``ClusterSnapshot.taints`` and
-``Workload.tolerations``), so the live cluster and the simulator feed it the same facts.
-"""
+"""Node taints and workload tolerations as kube-scheduler reads them, in the fleet's string form
+(``key=value:Effect`` for a taint, as ``ClusterSnapshot.taints`` holds them)."""
 
 from __future__ import annotations
-
 
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers kube-scheduler
 

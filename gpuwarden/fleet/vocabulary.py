@@ -297,7 +297,7 @@ class Workload:
     # Node pools it may run in (a node selector on the pool label); empty: any pool.
     pools: tuple[str, ...] = ()
     # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
-    # ``key`` (any value): see :func:`taint_blocks`.
+    # ``key`` (any value): see :func:`gpuwarden.fleet.taints.taint_blocks`.
     tolerations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -18,10 +18,11 @@ A ``Schedule`` is the scheduler's proposal in the fleet's action vocabulary; the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Gpu, PriorityClass, Workload, WorkloadPhase, WorkloadState
 from gpuwarden.fleet.taints import taint_blocks
@@ -36,7 +37,8 @@ from .state import MILLI, Job, JobState, NodeState, Slot, State
 ACTION_OF = {DecisionKind.BIND: ActionKind.BIND, DecisionKind.RESUME: ActionKind.RESUME,
              DecisionKind.SUSPEND: ActionKind.SUSPEND, DecisionKind.PREEMPT: ActionKind.PREEMPT}
 SUSPEND_GRACE_SECONDS = 120  # a checkpointable workload's time to save before it stops
-PRIORITY_NAMES = frozenset(p.value for p in PriorityClass)
+RANK = {p: p.rank for p in PriorityClass}
+PRIORITY_NAMES = {p.value: p for p in PriorityClass}
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,15 @@ def _hold_unhealthy(snapshot: ClusterSnapshot, state: State) -> None:
                     node.mig_used[g] = list(layout)
 
 
+def _book_gpus(state: State, placements: list[Slot]) -> None:
+    for node_name, g, amount in placements:
+        node = state.nodes[node_name]
+        if isinstance(amount, str):
+            node.mig_used[g].append(amount)
+        else:
+            node.gpu_free[g] -= amount
+
+
 def _blocked_nodes(snapshot: ClusterSnapshot, workload: Workload) -> frozenset[str]:
     """Nodes kube-scheduler keeps ``workload`` off: a NoSchedule / NoExecute taint it does not tolerate."""
     return frozenset(node for node, taints in snapshot.taints.items()
@@ -104,10 +115,41 @@ def policy_for(snapshot: ClusterSnapshot, policy: str | QueuePolicy) -> QueuePol
     return replace(base, placement=replace(base.placement, fractions=FractionMode.MIG_OR_WHOLE))
 
 
-def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
-                        origin: datetime | None = None) -> tuple[State, dict[str, WorkloadState]]:
+# Jobs a loop kept from its last round, by workload, with the state each was built from.
+KnownJobs = Mapping[str, tuple[WorkloadState, Job]]
+
+
+def _job_of(ws: WorkloadState, origin: datetime, known: KnownJobs | None) -> Job:
+    """The engine's job for ``ws``. Where a loop built one last round for the very same workload
+    object, that job is refreshed from ``ws`` instead of built again (what a pass may have left on
+    it is reset: every field below)."""
+    w = ws.workload
+    kept = known.get(w.key) if known else None
+    if kept is not None and kept[0].workload is w:
+        job = kept[1]
+    else:
+        if w.gpus.mig_profile:
+            check_profile(w.gpus.mig_profile)
+        job = Job(
+            name=w.key, team=w.team, pods=w.gang_size, gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli,
+            mig_profile=w.gpus.mig_profile, gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
+            submitted=(ws.submitted_at - origin).total_seconds(), pools=w.pools,
+        )
+    job.priority, job.progress, job.attained = RANK[_priority_of(ws)], ws.progress_seconds, ws.attained_gpu_seconds
+    job.duration, job.placements, job.avoid_nodes = ws.duration_seconds, [], frozenset()
+    job.preempted_at, job.protected_until = [-1.0] * ws.preemptions, -math.inf
+    # the latest (re)start; one that ran before (suspended) starts again as a RESUME
+    job.started = (ws.started_at - origin).total_seconds() if ws.started_at is not None else \
+        0.0 if ws.phase in (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED) else None
+    return job
+
+
+def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None, origin: datetime | None = None,
+                        known: KnownJobs | None = None) -> tuple[State, dict[str, WorkloadState]]:
     """The engine's working state. Times become seconds since ``origin`` (default: the snapshot's
-    time); a loop that keeps facts across rounds passes the same origin every round."""
+    time); a loop that keeps facts across rounds passes the same origin every round, and may pass
+    the jobs of its last round as ``known`` (building hundreds of jobs anew every round was most of
+    a simulated round's cost)."""
     origin = origin or snapshot.taken_at
     nodes = _node_states(snapshot)
     if quotas is None:
@@ -123,21 +165,9 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
             node.schedulable = False
     by_key: dict[str, WorkloadState] = {}
     for ws in snapshot.workloads:
-        w = ws.workload
-        if w.gpus.mig_profile:
-            check_profile(w.gpus.mig_profile)
-        job = Job(
-            name=w.key, team=w.team, priority=_priority_of(ws).rank, pods=w.gang_size,
-            gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli, mig_profile=w.gpus.mig_profile,
-            gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
-            submitted=(ws.submitted_at - origin).total_seconds(), progress=ws.progress_seconds,
-            duration=ws.duration_seconds, pools=w.pools, attained=ws.attained_gpu_seconds,
-        )
+        job = _job_of(ws, origin, known)
         if tolerating:
-            job.avoid_nodes = _blocked_nodes(snapshot, w)
-        job.preempted_at = [-1.0] * ws.preemptions
-        if ws.started_at is not None:
-            job.started = (ws.started_at - origin).total_seconds()  # the latest (re)start
+            job.avoid_nodes = _blocked_nodes(snapshot, ws.workload)
         by_key[job.name] = ws
         if ws.phase == WorkloadPhase.RUNNING:
             placements: list[Slot] = []
@@ -150,13 +180,10 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
                                        or job.mig_profile or MILLI))
                 else:
                     placements.append((p.node, g, job.milli if job.whole else whole_amount_of_fraction or job.milli))
-            state.add_running(job, placements)
-            if job.started is None:
-                job.started = 0.0
+            _book_gpus(state, placements)
+            state.add_placed(job, placements)  # snapshot jobs ask for no CPU or memory: GPUs are all to book
         elif ws.phase in (WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED):
             job.state = JobState.SUSPENDED if ws.phase == WorkloadPhase.SUSPENDED else JobState.PENDING
-            if ws.phase == WorkloadPhase.SUSPENDED and job.started is None:
-                job.started = 0.0  # it ran before: a start is a RESUME
             state.jobs[job.name] = job
     _hold_unhealthy(snapshot, state)
     return state, by_key
@@ -165,9 +192,7 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
 def _priority_of(ws: WorkloadState) -> PriorityClass:
     """The class it runs at now: a set-priority override that names a class, else its own."""
     override = ws.priority_override
-    if override in PRIORITY_NAMES:
-        return PriorityClass(override)
-    return ws.workload.priority_class
+    return PRIORITY_NAMES.get(override, ws.workload.priority_class) if override else ws.workload.priority_class
 
 
 def actions_for(decisions: Iterable[Decision], state: State, policy_name: str) -> tuple[Action, ...]:

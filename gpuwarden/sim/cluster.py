@@ -38,6 +38,8 @@ class SimCluster:
     def __init__(self, simulation: Simulation) -> None:
         self.sim = simulation
         self._placements: dict[int, tuple[np.ndarray, tuple[Placement, ...]]] = {}  # by job, while its devices stay
+        # by job: its state and what it was built from; a waiting job's is reused from round to round
+        self._states: dict[int, tuple[tuple[object, ...], WorkloadState]] = {}
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
@@ -45,6 +47,9 @@ class SimCluster:
         with sim.lock:
             now = sim.now
             workloads = tuple(self._state(job) for job in sim.jobs if job.phase in _LIVE)
+            if len(self._states) > 2 * len(workloads) + 64:  # forget finished jobs now and then
+                live = {job.index for job in sim.jobs if job.phase in _LIVE}
+                self._states = {index: kept for index, kept in self._states.items() if index in live}
             unhealthy = frozenset(
                 sim.gpus[g].uuid for g in np.flatnonzero((sim.gpu_down_until > sim.now_s) | sim.gpu_lost)
             )
@@ -78,15 +83,30 @@ class SimCluster:
         return placements
 
     def _state(self, job: SimJob) -> WorkloadState:
-        sim = self.sim
-        at = lambda seconds: None if seconds is None else sim.origin + timedelta(seconds=float(seconds))  # noqa: E731
-        return WorkloadState(
-            workload=job.spec.workload, phase=job.phase, submitted_at=at(job.spec.submit_s),
-            started_at=at(job.last_started_s), placements=self._placements_of(job), progress_seconds=job.progress_s,
+        attained = job.attained_gpu_seconds(self.sim.now_s)
+        facts = (job.phase, job.progress_s, attained, job.priority, job.preemptions,
+                 job.last_started_s, id(job.devices))
+        cached = self._states.get(job.index)
+        if cached is not None and cached[0] == facts:
+            return cached[1]
+        origin = self.sim.origin
+        last = cached[1] if cached is not None else None  # its times are reused where they still hold
+        submitted_at = last.submitted_at if last else origin + timedelta(seconds=float(job.spec.submit_s))
+        if job.last_started_s is None:
+            started_at = None
+        elif last is not None and cached is not None and cached[0][5] == job.last_started_s:
+            started_at = last.started_at
+        else:
+            started_at = origin + timedelta(seconds=float(job.last_started_s))
+        state = WorkloadState(
+            workload=job.spec.workload, phase=job.phase, submitted_at=submitted_at,
+            started_at=started_at, placements=self._placements_of(job), progress_seconds=job.progress_s,
             duration_seconds=job.spec.duration_s, preemptions=job.preemptions,
             priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,
-            attained_gpu_seconds=job.attained_gpu_seconds,
+            attained_gpu_seconds=attained,
         )
+        self._states[job.index] = (facts, state)
+        return state
 
     # -- acting --------------------------------------------------------------------------------
     def apply(self, action: Action) -> ActionResult:

@@ -62,7 +62,7 @@ class _Column:
         return self._data[: self.size]
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: the queue finds and removes it by identity, not by comparing fields
 class SimJob:
     spec: JobSpec
     index: int
@@ -75,8 +75,14 @@ class SimJob:
     preemptions: int = 0
     restarts: int = 0
     last_started_s: float | None = None  # the latest (re)start: what a pod's start time says
-    attained_gpu_seconds: float = 0.0  # service received: GPU equivalents x seconds run
+    attained_before_s: float = 0.0  # GPU-seconds of service received up to its latest start
     gpu_equivalents: float = 0.0
+
+    def attained_gpu_seconds(self, now_s: float) -> float:
+        """Service received by ``now_s``: GPU equivalents x seconds run (counted at each stop)."""
+        if self.phase != WorkloadPhase.RUNNING or self.last_started_s is None:
+            return self.attained_before_s
+        return self.attained_before_s + (now_s - self.last_started_s) * self.gpu_equivalents
 
     @property
     def name(self) -> str:
@@ -269,6 +275,7 @@ class Simulation(HardwareSteps, Renderer):
             self.dev_job[job.devices] = -1
             job.devices = None
             self._capacity_changed = True
+            job.attained_before_s = job.attained_gpu_seconds(self.now_s)
         workload = job.spec.workload
         if workload.kind in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNING):
             if not workload.checkpointable or not keep_checkpoint:
@@ -298,7 +305,6 @@ class Simulation(HardwareSteps, Renderer):
             # Services and notebooks live for their lifetime; training advances at its slowest GPU.
             rate = job_speed[job_index] if kind in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNING) else 1.0
             job.progress_s += step * rate
-            job.attained_gpu_seconds += step * job.gpu_equivalents
             if job.progress_s >= job.spec.duration_s:
                 self.dev_job[job.devices] = -1
                 job.devices = None
