@@ -1,9 +1,14 @@
 """Record the scheduling decisions applied to a small seeded simulated fleet, one line each.
 
-``tests/recorded/dispatcher_seed7_8nodes_12h.txt`` was written by this module run on main at
-7180670 (when ``sim/dispatch.Dispatcher`` scheduled the fleet), from the repository root:
+``tests/recorded/dispatcher_seed7_8nodes_12h.txt`` was written by this module with the old
+``sim/dispatch.Dispatcher`` scheduling the fleet: the simulator of main at 7180670 (``gpuwarden/sim``
+and no ``cli/simfleet.py``) over the placement engine that replaced the old one (issue 22: the
+shipped policy's FGD scorer; it picks other nodes among ties than the old best fit did), from a
+tree holding both:
 
-    PYTHONPATH=. python tests/sim_decisions.py > tests/recorded/dispatcher_seed7_8nodes_12h.txt
+    git archive HEAD | tar -x -C T && rm -r T/gpuwarden/sim T/gpuwarden/cli/simfleet.py
+    git archive 7180670 gpuwarden/sim | tar -x -C T
+    cd T && PYTHONPATH=. python tests/sim_decisions.py > dispatcher_seed7_8nodes_12h.txt
 
 It builds the fleet the way that commit did (``Simulation(config)``) when ``gpuwarden.cli.simfleet``
 does not exist, else through it, so the same file states what the old dispatcher decided and what

@@ -118,7 +118,7 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
     its CPU and memory are booked on."""
     a = state.arrays
     spot_ok = job.kind != WorkloadKind.INFERENCE and job.checkpointable
-    allowed = a.static_mask(("allowed", job.gpu_model, job.gpu_models, job.pools, spot_ok),
+    allowed = a.static_mask(("allowed", job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, spot_ok),
                             lambda n: node_allowed(job, n))
     k = job.gpus_per_pod
     if not allowed.any():
