@@ -27,10 +27,10 @@ all_done_seconds, guarantee_met_ratio, worst_team_guarantee_met_ratio, suspends,
 guarantee_met_ratio), ``notes`` and ``params``.
 
 Replay assumptions (the samples do not say): one priority; every workload checkpointable
-training that checkpoints every ``CHECKPOINT_INTERVAL_SECONDS`` (a suspended one resumes after
-``RESUME_OVERHEAD_SECONDS``; a killed one redoes the work since its last checkpoint), as in
-:mod:`.replay_queue`; no tier rules (what ran on spot may run on spot); pods of a gang are replayed
-on their own.
+training that checkpoints every ``CHECKPOINT_INTERVAL_SECONDS`` of computing (a resumed one holds
+its GPUs ``RESUME_OVERHEAD_SECONDS`` before it computes; a killed one redoes the work since its last
+checkpoint), the replay driver's job model (:class:`.replay.JobModel`) as in :mod:`.replay_queue`;
+no tier rules (what ran on spot may run on spot); pods of a gang are replayed on their own.
 """
 
 from __future__ import annotations
