@@ -102,8 +102,8 @@ class Scheduler:
         attempts = 0
         biggest = max((n.gpu_count for n in state.nodes.values() if n.schedulable), default=0)
         may_preempt = policy.preempt != PreemptMode.NONE or policy.reclaim
-        # A whole-GPU shape that found no room (and no victims) cannot fit later in the pass either:
-        # free capacity only shrinks once no preemption is tried for it.
+        # A whole-GPU shape that found no room cannot fit later in the pass either until an eviction
+        # frees some: free capacity only shrinks otherwise (its reason keeps the free count it saw).
         failed_shapes: dict[tuple[object, ...], str] = {}
         for job in self.queue(state, now):
             whole = job.whole
@@ -132,7 +132,9 @@ class Scheduler:
                 continue
             mark = statement.checkpoint()
             placements: list[Slot] | None
-            if not whole or need <= free_whole:
+            if whole and shape in failed_shapes:  # no eviction since this shape found no room
+                placements, reason = None, failed_shapes[shape]
+            elif not whole or need <= free_whole:
                 placements, reason = find_placement(state, job, policy.placement)
             else:
                 placements, reason = None, f"capacity: needs {need} GPUs, {free_whole} free"
@@ -147,6 +149,8 @@ class Scheduler:
                     job.wait_reason = reason if not why else f"{reason}; {why}"
                     blocked_head = True
                     continue
+            if victims:
+                failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
                 decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
             statement.allocate(job, placements)
