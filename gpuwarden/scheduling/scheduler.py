@@ -248,17 +248,15 @@ class Scheduler:
         return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)")
 
     def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
-        """False when no running job can be a victim of ``job`` whatever its placement: none of a
-        lower priority, none at ``las_floor`` or above, no other team borrowing. A blocked job asks
-        every pass; this answers from two numbers instead of a scan of the running jobs."""
+        """False when no running job can be a victim of ``job``: none of a lower priority, none at
+        ``las_floor`` or above, no other team borrowing (two numbers, not a scan of the running jobs)."""
         if self._running_bounds is None:
             running = [j for j in state.jobs.values() if j.state == JobState.RUNNING]
             self._running_bounds = (max((self.level(j, now, aging=False) for j in running), default=-1),
                                     min((j.priority for j in running), default=job.priority))
         top_level, lowest_priority = self._running_bounds
-        policy = self.policy
-        return ((policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
-                or (policy.preempt == PreemptMode.LAS and top_level >= las_floor)
+        return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
+                or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
                 or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
                                        for team, flavour in state.quotas.usage)))
 
@@ -283,9 +281,7 @@ class Scheduler:
             reclaim = False
             if reclaiming and victim.team != job.team and victim.priority <= job.priority:
                 key = (victim.team, victim.flavour)
-                if key not in borrowed:
-                    borrowed[key] = state.quotas.borrowed(victim.team, victim.flavour) > 1e-9
-                reclaim = borrowed[key]
+                reclaim = borrowed.setdefault(key, state.quotas.borrowed(*key) > 1e-9)
             las = (las_mode and victim.priority == job.priority and not young
                    and self.level(victim, now, aging=False) >= las_floor)
             if las_mode and policy.quotas and las:
@@ -374,9 +370,8 @@ class Scheduler:
 
 
 def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[NodeState]) -> bool:
-    """Whether evicting every candidate would leave room for all pods of whole-GPU ``job`` (each
-    pod's GPUs on one node), counting GPUs only: a necessary condition for any placement, checked
-    once before the search that evicts victim by victim and tries a placement after each."""
+    """Whether evicting every candidate would leave whole GPUs for all pods of ``job`` (each pod on one
+    node): a necessary condition, checked before the search that evicts and places victim by victim."""
     need = job.gpus_per_pod
     if need <= 0:
         return True
