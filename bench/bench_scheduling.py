@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwarden.fleet.traces import default_data_dir  # noqa: E402
-from gpuwarden.sim.replay_mixed import run_mixed  # noqa: E402
+from gpuwarden.cli.simulate_cmd import mixed_rows  # noqa: E402
 from gpuwarden.scheduling.replay_openb import OPENB_LISTS, load_published, replay_openb, summarise  # noqa: E402
+from gpuwarden.scheduling.replay_mixed import MixedSpec  # noqa: E402
 from gpuwarden.scheduling.replay_queue import QueueSlice, run_queue_replay  # noqa: E402
 
 # measured on 2 cores (see docs/scheduling.md); limits leave a little room for noise
@@ -91,7 +92,7 @@ def main() -> int:
             failures.append(f"queue: gpuwarden guarantee met {ours_q.guarantee_met:.3f}")
         if ours_q.worst_team_guarantee_met < LIMITS["queue_gpuwarden_min_worst_team"]:
             failures.append(f"queue: gpuwarden worst team guarantee met {ours_q.worst_team_guarantee_met:.3f}")
-    naive, ours_m = run_mixed()
+    naive, ours_m = mixed_rows(MixedSpec())
     print(json.dumps([naive, ours_m], indent=1, default=str))
     gain = float(ours_m["training_gpu_hours_per_hour"]) / float(naive["training_gpu_hours_per_hour"]) - 1  # type: ignore[arg-type]
     print(f"mixed: demand {float(ours_m['demand_ratio']):.0%} of the fleet, useful utilisation "  # type: ignore[arg-type]

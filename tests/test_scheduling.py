@@ -400,11 +400,12 @@ def test_mixed_replay_counts_a_moved_jobs_restore_as_held_not_useful():
     restore time the run is less useful and trains fewer GPU-hours."""
     from dataclasses import replace
 
-    from gpuwarden.sim.replay_mixed import MixedSpec, run_mixed
+    from gpuwarden.cli.simulate_cmd import mixed_rows
+    from gpuwarden.scheduling.replay_mixed import MixedSpec
 
     spec = replace(MixedSpec(), hours=12)
-    free = run_mixed(replace(spec, restore_seconds=0.0))[1]
-    slow = run_mixed(replace(spec, restore_seconds=1800.0))[1]
+    free = mixed_rows(replace(spec, restore_seconds=0.0))[1]
+    slow = mixed_rows(replace(spec, restore_seconds=1800.0))[1]
     assert free["moves"] > 0 and slow["moves"] > 0
     assert slow["useful_utilisation"] < free["useful_utilisation"]
     assert slow["training_gpu_hours_per_hour"] < free["training_gpu_hours_per_hour"]

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from .args import number, seed
 from .output import FORMATS, emit, render_rows
 
 if TYPE_CHECKING:
+    from gpuwarden.scheduling.replay_mixed import MixedSpec
     from gpuwarden.scheduling.whatif import WhatIfReport
 
 PLACEMENT_POLICIES = ("random", "bestfit", "fgd", "gpuwarden")  # checked against the replay at run time
@@ -144,12 +146,23 @@ def run_queue(args: argparse.Namespace) -> int:
 
 
 def run_mixed(args: argparse.Namespace) -> int:
-    from gpuwarden.sim.replay_mixed import MixedSpec
-    from gpuwarden.sim.replay_mixed import run_mixed as replay
+    from gpuwarden.scheduling.replay_mixed import MixedSpec
 
-    rows = replay(MixedSpec(hours=args.hours, seed=args.seed))
-    _emit(args, rows)
+    _emit(args, mixed_rows(MixedSpec(hours=args.hours, seed=args.seed)))
     return 0
+
+
+def mixed_rows(spec: MixedSpec) -> list[dict[str, object]]:
+    """The mixed replay on the fleet the simulator's fleet generator builds from ``spec``'s pools
+    (the CLI wires the simulator to the scheduling replay; bench/bench_scheduling.py calls this too)."""
+    from gpuwarden.fleet import ClusterSnapshot
+    from gpuwarden.scheduling.replay_mixed import run_mixed as replay
+    from gpuwarden.sim.fleetgen import build_fleet
+
+    built = build_fleet("mixed", spec.nodes, spec.gpus_per_node, None, pools=spec.pools(), leaf_nodes=4)
+    fleet = ClusterSnapshot(taken_at=datetime(2026, 1, 1, tzinfo=UTC), nodes=built.nodes, gpus=built.gpus,
+                            workloads=(), teams=())
+    return replay(spec, fleet)
 
 
 def _guarantees(text: str) -> dict[str, float]:

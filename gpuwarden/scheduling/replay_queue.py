@@ -12,7 +12,6 @@ since its last periodic checkpoint. The replay runs until every job of the slice
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Sequence
@@ -24,11 +23,12 @@ import pandas as pd
 
 from gpuwarden.fleet.traces import load_philly_jobs, load_philly_vcs
 
-from .engine import (POLICIES, WAITING, Decision, DecisionKind, Job, JobState, NodeState, QueueOrder, QueuePolicy, Quotas, QuotaSpec,
-                     Scheduler, State)
+from .engine import POLICIES, DecisionKind, Job, NodeState, QueuePolicy, Quotas, QuotaSpec, Scheduler, State
 from .errors import TraceOrderError
+from .replay import JobModel, Replay, ReplayMetrics, fresh_copy
 
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
+TICK_SECONDS = 300.0  # LAS policies re-rank the queue this often
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,47 @@ class QueueResult:
         return dict(self.__dict__)
 
 
+class _QueueMetrics(ReplayMetrics):
+    """Busy GPU-seconds, each team's asked-for and granted guarantee, suspends and kills."""
+
+    def __init__(self, guarantees: dict[str, float]) -> None:
+        self.guarantees = guarantees
+        self.teams = sorted(guarantees)
+        self.busy = 0.0
+        self.asked = {t: 0.0 for t in self.teams}
+        self.granted = {t: 0.0 for t in self.teams}
+        self.share_integral = {t: 0.0 for t in self.teams}
+        self.share_time = {t: 0.0 for t in self.teams}
+        self.preemptions = self.suspends = 0
+
+    def accrue(self, replay: Replay, start: float, end: float) -> None:
+        dt = end - start
+        alloc = {t: 0.0 for t in self.teams}
+        demand: dict[str, list[float]] = {t: [] for t in self.teams}
+        for j in replay.running.values():
+            alloc[j.team] = alloc.get(j.team, 0.0) + j.gpu_equivalents
+        for j in replay.waiting.values():
+            demand.setdefault(j.team, []).append(j.gpu_equivalents)
+        self.busy += dt * sum(alloc.values())
+        for t in self.teams:
+            g = self.guarantees[t]
+            room = g - alloc[t]
+            fits = [d for d in demand[t] if d <= room + 1e-9]
+            want = min(room, sum(fits)) if fits else 0.0
+            ask = min(g, alloc[t] + want)
+            if ask > 0:
+                self.asked[t] += dt * ask
+                self.granted[t] += dt * min(alloc[t], ask)
+                self.share_integral[t] += dt * min(1.0, alloc[t] / ask)
+                self.share_time[t] += dt
+
+    def stopped(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        if kind == DecisionKind.SUSPEND:
+            self.suspends += 1
+        else:
+            self.preemptions += 1
+
+
 def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str | QueuePolicy,
                  spec: QueueSlice) -> QueueResult:
     started_wall = time.perf_counter()
@@ -114,150 +155,34 @@ def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str | Qu
                        mem_free=10**15, nvlink_domain=f"node-{i:03d}", leaf_switch=f"leaf-{i // 16}")
              for i in range(spec.nodes)]
     quotas = Quotas(QuotaSpec(team, g, spec.nodes * spec.gpus_per_node) for team, g in guarantees.items())
-    state = State(nodes, quotas)
     scheduler = Scheduler(POLICIES[policy] if isinstance(policy, str) else policy)
-    jobs = [Job(**{k: v for k, v in job.__dict__.items() if k in _INIT_FIELDS}) for job in jobs]
-    for job in jobs:
-        job.placements = []
-        job.preempted_at = []
-    pending_arrivals = sorted(jobs, key=lambda j: j.submitted)
-    arrivals_index = 0
-    completions: list[tuple[float, int, str]] = []  # (time, epoch, job)
-    epoch: dict[str, int] = {}
-    last_ckpt: dict[str, float] = {}
-    now = 0.0
-    busy_integral = 0.0
-    teams = sorted(guarantees)
-    asked = {t: 0.0 for t in teams}
-    granted = {t: 0.0 for t in teams}
-    share_integral = {t: 0.0 for t in teams}
-    share_time = {t: 0.0 for t in teams}
-    preemptions = suspends = 0
-    tick = 300.0
-    next_tick = tick
-    horizon_end = None
-    running: set[str] = set()
-    waiting: set[str] = set()
-
-    def advance(to: float) -> None:
-        nonlocal now, busy_integral
-        dt = to - now
-        if dt <= 0:
-            return
-        alloc = {t: 0.0 for t in teams}
-        demand: dict[str, list[float]] = {t: [] for t in teams}
-        for name in running:
-            j = state.jobs[name]
-            j.waited -= dt  # waited = time since submission minus time running, settled at the finish
-            j.progress += dt
-            j.attained += dt * j.gpu_equivalents
-            alloc[j.team] = alloc.get(j.team, 0.0) + j.gpu_equivalents
-        for name in list(waiting):
-            j = state.jobs[name]
-            if j.state in WAITING:
-                demand.setdefault(j.team, []).append(j.gpu_equivalents)
-            else:
-                waiting.discard(name)
-        busy_integral += dt * sum(alloc.values())
-        for t in teams:
-            g = guarantees[t]
-            room = g - alloc[t]
-            fits = [d for d in demand[t] if d <= room + 1e-9]
-            want = min(room, sum(fits)) if fits else 0.0
-            ask = min(g, alloc[t] + want)
-            if ask > 0:
-                asked[t] += dt * ask
-                granted[t] += dt * min(alloc[t], ask)
-                share_integral[t] += dt * min(1.0, alloc[t] / ask)
-                share_time[t] += dt
-        now = to
-
-    def apply(decisions: list[Decision]) -> None:
-        nonlocal preemptions, suspends
-        for d in decisions:
-            job = state.jobs[d.job]
-            if d.kind in (DecisionKind.BIND, DecisionKind.RESUME):
-                epoch[job.name] = epoch.get(job.name, 0) + 1
-                remaining = (job.duration or 0.0) - job.progress + (spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0)
-                job.progress -= spec.resume_overhead if d.kind == DecisionKind.RESUME else 0.0
-                last_ckpt[job.name] = job.progress
-                heapq.heappush(completions, (now + max(remaining, 0.0), epoch[job.name], job.name))
-                running.add(job.name)
-            else:
-                running.discard(job.name)
-                waiting.add(job.name)
-                epoch[job.name] = epoch.get(job.name, 0) + 1
-                if d.kind == DecisionKind.SUSPEND:
-                    suspends += 1
-                    job.progress = max(job.progress, 0.0)
-                else:
-                    preemptions += 1
-                    # killed: back to the last periodic checkpoint
-                    ran = job.progress - max(last_ckpt.get(job.name, 0.0), 0.0)
-                    job.progress = max(last_ckpt.get(job.name, 0.0), 0.0) + (ran // spec.checkpoint_interval) * spec.checkpoint_interval
-                    job.state = JobState.PENDING
-
-    while arrivals_index < len(pending_arrivals) or running or waiting:
-        candidates = []
-        if arrivals_index < len(pending_arrivals):
-            candidates.append(pending_arrivals[arrivals_index].submitted)
-        while completions and (completions[0][1] != epoch.get(completions[0][2]) or completions[0][2] not in running):
-            heapq.heappop(completions)
-        if completions:
-            candidates.append(completions[0][0])
-        candidates.append(next_tick)
-        to = min(candidates)
-        advance(to)
-        changed = False
-        while arrivals_index < len(pending_arrivals) and pending_arrivals[arrivals_index].submitted <= now:
-            state.add_job(pending_arrivals[arrivals_index])
-            waiting.add(pending_arrivals[arrivals_index].name)
-            arrivals_index += 1
-            changed = True
-        while completions and completions[0][0] <= now:
-            _, ep, name = heapq.heappop(completions)
-            if ep != epoch.get(name) or name not in running:
-                continue
-            job = state.jobs[name]
-            state.release(job, job.placements)
-            job.placements = []
-            job.state = JobState.DONE
-            job.finished = now
-            job.waited += now - job.submitted
-            running.discard(name)
-            changed = True
-        if now >= next_tick:
-            next_tick += tick
-            changed = changed or scheduler.policy.order == QueueOrder.LAS
-        if changed:
-            apply(scheduler.schedule(state, now))
-        if horizon_end is None and arrivals_index >= len(pending_arrivals):
-            horizon_end = now
-        if now > 400 * 86400:
-            break
-    done = [j for j in state.jobs.values() if j.finished is not None]
+    jobs = [fresh_copy(job) for job in jobs]
+    metrics = _QueueMetrics(guarantees)
+    model = JobModel(spec.resume_overhead, spec.checkpoint_interval)
+    replay = Replay(State(nodes, quotas), scheduler, jobs, model, metrics, tick_seconds=TICK_SECONDS).run()
+    done = [j for j in jobs if j.finished is not None]
     delay = np.array([(j.first_started or j.submitted) - j.submitted for j in done])
     jct = np.array([(j.finished or j.submitted) - j.submitted for j in done])
-    wait = np.array([j.waited for j in done])
-    span = max(now, 1.0)
-    met = {t: granted[t] / asked[t] for t in teams if asked[t] > 0}
-    shares = np.array([share_integral[t] / share_time[t] for t in teams if share_time[t] > 0])
+    # every second between submission and finish the job was not holding GPUs: queued or suspended
+    wait = np.array([(j.finished or j.submitted) - j.submitted - sum(e - s for s, e in replay.runs[j.name])
+                     for j in done])
+    span = max(replay.now, 1.0)
+    asked, granted = metrics.asked, metrics.granted
+    met = {t: granted[t] / asked[t] for t in metrics.teams if asked[t] > 0}
+    shares = np.array([metrics.share_integral[t] / metrics.share_time[t] for t in metrics.teams
+                       if metrics.share_time[t] > 0])
     jain = float(shares.sum() ** 2 / (len(shares) * (shares**2).sum())) if len(shares) else 1.0
     return QueueResult(
         policy=scheduler.policy.name, jobs=len(jobs), finished=len(done),
         queue_delay_p50=float(np.percentile(delay, 50)), queue_delay_p99=float(np.percentile(delay, 99)),
         wait_mean=float(wait.mean()), wait_p50=float(np.percentile(wait, 50)), wait_p99=float(np.percentile(wait, 99)),
         jct_mean=float(jct.mean()), jct_p99=float(np.percentile(jct, 99)),
-        utilisation=busy_integral / (span * spec.nodes * spec.gpus_per_node),
-        preemptions=preemptions, suspends=suspends,
+        utilisation=metrics.busy / (span * spec.nodes * spec.gpus_per_node),
+        preemptions=metrics.preemptions, suspends=metrics.suspends,
         guarantee_met=sum(granted.values()) / max(sum(asked.values()), 1e-9),
         worst_team_guarantee_met=min(met.values()) if met else 1.0, jain_index=jain,
         seconds=time.perf_counter() - started_wall,
     )
-
-
-_INIT_FIELDS = ("name", "team", "priority", "pods", "gpus_per_pod", "milli", "mig_profile", "gpu_model", "cpu_milli",
-                "mem_bytes", "kind", "checkpointable", "submitted", "duration", "flavour")
 
 
 def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(),

@@ -8,6 +8,7 @@ turns them into fleet actions for the actuator, the simulator carries them out t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
@@ -59,6 +60,9 @@ class Scheduler:
         self._state: State | None = None
         self._service_levels: dict[str, int] = {}
         self._mixed_fleet = True  # MIG GPUs or nodes some jobs may not use: victims need filtering
+        # (highest service level, lowest priority) any job running in this pass has had: None until
+        # asked for. Bounds, not exact: an eviction does not lower them.
+        self._running_bounds: tuple[int, int] | None = None
 
     # -- ordering ---------------------------------------------------------------------------
     def level(self, job: Job, now: float, aging: bool = True) -> int:
@@ -88,6 +92,7 @@ class Scheduler:
     def schedule(self, state: State, now: float) -> list[Decision]:
         policy = self.policy
         self._service_levels = {}
+        self._running_bounds = None
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
         decisions: list[Decision] = []
@@ -97,8 +102,8 @@ class Scheduler:
         attempts = 0
         biggest = max((n.gpu_count for n in state.nodes.values() if n.schedulable), default=0)
         may_preempt = policy.preempt != PreemptMode.NONE or policy.reclaim
-        # A whole-GPU shape that found no room (and no victims) cannot fit later in the pass either:
-        # free capacity only shrinks once no preemption is tried for it.
+        # A whole-GPU shape that found no room cannot fit later in the pass either until an eviction
+        # frees some: free capacity only shrinks otherwise (its reason keeps the free count it saw).
         failed_shapes: dict[tuple[object, ...], str] = {}
         for job in self.queue(state, now):
             whole = job.whole
@@ -127,7 +132,9 @@ class Scheduler:
                 continue
             mark = statement.checkpoint()
             placements: list[Slot] | None
-            if not whole or need <= free_whole:
+            if whole and shape in failed_shapes:  # no eviction since this shape found no room
+                placements, reason = None, failed_shapes[shape]
+            elif not whole or need <= free_whole:
                 placements, reason = find_placement(state, job, policy.placement)
             else:
                 placements, reason = None, f"capacity: needs {need} GPUs, {free_whole} free"
@@ -142,6 +149,8 @@ class Scheduler:
                     job.wait_reason = reason if not why else f"{reason}; {why}"
                     blocked_head = True
                     continue
+            if victims:
+                failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
                 decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
             statement.allocate(job, placements)
@@ -151,9 +160,11 @@ class Scheduler:
             decisions.extend(self._defragment(state, statement, now))
         return decisions
 
-    @staticmethod
-    def _started(job: Job, placements: list[Slot], now: float, reason: str = "") -> Decision:
+    def _started(self, job: Job, placements: list[Slot], now: float, reason: str = "") -> Decision:
         """The decision that starts ``job`` (already allocated): BIND the first time, else RESUME."""
+        if self._running_bounds is not None:
+            level, priority = self._running_bounds
+            self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
         kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
         job.started = now
         if job.first_started is None:
@@ -236,37 +247,51 @@ class Scheduler:
         victim.state = JobState.PENDING  # the caller rolls progress back to the last periodic checkpoint
         return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)")
 
+    def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
+        """False when no running job can be a victim of ``job``: none of a lower priority, none at
+        ``las_floor`` or above, no other team borrowing (two numbers, not a scan of the running jobs)."""
+        if self._running_bounds is None:
+            running = [j for j in state.jobs.values() if j.state == JobState.RUNNING]
+            self._running_bounds = (max((self.level(j, now, aging=False) for j in running), default=-1),
+                                    min((j.priority for j in running), default=job.priority))
+        top_level, lowest_priority = self._running_bounds
+        return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
+                or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
+                or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
+                                       for team, flavour in state.quotas.usage)))
+
     def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
         policy = self.policy
-        # evicting a job on nodes this job may never use frees nothing it can take
-        running = [j for j in state.jobs.values() if j.state == JobState.RUNNING and j is not job]
-        if self._mixed_fleet:
-            allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
-            # nor does evicting whole-GPU work free a MIG instance, or MIG work a whole GPU
-            wants_mig = job.mig_profile is not None
-            running = [j for j in running if any(
-                node in allowed and (job.milli < MILLI and not wants_mig or isinstance(amount, str) == wants_mig)
-                for node, _, amount in j.placements)]
+        las_mode = policy.preempt == PreemptMode.LAS
+        # levels do not change within a pass: the job's once, not once per running job
+        las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
+        reclaiming = policy.reclaim and verdict == Admission.NOMINAL
+        if not self._may_have_victims(state, job, las_floor, reclaiming, now):
+            return []
+        borrowed: dict[tuple[str, str], bool] = {}
+        usable = self._usable_victim(state, job) if self._mixed_fleet else None
         out = []
-        for victim in running:
-            if victim.protected_until > now:
+        for victim in state.jobs.values():
+            if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
                 continue
             # hysteresis: a job that (re)started less than min_run_seconds ago is not LAS-demoted
             # (reclaim of a guarantee and higher priority classes still may preempt it)
             young = now - (victim.started if victim.started is not None else now) < policy.min_run_seconds
             lower_priority = victim.priority < job.priority
-            reclaim = (policy.reclaim and verdict == Admission.NOMINAL and victim.team != job.team
-                       and state.quotas.borrowed(victim.team, victim.flavour) > 1e-9
-                       and victim.priority <= job.priority)
-            las = (policy.preempt == PreemptMode.LAS and victim.priority == job.priority and not young
-                   and self.level(victim, now, aging=False) >= self.level(job, now, aging=False) + policy.las_gap)
-            if policy.preempt == PreemptMode.LAS and policy.quotas and las:
+            reclaim = False
+            if reclaiming and victim.team != job.team and victim.priority <= job.priority:
+                key = (victim.team, victim.flavour)
+                reclaim = borrowed.setdefault(key, state.quotas.borrowed(*key) > 1e-9)
+            las = (las_mode and victim.priority == job.priority and not young
+                   and self.level(victim, now, aging=False) >= las_floor)
+            if las_mode and policy.quotas and las:
                 # never push a team below its guarantee to serve another team's borrowing
                 if victim.team != job.team and not self._keeps_guarantee(state, victim):
                     las = False
                 if verdict == Admission.BORROW and victim.team != job.team and not policy.borrower_las:
                     las = False
-            if (policy.preempt != PreemptMode.NONE and lower_priority) or reclaim or las:
+            if ((policy.preempt != PreemptMode.NONE and lower_priority) or reclaim or las) \
+                    and (usable is None or usable(victim)):
                 out.append(victim)
 
         def cost(v: Job) -> tuple[int, bool, int, float, float]:
@@ -274,6 +299,19 @@ class Scheduler:
             return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
 
         return sorted(out, key=cost)
+
+    @staticmethod
+    def _usable_victim(state: State, job: Job) -> Callable[[Job], bool]:
+        """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use,
+        nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
+        allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
+        wants_mig = job.mig_profile is not None
+        any_gpu = job.milli < MILLI and not wants_mig
+
+        def usable(victim: Job) -> bool:
+            return any(node in allowed and (any_gpu or isinstance(amount, str) == wants_mig)
+                       for node, _, amount in victim.placements)
+        return usable
 
     def _keeps_guarantee(self, state: State, victim: Job) -> bool:
         """Whether evicting ``victim`` leaves its team at or above its guarantee (it only gives back borrowed GPUs)."""
@@ -302,6 +340,8 @@ class Scheduler:
             freeable = free_here() + sum(len(v.placements) for v in candidates)
             if freeable < need:
                 return [], None, "not enough preemptible GPUs"
+            if not _whole_room_after_evicting(job, candidates, allowed):
+                return [], None, "preemption would not free enough room"  # what trying victim by victim finds
         mark = statement.checkpoint()
         victims: list[Job] = []
         for victim in candidates:
@@ -327,6 +367,27 @@ class Scheduler:
                 return victims, placements, ""
         statement.rollback(mark)
         return [], None, "preemption would not free enough room"
+
+
+def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[NodeState]) -> bool:
+    """Whether evicting every candidate would leave whole GPUs for all pods of ``job`` (each pod on one
+    node): a necessary condition, checked before the search that evicts and places victim by victim."""
+    need = job.gpus_per_pod
+    if need <= 0:
+        return True
+    names = {node.name for node in allowed}
+    freed: dict[tuple[str, int], int] = {}
+    for victim in candidates:
+        for node_name, gpu, amount in victim.placements:
+            if node_name in names and not isinstance(amount, str):
+                freed[(node_name, gpu)] = freed.get((node_name, gpu), 0) + amount
+    pods = 0
+    for node in allowed:
+        whole = sum(1 for gpu, free in enumerate(node.gpu_free) if free + freed.get((node.name, gpu), 0) >= MILLI)
+        pods += whole // need
+        if pods >= job.pods:
+            return True
+    return False
 
 
 def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[QueueEntry]:

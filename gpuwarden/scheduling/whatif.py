@@ -27,15 +27,14 @@ all_done_seconds, guarantee_met_ratio, worst_team_guarantee_met_ratio, suspends,
 guarantee_met_ratio), ``notes`` and ``params``.
 
 Replay assumptions (the samples do not say): one priority; every workload checkpointable
-training that checkpoints every ``CHECKPOINT_INTERVAL_SECONDS`` (a suspended one resumes after
-``RESUME_OVERHEAD_SECONDS``; a killed one redoes the work since its last checkpoint), as in
-:mod:`.replay_queue`; no tier rules (what ran on spot may run on spot); pods of a gang are replayed
-on their own.
+training that checkpoints every ``CHECKPOINT_INTERVAL_SECONDS`` of computing (a resumed one holds
+its GPUs ``RESUME_OVERHEAD_SECONDS`` before it computes; a killed one redoes the work since its last
+checkpoint), the replay driver's job model (:class:`.replay.JobModel`) as in :mod:`.replay_queue`;
+no tier rules (what ran on spot may run on spot); pods of a gang are replayed on their own.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import Counter
@@ -48,7 +47,9 @@ import pandas as pd
 from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.semantics import iso_utc
 
-from .state import JobState
+from .engine import POLICIES, DecisionKind, Job, NodeState, Quotas, QuotaSpec, Scheduler, State
+from .replay import JobModel, Replay, ReplayMetrics
+from .state import MILLI
 from .whatif_history import DEFAULT_MAX_GAP_SECONDS, NEEDED_COLUMNS, History, Workload, rebuild
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ WHATIF_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
 CHECKPOINT_INTERVAL_SECONDS = 1800.0
 RESUME_OVERHEAD_SECONDS = 60.0
 TICK_SECONDS = 300.0  # LAS policies re-rank the queue this often
-MAX_REPLAY_SECONDS = 400 * 86400.0
+JOB_MODEL = JobModel(RESUME_OVERHEAD_SECONDS, CHECKPOINT_INTERVAL_SECONDS)
 
 
 class WhatIfError(UserError, ValueError):
@@ -89,81 +90,32 @@ def as_it_ran(history: History) -> Schedule:
 
 
 # ---------------------------------------------------------------------------------------------
-# The one adapter to the scheduling engine (keep every engine name here)
+# A replay: the history's workloads through the production scheduler, on the one replay driver
 
 
-class _Engine:
-    """Drives :class:`~.engine.Scheduler` over a :class:`~.engine.State` built from the history's
-    fleet, the way :mod:`.replay_queue` does. ``schedule`` answers ('start'|'stop', workload)."""
-
-    def __init__(self, history: History, guarantees: dict[str, float], policy: str) -> None:
-        from .engine import POLICIES, Job, NodeState, Quotas, QuotaSpec, Scheduler, State
-
-        nodes = [NodeState(name=n.name, model=n.model, gpu_count=len(n.gpu_uuids), cpu_free=10**9, mem_free=10**15,
-                           nvlink_domain=n.name, leaf_switch="fleet", mig_layout=list(n.mig_layouts),
-                           gpu_ids=list(n.gpu_uuids)) for n in history.nodes]
-        capacity = float(max(history.gpus, 1))
-        self.state = State(nodes, Quotas(QuotaSpec(team, min(g, capacity), capacity) for team, g in guarantees.items()))
-        self.scheduler = Scheduler(POLICIES[policy])
-        self.las = _value(POLICIES[policy].order) == "las"
-        self._job = Job
-        self._last_checkpoint: dict[str, float] = {}
-
-    def submit(self, workload: Workload) -> None:
-        whole = workload.mig_profile is None and workload.gpu_fraction >= 1.0
-        if workload.mig_profile:  # k instances of one profile: k one-instance pods
-            pods, per_pod, milli = workload.gpus, 1, 1000
-        elif whole:
-            pods, per_pod, milli = 1, workload.gpus, 1000
-        else:  # a time-sliced share of one GPU
-            pods, per_pod, milli = 1, 1, max(1, round(workload.gpu_fraction * 1000))
-        job = self._job(
-            name=workload.name, team=workload.team, pods=pods, gpus_per_pod=per_pod, milli=milli,
-            mig_profile=workload.mig_profile, gpu_model=workload.model, submitted=workload.submitted_seconds,
-            duration=max(workload.duration_seconds, 1.0), checkpointable=True)
-        self.state.add_job(job)
-
-    def advance(self, running: set[str], seconds: float) -> None:
-        for name in running:
-            job = self.state.jobs[name]
-            job.progress += seconds
-            job.attained += seconds * job.gpu_equivalents
-
-    def remaining(self, name: str) -> float:
-        job = self.state.jobs[name]
-        return max(float(job.duration or 0.0) - job.progress, 0.0)
-
-    def schedule(self, now: float) -> list[tuple[str, str, str]]:
-        """('start' | 'stop', workload, engine decision kind)."""
-        out = []
-        for decision in self.scheduler.schedule(self.state, now):
-            kind, job = _value(decision.kind), self.state.jobs[decision.job]
-            if kind in ("bind", "resume"):
-                if kind == "resume":
-                    job.progress -= RESUME_OVERHEAD_SECONDS  # paid again as running time
-                self._last_checkpoint[job.name] = max(job.progress, 0.0)
-                out.append(("start", job.name, kind))
-            else:
-                if kind != "suspend":  # killed: back to the last periodic checkpoint
-                    kept = self._last_checkpoint.get(job.name, 0.0)
-                    ran = max(job.progress - kept, 0.0)
-                    job.progress = kept + (ran // CHECKPOINT_INTERVAL_SECONDS) * CHECKPOINT_INTERVAL_SECONDS
-                    job.state = JobState.PENDING
-                out.append(("stop", job.name, kind))
-        return out
-
-    def finish(self, name: str, now: float) -> None:
-        job = self.state.jobs[name]
-        self.state.release(job, job.placements)
-        job.placements = []
-        job.state = JobState.DONE
-        job.finished = now
-        del self.state.jobs[name]  # done: every pass scans the jobs it holds, so keep only live ones
+def _job(workload: Workload) -> Job:
+    """A workload as the engine's job: k MIG instances of one profile are k one-instance pods; a
+    time-sliced share of one GPU is a fraction of it."""
+    if workload.mig_profile:
+        pods, per_pod, milli = workload.gpus, 1, MILLI
+    elif workload.gpu_fraction >= 1.0:
+        pods, per_pod, milli = 1, workload.gpus, MILLI
+    else:
+        pods, per_pod, milli = 1, 1, max(1, round(workload.gpu_fraction * MILLI))
+    return Job(name=workload.name, team=workload.team, pods=pods, gpus_per_pod=per_pod, milli=milli,
+               mig_profile=workload.mig_profile, gpu_model=workload.model, submitted=workload.submitted_seconds,
+               duration=max(workload.duration_seconds, 1.0), checkpointable=True)
 
 
-def _value(kind: Any) -> str:
-    """An engine kind as its string (plain strings today; enums after a refactor)."""
-    return str(getattr(kind, "value", kind))
+class _Counts(ReplayMetrics):
+    def __init__(self) -> None:
+        self.suspends = self.preemptions = 0
+
+    def stopped(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        if kind == DecisionKind.SUSPEND:
+            self.suspends += 1
+        else:
+            self.preemptions += 1
 
 
 def replay(history: History, policy: str, guarantees: dict[str, float]) -> Schedule:
@@ -171,65 +123,16 @@ def replay(history: History, policy: str, guarantees: dict[str, float]) -> Sched
     if policy not in WHATIF_POLICIES:
         raise WhatIfError(f"unknown policy {policy!r}; choose from {', '.join(WHATIF_POLICIES)}")
     started_wall = time.perf_counter()
-    engine = _Engine(history, guarantees, policy)
-    arrivals = sorted(history.workloads, key=lambda w: (w.submitted_seconds, w.name))
-    schedule = Schedule(policy, {w.name: [] for w in arrivals}, {w.name: None for w in arrivals})
-    completions: list[tuple[float, int, str]] = []
-    epoch: dict[str, int] = {}
-    opened: dict[str, float] = {}
-    running: set[str] = set()
-    waiting = 0
-    next_arrival = 0
-    now = 0.0
-    next_tick = TICK_SECONDS
-    while next_arrival < len(arrivals) or running or waiting:
-        while completions and (completions[0][2] not in running or completions[0][1] != epoch[completions[0][2]]):
-            heapq.heappop(completions)
-        if not running and next_arrival >= len(arrivals):
-            break  # only work nothing can start is left: it never finishes
-        candidates = [next_tick] + ([completions[0][0]] if completions else []) + (
-            [arrivals[next_arrival].submitted_seconds] if next_arrival < len(arrivals) else [])
-        to = max(min(candidates), now)
-        if to > MAX_REPLAY_SECONDS:
-            break
-        engine.advance(running, to - now)
-        now = to
-        changed = False
-        while next_arrival < len(arrivals) and arrivals[next_arrival].submitted_seconds <= now:
-            engine.submit(arrivals[next_arrival])
-            next_arrival += 1
-            waiting += 1
-            changed = True
-        while completions and completions[0][0] <= now:
-            _, ep, name = heapq.heappop(completions)
-            if name in running and ep == epoch[name]:
-                engine.finish(name, now)
-                running.discard(name)
-                schedule.runs[name].append((opened.pop(name), now))
-                schedule.finished[name] = now
-                changed = True
-        if now >= next_tick:
-            next_tick = now + TICK_SECONDS
-            changed = changed or (engine.las and waiting > 0)
-        if not changed:
-            continue
-        for action, name, kind in engine.schedule(now):
-            epoch[name] = epoch.get(name, 0) + 1
-            if action == "start":
-                running.add(name)
-                waiting -= 1
-                opened[name] = now
-                heapq.heappush(completions, (now + engine.remaining(name), epoch[name], name))
-            else:
-                running.discard(name)
-                waiting += 1
-                schedule.runs[name].append((opened.pop(name), now))
-                if kind == "suspend":
-                    schedule.suspends += 1
-                else:
-                    schedule.preemptions += 1
-    schedule.seconds = time.perf_counter() - started_wall
-    return schedule
+    nodes = [NodeState(name=n.name, model=n.model, gpu_count=len(n.gpu_uuids), cpu_free=10**9, mem_free=10**15,
+                       nvlink_domain=n.name, leaf_switch="fleet", mig_layout=list(n.mig_layouts),
+                       gpu_ids=list(n.gpu_uuids)) for n in history.nodes]
+    capacity = float(max(history.gpus, 1))
+    state = State(nodes, Quotas(QuotaSpec(team, min(g, capacity), capacity) for team, g in guarantees.items()))
+    jobs = [_job(w) for w in history.workloads]
+    counts = _Counts()
+    done = Replay(state, Scheduler(POLICIES[policy]), jobs, JOB_MODEL, counts, tick_seconds=TICK_SECONDS).run()
+    return Schedule(policy, done.runs, {j.name: j.finished for j in jobs}, counts.preemptions, counts.suspends,
+                    time.perf_counter() - started_wall)
 
 
 # ---------------------------------------------------------------------------------------------

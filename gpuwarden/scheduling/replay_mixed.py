@@ -1,10 +1,12 @@
 """Mixed inference + training on a simulated H100/H200 fleet: naive whole-GPU first-fit vs gpuwarden.
 
-The fleet comes from the simulator's fleet generator (``fleetgen.build_fleet``, pools below:
-default 8 H100 nodes, a quarter of them spot, and 8 H200 nodes, 8 GPUs each = 128 GPUs; one node
-per NVLink domain, 4 nodes per leaf switch) and is read into the scheduling engine the way the
-live planner reads a cluster (``planner.state_from_snapshot``). It receives the *same* seeded
-stream of jobs under both policies, in the same run:
+The fleet is the caller's cluster snapshot, read into the scheduling engine the way the live
+planner reads a cluster (``planner.state_from_snapshot``). ``gpuwarden simulate mixed`` and the
+bench build it with the simulator's fleet generator from :meth:`MixedSpec.pools` (default 8 H100
+nodes, a quarter of them spot, and 8 H200 nodes, 8 GPUs each = 128 GPUs; one node per NVLink
+domain, 4 nodes per leaf switch): scheduling never imports the simulator. The fleet receives the
+*same* seeded stream of jobs under both policies, in the same run, through the one replay driver
+(:mod:`.replay`):
 
 - inference services: each asks for one MIG slice (1g, 2g or 3g of H100 / H200, mix below) for its
   lifetime; a service keeps its slice ~70% busy (on a whole GPU the same service leaves most of it
@@ -31,32 +33,24 @@ suspends and moves are counted over the whole run, warm-up included.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime, UTC
 
 import numpy as np
 
 from gpuwarden.fleet import ClusterSnapshot, Location, PriceTier, WorkloadKind
 from gpuwarden.fleet.semantics import mig_share
-from gpuwarden.scheduling import (
-    WAITING,
-    DecisionKind,
-    Job,
-    JobState,
-    NodeState,
-    PlacementOptions,
-    QueuePolicy,
-    Scheduler,
-    State,
-    state_from_snapshot,
-)
-from gpuwarden.scheduling.mig import MODEL_ALIASES, advise_layouts
 
-from .fleetgen import PoolSpec, build_fleet
+from .engine import (WAITING, DecisionKind, Job, NodeState, PlacementOptions, PreemptMode, QueueOrder, QueuePolicy,
+                     Scheduler, State)
+from .mig import MODEL_ALIASES, advise_layouts
+from .planner import state_from_snapshot
+from .replay import JobModel, Replay, ReplayMetrics, fresh_copy
 
+# A node pool for the fleet generator: (pool, GPU model, location, price tier, share of the nodes,
+# MIG share of the pool's nodes), the simulator's ``fleetgen.PoolSpec`` (scheduling does not import it).
+PoolSpec = tuple[str, str, Location, PriceTier, float, float]
 INFERENCE_MIX = {"1g": 0.5, "2g": 0.3, "3g": 0.2}
 PROFILES = {"H100": {"1g": "1g.10gb", "2g": "2g.20gb", "3g": "3g.40gb"},
             "H200": {"1g": "1g.18gb", "2g": "2g.35gb", "3g": "3g.71gb"}}
@@ -86,24 +80,19 @@ class MixedSpec:
     def measured_from_seconds(self) -> float:
         return min(self.warmup_hours, self.hours / 3) * 3600
 
+    @property
+    def nodes(self) -> int:
+        return self.h100_nodes + self.h200_nodes
+
     def pools(self) -> tuple[PoolSpec, ...]:
-        total = self.h100_nodes + self.h200_nodes
+        """The fleet's node pools, for the caller's fleet generator."""
+        total = self.nodes
         spot = self.h100_nodes // 4
         return (
             ("mixed-h100", MODEL_ALIASES["H100"], Location.CLOUD, PriceTier.RESERVED, (self.h100_nodes - spot) / total, 0.0),
             ("mixed-h100-spot", MODEL_ALIASES["H100"], Location.CLOUD, PriceTier.SPOT, spot / total, 0.0),
             ("mixed-h200", MODEL_ALIASES["H200"], Location.ON_PREM, PriceTier.RESERVED, self.h200_nodes / total, 0.0),
         )
-
-
-def fleet(spec: MixedSpec) -> list[NodeState]:
-    """The simulator's fleet generator, read into the engine as the planner reads a cluster."""
-    built = build_fleet("mixed", spec.h100_nodes + spec.h200_nodes, spec.gpus_per_node, None,
-                        pools=spec.pools(), leaf_nodes=4)
-    snapshot = ClusterSnapshot(taken_at=datetime(2026, 1, 1, tzinfo=UTC), nodes=built.nodes,
-                               gpus=built.gpus, workloads=(), teams=())
-    state, _ = state_from_snapshot(snapshot)
-    return list(state.nodes.values())
 
 
 def workload(spec: MixedSpec) -> list[Job]:
@@ -136,24 +125,16 @@ def demand_ratio(jobs: list[Job], spec: MixedSpec) -> float:
     start, end = spec.measured_from_seconds, spec.hours * 3600
     asked = sum(j.gpu_equivalents * max(0.0, min(end, j.submitted + (j.duration or 0.0)) - max(start, j.submitted))
                 for j in jobs)
-    gpus = (spec.h100_nodes + spec.h200_nodes) * spec.gpus_per_node
-    return asked / (gpus * (end - start))
+    return asked / (spec.nodes * spec.gpus_per_node * (end - start))
 
 
-def _as_whole(job: Job) -> Job:
-    """Naive Kubernetes: a MIG request becomes a request for a whole GPU of that model."""
-    return Job(**{k: getattr(job, k) for k in ("name", "team", "priority", "pods", "gpus_per_pod", "gpu_model",
-                                              "kind", "checkpointable", "submitted", "duration")})
-
-
-NAIVE = QueuePolicy("naive", placement=PlacementOptions(topology=False, scorer="firstfit", mig=False))
-GPUWARDEN = QueuePolicy("gpuwarden-mixed", order="fifo", preempt="priority", checkpoint=True, defragment=True)
-
-
-def run_mixed(spec: MixedSpec = MixedSpec()) -> list[dict[str, object]]:
+def run_mixed(spec: MixedSpec, fleet: ClusterSnapshot) -> list[dict[str, object]]:
+    """naive and gpuwarden on ``fleet`` (nodes and GPUs of a snapshot; its workloads are ignored: the
+    fleet starts empty), the same job stream for both."""
     jobs = workload(spec)
     ratio = demand_ratio(jobs, spec)
-    return [{**_run(jobs, spec, "naive"), "demand_ratio": ratio}, {**_run(jobs, spec, "gpuwarden"), "demand_ratio": ratio}]
+    return [{**_run(jobs, spec, "naive", fleet), "demand_ratio": ratio},
+            {**_run(jobs, spec, "gpuwarden", fleet), "demand_ratio": ratio}]
 
 
 def _advise_mig(nodes: list[NodeState], spec: MixedSpec) -> None:
@@ -171,104 +152,75 @@ def _advise_mig(nodes: list[NodeState], spec: MixedSpec) -> None:
             node.gpu_free[g] = 0
 
 
-def _run(template: list[Job], spec: MixedSpec, policy: str) -> dict[str, object]:
+class _MixedMetrics(ReplayMetrics):
+    """Held and useful GPU-seconds and training GPU-seconds inside the measured window; starts,
+    suspends and moves (a job suspended and resumed in one pass) over the whole run."""
+
+    def __init__(self, spec: MixedSpec, asked_share: dict[str, float]) -> None:
+        self.start, self.horizon = spec.measured_from_seconds, spec.hours * 3600
+        self.asked_share = asked_share  # a service's slice as a share of its GPU, also when it holds a whole one
+        self.held = self.useful = self.training = 0.0
+        self.served = {"inference": 0, "training": 0}
+        self.moves = self.suspends = 0
+        self._suspended_at: dict[str, float] = {}
+
+    def accrue(self, replay: Replay, start: float, end: float) -> None:
+        lo, hi = max(start, self.start), min(end, self.horizon)
+        if hi <= lo:
+            return
+        for name, j in replay.running.items():
+            computing = replay.computing_seconds(name, lo, hi)  # restoring time is held, not used
+            self.held += (hi - lo) * j.gpu_equivalents  # its slice, or the whole GPU it took
+            if j.kind == WorkloadKind.INFERENCE:
+                self.useful += computing * SERVICE_BUSY_RATIO * self.asked_share[name]
+            else:
+                self.useful += computing * TRAINING_BUSY_RATIO * j.gpu_equivalents
+                self.training += computing * j.gpu_equivalents
+
+    def started(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        if kind == DecisionKind.BIND:
+            self.served["inference" if job.kind == WorkloadKind.INFERENCE else "training"] += 1
+        self.moves += self._suspended_at.get(job.name) == replay.now
+
+    def stopped(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        if kind == DecisionKind.SUSPEND:
+            self.suspends += 1
+            self._suspended_at[job.name] = replay.now
+
+
+NAIVE = QueuePolicy("naive", placement=PlacementOptions(topology=False, scorer="firstfit", mig=False))
+GPUWARDEN = QueuePolicy("gpuwarden-mixed", order=QueueOrder.FIFO, preempt=PreemptMode.PRIORITY, checkpoint=True,
+                        defragment=True)
+
+
+def _run(template: list[Job], spec: MixedSpec, policy: str, fleet: ClusterSnapshot) -> dict[str, object]:
     started = time.perf_counter()
-    nodes = fleet(spec)
+    nodes = list(state_from_snapshot(fleet)[0].nodes.values())
     if policy == "gpuwarden":
         _advise_mig(nodes, spec)
         scheduler = Scheduler(GPUWARDEN)
-        jobs = [Job(**{k: getattr(j, k) for k in _FIELDS}) for j in template]
-    else:
+        jobs = [fresh_copy(j) for j in template]
+    else:  # naive Kubernetes: a MIG request becomes a request for a whole GPU of that model
         scheduler = Scheduler(NAIVE)
-        jobs = [_as_whole(j) for j in template]
+        jobs = [fresh_copy(j, mig_profile=None) for j in template]
     state = State(nodes)
-    events: list[tuple[float, int, str]] = []
-    for j in jobs:
-        heapq.heappush(events, (j.submitted, 0, j.name))
-        state.jobs[j.name] = j
-        j.state = JobState.FUTURE
-    now = 0.0
-    start, horizon = spec.measured_from_seconds, spec.hours * 3600
-    alloc_integral = useful_integral = training_done = 0.0
-    served = {"inference": 0, "training": 0}
-    moves = suspends = 0
-    running: set[str] = set()
-    asked_share = {j.name: mig_share(j.mig_profile, j.gpu_model) for j in template if j.mig_profile}
-    epoch: dict[str, int] = {}
-    ran_from: dict[str, float] = {}  # when a running job computes from (after its restore, if resumed)
-
-    def accrue(to: float) -> None:
-        nonlocal now, alloc_integral, useful_integral, training_done
-        lo, hi = max(now, start), min(to, horizon)
-        if hi > lo:
-            dt = hi - lo
-            for name in running:
-                j = state.jobs[name]
-                computing = max(0.0, hi - max(lo, ran_from.get(name, lo)))  # restoring time is held, not used
-                if j.kind == WorkloadKind.INFERENCE:
-                    share = asked_share[name]  # the slice it asked for, also when it holds a whole GPU
-                    useful_integral += computing * SERVICE_BUSY_RATIO * share
-                    alloc_integral += dt * j.gpu_equivalents  # its slice, or the whole GPU it took
-                else:
-                    gpus = j.gpu_equivalents
-                    useful_integral += computing * TRAINING_BUSY_RATIO * gpus
-                    alloc_integral += dt * gpus
-                    training_done += computing * gpus
-        now = max(now, min(to, horizon))
-
-    while events:
-        t, ep, name = heapq.heappop(events)
-        if t > horizon:
-            break
-        accrue(t)
-        job = state.jobs[name]
-        if ep == 0:
-            job.state = JobState.PENDING
-        elif ep == epoch.get(name) and name in running:
-            state.release(job, job.placements)
-            job.placements, job.state = [], JobState.DONE
-            running.discard(name)
-        else:
-            continue
-        suspended_now: set[str] = set()  # a job suspended and resumed in one pass was moved
-        for d in scheduler.schedule(state, now):
-            j = state.jobs[d.job]
-            if d.kind in (DecisionKind.BIND, DecisionKind.RESUME):
-                if d.kind == DecisionKind.BIND:
-                    served["inference" if j.kind == WorkloadKind.INFERENCE else "training"] += 1
-                epoch[j.name] = epoch.get(j.name, 0) + 1
-                running.add(j.name)
-                ran_from[j.name] = now + (spec.restore_seconds if d.kind == DecisionKind.RESUME else 0.0)
-                heapq.heappush(events, (ran_from[j.name] + max((j.duration or 0.0) - j.progress, 1.0), epoch[j.name],
-                                        j.name))
-                moves += j.name in suspended_now
-            else:  # suspended (checkpointed: keeps its progress) or preempted
-                running.discard(j.name)
-                epoch[j.name] = epoch.get(j.name, 0) + 1
-                if d.kind == DecisionKind.SUSPEND:
-                    suspends += 1
-                    suspended_now.add(j.name)
-                computed = max(0.0, now - ran_from.pop(j.name, now))
-                j.progress += computed if d.kind == DecisionKind.SUSPEND else -j.progress
-    accrue(horizon)
+    metrics = _MixedMetrics(spec, {j.name: mig_share(j.mig_profile, j.gpu_model) for j in template if j.mig_profile})
+    Replay(state, scheduler, jobs, JobModel(resume_overhead_seconds=spec.restore_seconds), metrics,
+           horizon_seconds=spec.hours * 3600).run()
     failures: dict[str, int] = {}
     for j in state.jobs.values():
         if j.state in WAITING and j.wait_reason:
             reason = j.wait_reason.split(";")[0].split(":")[0]
             failures[reason] = failures.get(reason, 0) + 1
     gpus = sum(n.gpu_count for n in nodes)
-    window = horizon - start
+    window = metrics.horizon - metrics.start
     return {
         "policy": policy, "gpus": gpus, "hours": spec.hours, "measured_hours": window / 3600,
-        "allocation": alloc_integral / (window * gpus),
-        "useful_utilisation": useful_integral / (window * gpus),
-        "inference_served": served["inference"], "training_started": served["training"],
-        "suspends": suspends, "moves": moves,
-        "training_gpu_hours_per_hour": training_done / window,
+        "allocation": metrics.held / (window * gpus),
+        "useful_utilisation": metrics.useful / (window * gpus),
+        "inference_served": metrics.served["inference"], "training_started": metrics.served["training"],
+        "suspends": metrics.suspends, "moves": metrics.moves,
+        "training_gpu_hours_per_hour": metrics.training / window,
         "waiting_at_end": sum(1 for j in state.jobs.values() if j.state in WAITING),
         "wait_reasons": failures, "seconds": time.perf_counter() - started,
     }
-
-
-_FIELDS = ("name", "team", "priority", "pods", "gpus_per_pod", "milli", "mig_profile", "gpu_model", "cpu_milli",
-           "mem_bytes", "kind", "checkpointable", "submitted", "duration", "flavour")

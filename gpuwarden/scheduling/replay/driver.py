@@ -1,0 +1,153 @@
+"""The one replay event loop: jobs arrive, run, finish, are suspended or killed, and the production
+scheduler makes every decision.
+
+A step goes to the next event (an arrival, a completion, or a tick), accrues what happened since
+the last one (the metrics hook first, then each running job's progress and attained service),
+submits the arrivals, finishes the completions, and runs one scheduling pass if anything changed.
+Ticks (``tick_seconds``) exist for LAS policies: attained service grows while jobs run, so their
+queue order changes with no event; a tick runs a pass when a LAS policy has jobs waiting.
+
+The replay ends when nothing runs and nothing is left to arrive (what still waits can never start:
+nothing will free room for it), or at ``horizon_seconds`` (accrued up to it). Finished jobs leave
+the scheduler's state: every pass scans the jobs it holds.
+
+The job model (what a restart costs, what a kill loses) is :class:`.jobs.JobModel`; what a replay
+measures is a :class:`ReplayMetrics` hook.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+
+from ..policy import QueueOrder
+from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
+from ..state import Job, JobState, State
+from .jobs import JobModel
+
+MAX_REPLAY_SECONDS = 400 * 86400.0  # a replay that has not ended by then never will
+
+
+class ReplayMetrics:
+    """What a replay measures, told as it happens. Every method is optional (no-op here)."""
+
+    def accrue(self, replay: Replay, start: float, end: float) -> None:
+        """``[start, end)`` passed with ``replay.running`` and ``replay.waiting`` as they are."""
+
+    def started(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        """``job`` was bound or resumed at ``replay.now``."""
+
+    def stopped(self, replay: Replay, job: Job, kind: DecisionKind) -> None:
+        """``job`` was suspended or killed at ``replay.now`` (a kill has already lost its work)."""
+
+    def finished(self, replay: Replay, job: Job) -> None:
+        """``job`` completed at ``replay.now``."""
+
+
+class Replay:
+    """Drives ``scheduler`` over ``state`` through ``jobs`` (fresh copies: the replay changes them)."""
+
+    def __init__(self, state: State, scheduler: Scheduler, jobs: Iterable[Job], model: JobModel | None = None,
+                 metrics: ReplayMetrics | None = None, tick_seconds: float | None = None,
+                 horizon_seconds: float = MAX_REPLAY_SECONDS) -> None:
+        if tick_seconds is not None and not tick_seconds > 0:
+            raise ValueError(f"tick_seconds {tick_seconds!r} must be > 0 (or None: no ticks)")
+        self.state, self.scheduler, self.model = state, scheduler, model or JobModel()
+        self.metrics = metrics or ReplayMetrics()
+        self.tick_seconds, self.horizon_seconds = tick_seconds, horizon_seconds
+        self.arrivals = sorted(jobs, key=lambda j: (j.submitted, j.name))
+        self.now = 0.0
+        self.running: dict[str, Job] = {}
+        self.waiting: dict[str, Job] = {}
+        self.runs: dict[str, list[tuple[float, float]]] = {j.name: [] for j in self.arrivals}  # [start, end) held
+        self.computes_from: dict[str, float] = {}  # a running job computes from here (after its resume overhead)
+        self._progress_at_start: dict[str, float] = {}
+        self._opened: dict[str, float] = {}
+        self._completions: list[tuple[float, int, str]] = []  # (time, epoch, job); stale when the epoch moved on
+        self._epoch: dict[str, int] = {}
+
+    def run(self) -> Replay:
+        next_arrival = 0
+        rerank = self.tick_seconds is not None and self.scheduler.policy.order == QueueOrder.LAS
+        next_tick = self.now + self.tick_seconds if self.tick_seconds is not None else math.inf
+        while True:
+            self._drop_stale()
+            if not self.running and next_arrival >= len(self.arrivals):
+                break
+            to = min(next_tick, self._completions[0][0] if self._completions else math.inf,
+                     self.arrivals[next_arrival].submitted if next_arrival < len(self.arrivals) else math.inf)
+            if to > self.horizon_seconds:
+                self._advance(self.horizon_seconds)
+                break
+            self._advance(to)
+            changed = False
+            while next_arrival < len(self.arrivals) and self.arrivals[next_arrival].submitted <= self.now:
+                job = self.arrivals[next_arrival]
+                job.state = JobState.PENDING
+                self.state.add_job(job)
+                self.waiting[job.name] = job
+                next_arrival += 1
+                changed = True
+            while self._completions and self._completions[0][0] <= self.now:
+                _, epoch, name = heapq.heappop(self._completions)
+                if epoch == self._epoch[name] and name in self.running:
+                    self._finish(self.running.pop(name))
+                    changed = True
+            if self.now >= next_tick:
+                next_tick = self.now + (self.tick_seconds or math.inf)
+                changed = changed or (rerank and bool(self.waiting))
+            if changed:
+                self._apply(self.scheduler.schedule(self.state, self.now))
+        return self
+
+    def computing_seconds(self, name: str, start: float, end: float) -> float:
+        """Seconds of ``[start, end)`` running job ``name`` computed (not paying its resume overhead)."""
+        return max(0.0, end - max(start, self.computes_from[name]))
+
+    def _drop_stale(self) -> None:
+        heap = self._completions
+        while heap and (heap[0][2] not in self.running or heap[0][1] != self._epoch[heap[0][2]]):
+            heapq.heappop(heap)
+
+    def _advance(self, to: float) -> None:
+        if to <= self.now:
+            return
+        self.metrics.accrue(self, self.now, to)
+        now, seconds, computes_from = self.now, to - self.now, self.computes_from
+        for name, job in self.running.items():  # computing_seconds, inlined: this loop is the replay's hottest
+            since = computes_from[name]
+            job.progress += seconds if since <= now else max(0.0, to - since)
+            job.attained += seconds * job.gpu_equivalents  # held GPUs are service received
+        self.now = to
+
+    def _finish(self, job: Job) -> None:
+        self.state.release(job, job.placements)
+        job.placements, job.state, job.finished = [], JobState.DONE, self.now
+        del self.state.jobs[job.name]
+        self.runs[job.name].append((self._opened.pop(job.name), self.now))
+        self.metrics.finished(self, job)
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        now = self.now
+        for decision in decisions:
+            job = self.state.jobs[decision.job]
+            name = job.name
+            self._epoch[name] = self._epoch.get(name, 0) + 1
+            if decision.kind in STARTS:
+                overhead = self.model.resume_overhead_seconds if decision.kind == DecisionKind.RESUME else 0.0
+                self.computes_from[name] = now + overhead
+                self._progress_at_start[name] = job.progress
+                self._opened[name] = now
+                remaining = max((job.duration or 0.0) - job.progress, 0.0)
+                heapq.heappush(self._completions, (now + overhead + remaining, self._epoch[name], name))
+                self.running[name] = job
+                self.waiting.pop(name, None)
+                self.metrics.started(self, job, decision.kind)
+            else:
+                if decision.kind == DecisionKind.PREEMPT:
+                    job.progress = self.model.progress_after_kill(job, self._progress_at_start[name])
+                del self.running[name]
+                self.waiting[name] = job
+                self.runs[name].append((self._opened.pop(name), now))
+                self.metrics.stopped(self, job, decision.kind)
