@@ -124,8 +124,8 @@ class Scheduler:
                 if verdict == Admission.NO:
                     job.wait_reason = reason
                     continue
-            shape = (job.pods, job.gpus_per_pod, job.gpu_model, job.pools, job.kind, job.checkpointable,
-                     job.cpu_milli, job.mem_bytes)
+            shape = (job.pods, job.gpus_per_pod, job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, job.kind,
+                     job.checkpointable, job.cpu_milli, job.mem_bytes)
             if whole and not may_preempt and shape in failed_shapes:
                 job.wait_reason = failed_shapes[shape]
                 blocked_head = True
