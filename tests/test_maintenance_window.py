@@ -14,7 +14,8 @@ from gpuwarden.actuator.maintenance import DISRUPTIVE, MaintenanceWindow
 from gpuwarden.cli import main
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
-from gpuwarden.sim import SimConfig, Simulation
+from gpuwarden.cli.simfleet import simulated_fleet
+from gpuwarden.sim import SimConfig
 from gpuwarden.sim.cluster import SimCluster
 
 MONDAY_NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -66,7 +67,7 @@ def test_the_actuator_flag_refuses_a_bad_window_in_one_line(capsys: pytest.Captu
 
 @pytest.fixture
 def cluster(data_dir):
-    return SimCluster(Simulation(SimConfig(nodes=8, warmup_days=0.05, fault_rate_scale=0.0, data_dir=data_dir)))
+    return SimCluster(simulated_fleet(SimConfig(nodes=8, warmup_days=0.05, fault_rate_scale=0.0, data_dir=data_dir)))
 
 
 def lost_gpu(node: str) -> Finding:
