@@ -16,6 +16,7 @@ from test_dashboard_browser import require, screenshots
 from gpuwarden.analytics import build_ledger, idle_report
 from gpuwarden.cli.demo_live import PodOwners
 from gpuwarden.exporter import ExporterService
+from gpuwarden.fleet.clock import ModelClock
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.sim import SimConfig
 from gpuwarden.sim.backend import SimGpuBackend
@@ -29,7 +30,7 @@ def test_scraped_rows_of_gpus_without_a_pod_are_attributed(tmp_path):
     config = SimConfig(seed=11, nodes=4, warmup_days=0.2, data_dir=screenshots.DATA_DIR)
     simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
-    store = LocalStore(tmp_path, clock=lambda: simulation.now)
+    store = LocalStore(tmp_path, clock=ModelClock(lambda: simulation.now))
     exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=3600.0, host="127.0.0.1", port=0)
     exporter.start()
     try:

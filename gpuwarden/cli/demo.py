@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.errors import UserError
-from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
 
 from .args import host_port, number, plain, port
 from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs
@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace, config, clock: Clock) -> int:
     simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
     reset_store(args.store)
-    store = LocalStore(args.store, clock=lambda: simulation.now)  # the demo's clock is simulated
+    store = LocalStore(args.store, clock=ModelClock(lambda: simulation.now))  # the demo's clock is simulated
     host, exporter_port = args.exporter_listen
     exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval),
                                host=host, port=exporter_port, clock=clock)

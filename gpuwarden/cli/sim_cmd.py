@@ -61,7 +61,9 @@ def run_generate(args: argparse.Namespace) -> int:
     steps = int(round(args.days * 86400 / config.step_seconds))
     rows = 0
     if args.store:
-        store = LocalStore(args.store, clock=lambda: simulation.now)  # simulated samples, simulated clock
+        from gpuwarden.fleet.clock import ModelClock
+
+        store = LocalStore(args.store, clock=ModelClock(lambda: simulation.now))  # simulated samples, simulated clock
         for frame in simulation.iter_chunks(steps):
             rows += store.append(frame)
         adopt_store(args.store)

@@ -17,6 +17,7 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
@@ -65,6 +66,26 @@ class SystemClock:
 
 
 SYSTEM_CLOCK: Clock = SystemClock()
+
+
+class ModelClock:
+    """The time a stepped model keeps (the simulated fleet's ``now``), as a ``Clock``: rooms that
+    stamp or validate samples read it like any other clock; waits take real time."""
+
+    def __init__(self, read_now: Callable[[], datetime]) -> None:
+        self._read_now = read_now
+
+    def now(self) -> datetime:
+        return self._read_now()
+
+    def time(self) -> float:
+        return self.now().timestamp()
+
+    def monotonic(self) -> float:
+        return self.time()
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        return event.wait(seconds)
 
 
 class FakeClock:

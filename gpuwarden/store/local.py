@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.semantics import to_utc_or_none as _utc
 
 from .journal import Journal, crash_point
@@ -97,11 +98,11 @@ class CheckResult:
 class LocalStore:
     """Append and range-read fleet samples under one directory.
 
-    ``clock`` gives "now" for validation (a future-dated row is rejected); the demo passes its
-    simulated clock, everything else the wall clock.
+    ``clock`` gives "now" for validation (a future-dated row is rejected); the demo passes the
+    simulated fleet's clock (``fleet.clock.ModelClock``), everything else the system clock.
     """
 
-    def __init__(self, root: str | Path, clock: Callable[[], datetime | pd.Timestamp] | None = None) -> None:
+    def __init__(self, root: str | Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.root = Path(root)
         self.journal = Journal(self.root)
         self.samples_dir = self.journal.samples_dir
@@ -145,7 +146,7 @@ class LocalStore:
         return len(fresh)
 
     def _now(self) -> pd.Timestamp:
-        return _utc(self.clock()) if self.clock is not None else pd.Timestamp.now(tz="UTC")
+        return _utc(self.clock.now())
 
     def _stage(self, day: str, part: pd.DataFrame | pa.Table, op_id: str) -> tuple[Path, Path]:
         """Write one day's rows under a temporary dot-name; return (temporary, final) paths."""
