@@ -35,7 +35,8 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.protocols import EventSink
 
 from . import approvals
-from .audit import AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, finding_record, new_id
+from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, breaker_open_in,
+                    finding_record, new_id)
 from .limits import Budget, SafetyLimits, applied_since, parse_at
 from .maintenance import MaintenanceWindow
 from .plan import Plan, PlannedAction
@@ -101,13 +102,7 @@ class Actuator:
 
     @property
     def breaker_open(self) -> bool:
-        state = False
-        for record in self.audit.records():
-            if record.get("outcome") == Outcome.BREAKER_OPEN.value:
-                state = True
-            elif record.get("outcome") == Outcome.BREAKER_RESET.value:
-                state = False
-        return state
+        return breaker_open_in(self.audit.records())
 
     @property
     def awaiting(self) -> dict[str, approvals.PendingApproval]:

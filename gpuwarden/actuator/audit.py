@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from gpuwarden.fleet import Action, Finding
 
@@ -47,6 +47,17 @@ class Outcome(str, enum.Enum):
     BREAKER_OPEN = "breaker-open"
     BREAKER_RESET = "breaker-reset"
     UNDONE = "undone"  # a person took an applied action back; ``undo_of`` names it
+
+
+def breaker_open_in(records: Iterable[Mapping[str, Any]]) -> bool:
+    """The circuit breaker's state the log leaves: open after its last open entry, until a reset."""
+    state = False
+    for record in records:
+        if record.get("outcome") == Outcome.BREAKER_OPEN.value:
+            state = True
+        elif record.get("outcome") == Outcome.BREAKER_RESET.value:
+            state = False
+    return state
 
 
 def finding_record(finding: Finding) -> Record:

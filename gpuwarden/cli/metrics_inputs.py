@@ -5,12 +5,11 @@ changed) and the queue from the scheduling planner run on a cluster snapshot."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
 from gpuwarden.actuator import approvals
-from gpuwarden.actuator.audit import AuditLog, Outcome, Record
+from gpuwarden.actuator.audit import AuditLog, Record, breaker_open_in
 from gpuwarden.analytics.metrics_snapshot import ActuatorFigures, QueueFigure
 from gpuwarden.fleet.protocols import ClusterSnapshot
 from gpuwarden.fleet.semantics import to_utc
@@ -23,24 +22,13 @@ def _seconds(text: object) -> float | None:
         return None
 
 
-def breaker_open(records: Iterable[Record]) -> bool:
-    """The breaker's state after the log's last open or reset entry (as the actuator folds it)."""
-    state = False
-    for record in records:
-        if record.get("outcome") == Outcome.BREAKER_OPEN.value:
-            state = True
-        elif record.get("outcome") == Outcome.BREAKER_RESET.value:
-            state = False
-    return state
-
-
 def actuator_figures(records: list[Record], now_seconds: float) -> ActuatorFigures:
     waiting = approvals.pending_from(records)
     planned = [s for s in (_seconds(p.planned_at) for p in waiting) if s is not None]
     outcomes = Counter((str(r.get("outcome", "")), str(r.get("kind") or "none")) for r in records if r.get("outcome"))
     stamps = [s for s in (_seconds(r.get("at")) for r in records) if s is not None]
     return ActuatorFigures(
-        breaker_open=breaker_open(records), pending_approvals=len(waiting),
+        breaker_open=breaker_open_in(records), pending_approvals=len(waiting),
         oldest_pending_age_seconds=max(0.0, now_seconds - min(planned)) if planned else 0.0,
         actions_by_outcome=dict(outcomes), newest_entry_timestamp_seconds=max(stamps) if stamps else None)
 
