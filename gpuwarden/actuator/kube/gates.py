@@ -1,0 +1,43 @@
+"""The names gpuwarden's admission uses on Kubernetes objects: one place, shared by the webhook,
+the snapshot reader, the scheduler loop, the portal and the chart's docs.
+
+Admission by scheduling gate (Pod Scheduling Readiness, GA in Kubernetes 1.30): a pod in a
+namespace labelled ``gpuwarden.io/queue=<team or queue>`` is created with the scheduling gate
+``gpuwarden.io/admission`` (added by gpuwarden's mutating webhook, or written by the user). While a
+pod is gated kube-scheduler ignores it; gpuwarden's scheduler decides when and where it runs, adds
+a required node affinity to the planned node (a gated pod's node affinity may only be tightened)
+and removes the gate (gates may only be removed), in one PATCH per pod. kube-scheduler then binds
+it and enforces everything else. Kueue-managed pods are Kueue's (it has its own gate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+ADMISSION_GATE = "gpuwarden.io/admission"
+QUEUE_LABEL = "gpuwarden.io/queue"  # on a namespace: its pods queue in gpuwarden; the value names the team
+GANG_LABEL = "gpuwarden.io/gang"  # on pods: the gang (workload) they belong to when no owner names one
+GANG_SIZE_LABEL = "gpuwarden.io/gang-size"  # on pods of a gang: how many pods it has in all
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# Annotations gpuwarden writes (on each pod of a workload; on the Job where there is one)
+ADMITTED_NODE_ANNOTATION = "gpuwarden.io/admitted-node"  # the node the scheduler admitted the pod to
+ADMITTED_AT_ANNOTATION = "gpuwarden.io/admitted-at"  # when (ISO-8601 UTC)
+QUEUE_POSITION_ANNOTATION = "gpuwarden.io/queue-position"
+QUEUE_REASON_ANNOTATION = "gpuwarden.io/queue-reason"
+ESTIMATED_START_ANNOTATION = "gpuwarden.io/estimated-start"  # ISO-8601 UTC, absent when unknown
+SUSPENDED_BY_ANNOTATION = "gpuwarden.io/suspended-by"  # "scheduler" or "idle-reclaim": who may resume it
+RESUME_REQUESTED_ANNOTATION = "gpuwarden.io/resume-requested"  # the owner's notice: resume what idle reclaim held
+REQUESTED_BY_ANNOTATION = "gpuwarden.io/requested-by"  # the portal user who submitted the Job
+PRIORITY_CLASS_ANNOTATION = "gpuwarden.io/priority-class"  # a team lead's override of the queue priority class
+
+
+def scheduling_gates(pod: Mapping[str, Any]) -> list[str]:
+    """The names of the pod's scheduling gates, in order."""
+    return [str(g.get("name")) for g in ((pod.get("spec") or {}).get("schedulingGates") or ()) if isinstance(g, Mapping)]
+
+
+def gated_by_gpuwarden(pod: Mapping[str, Any]) -> bool:
+    return ADMISSION_GATE in scheduling_gates(pod)
