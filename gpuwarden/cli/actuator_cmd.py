@@ -28,6 +28,7 @@ from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.actuator.maintenance import MaintenanceWindow
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.errors import UserError
 
 if TYPE_CHECKING:
     from gpuwarden.actuator.kube import KubeCluster
@@ -39,7 +40,7 @@ DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
 log = logging.getLogger("gpuwarden.actuator")
 
 
-def _cluster_options(parser: argparse.ArgumentParser) -> None:
+def cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Kubernetes")
     where = group.add_mutually_exclusive_group()
     where.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
@@ -56,7 +57,7 @@ def _audit_option(parser: argparse.ArgumentParser) -> None:
 
 def _round_options(parser: argparse.ArgumentParser) -> None:
     add_source_options(parser, since_default="1h")
-    _cluster_options(parser)
+    cluster_options(parser)
     _audit_option(parser)
     parser.add_argument("--mode", choices=[m.value for m in Mode], default="observe", help="default observe")
     parser.add_argument("--max-actions-per-hour", type=non_negative_int, default=10, help="default 10")
@@ -68,7 +69,7 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-grace", type=positive_float, default=3600.0,
                         help="seconds after the notice before the GPU is taken back (default 3600)")
     parser.add_argument("--scheduling", default="none",
-                        help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
+                        help="removed: scheduling runs in its own loop, 'gpuwarden scheduler run' (default none)")
     parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
     parser.add_argument("--maintenance-window", type=_window, metavar="'DAYS HH:MM-HH:MM'",
                         help="apply cordon, taint, drain, evict, suspend and preempt only inside this UTC window, "
@@ -122,7 +123,7 @@ def add_parser(subparsers) -> None:
     undo = commands.add_parser("undo", help="apply the inverse of an applied action (uncordon, untaint, resume)")
     undo.add_argument("id", help="entry id of an applied action (gpuwarden actuator list)")
     undo.add_argument("--by", required=True, help="your name, kept in the audit log")
-    _cluster_options(undo)
+    cluster_options(undo)
     _audit_option(undo)
     undo.set_defaults(run=run_undo)
 
@@ -139,7 +140,7 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _kube(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
+def kube_cluster(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
     # Imported here: the kubernetes client takes a second to import, and other commands never need it.
     from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 
@@ -167,16 +168,27 @@ def _finder(args: argparse.Namespace):
     return find
 
 
+class SchedulingMoved(UserError, ValueError):
+    """``--scheduling`` names a policy: scheduling has its own loop now."""
+
+
+def _no_scheduling(args: argparse.Namespace) -> None:
+    if args.scheduling != "none":
+        raise SchedulingMoved(f"--scheduling {args.scheduling}: the actuator no longer schedules; run "
+                              f"'gpuwarden scheduler run --policy {args.scheduling}' (its own loop: admission, "
+                              "preemption, resume and the live queue)")
+
+
 def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 60.0) -> Reconciler:
-    scheduling = None if args.scheduling == "none" else args.scheduling
-    return Reconciler(actuator, _finder(args), _policy(args), interval, scheduling=scheduling, on_round=_summary)
+    _no_scheduling(args)
+    return Reconciler(actuator, _finder(args), _policy(args), interval, on_round=_summary)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from gpuwarden.actuator.kube import KubeFailure
 
     try:
-        cluster = _kube(args)
+        cluster = kube_cluster(args)
         audit = AuditLog()  # a dry round records nothing; it counts what the real log holds
         if args.audit.exists():
             for record in AuditLog.read(args.audit):
@@ -208,7 +220,8 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     from gpuwarden.fleet.triggers import every
 
     try:
-        cluster = _kube(args, clock)
+        _no_scheduling(args)
+        cluster = kube_cluster(args, clock)
     except ValueError as error:
         return _fail(str(error))
     runner = Runner(clock, name="gpuwarden-actuator")
@@ -291,7 +304,7 @@ def run_undo(args: argparse.Namespace) -> int:
     if not args.audit.exists():
         return _fail(f"{args.audit}: no audit log")
     try:
-        actuator = Actuator(_kube(args), Mode.AUTO, audit=AuditLog(args.audit))
+        actuator = Actuator(kube_cluster(args), Mode.AUTO, audit=AuditLog(args.audit))
         entry = actuator.undo(args.id, by=args.by)
     except ValueError as error:
         return _fail(str(error))

@@ -1,0 +1,88 @@
+"""Queue visibility on the cluster itself: what each waiting workload's owner sees with kubectl.
+
+Where the cluster can (``record_workload_event(target, reason, message, type)`` and
+``annotate_workload(target, {key: value or None})``, duck-typed: ``KubeCluster`` has both, the
+simulated cluster neither), after each round:
+
+- each waiting workload carries annotations with its queue position, reason and estimated start,
+  written only when one of them changed (what the snapshot read back is compared, so a restart
+  writes nothing new) and removed once it is admitted;
+- an Event ``Queued`` when its reason changes (not every round);
+- a workload the round held as bad input gets one Warning Event ``NotAdmitted`` naming why;
+- a pod admitted but left Pending by kube-scheduler (``cluster.inventory.unschedulable``: {workload
+  key: kube-scheduler's message}) gets one Warning Event ``AdmittedButUnschedulable`` with
+  kube-scheduler's reason; its capacity is already released by the snapshot.
+A failed publication is logged and never fails the round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwarden.fleet import ActionKind, ActionResult, ClusterSnapshot
+
+from .kube.gates import ESTIMATED_START_ANNOTATION, QUEUE_POSITION_ANNOTATION, QUEUE_REASON_ANNOTATION
+
+log = logging.getLogger("gpuwarden.scheduler")
+QUEUE_ANNOTATIONS = (QUEUE_POSITION_ANNOTATION, QUEUE_REASON_ANNOTATION, ESTIMATED_START_ANNOTATION)
+
+
+class Publisher:
+    def __init__(self, cluster: object) -> None:
+        self.event = getattr(cluster, "record_workload_event", None)
+        self.annotate = getattr(cluster, "annotate_workload", None)
+        self.cluster = cluster
+        self.told: dict[str, str] = {}  # the reason each workload was last told of
+
+    @property
+    def can_publish(self) -> bool:
+        return self.event is not None or self.annotate is not None
+
+    def publish(self, snapshot: ClusterSnapshot, queue: Mapping[str, Any], held: Mapping[str, str],
+                results: tuple[ActionResult, ...]) -> None:
+        current = {ws.workload.key: ws.annotations for ws in snapshot.workloads}
+        waiting = set()
+        for row in queue.get("workloads", ()):
+            key = row["workload"]
+            waiting.add(key)
+            wanted = {QUEUE_POSITION_ANNOTATION: str(row["position"]), QUEUE_REASON_ANNOTATION: row["reason"],
+                      ESTIMATED_START_ANNOTATION: row["estimated_start"]}
+            have = current.get(key, {})
+            if any(have.get(k) != v for k, v in wanted.items()):
+                self._annotate(key, wanted)
+            if key in held:
+                self._tell(key, "NotAdmitted", held[key], f"not admitted: {held[key]}", "Warning")
+            else:
+                self._tell(key, "Queued", row["reason"], f"position {row['position']} in the queue: {row['reason']}")
+        for result in results:  # admitted: the queue annotations no longer apply
+            key = result.action.target
+            if result.ok and result.action.kind in (ActionKind.BIND, ActionKind.RESUME) and key not in waiting \
+                    and any(k in current.get(key, {}) for k in QUEUE_ANNOTATIONS):
+                self._annotate(key, dict.fromkeys(QUEUE_ANNOTATIONS))
+                self.told.pop(key, None)
+        unschedulable = getattr(getattr(self.cluster, "inventory", None), "unschedulable", None)
+        stuck = {str(k): str(v) for k, v in unschedulable.items()} if isinstance(unschedulable, Mapping) else {}
+        for key, message in stuck.items():
+            self._tell(key, "AdmittedButUnschedulable", message, f"admitted, but kube-scheduler left it Pending: "
+                       f"{message}; its GPUs were released to the queue", "Warning")
+        self.told = {k: v for k, v in self.told.items() if k in current or k in held or k in stuck}
+
+    def _tell(self, key: str, reason: str, why: str, message: str, kind: str = "Normal") -> None:
+        """An Event, once per workload and ``why`` (a new reason is told again, the same one never)."""
+        if self.event is None or self.told.get(key) == why:
+            return
+        self.told[key] = why
+        try:
+            self.event(key, reason, message, type=kind)
+        except Exception as error:  # noqa: BLE001 (publication never fails the round)
+            log.warning("scheduler: Event %s on %s failed: %s", reason, key, error)
+
+    def _annotate(self, key: str, values: Mapping[str, str | None]) -> None:
+        if self.annotate is None:
+            return
+        try:
+            self.annotate(key, dict(values))
+        except Exception as error:  # noqa: BLE001 (publication never fails the round)
+            log.warning("scheduler: annotating %s failed: %s", key, error)
