@@ -210,3 +210,40 @@ def test_the_demo_serves_its_live_queue_and_takes_submissions(tmp_path, data_dir
         process.terminate()
         process.wait(timeout=60)
     assert "== gpuwarden demo summary ==" in "".join(lines)
+
+
+# -- the queue depth, read back from a real Prometheus ------------------------------------------------
+
+
+def test_prometheus_scrapes_the_scheduler_and_the_queue_depth_is_read_back(served, tmp_path):
+    """The fleet summary's queue depth: a real Prometheus scrapes the scheduler's /metrics; the
+    efficiency report's pending-GPU history is read back from it (None from a source without it)."""
+    import pandas as pd
+    import yaml
+    from servers import ServerProcess, binary
+
+    from gpuwarden.actuator.scheduler_metrics import pending_gpus_history
+    from gpuwarden.store.prometheus import PrometheusSource
+
+    server, scheduling, _ = served
+    scheduling.run_round()  # beta waits with 10 GPUs
+    with __import__("socket").socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    target = server.url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [
+        {"job_name": "scheduler", "static_configs": [{"targets": [target]}]}]}))
+    prometheus = ServerProcess([binary("prometheus", "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                                f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                                "--log.level=warn"], tmp_path / "prometheus.log", f"http://127.0.0.1:{port}/-/ready")
+    try:
+        wait_for(prometheus.ready, 30, "Prometheus ready")
+        source = PrometheusSource(f"http://127.0.0.1:{port}")
+        start = pd.Timestamp.now(tz="UTC") - pd.Timedelta(minutes=5)
+        (history,) = wait_for(lambda: [h for h in [pending_gpus_history(source, start, pd.Timestamp.now(tz="UTC"),
+                                                                       step_seconds=1.0)] if h is not None], 30,
+                              "the pending GPUs scraped")
+    finally:
+        prometheus.stop()
+    assert list(history.columns) == ["timestamp", "gpus"] and set(history["gpus"]) == {10.0}
+    assert pending_gpus_history(object(), start, start) is None  # not Prometheus: unknown, not 0

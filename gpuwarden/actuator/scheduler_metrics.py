@@ -11,11 +11,15 @@ fresh in each test):
   ``defragment``: moved to gather free GPUs);
 - ``gpuwarden_scheduler_round_seconds``: histogram of a round's wall time (snapshot to publication);
 - ``gpuwarden_scheduler_last_round_timestamp_seconds``: when the latest round ended (Unix seconds).
+
+:func:`pending_gpus_history` reads the waiting GPUs back from Prometheus: the queue depth of the
+efficiency report's fleet summary (null where no scheduler exported it).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -23,6 +27,9 @@ from gpuwarden.fleet import ActionKind
 from gpuwarden.scheduling.live_queue import pending_by_team
 
 from .scheduling_round import STARTS, STOPS, RoundOutcome
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WAIT_BUCKETS_SECONDS = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 ROUND_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -72,3 +79,27 @@ class SchedulerMetrics:
                 self.preemptions.labels(team=team, reason=reason).inc()
         self.round_seconds.observe(outcome.seconds)
         self.last_round.set(time.time())
+
+
+PENDING_GPUS_QUERY = "sum(gpuwarden_queue_pending_gpus)"
+MAX_HISTORY_POINTS = 10000
+
+
+def pending_gpus_history(source: object, start: pd.Timestamp, end: pd.Timestamp,
+                         step_seconds: float = 60.0) -> pd.DataFrame | None:
+    """The queue's waiting GPUs over [start, end) as the scheduler exported them
+    (``timestamp``, ``gpus``: what ``efficiency_report(pending=...)`` reads), from a Prometheus
+    source; None where the source is not Prometheus or no scheduler exported the series (queue
+    depth unknown, never 0)."""
+    import pandas as pd
+
+    matrix = getattr(source, "matrix", None)
+    if matrix is None:
+        return None
+    first, last = start.timestamp(), end.timestamp()
+    step = max(step_seconds, (last - first) / MAX_HISTORY_POINTS)
+    values = [pair for series in matrix(PENDING_GPUS_QUERY, first, last, step) for pair in series.get("values", [])]
+    if not values:
+        return None
+    return pd.DataFrame({"timestamp": pd.to_datetime([float(t) for t, _ in values], unit="s", utc=True),
+                         "gpus": [float(v) for _, v in values]})
