@@ -120,6 +120,7 @@ def test_a_hoarding_finding_in_an_opted_in_namespace_notifies_then_suspends_and_
     suspended = [r for r in audit_of(tmp_path) if r["kind"] == "suspend"][0]
     assert suspended["findings"][0]["kind"] == "hoarded" and suspended["findings"][0]["evidence"]["pod"] == "sweep-0"
     assert suspended["params"]["grace_seconds"] == policy.suspend_grace_seconds
+    assert suspended["params"]["by"] == "idle-reclaim"  # the scheduler resumes it only once its owner asks
 
     actuator.undo(suspended["entry_id"], by="bob")
     assert api.get(BATCH, "jobs", "sweep", "research")["spec"]["suspend"] is False

@@ -247,3 +247,34 @@ def test_prometheus_scrapes_the_scheduler_and_the_queue_depth_is_read_back(serve
         prometheus.stop()
     assert list(history.columns) == ["timestamp", "gpus"] and set(history["gpus"]) == {10.0}
     assert pending_gpus_history(object(), start, start) is None  # not Prometheus: unknown, not 0
+
+
+# -- the commands on a cluster (the fake API server speaking the real REST protocol) ------------------
+
+
+def test_scheduler_run_schedules_a_cluster_as_leader(tmp_path, capsys):
+    from fake_kube_api import BATCH, COORDINATION, FakeKubeAPI
+    from kube_fleet import job, namespace
+    from kube_fleet import node as kube_node
+
+    api = FakeKubeAPI().start()
+    try:
+        kube_node(api, "a", gpus=8)
+        namespace(api, "ml", {"gpuwarden.io/team": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
+        job(api, "ml", "mine", gpus=4, suspend=True, annotations={"gpuwarden.io/suspended-by": "scheduler"})
+        job(api, "ml", "theirs", gpus=4, suspend=True)
+        assert main(["scheduler", "run", "--rounds", "1", "--interval-seconds", "0.1", "--port", "0",
+                     "--no-attained-service", "--leader-elect", "--identity", "replica-a",
+                     "--kubeconfig", api.kubeconfig(tmp_path / "kc.json")]) == 0
+        assert api.get(COORDINATION, "leases", "gpuwarden-scheduler", "gpuwarden")["spec"]["holderIdentity"] == "replica-a"
+        assert api.get(BATCH, "jobs", "mine", "ml")["spec"]["suspend"] is False
+        assert api.get(BATCH, "jobs", "theirs", "ml")["spec"]["suspend"] is True  # a user's suspend stays
+    finally:
+        api.stop()
+    assert "scheduler: policy gpuwarden every 0.1 s; queue http://127.0.0.1:" in capsys.readouterr().out
+
+
+def test_the_actuator_no_longer_schedules_and_says_where_scheduling_went(capsys):
+    assert main(["actuator", "run", "--scheduling", "gpuwarden", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--scheduling gpuwarden: the actuator no longer schedules; run 'gpuwarden scheduler run" in err

@@ -31,7 +31,10 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.errors import UserError
 
 if TYPE_CHECKING:
-    from gpuwarden.actuator.kube import KubeCluster
+    from collections.abc import Callable
+
+    from gpuwarden.actuator.kube import KubeCluster, LeaderElector
+    from gpuwarden.fleet.runner import Runner
 
 from .args import host_port, non_negative_int, positive_float, positive_int, ratio
 from .sources import add_source_options, open_window
@@ -215,9 +218,7 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     """The actuator process: one runner (on ``clock``) owns its jobs, the reconcile round every
     --interval (the first at once) and, with --leader-elect, the Lease renewal every third of its
     duration; --rounds stops it after that many rounds."""
-    from gpuwarden.actuator.kube import LeaderElector
     from gpuwarden.fleet.runner import Runner
-    from gpuwarden.fleet.triggers import every
 
     try:
         _no_scheduling(args)
@@ -225,33 +226,53 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     except ValueError as error:
         return _fail(str(error))
     runner = Runner(clock, name="gpuwarden-actuator")
-    elector = None
-    if args.leader_elect:
-        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
-        elector.try_acquire_or_renew()  # before the first round, which acts only as the leader
-        runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
+    elector = leader_elector(args, cluster, runner, clock)
     if args.metrics_listen:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
     actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock)
     reconciler = _reconciler(args, actuator, args.interval)
-    stop = threading.Event()
-    rounds = [0]
-
-    def round_job() -> None:
-        try:
-            reconciler.run_round()  # a failed round is logged; the next one tries again
-        finally:
-            rounds[0] += 1
-            if args.rounds and rounds[0] >= args.rounds:
-                stop.set()
-
-    runner.add("reconcile", round_job, every(args.interval, clock), at_once=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
+    run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds)
+    return 0
+
+
+def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runner, clock: Clock) -> LeaderElector | None:
+    """With --leader-elect: the Lease, acquired before the first round (which acts only as the
+    leader) and renewed on ``runner`` every third of its duration; else None."""
+    if not args.leader_elect:
+        return None
+    from gpuwarden.actuator.kube import LeaderElector
+    from gpuwarden.fleet.triggers import every
+
+    elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
+    elector.try_acquire_or_renew()
+    runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
+    return elector
+
+
+def run_until_stopped(runner: Runner, name: str, work: Callable[[], object], interval_seconds: float,
+                      rounds: int | None) -> None:
+    """Run ``work`` on ``runner`` every ``interval_seconds`` (the first at once; a failed one is
+    the work's to log) until SIGTERM, Ctrl-C or ``rounds`` rounds."""
+    from gpuwarden.fleet.triggers import every
+
+    stop = threading.Event()
+    done = [0]
+
+    def round_job() -> None:
+        try:
+            work()
+        finally:
+            done[0] += 1
+            if rounds and done[0] >= rounds:
+                stop.set()
+
+    runner.add(name, round_job, every(interval_seconds, runner.clock), at_once=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()
     try:
         stop.wait()
@@ -260,7 +281,6 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     finally:
         runner.stop()
         signal.signal(signal.SIGTERM, previous)
-    return 0
 
 
 def _summary(report) -> None:

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
-import threading
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
@@ -47,7 +45,8 @@ def add_parser(subparsers) -> None:
                      help="seconds between rounds, 0.1..3600 (default 10): the bound on admission latency")
     run.add_argument("--policy", choices=sorted(POLICIES), default="gpuwarden", help="scheduling policy (default gpuwarden)")
     run.add_argument("--listen", default="0.0.0.0", help="address for /queue, /metrics, /healthz (default 0.0.0.0)")
-    run.add_argument("--port", type=port, default=8083, help="port for /queue, /metrics, /healthz (default 8083)")
+    run.add_argument("--port", type=number(int, 0, 65535), default=8083,
+                     help="port for /queue, /metrics, /healthz, 0..65535 (0 picks a free one; default 8083)")
     run.add_argument("--webhook-port", type=port,
                      help="serve the admission webhook (HTTPS) on this port; wired with the webhook (issue 21)")
     run.add_argument("--rounds", type=positive_int, help="stop after this many rounds (default: run until stopped)")
@@ -91,9 +90,8 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     from gpuwarden.actuator.scheduler_service import SchedulerService
     from gpuwarden.actuator.scheduling_round import SchedulingRound
     from gpuwarden.fleet.runner import Runner
-    from gpuwarden.fleet.triggers import every
 
-    from .actuator_cmd import kube_cluster
+    from .actuator_cmd import kube_cluster, leader_elector, run_until_stopped
 
     try:
         cluster = kube_cluster(args, clock)
@@ -102,44 +100,20 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         return 2
     webhook = webhook_server(args)
     runner = Runner(clock, name="gpuwarden-scheduler")
-    elector = None
-    if args.leader_elect:
-        from gpuwarden.actuator.kube import LeaderElector
-
-        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
-        elector.try_acquire_or_renew()
-        runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
+    elector = leader_elector(args, cluster, runner, clock)
     metrics = SchedulerMetrics()
     scheduling = SchedulingRound(cluster, args.policy, attained=_attained(args), on_round=[metrics])
     service = SchedulerService(scheduling, args.interval_seconds, elector.is_leader if elector else None)
     server = QueueServer(lambda: scheduling.queue, metrics.registry, host=args.listen, port=args.port).start()
-    stop = threading.Event()
-    rounds = [0]
-
-    def round_job() -> None:
-        try:
-            service.run_once()
-        finally:
-            rounds[0] += 1
-            if args.rounds and rounds[0] >= args.rounds:
-                stop.set()
-
-    runner.add("schedule", round_job, every(args.interval_seconds, clock), at_once=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"scheduler: policy {args.policy} every {args.interval_seconds:g} s; queue {server.url}/queue"
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
     if webhook is not None:
         webhook.start()
-    runner.start()
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
     finally:
-        runner.stop()
         server.stop()
         if webhook is not None:
             webhook.stop()
-        signal.signal(signal.SIGTERM, previous)
     return 0
