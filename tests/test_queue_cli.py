@@ -123,8 +123,8 @@ def test_gpuwarden_queue_prints_the_live_queue(served, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith(f"queue at {NOW.isoformat()} (policy gpuwarden, round 1): 2 waiting")
-    assert lines[1].split()[:5] == ["position", "workload", "team", "priority_class", "shape"]
-    assert lines[2].split()[:5] == ["1", "beta/big", "beta", "normal", "8"] and "5h00m" in lines[2]
+    assert lines[1].split() == ["position", "workload", "priority", "shape", "state", "waiting", "start", "reason"]
+    assert lines[2].split()[:7] == ["1", "beta/big", "normal", "8", "GPU", "pending", "5h00m"]
     assert "teams" in lines and any(line.startswith("alpha") for line in lines)
 
     assert main(["queue", "--scheduler-url", server.url, "--format", "json", "--namespace", "beta"]) == 0

@@ -56,6 +56,8 @@ class Publisher:
                 self._tell(key, "NotAdmitted", held[key], f"not admitted: {held[key]}", "Warning")
             else:
                 self._tell(key, "Queued", row["reason"], f"position {row['position']} in the queue: {row['reason']}")
+        for key in sorted(set(held) - waiting):  # refused by the cluster's reader: not a workload of the snapshot
+            self._tell(key, "NotAdmitted", held[key], f"not admitted: {held[key]}", "Warning")
         for result in results:  # admitted: the queue annotations no longer apply
             key = result.action.target
             if result.ok and result.action.kind in (ActionKind.BIND, ActionKind.RESUME) and key not in waiting \

@@ -2,9 +2,9 @@
 
     gpuwarden queue [--scheduler-url URL] [--namespace N] [--format table|json|csv|markdown] [--wide]
 
-Waiting workloads in queue order, each with its position, team, priority, GPUs, how long it has
-waited, why it waits and an estimated start (empty where nothing says when GPUs free up); the
-table ends with each team's guarantee, allocation and waiting work. ``--format json`` prints the
+Waiting workloads in queue order, each with its position, priority, shape, how long it has
+waited, an estimated start (UTC; empty where nothing says when GPUs free up) and why it waits;
+the table ends with each team's guarantee, allocation and waiting work. CSV has every field. ``--format json`` prints the
 scheduler's document as served. The URL defaults to ``$GPUWARDEN_SCHEDULER_URL``, else
 http://127.0.0.1:8083 (``kubectl port-forward svc/gpuwarden-scheduler 8083`` reaches a cluster's).
 """
@@ -27,6 +27,7 @@ SCHEDULER_URL_ENV = "GPUWARDEN_SCHEDULER_URL"
 DEFAULT_URL = "http://127.0.0.1:8083"
 COLUMNS = ("position", "workload", "team", "priority_class", "shape", "gpus", "state", "waiting", "estimated_start",
            "reason")
+TABLE_COLUMNS = ("position", "workload", "priority", "shape", "state", "waiting", "start", "reason")  # fits 120
 TEAM_COLUMNS = ("team", "guaranteed_gpus", "burst_limit_gpus", "allocated_gpus", "borrowed_gpus", "lent_gpus",
                 "pending_workloads", "pending_gpus")
 
@@ -72,19 +73,32 @@ def _waiting(seconds: float) -> str:
         f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
+def _short_time(iso: str | None) -> str:
+    """An ISO time as ``MM-DD HH:MM`` UTC for the table; empty when unknown."""
+    if not iso:
+        return ""
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromisoformat(iso).astimezone(UTC).strftime("%m-%d %H:%M")
+    except ValueError:
+        return iso
+
+
 def run(args: argparse.Namespace) -> int:
     document = fetch_queue(args.scheduler_url, args.namespace, args.timeout)
     if args.format == "json":
         emit(args, json.dumps(document, indent=2) + "\n")
         return 0
     workloads = document.get("workloads", [])
-    rows = [{c: (_waiting(w.get("waiting_seconds") or 0.0) if c == "waiting" else w.get(c)) for c in COLUMNS}
-            for w in workloads]
     if args.format == "csv":
         rows = [{**{c: w.get(c) for c in COLUMNS if c != "waiting"}, "waiting_seconds": w.get("waiting_seconds")}
                 for w in workloads]
         emit(args, render_rows(rows, "csv"))
         return 0
+    rows = [{"position": w.get("position"), "workload": w.get("workload"), "priority": w.get("priority_class"),
+             "shape": w.get("shape"), "state": w.get("state"), "waiting": _waiting(w.get("waiting_seconds") or 0.0),
+             "start": _short_time(w.get("estimated_start")), "reason": w.get("reason")} for w in workloads]
     heading = (f"queue at {document.get('taken_at')} (policy {document.get('policy')}, round {document.get('round')}): "
                f"{len(workloads)} waiting" + (f" in {args.namespace}" if args.namespace else "") + "\n")
     teams = [{c: t.get(c) for c in TEAM_COLUMNS} for t in document.get("teams", [])]
