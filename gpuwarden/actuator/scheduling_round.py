@@ -92,8 +92,8 @@ class SchedulingRound:
         self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
         self.priorities_asked: dict[str, str] = {}  # Kueue priority changes asked, by workload
         self.publisher = Publisher(cluster)
-        # the latest round's snapshot (every workload, held ones too), plan, held workloads and policy
-        self._latest: tuple[ClusterSnapshot, Schedule, dict[str, str], str] | None = None
+        # the latest round's snapshot (every workload, held ones too), plan, held workloads, policy, number
+        self._latest: tuple[ClusterSnapshot, Schedule, dict[str, str], str, int] | None = None
         self._queue: dict[str, Any] | None = None
         self._queue_lock = threading.Lock()  # a server thread reads the queue while the next round runs
         self.rounds = 0
@@ -115,7 +115,7 @@ class SchedulingRound:
         results = tuple(self._apply(actions + self._priority_changes(planned)))
         schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
-        latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name)
+        latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)
         with self._queue_lock:
             self._latest, self._queue = latest, None
         if self.publisher.can_publish:
@@ -134,8 +134,8 @@ class SchedulingRound:
             if self._queue is None:
                 if self._latest is None:
                     return {}
-                taken, schedule, refused, policy = self._latest
-                self._queue = queue_document(taken, schedule, policy=policy, round_number=self.rounds,
+                taken, schedule, refused, policy, number = self._latest
+                self._queue = queue_document(taken, schedule, policy=policy, round_number=number,
                                              refused=refused, requested_by_annotation=REQUESTED_BY_ANNOTATION)
             return self._queue
 
