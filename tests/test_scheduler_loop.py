@@ -212,6 +212,22 @@ def test_waiting_work_is_annotated_when_it_changes_and_told_when_its_reason_chan
         (QUEUE_POSITION_ANNOTATION, QUEUE_REASON_ANNOTATION, ESTIMATED_START_ANNOTATION)))
 
 
+def test_publication_is_bounded_per_round_head_of_the_queue_first():
+    """One admission shifts every position behind it: a round writes at most its budget of Events
+    and annotations, the queue's head first; the rest follow in later rounds."""
+    cluster = RecordingCluster([node("n0", gpus=1)], [workload("busy", on="n0")] + [
+        pending(f"w{k}", submitted_at=NOW - timedelta(minutes=60 - k)) for k in range(6)])
+    scheduling = SchedulingRound(cluster)
+    scheduling.publisher.writes_per_round = 4
+    scheduling.run_round()
+    writes = [("annotate", t) for t, _ in cluster.annotations] + [("event", e[0]) for e in cluster.events]
+    assert len(writes) == 4 and {t for _, t in writes} == {"alpha/w0", "alpha/w1"}  # annotation + Event each
+    for _ in range(2):
+        scheduling.run_round()
+    assert {t for t, _ in cluster.annotations} == {f"alpha/w{k}" for k in range(6)}
+    assert len(cluster.annotations) == 6 and len(cluster.events) == 6  # each written once, told once
+
+
 def test_a_pod_kube_scheduler_left_pending_is_reported_once_with_its_reason():
     cluster = RecordingCluster([node("n0")], [])
     cluster.inventory.unschedulable["alpha/stuck"] = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
