@@ -205,6 +205,9 @@ def test_waiting_work_is_annotated_when_it_changes_and_told_when_its_reason_chan
     assert row["requested_by"] == "alice@example.com"
     scheduling.run_round()  # nothing changed: nothing written, nothing told
     assert len(cluster.annotations) == 1 and len(cluster.events) == 1
+    cluster.workloads["alpha/runner"] = dataclasses.replace(running, progress_seconds=3600.0)  # figures move
+    scheduling.run_round()
+    assert len(cluster.annotations) == 2 and len(cluster.events) == 1  # the new estimate written, not told again
     del cluster.workloads["alpha/runner"]  # room: admitted, and its queue annotations are removed
     scheduling.run_round()
     assert kinds(cluster.applied) == [("bind", "beta/next")]

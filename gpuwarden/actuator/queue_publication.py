@@ -7,7 +7,8 @@ simulated cluster neither), after each round:
 - each waiting workload carries annotations with its queue position, reason and estimated start,
   written only when one of them changed (what the snapshot read back is compared, so a restart
   writes nothing new) and removed once it is admitted;
-- an Event ``Queued`` when its reason changes (not every round);
+- an Event ``Queued`` when the kind of its reason changes (``capacity``, ``quota``, ``fifo``...;
+  not when only its figures move, not every round);
 - a workload the round held as bad input gets one Warning Event ``NotAdmitted`` naming why;
 - a pod admitted but left Pending by kube-scheduler (``cluster.inventory.unschedulable``: {workload
   key: kube-scheduler's message}) gets one Warning Event ``AdmittedButUnschedulable`` with
@@ -76,7 +77,9 @@ class Publisher:
             if any(have.get(k) != v for k, v in wanted.items()):
                 self._annotate(key, wanted)
             if key not in held:
-                self._tell(key, "Queued", row["reason"], f"position {row['position']} in the queue: {row['reason']}")
+                # told again when the kind of reason changes (capacity, quota, fifo...), not its figures
+                self._tell(key, "Queued", row["reason"].split(":", 1)[0],
+                           f"position {row['position']} in the queue: {row['reason']}")
         self.told = {k: v for k, v in self.told.items() if k in current or k in held or k in stuck}
 
     def _tell(self, key: str, reason: str, why: str, message: str, kind: str = "Normal") -> None:
