@@ -33,7 +33,6 @@ from kube_fleet import namespace, node, pod  # noqa: E402
 
 from gpuwarden.actuator import Actuator, Mode, PlanningPolicy, SafetyLimits, plan_from_findings  # noqa: E402
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client  # noqa: E402
-from gpuwarden.actuator.plan import scheduling_findings  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, Severity  # noqa: E402
 from gpuwarden.fleet.clock import FakeClock  # noqa: E402
 from gpuwarden.scheduling.planner import plan as schedule_plan  # noqa: E402
@@ -109,7 +108,8 @@ def one_size(nodes: int, pods_per_node: int, repeat: int, page_size: int = 500) 
             snap_s.append(time.perf_counter() - started)
             calls.append(cluster.api.calls - before)
             started = time.perf_counter()
-            found = findings(nodes) + scheduling_findings(schedule_plan(snapshot, "gpuwarden").actions, snapshot)
+            schedule_plan(snapshot, "gpuwarden")  # the scheduling loop's plan on the same snapshot (its own loop now)
+            found = findings(nodes)
             plan = plan_from_findings(found, snapshot, PlanningPolicy(notify_grace_seconds=0))
             actuator = Actuator(cluster, Mode.OBSERVE, SafetyLimits(), clock=FakeClock(NOW))
             entries = actuator.execute(plan, snapshot)  # limits evaluated on the same snapshot

@@ -19,7 +19,7 @@ from polling import tick
 from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
 from gpuwarden.actuator.approvals import decide, pending
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.loop import Reconciler
+from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.actuator.plan import NOTIFIED_ANNOTATION
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
@@ -120,35 +120,27 @@ def test_a_hoarding_finding_in_an_opted_in_namespace_notifies_then_suspends_and_
     suspended = [r for r in audit_of(tmp_path) if r["kind"] == "suspend"][0]
     assert suspended["findings"][0]["kind"] == "hoarded" and suspended["findings"][0]["evidence"]["pod"] == "sweep-0"
     assert suspended["params"]["grace_seconds"] == policy.suspend_grace_seconds
+    assert suspended["params"]["by"] == "idle-reclaim"  # the scheduler resumes it only once its owner asks
 
     actuator.undo(suspended["entry_id"], by="bob")
     assert api.get(BATCH, "jobs", "sweep", "research")["spec"]["suspend"] is False
 
 
-def test_a_quota_reclaim_preempts_the_borrower_is_audited_and_undone(api, tmp_path):
+def test_a_quota_reclaim_preempts_the_borrower_through_the_scheduling_round(api, tmp_path):
+    """Quota reclaim is the scheduling round's (the actuator no longer plans scheduling, issue 21):
+    the borrower is suspended, marked as the scheduler's to resume."""
     node(api, "n0", gpus=8)
     namespace(api, "team-a", {"gpuwarden.io/team": "team-a"}, {"gpuwarden.io/guaranteed-gpus": "8"})
     namespace(api, "team-b", {"gpuwarden.io/team": "team-b"},
               {"gpuwarden.io/guaranteed-gpus": "0", "gpuwarden.io/burst-gpus": "8"})
     job_with_pods(api, "team-b", "borrower", ["n0"], gpus=8)  # team-b runs on team-a's lent guarantee
     job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending")  # team-a wants it back
-    cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
-    reconciler = Reconciler(actuator, lambda snapshot: [], scheduling="gpuwarden")
+    results = SchedulingRound(connect(api, tmp_path)).run_round()
+    (stop,) = [r for r in results if r.action.kind == ActionKind.PREEMPT]
+    assert (stop.ok, stop.action.target, stop.action.params["by"]) == (True, "team-b/borrower", "scheduler")
+    assert "preempted for team-a/owner" in stop.action.reason
+    assert api.calls("PATCH", "/jobs/borrower")[-1].body["spec"] == {"suspend": True}
 
-    report = reconciler.reconcile_once()
-    assert [(e.outcome, e.kind, e.target) for e in report.entries] == [(Outcome.APPLIED, "preempt", "team-b/borrower")]
-    assert api.calls("PATCH", "/jobs/borrower")[-1].body == {"spec": {"suspend": True}}
-    logged = [r for r in audit_of(tmp_path) if r["kind"] == "preempt"][0]
-    assert logged["findings"][0]["kind"] == "quota-reclaim"
-    assert "preempted for team-a/owner" in logged["findings"][0]["evidence"]["reason"]
-    assert reconciler.reconcile_once().entries == ()  # the preemption stands: not repeated
-
-    actuator.undo(logged["entry_id"], by="carol")
-    assert api.get(BATCH, "jobs", "borrower", "team-b")["spec"]["suspend"] is False
-
-
-# -- each action kind -----------------------------------------------------------------------------
 
 def test_taint_counts_as_a_conflict_retry_and_untaint_removes_only_ours(api, tmp_path):
     node(api, "n0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])

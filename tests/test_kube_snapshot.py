@@ -7,9 +7,8 @@ import pytest
 from fake_kube_api import CORE, JOBSET, KUEUE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, namespace, node, pod
 
-from gpuwarden.actuator import Actuator, Mode, Outcome, SafetyLimits
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.loop import Reconciler
+from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind
 
 
@@ -91,16 +90,17 @@ def test_kueue_cluster_queues_are_teams(api, tmp_path):
     assert (team.guaranteed_gpus, team.burst_limit_gpus) == (16.0, 24.0)
 
 
-def test_the_scheduling_planner_resumes_a_suspended_job_when_capacity_returns(api, tmp_path):
+def test_the_scheduling_round_resumes_a_job_it_suspended_never_one_a_user_created_suspended(api, tmp_path):
+    """The round resumes a Job annotated suspended-by=scheduler (its own, across restarts); a Job a
+    user created suspended (no annotation) stays theirs (issue 21)."""
     node(api, "a", gpus=8)
     namespace(api, "ml", {"gpuwarden.io/team": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
-    job(api, "ml", "paused", gpus=4, suspend=True)
-    cluster = connect(api, tmp_path)
-    actuator = Actuator(cluster, Mode.AUTO, SafetyLimits(max_cordoned_node_ratio=1.0))
-    report = Reconciler(actuator, lambda snapshot: [], scheduling="gpuwarden").reconcile_once()
-    assert [(e.outcome, e.kind, e.target) for e in report.entries] == [(Outcome.APPLIED, "resume", "ml/paused")]
-    assert report.entries[0].findings[0]["kind"] == "queue-order"
-    assert api.calls("PATCH", "/jobs/paused")[-1].body == {"spec": {"suspend": False}}
+    job(api, "ml", "paused", gpus=4, suspend=True, annotations={"gpuwarden.io/suspended-by": "scheduler"})
+    job(api, "ml", "held", gpus=4, suspend=True)
+    results = SchedulingRound(connect(api, tmp_path)).run_round()
+    assert [(r.ok, r.action.kind, r.action.target) for r in results] == [(True, ActionKind.RESUME, "ml/paused")]
+    assert api.calls("PATCH", "/jobs/paused")[-1].body["spec"]["suspend"] is False
+    assert not api.calls("PATCH", "/jobs/held")
 
 
 def test_mig_pods_are_placed_on_mig_instances_and_the_planner_accepts_them(api, tmp_path):

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from gpuwarden.fleet import ClusterSnapshot, Finding
 from gpuwarden.fleet.runner import Job, Runner
 from gpuwarden.fleet.triggers import every
-from gpuwarden.scheduling.planner import plan as schedule_plan
 
 from .apply import Actuator
 from .audit import AuditEntry
-from .plan import Plan, PlanningPolicy, plan_from_findings, scheduling_findings
+from .plan import Plan, PlanningPolicy, plan_from_findings
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -36,16 +35,14 @@ class RoundReport:
 class Reconciler:
     def __init__(self, actuator: Actuator, find: Callable[[ClusterSnapshot], list[Finding]],
                  policy: PlanningPolicy = PlanningPolicy(), interval_seconds: float = 60.0,
-                 scheduling: str | None = None, on_round: Callable[[RoundReport], None] | None = None) -> None:
-        """``scheduling``: a scheduling policy name (``gpuwarden``...) whose decisions on each
-        snapshot (quota reclaim, queue order) join the plan; None plans from findings only."""
+                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+        """Scheduling is not planned here: it has its own loop (``gpuwarden.actuator.scheduler_service``)."""
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds: {interval_seconds} must be > 0")
         self.actuator = actuator
         self.find = find
         self.policy = policy
         self.interval_seconds = interval_seconds
-        self.scheduling = scheduling
         self.on_round = on_round  # e.g. the CLI's one-line summary of each scheduled round
         self.rounds: list[RoundReport] = []
         self._lock = threading.Lock()
@@ -57,8 +54,6 @@ class Reconciler:
                 return RoundReport(0, Plan(()), ())
             snapshot = self.actuator.cluster.snapshot()
             findings = list(self.find(snapshot))
-            if self.scheduling:
-                findings += scheduling_findings(schedule_plan(snapshot, self.scheduling).actions, snapshot)
             plan = plan_from_findings(findings, snapshot, self.policy)
             entries = tuple(self.actuator.execute(plan, snapshot))
             report = RoundReport(len(findings), plan, entries)

@@ -7,9 +7,10 @@ One plan vocabulary for every source of actions, each action carrying the findin
   GPU has idled past ``notify_grace_seconds``, then, ``reclaim_grace_seconds`` after the notice, a
   suspend (checkpointable or a suspendable controller) or an eviction;
 - a finding that names a workload in its evidence and recommends a workload action (set-priority,
-  suspend, resume, preempt, evict) is planned as it says;
-- the scheduling planner's decisions (guarantees honoured, lent quota reclaimed, queue order) are
-  turned into findings of kind ``scheduling`` by :func:`plan_from_schedule`.
+  suspend, resume, preempt, evict) is planned as it says.
+Scheduling (admission, quota reclaim, queue order) is not planned here: it has its own loop, the
+scheduling round (:mod:`gpuwarden.actuator.scheduling_round`), which resumes only what it suspended.
+An idle reclaim's suspend carries ``params["by"] = "idle-reclaim"`` so the cluster marks who holds it.
 An action whose effect already stands (a cordoned node, a suspended job) is never planned again,
 and a node or namespace labelled ``gpuwarden.io/protect=true`` is left alone. Applying the plan is
 a separate step (:mod:`gpuwarden.actuator.apply`).
@@ -17,7 +18,7 @@ a separate step (:mod:`gpuwarden.actuator.apply`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from datetime import datetime
@@ -27,7 +28,6 @@ from gpuwarden.fleet import (
     ActionKind,
     ClusterSnapshot,
     Finding,
-    FindingKind,
     Severity,
     WorkloadPhase,
     WorkloadState,
@@ -42,6 +42,7 @@ _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 PROTECT_LABEL = "gpuwarden.io/protect"
 RECLAIM_LABEL = "gpuwarden.io/reclaim-idle"
 NOTIFIED_ANNOTATION = "gpuwarden.io/idle-notified-at"
+IDLE_RECLAIM = "idle-reclaim"  # params["by"] of its suspends: the gpuwarden.io/suspended-by value
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,8 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
             params = {k: finding.evidence[k] for k in ("priority_class",) if k in finding.evidence}
         if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT):
             params["grace_seconds"] = policy.suspend_grace_seconds
+            if idle:
+                params["by"] = IDLE_RECLAIM  # the scheduler never resumes it until its owner asks
         action = Action(kind, target, f"{finding.kind} on {finding.gpu_uuid or finding.node or target}", params)
         standing = already_standing(action, snapshot, policy, index)
         if standing:
@@ -281,25 +284,6 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
     actions = _node_plan(node_findings, snapshot, policy, skipped, index) + _workload_plan(
         workload_findings, snapshot, policy, now, skipped, index)
     return Plan(tuple(actions), tuple(skipped), snapshot.taken_at)
-
-
-def scheduling_findings(actions: Iterable[Action], snapshot: ClusterSnapshot) -> list[Finding]:
-    """The scheduling planner's decisions as findings, so they travel the same plan, limits and audit.
-    BIND is left to the Kubernetes scheduler (or Kueue), which places pods itself."""
-    placement = {w.workload.key: w for w in snapshot.workloads}
-    out = []
-    for action in actions:
-        if action.kind == ActionKind.BIND:
-            continue
-        state = placement.get(action.target)
-        node = state.placements[0].node if state and state.placements else ""
-        evidence = {"workload": action.target, "decision": action.kind.value, "reason": action.reason}
-        if state is not None:
-            evidence.update(team=state.workload.team, gpus=state.workload.total_gpu_equivalents)
-        kind = FindingKind.QUOTA_RECLAIM if "preempted for" in action.reason else FindingKind.QUEUE_ORDER
-        out.append(Finding(kind, Severity.WARNING, node, None, evidence, action.kind, 1.0,
-                           snapshot.taken_at, snapshot.taken_at))
-    return out
 
 
 def merge(*plans: Plan) -> Plan:

@@ -1,58 +1,174 @@
 """The scheduling round: the one loop body that schedules a cluster, live or simulated.
 
-Each round reads ``cluster.snapshot()``, plans on it with the scheduling engine
-(``scheduling.planner``: every fact it uses is in the snapshot) and applies the actions through
-``cluster.apply``. Between rounds it keeps only what a live loop can know because it did it itself:
+Each round reads ``cluster.snapshot()``, fills each workload's attained service where it was given
+a source of it (``attained``: the live service measures it from the metrics source; the simulator
+counts it itself), holds out workloads it can never place (bad input, :mod:`.round_screen`), plans
+on the rest with the scheduling engine (``scheduling.planner``: every fact it uses is in the
+snapshot), applies the actions through ``cluster.apply`` and builds the live queue
+(:func:`gpuwarden.scheduling.live_queue.queue_document`). Where the cluster can publish
+(``record_workload_event`` / ``annotate_workload``, :mod:`.queue_publication`) each waiting
+workload gets its position, reason and estimated start. Between rounds it keeps only what a live
+loop can know because it did it itself:
 
-- which workloads it suspended: it resumes only those, and a workload someone else suspended (an
-  operator, the remediation loop reclaiming an idle GPU) stays held until they resume it;
-- when it preempted each workload and until when the policy protects it from more preemption.
+- which workloads it suspended: it resumes those, and those annotated
+  ``gpuwarden.io/suspended-by: scheduler`` (what survives a restart); one idle reclaim suspended
+  (``idle-reclaim``) only once its owner set ``gpuwarden.io/resume-requested``; a Job a user
+  created suspended (no annotation) never;
+- when it preempted each workload and until when the policy protects it from more preemption;
+- the priority changes it asked a Kueue Workload for (asked once per value).
 
-Times are Unix seconds (the engine's times are seconds since an origin; a fixed one keeps the
-history comparable across rounds, and keeps every time after 0, which the engine reads as "unset").
-The simulator calls :meth:`SchedulingRound.run_round` through ``fleet.SchedulingHook``; a live
-process runs it on its runner every scheduling interval.
+Its own suspends and preemptions carry ``params["by"] = "scheduler"`` (the cluster writes the
+annotation). Times are Unix seconds (the engine's times are seconds since an origin; a fixed one
+keeps the history comparable across rounds, and keeps every time after 0, which the engine reads
+as "unset"). The simulator calls :meth:`SchedulingRound.run_round` through
+``fleet.SchedulingHook``; a live process runs it on its runner every scheduling interval
+(:mod:`.scheduler_service`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind, ActionResult, Cluster, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import (
+    Action,
+    ActionKind,
+    ActionResult,
+    Cluster,
+    ClusterSnapshot,
+    WorkloadPhase,
+    WorkloadState,
+)
 from gpuwarden.scheduling import JobState, Scheduler, State
-from gpuwarden.scheduling.planner import KnownJobs, actions_for, policy_for, state_from_snapshot
-from gpuwarden.scheduling.scheduler import Decision, DecisionKind
+from gpuwarden.scheduling.live_queue import queue_document
+from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
+from gpuwarden.scheduling.scheduler import Decision, DecisionKind, queue_positions
+
+from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
+from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION
+from .queue_publication import Publisher
+from .round_screen import screen
 
 STOPS = (ActionKind.SUSPEND, ActionKind.PREEMPT)  # a PREEMPT of a checkpointable workload suspends it
+STARTS = (ActionKind.BIND, ActionKind.RESUME)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+BY_SCHEDULER = "scheduler"
+log = logging.getLogger("gpuwarden.scheduler")
+
+# {workload key: GPU-seconds of service over the policy's window}, measured outside the round
+AttainedSource = Callable[[ClusterSnapshot], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round did, for its observers (metrics, the CLI's one-line summary)."""
+
+    snapshot: ClusterSnapshot
+    results: tuple[ActionResult, ...]
+    queue: Mapping[str, Any]
+    preemption_reasons: Mapping[str, str]  # victim workload -> "reclaim" | "priority" | "defragment"
+    seconds: float
 
 
 class SchedulingRound:
     """Runs the scheduling policy ``policy`` on ``cluster``, one round per :meth:`run_round`."""
 
-    def __init__(self, cluster: Cluster, policy: str = "gpuwarden") -> None:
+    def __init__(self, cluster: Cluster, policy: str = "gpuwarden", attained: AttainedSource | None = None,
+                 on_round: Iterable[Callable[[RoundOutcome], None]] = ()) -> None:
         self.cluster = cluster
         self.policy = policy
+        self.attained = attained
+        self.on_round = list(on_round)
         self.suspended: set[str] = set()  # workloads this round stopped that may be suspended now
         # per workload it preempted: (when, in round seconds; protected from preemption until)
         self.preemptions: dict[str, tuple[list[float], float]] = {}
         self.refused = 0  # actions the cluster refused (the snapshot and the cluster disagreed)
         self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
+        self.priorities_asked: dict[str, str] = {}  # Kueue priority changes asked, by workload
+        self.publisher = Publisher(cluster)
+        # the latest round's snapshot (every workload, held ones too), plan, held workloads, policy, number
+        self._latest: tuple[ClusterSnapshot, Schedule, dict[str, str], str, int] | None = None
+        self._queue: dict[str, Any] | None = None
+        self._queue_lock = threading.Lock()  # a server thread reads the queue while the next round runs
         self.rounds = 0
 
     def run_round(self) -> tuple[ActionResult, ...]:
-        snapshot = self.cluster.snapshot()
-        state, workloads = state_from_snapshot(snapshot, origin=EPOCH, known=self.known)
+        started = time.perf_counter()
+        snapshot = self._with_attained(self.cluster.snapshot())
+        held = screen(snapshot, self.cluster)  # workloads it can never place as they stand: key -> why
+        planned = dataclasses.replace(snapshot, workloads=tuple(
+            ws for ws in snapshot.workloads if ws.workload.key not in held)) if held else snapshot
+        state, workloads = state_from_snapshot(planned, origin=EPOCH, known=self.known)
         self._recall(workloads, state)
-        scheduler = Scheduler(policy_for(snapshot, self.policy))
+        scheduler = Scheduler(policy_for(planned, self.policy))
         now = (snapshot.taken_at - EPOCH).total_seconds()
         decisions = scheduler.schedule(state, now)
-        self._note_preemptions(state, decisions)
+        reasons = self._note_preemptions(state, decisions)
         self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
-        results = tuple(self._apply(actions_for(decisions, state, scheduler.policy.name)))
+        actions = actions_for(decisions, state, scheduler.policy.name)
+        results = tuple(self._apply(actions + self._priority_changes(planned)))
+        schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
+        latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)
+        with self._queue_lock:
+            self._latest, self._queue = latest, None
+        if self.publisher.can_publish:
+            self.publisher.publish(snapshot, self.queue, held, results)
+        if self.on_round:
+            outcome = RoundOutcome(snapshot, results, self.queue, reasons, time.perf_counter() - started)
+            for observe in self.on_round:
+                observe(outcome)
         return results
+
+    @property
+    def queue(self) -> dict[str, Any]:
+        """The live queue after the latest round (the contract's JSON document; built when first
+        asked for, so a simulation nobody watches does not pay for it); empty before the first round."""
+        with self._queue_lock:
+            if self._queue is None:
+                if self._latest is None:
+                    return {}
+                taken, schedule, refused, policy, number = self._latest
+                self._queue = queue_document(taken, schedule, policy=policy, round_number=number,
+                                             refused=refused, requested_by_annotation=REQUESTED_BY_ANNOTATION)
+            return self._queue
+
+    def _with_attained(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot with each workload's attained service replaced by the measured one."""
+        if self.attained is None:
+            return snapshot
+        measured = self.attained(snapshot)
+        if not measured:
+            return snapshot
+        return dataclasses.replace(snapshot, workloads=tuple(
+            dataclasses.replace(ws, attained_gpu_seconds=float(measured[ws.workload.key]))
+            if ws.workload.key in measured else ws for ws in snapshot.workloads))
+
+    def may_resume(self, state: WorkloadState) -> bool:
+        """Whether this round may resume a suspended workload (the module docstring's rules)."""
+        by = state.annotations.get(SUSPENDED_BY_ANNOTATION)
+        if by == BY_IDLE_RECLAIM:
+            return bool(state.annotations.get(RESUME_REQUESTED_ANNOTATION))
+        return by == BY_SCHEDULER or state.workload.key in self.suspended
+
+    def _held_suspended(self, snapshot: ClusterSnapshot) -> dict[str, str]:
+        """Suspended workloads it may not resume, with why (shown in the queue, never planned)."""
+        held = {}
+        for ws in snapshot.workloads:
+            if ws.phase != WorkloadPhase.SUSPENDED or self.may_resume(ws):
+                continue
+            by = ws.annotations.get(SUSPENDED_BY_ANNOTATION)
+            held[ws.workload.key] = (
+                f"suspended by idle reclaim; resumes once its owner sets {RESUME_REQUESTED_ANNOTATION}"
+                if by == BY_IDLE_RECLAIM else f"suspended by {by}; theirs to resume" if by else
+                "suspended by its owner (created suspended); theirs to resume")
+        return held
 
     def _recall(self, workloads: Mapping[str, WorkloadState], state: State) -> None:
         """Hold others' suspends out of the plan; give back the preemption history it keeps."""
@@ -60,26 +176,59 @@ class SchedulingRound:
                           if key in workloads and workloads[key].phase == WorkloadPhase.SUSPENDED}
         self.preemptions = {key: kept for key, kept in self.preemptions.items() if key in workloads}
         for key, job in list(state.jobs.items()):
-            if job.state == JobState.SUSPENDED and key not in self.suspended:
+            if job.state == JobState.SUSPENDED and not self.may_resume(workloads[key]):
                 del state.jobs[key]  # suspended by someone else: theirs to resume
             elif key in self.preemptions:
                 job.preempted_at, job.protected_until = list(self.preemptions[key][0]), self.preemptions[key][1]
             else:
                 job.preempted_at = []  # preemptions it did not make do not count towards protection
 
-    def _note_preemptions(self, state: State, decisions: Iterable[Decision]) -> None:
+    def _note_preemptions(self, state: State, decisions: Iterable[Decision]) -> dict[str, str]:
+        """Keep each victim's preemption history; return why each was stopped: ``reclaim`` (for
+        another team), ``priority`` (for its own team's work) or ``defragment`` (moved)."""
+        reasons: dict[str, str] = {}
+        victims: list[str] = []
         for decision in decisions:
             if decision.kind in (DecisionKind.SUSPEND, DecisionKind.PREEMPT):
                 job = state.jobs[decision.job]
                 self.preemptions[decision.job] = (list(job.preempted_at), job.protected_until)
+                victims.append(decision.job)
+            elif victims:  # the start the victims just before it made room for
+                beneficiary = state.jobs[decision.job].team
+                for victim in victims:
+                    moved = state.jobs[victim].state == JobState.RUNNING or decision.reason.startswith("moved")
+                    reasons[victim] = "defragment" if moved else (
+                        "reclaim" if state.jobs[victim].team != beneficiary else "priority")
+                victims = []
+        return reasons
+
+    def _priority_changes(self, snapshot: ClusterSnapshot) -> tuple[Action, ...]:
+        """SET_PRIORITY where a team lead's override differs from the class Kueue runs the workload
+        at (a cluster that says which workloads Kueue manages); elsewhere the override only orders
+        gpuwarden's queue (the planner reads it)."""
+        managed = getattr(getattr(self.cluster, "inventory", None), "kueue_workload", None)
+        if not managed:
+            return ()
+        actions = []
+        for ws in snapshot.workloads:
+            key, wanted = ws.workload.key, ws.priority_override
+            if (key in managed and wanted and wanted != ws.workload.priority_class.value
+                    and self.priorities_asked.get(key) != wanted):
+                self.priorities_asked[key] = wanted
+                actions.append(Action(ActionKind.SET_PRIORITY, key, f"priority changed to {wanted} by its team's lead",
+                                      {"priority_class": wanted}))
+        return tuple(actions)
 
     def _apply(self, actions: Iterable[Action]) -> Iterable[ActionResult]:
         for action in actions:
+            if action.kind in STOPS:
+                action = dataclasses.replace(action, params={**action.params, "by": BY_SCHEDULER})
             result = self.cluster.apply(action)
             if not result.ok:
                 self.refused += 1
+                log.warning("scheduler: %s %s refused: %s", action.kind.value, action.target, result.message)
             elif result.action.kind in STOPS:
                 self.suspended.add(result.action.target)
-            else:
+            elif result.action.kind in STARTS:
                 self.suspended.discard(result.action.target)
             yield result

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("gpuwarden.cli.health_cmd", "GPU health findings, evaluation and fleet risk"),
     "simulate": ("gpuwarden.cli.simulate_cmd", "replay traces through the scheduling policies"),
     "actuator": ("gpuwarden.cli.actuator_cmd", "plan and apply remediation on a cluster; approvals and undo"),
+    "scheduler": ("gpuwarden.cli.scheduler_cmd", "gpuwarden's scheduling loop on a cluster: admission, preemption, /queue"),
+    "queue": ("gpuwarden.cli.queue_cmd", "the live queue of the running scheduler"),
     "metrics": ("gpuwarden.cli.metrics_cmd", "serve analytics results (idle, cost, health, actuator, queue) as Prometheus metrics"),
 }
 

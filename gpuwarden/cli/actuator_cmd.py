@@ -28,9 +28,13 @@ from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.actuator.maintenance import MaintenanceWindow
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.errors import UserError
 
 if TYPE_CHECKING:
-    from gpuwarden.actuator.kube import KubeCluster
+    from collections.abc import Callable
+
+    from gpuwarden.actuator.kube import KubeCluster, LeaderElector
+    from gpuwarden.fleet.runner import Runner
 
 from .args import host_port, non_negative_int, positive_float, positive_int, ratio
 from .sources import add_source_options, open_window
@@ -39,7 +43,7 @@ DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
 log = logging.getLogger("gpuwarden.actuator")
 
 
-def _cluster_options(parser: argparse.ArgumentParser) -> None:
+def cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Kubernetes")
     where = group.add_mutually_exclusive_group()
     where.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
@@ -56,7 +60,7 @@ def _audit_option(parser: argparse.ArgumentParser) -> None:
 
 def _round_options(parser: argparse.ArgumentParser) -> None:
     add_source_options(parser, since_default="1h")
-    _cluster_options(parser)
+    cluster_options(parser)
     _audit_option(parser)
     parser.add_argument("--mode", choices=[m.value for m in Mode], default="observe", help="default observe")
     parser.add_argument("--max-actions-per-hour", type=non_negative_int, default=10, help="default 10")
@@ -68,7 +72,7 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reclaim-grace", type=positive_float, default=3600.0,
                         help="seconds after the notice before the GPU is taken back (default 3600)")
     parser.add_argument("--scheduling", default="none",
-                        help="scheduling policy whose decisions join the plan (gpuwarden, kueue, fifo...; default none)")
+                        help="removed: scheduling runs in its own loop, 'gpuwarden scheduler run' (default none)")
     parser.add_argument("--no-hoarding", action="store_true", help="act on health findings only")
     parser.add_argument("--maintenance-window", type=_window, metavar="'DAYS HH:MM-HH:MM'",
                         help="apply cordon, taint, drain, evict, suspend and preempt only inside this UTC window, "
@@ -122,7 +126,7 @@ def add_parser(subparsers) -> None:
     undo = commands.add_parser("undo", help="apply the inverse of an applied action (uncordon, untaint, resume)")
     undo.add_argument("id", help="entry id of an applied action (gpuwarden actuator list)")
     undo.add_argument("--by", required=True, help="your name, kept in the audit log")
-    _cluster_options(undo)
+    cluster_options(undo)
     _audit_option(undo)
     undo.set_defaults(run=run_undo)
 
@@ -139,7 +143,7 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _kube(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
+def kube_cluster(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
     # Imported here: the kubernetes client takes a second to import, and other commands never need it.
     from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 
@@ -167,16 +171,27 @@ def _finder(args: argparse.Namespace):
     return find
 
 
+class SchedulingMoved(UserError, ValueError):
+    """``--scheduling`` names a policy: scheduling has its own loop now."""
+
+
+def _no_scheduling(args: argparse.Namespace) -> None:
+    if args.scheduling != "none":
+        raise SchedulingMoved(f"--scheduling {args.scheduling}: the actuator no longer schedules; run "
+                              f"'gpuwarden scheduler run --policy {args.scheduling}' (its own loop: admission, "
+                              "preemption, resume and the live queue)")
+
+
 def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 60.0) -> Reconciler:
-    scheduling = None if args.scheduling == "none" else args.scheduling
-    return Reconciler(actuator, _finder(args), _policy(args), interval, scheduling=scheduling, on_round=_summary)
+    _no_scheduling(args)
+    return Reconciler(actuator, _finder(args), _policy(args), interval, on_round=_summary)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from gpuwarden.actuator.kube import KubeFailure
 
     try:
-        cluster = _kube(args)
+        cluster = kube_cluster(args)
         audit = AuditLog()  # a dry round records nothing; it counts what the real log holds
         if args.audit.exists():
             for record in AuditLog.read(args.audit):
@@ -203,42 +218,61 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     """The actuator process: one runner (on ``clock``) owns its jobs, the reconcile round every
     --interval (the first at once) and, with --leader-elect, the Lease renewal every third of its
     duration; --rounds stops it after that many rounds."""
-    from gpuwarden.actuator.kube import LeaderElector
     from gpuwarden.fleet.runner import Runner
-    from gpuwarden.fleet.triggers import every
 
     try:
-        cluster = _kube(args, clock)
+        _no_scheduling(args)
+        cluster = kube_cluster(args, clock)
     except ValueError as error:
         return _fail(str(error))
     runner = Runner(clock, name="gpuwarden-actuator")
-    elector = None
-    if args.leader_elect:
-        elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
-        elector.try_acquire_or_renew()  # before the first round, which acts only as the leader
-        runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
+    elector = leader_elector(args, cluster, runner, clock)
     if args.metrics_listen:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
     actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock)
     reconciler = _reconciler(args, actuator, args.interval)
-    stop = threading.Event()
-    rounds = [0]
-
-    def round_job() -> None:
-        try:
-            reconciler.run_round()  # a failed round is logged; the next one tries again
-        finally:
-            rounds[0] += 1
-            if args.rounds and rounds[0] >= args.rounds:
-                stop.set()
-
-    runner.add("reconcile", round_job, every(args.interval, clock), at_once=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
+    run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds)
+    return 0
+
+
+def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runner, clock: Clock) -> LeaderElector | None:
+    """With --leader-elect: the Lease, acquired before the first round (which acts only as the
+    leader) and renewed on ``runner`` every third of its duration; else None."""
+    if not args.leader_elect:
+        return None
+    from gpuwarden.actuator.kube import LeaderElector
+    from gpuwarden.fleet.triggers import every
+
+    elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)
+    elector.try_acquire_or_renew()
+    runner.add("lease", elector.try_acquire_or_renew, every(elector.renew_interval_seconds, clock))
+    return elector
+
+
+def run_until_stopped(runner: Runner, name: str, work: Callable[[], object], interval_seconds: float,
+                      rounds: int | None) -> None:
+    """Run ``work`` on ``runner`` every ``interval_seconds`` (the first at once; a failed one is
+    the work's to log) until SIGTERM, Ctrl-C or ``rounds`` rounds."""
+    from gpuwarden.fleet.triggers import every
+
+    stop = threading.Event()
+    done = [0]
+
+    def round_job() -> None:
+        try:
+            work()
+        finally:
+            done[0] += 1
+            if rounds and done[0] >= rounds:
+                stop.set()
+
+    runner.add(name, round_job, every(interval_seconds, runner.clock), at_once=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner.start()
     try:
         stop.wait()
@@ -247,7 +281,6 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     finally:
         runner.stop()
         signal.signal(signal.SIGTERM, previous)
-    return 0
 
 
 def _summary(report) -> None:
@@ -291,7 +324,7 @@ def run_undo(args: argparse.Namespace) -> int:
     if not args.audit.exists():
         return _fail(f"{args.audit}: no audit log")
     try:
-        actuator = Actuator(_kube(args), Mode.AUTO, audit=AuditLog(args.audit))
+        actuator = Actuator(kube_cluster(args), Mode.AUTO, audit=AuditLog(args.audit))
         entry = actuator.undo(args.id, by=args.by)
     except ValueError as error:
         return _fail(str(error))

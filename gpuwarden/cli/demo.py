@@ -2,8 +2,10 @@
 
 simulated fleet -> backfill a week into the embedded store (progress bar) -> precompute the
 dashboard's reports of its default window beside the store -> serve exporter metrics for every
-simulated node on localhost -> keep stepping the fleet while the embedded scraper reads /metrics
-into the store, the store compacts and the actuator reconciles, all jobs of one runner on one clock
+simulated node on localhost, and the live queue of the simulation's scheduling round (``/queue``,
+``/metrics``, ``POST /submit`` as ``gpuwarden scheduler run`` serves them; the dashboard gets its
+URL as ``GPUWARDEN_SCHEDULER_URL``) -> keep stepping the fleet while the embedded scraper reads
+/metrics into the store, the store compacts and the actuator reconciles, all jobs of one runner on one clock
 (:mod:`.demo_live`) -> open the dashboard. ``--headless --duration S`` does the
 same without the dashboard and prints a summary. Ctrl-C or SIGTERM stops everything and prints the
 same summary.
@@ -34,7 +36,8 @@ from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
 
 from .args import host_port, number, plain, port
-from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs
+from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, portal_submitter
+from .queue_cmd import SCHEDULER_URL_ENV
 from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when i
 DEMO_FAULT_SCALE = 25.0  # published rates give about one fault per simulated week on 512 GPUs
 DEMO_LEAD_HOURS = 1.0  # the backfill ends this long before now: an hour of live demo stays in the past
 SUMMARY_ROWS = 5  # findings and actions listed in the summary; the rest are counted
+SCHEDULER_PORT = 8083  # the scheduler's /queue port, as on a cluster
 
 
 def add_parser(subparsers) -> None:
@@ -76,6 +80,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--exporter-listen", type=host_port, default=("127.0.0.1", 9400),
                         help="HOST:PORT for the simulated nodes' /metrics (port 0 picks a free one; default 127.0.0.1:9400)")
     parser.add_argument("--dashboard-port", type=port, default=8501, help="Streamlit port, 1..65535 (default 8501)")
+    parser.add_argument("--scheduler-listen", type=host_port,
+                        help="HOST:PORT for the scheduler's /queue, /metrics and POST /submit (port 0 picks a free "
+                             f"one; default 127.0.0.1:{SCHEDULER_PORT}, with --headless a free port)")
     parser.add_argument("--step-interval", type=number(float, 0.01, 3600), default=1.0,
                         help="wall seconds between live simulated steps, 0.01..3600 (default 1)")
     parser.add_argument("--no-browser", action="store_true", help="print the dashboard URL without opening a browser")
@@ -119,6 +126,11 @@ def preflight(args: argparse.Namespace) -> None:
     if not port_free(host, exporter_port):
         raise DemoError(f"--exporter-listen {host}:{exporter_port}: the port is in use; choose another "
                         "(port 0 picks a free one)")
+    if args.scheduler_listen is None:
+        args.scheduler_listen = ("127.0.0.1", 0 if args.headless else SCHEDULER_PORT)
+    if not port_free(*args.scheduler_listen):
+        raise DemoError(f"--scheduler-listen {args.scheduler_listen[0]}:{args.scheduler_listen[1]}: the port is in use; "
+                        "choose another (port 0 picks a free one)")
     if not args.headless and not port_free("127.0.0.1", args.dashboard_port):
         raise DemoError(f"--dashboard-port {args.dashboard_port}: the port is in use; choose another")
     if args.store.exists() and not args.store.is_dir():
@@ -168,6 +180,10 @@ def run(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
 
 def _run(args: argparse.Namespace, config, clock: Clock) -> int:
     from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+    from gpuwarden.actuator.kube.gates import REQUESTED_BY_ANNOTATION
+    from gpuwarden.actuator.queue_server import QueueServer
+    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
+    from gpuwarden.actuator.scheduling_round import SchedulingRound
     from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
     from gpuwarden.exporter import ExporterService
     from gpuwarden.cli.simfleet import simulated_fleet
@@ -195,22 +211,35 @@ def _run(args: argparse.Namespace, config, clock: Clock) -> int:
     return_code = 0
     scraper: Scraper | None = None
     reconciler: Reconciler | None = None
+    queue_server: QueueServer | None = None
     series = 0
     try:
         backfill(simulation, store, args.days)
         exporter.start()
         exporter.collect_now()
+        # The live queue of the simulation's own scheduling round (the one a cluster's scheduler runs),
+        # served as 'gpuwarden scheduler run' serves it; metrics from now on (the backfill is history).
+        scheduling = simulation.scheduling
+        assert isinstance(scheduling, SchedulingRound)  # simulated_fleet hands it the actuator's round
+        metrics = SchedulerMetrics()
+        scheduling.on_round.append(metrics)
+        queue_server = QueueServer(lambda: scheduling.queue, metrics.registry,
+                                   submit=portal_submitter(simulation, REQUESTED_BY_ANNOTATION),
+                                   host=args.scheduler_listen[0], port=args.scheduler_listen[1]).start()
         reconciler = Reconciler(Actuator(cluster, Mode.OBSERVE, audit=AuditLog(audit_path(args.store)), clock=clock),
                                 HealthScan(store, simulation), interval_seconds=RECONCILE_INTERVAL_S)
         first = reconciler.reconcile_once()  # findings and the plan for the backfilled week, before going live
         print(f"health:    {first.findings} findings; actuator (observe mode) would take "
               f"{len(first.plan.actions)} action(s); audit log {audit_path(args.store)}", flush=True)
         print(f"exporter:  {exporter.url}  ({simulation.device_count} GPU devices on {len(simulation.nodes)} simulated nodes)")
+        print(f"queue:     {queue_server.url}/queue  (gpuwarden queue --scheduler-url {queue_server.url}; "
+              "POST /submit adds a portal request)", flush=True)
         if not args.headless:
             precompute_reports(store)
             # On a laptop the person running the demo is its approver (no sign-in).
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, local_approver=os.environ.get("USER") or "demo")
+                                         stderr=subprocess.PIPE, local_approver=os.environ.get("USER") or "demo",
+                                         env={**os.environ, SCHEDULER_URL_ENV: queue_server.url})
             url = dashboard_url("127.0.0.1", args.dashboard_port)
             wait_for_dashboard(dashboard, url, args.dashboard_port)
             print(f"dashboard: {url}")
@@ -235,6 +264,8 @@ def _run(args: argparse.Namespace, config, clock: Clock) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             runner.stop()
+            if queue_server is not None:
+                queue_server.stop()
             series = count_series(exporter.url) if exporter.port else 0
             exporter.stop()
             if dashboard is not None:

@@ -97,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
                           params=IdleParams(hoard_grace=args.hoard_grace), bucket=bucket)
     if ledger.rows.empty:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
-    options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated}}
+    from gpuwarden.actuator.scheduler_metrics import pending_gpus_history  # the queue depth the scheduler exported
+
+    pending = pending_gpus_history(window.source, window.start, window.end) if args.kind == "efficiency" else None
+    options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated},
+               "efficiency": {"pending": pending}}
     report = build_report(args.kind, ledger, **options.get(args.kind, {}))
     report.notes.extend(source_notes(window.source, args.pod_attribution))
     text = render(report, args.format, args.table, None if args.limit == 0 else args.limit, wide=args.wide)

@@ -5,17 +5,24 @@ Per team: guarantee, burst limit, GPUs allocated now (running workloads, MIG and
 share), borrowed (allocated beyond the guarantee) and lent (unused guarantee other teams are
 using, shared out in proportion to each lender's unused guarantee). Pending workloads come in the
 planner's queue order with its wait reason; the estimated start is a rough, labelled guess.
+
+Estimated start: running workloads free their GPUs when their known duration ends (simulation
+and replay), or, on a live cluster where no duration is known, at the time a running workload's
+``gpuwarden.io/expected-end`` annotation (ISO-8601, written by whoever submits it) names; with
+neither, no estimate (None), never a guess.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 
-from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
+from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase, WorkloadState
 
 from .planner import Schedule, plan
+
+EXPECTED_END_ANNOTATION = "gpuwarden.io/expected-end"  # on a running workload: when it expects to finish (ISO-8601)
 
 
 def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = None) -> pd.DataFrame:
@@ -66,19 +73,37 @@ def pending_table(snapshot: ClusterSnapshot, result: Schedule) -> pd.DataFrame:
                                        "reason", "estimated_start"])
 
 
-def estimated_starts(snapshot: ClusterSnapshot, result: Schedule) -> dict[str, object]:
-    """A rough start time per waiting workload: running workloads free their GPUs when their known
-    duration ends, and the queue takes freed GPUs in order. None where no duration is known."""
+def expected_end(state: WorkloadState, taken_at: datetime) -> datetime | None:
+    """When a running workload frees its GPUs: its known duration's end (simulation, replay), else
+    its ``gpuwarden.io/expected-end`` annotation, else None (unknown)."""
+    if state.duration_seconds is not None:
+        return taken_at + timedelta(seconds=max(0.0, state.duration_seconds - state.progress_seconds))
+    hint = state.annotations.get(EXPECTED_END_ANNOTATION)
+    if not hint:
+        return None
+    try:
+        end = datetime.fromisoformat(str(hint))
+    except ValueError:
+        return None  # a hint nobody can read is no estimate
+    end = end if end.tzinfo else end.replace(tzinfo=UTC)
+    return max(end, taken_at)
+
+
+def estimated_starts(snapshot: ClusterSnapshot, result: Schedule) -> dict[str, datetime | None]:
+    """A rough start time per waiting workload: running workloads free their GPUs when they are
+    expected to end (:func:`expected_end`), and the queue takes freed GPUs in order. None where no
+    end is known."""
     ends = []
     for state in snapshot.workloads:
-        if state.phase != WorkloadPhase.RUNNING or state.duration_seconds is None:
+        if state.phase != WorkloadPhase.RUNNING:
             continue
-        left = max(0.0, state.duration_seconds - state.progress_seconds)
-        ends.append((snapshot.taken_at + timedelta(seconds=left), state.workload.total_gpu_equivalents))
+        end = expected_end(state, snapshot.taken_at)
+        if end is not None:
+            ends.append((end, state.workload.total_gpu_equivalents))
     ends.sort(key=lambda pair: pair[0])
     binding = {a.target for a in result.actions if a.kind.value in ("bind", "resume")}
     by_key = {s.workload.key: s for s in snapshot.workloads}
-    out: dict[str, object] = {}
+    out: dict[str, datetime | None] = {}
     needed, freed, i = 0.0, 0.0, 0
     for entry in result.queue:
         job = entry["job"]

@@ -103,7 +103,7 @@ class SimCluster:
             started_at=started_at, placements=self._placements_of(job), progress_seconds=job.progress_s,
             duration_seconds=job.spec.duration_s, preemptions=job.preemptions,
             priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,
-            attained_gpu_seconds=attained,
+            attained_gpu_seconds=attained, annotations=job.annotations,
         )
         self._states[job.index] = (facts, state)
         return state

@@ -5,7 +5,8 @@ reclaims strike, running jobs progress (at the speed of their slowest GPU) and f
 scheduling round it was given at construction (a ``fleet.SchedulingHook``: the CLI hands it the
 actuator's round, the one a real cluster gets) reads ``SimCluster``'s snapshot, decides what
 starts, resumes, suspends or is preempted, and applies it through ``SimCluster``; the simulator
-carries decisions out and never makes them. Then one row of fleet samples per device is rendered:
+carries decisions out and never makes them: a job (an arrival, or one submitted with
+:meth:`Simulation.submit`) waits in the queue, as a gated pod does, until the round binds it. Then one row of fleet samples per device is rendered:
 
 - training / fine-tuning / notebook devices draw a real sample of their current H200 phase
   (``phase_trace.csv``), scaled to the device's model (power by TDP, clocks by max SM clock);
@@ -22,14 +23,14 @@ config gives the same samples, bit for bit.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet import PriorityClass, WorkloadKind, WorkloadPhase, XID_COLUMN_NAMES
+from gpuwarden.fleet import PriorityClass, Workload, WorkloadKind, WorkloadPhase, XID_COLUMN_NAMES
 from gpuwarden.fleet.protocols import SchedulingHookFactory
 
 from .catalog import MODELS
@@ -77,6 +78,7 @@ class SimJob:
     last_started_s: float | None = None  # the latest (re)start: what a pod's start time says
     attained_before_s: float = 0.0  # GPU-seconds of service received up to its latest start
     gpu_equivalents: float = 0.0
+    annotations: dict[str, str] = field(default_factory=dict)  # what its submitter wrote (the demo's portal)
 
     def attained_gpu_seconds(self, now_s: float) -> float:
         """Service received by ``now_s``: GPU equivalents x seconds run (counted at each stop)."""
@@ -244,28 +246,50 @@ class Simulation(HardwareSteps, Renderer):
 
     def _arrive(self, now: float) -> None:
         for spec in self.arrivals.arrivals(now):
-            request = spec.workload.gpus
-            job = SimJob(spec, len(self.jobs), priority=spec.workload.priority_class,
-                         gpu_equivalents=request_gpu_equivalents(request.mig_profile, spec.workload.gang_size,
-                                                                 model=request.gpu_model) if request.mig_profile else
-                         request_gpu_equivalents(None, spec.workload.gang_size * max(1, request.count),
-                                                 request.fraction_milli))
-            pods = [spec.workload.name] if spec.workload.gang_size == 1 else [
-                f"{spec.workload.name}-{k}" for k in range(spec.workload.gang_size)]
-            codes = np.arange(len(self._pod_names), len(self._pod_names) + len(pods))
-            self._pod_names.extend(pods)
-            self._job_pod_codes.append(codes)
-            self.job_profile.append(self._profile_names.index(spec.profile))
-            self.job_mem_ratio.append(spec.mem_ratio)
-            self.job_team.append(self._team_names.index(spec.workload.team))
-            if spec.workload.project not in self._project_names:
-                self._project_names.append(spec.workload.project)
-            self.job_project.append(self._project_names.index(spec.workload.project))
-            self.jobs.append(job)
-            self.job_by_name[job.name] = job
-            self.queue.append(job)
-            self.counts["submitted"] += 1
-            self._capacity_changed = True
+            self._add_job(spec)
+
+    def _add_job(self, spec: JobSpec, annotations: dict[str, str] | None = None) -> SimJob:
+        """A submitted job joins the queue (pending: only the scheduling round starts it)."""
+        request = spec.workload.gpus
+        job = SimJob(spec, len(self.jobs), priority=spec.workload.priority_class,
+                     gpu_equivalents=request_gpu_equivalents(request.mig_profile, spec.workload.gang_size,
+                                                             model=request.gpu_model) if request.mig_profile else
+                     request_gpu_equivalents(None, spec.workload.gang_size * max(1, request.count),
+                                             request.fraction_milli), annotations=dict(annotations or {}))
+        pods = [spec.workload.name] if spec.workload.gang_size == 1 else [
+            f"{spec.workload.name}-{k}" for k in range(spec.workload.gang_size)]
+        codes = np.arange(len(self._pod_names), len(self._pod_names) + len(pods))
+        self._pod_names.extend(pods)
+        self._job_pod_codes.append(codes)
+        self.job_profile.append(self._profile_names.index(spec.profile))
+        self.job_mem_ratio.append(spec.mem_ratio)
+        self.job_team.append(self._team_names.index(spec.workload.team))
+        if spec.workload.project not in self._project_names:
+            self._project_names.append(spec.workload.project)
+        self.job_project.append(self._project_names.index(spec.workload.project))
+        self.jobs.append(job)
+        self.job_by_name[job.name] = job
+        self.queue.append(job)
+        self.counts["submitted"] += 1
+        self._capacity_changed = True
+        return job
+
+    def submit(self, workload: Workload, duration_s: float, profile: str = "train_matmul", mem_ratio: float = 0.5,
+               annotations: dict[str, str] | None = None) -> str:
+        """Submit ``workload`` now, as a user would (the demo's portal): it waits in the queue like
+        any arrival, for the scheduling round to start it. Returns its key; ValueError (naming the
+        field) for a name already in use, a team the fleet does not have or an unknown profile."""
+        with self.lock:
+            if workload.name in self.job_by_name:
+                raise ValueError(f"name {workload.name!r}: a workload of that name exists; choose another")
+            if workload.team not in self._team_names:
+                raise ValueError(f"team {workload.team!r}: not a team of this fleet; allowed: {', '.join(self._team_names)}")
+            if profile not in self._profile_names:
+                raise ValueError(f"profile {profile!r}: allowed: {', '.join(self._profile_names)}")
+            if not duration_s > 0:
+                raise ValueError(f"duration_s {duration_s!r}: must be > 0")
+            self._add_job(JobSpec(workload, self.now_s, float(duration_s), profile, float(mem_ratio)), annotations)
+            return workload.key
 
     # -- jobs --------------------------------------------------------------------------------------
     def _stop(self, job: SimJob, keep_checkpoint: bool, graceful: bool, to_phase: WorkloadPhase = WorkloadPhase.PENDING) -> None:

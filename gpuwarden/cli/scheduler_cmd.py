@@ -1,0 +1,119 @@
+"""``gpuwarden scheduler run``: gpuwarden's scheduling loop on a Kubernetes cluster.
+
+    gpuwarden scheduler run [--kubeconfig PATH | --in-cluster] [--leader-elect] [--interval-seconds 10]
+                            [--policy gpuwarden] [--listen 0.0.0.0] [--port 8083]
+                            [--source prometheus --prometheus-url URL | --source local --store DIR]
+
+Every interval the leader reads the cluster (gated pods grouped into workloads), runs the
+scheduling policy and carries its decisions out: admits gated pods onto the planned nodes,
+suspends or preempts for guarantees and priority, resumes what it suspended. It serves the live
+queue on ``/queue``, its metrics on ``/metrics`` and ``/healthz`` on ``--port``. Attained service
+(the LAS order) is measured from the fleet-samples source over ``--since`` (default 7d); with
+``--no-attained-service`` or a source that cannot be opened every workload counts as unserved.
+A pod created between rounds is admitted at the next one: admission takes up to one interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+
+from .args import number, plain, port, positive_int
+from .sources import add_source_options
+
+log = logging.getLogger("gpuwarden.scheduler")
+
+
+def add_parser(subparsers) -> None:
+    from gpuwarden.scheduling import POLICIES
+
+    from .actuator_cmd import cluster_options
+
+    parser = subparsers.add_parser("scheduler", help="gpuwarden's scheduling loop on a Kubernetes cluster",
+                                   description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
+    run = commands.add_parser("run", help="admit, place and preempt every --interval-seconds; serve /queue")
+    cluster_options(run)
+    add_source_options(run, since_default="7d")
+    run.add_argument("--no-attained-service", action="store_true",
+                     help="do not measure attained service (LAS then sees every workload as unserved)")
+    run.add_argument("--interval-seconds", type=number(float, 0.1, 3600), default=10.0,
+                     help="seconds between rounds, 0.1..3600 (default 10): the bound on admission latency")
+    run.add_argument("--policy", choices=sorted(POLICIES), default="gpuwarden", help="scheduling policy (default gpuwarden)")
+    run.add_argument("--listen", default="0.0.0.0", help="address for /queue, /metrics, /healthz (default 0.0.0.0)")
+    run.add_argument("--port", type=number(int, 0, 65535), default=8083,
+                     help="port for /queue, /metrics, /healthz, 0..65535 (0 picks a free one; default 8083)")
+    run.add_argument("--webhook-port", type=port,
+                     help="serve the admission webhook (HTTPS) on this port; wired with the webhook (issue 21)")
+    run.add_argument("--rounds", type=positive_int, help="stop after this many rounds (default: run until stopped)")
+    run.add_argument("--leader-elect", action="store_true", help="schedule only while holding the Lease")
+    run.add_argument("--lease-name", default="gpuwarden-scheduler", help="Lease name (default gpuwarden-scheduler)")
+    run.add_argument("--lease-duration", type=positive_int, default=15, help="Lease seconds (default 15)")
+    run.add_argument("--identity", default=socket.gethostname(), help="this replica's name in the Lease (default: hostname)")
+    run.set_defaults(run=run_scheduler)
+    parser.set_defaults(run=lambda args: parser.print_help() or 2)
+
+
+def _attained(args: argparse.Namespace):
+    """The attained-service source the options name, or None (said on stderr once)."""
+    if args.no_attained_service:
+        return None
+    from gpuwarden.actuator.scheduler_service import attained_from_samples
+    from gpuwarden.fleet.errors import UserError
+
+    from .sources import open_source
+
+    try:
+        source = open_source(args)
+    except (UserError, OSError, ValueError) as error:
+        print(f"scheduler: attained service not measured ({error}); LAS sees every workload as unserved",
+              file=sys.stderr, flush=True)
+        return None
+    return attained_from_samples(source.read, args.since.total_seconds())
+
+
+def webhook_server(args: argparse.Namespace):
+    """The hook for the admission webhook's HTTPS server (another part of issue 21 builds it): an
+    object with ``start()`` and ``stop()`` serving on ``--webhook-port``, or None."""
+    if args.webhook_port is None:
+        return None
+    raise SystemExit("gpuwarden scheduler: error: --webhook-port: the admission webhook is not in this build")
+
+
+def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
+    from gpuwarden.actuator.queue_server import QueueServer
+    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
+    from gpuwarden.actuator.scheduler_service import SchedulerService
+    from gpuwarden.actuator.scheduling_round import SchedulingRound
+    from gpuwarden.fleet.runner import Runner
+
+    from .actuator_cmd import kube_cluster, leader_elector, run_until_stopped
+
+    try:
+        cluster = kube_cluster(args, clock)
+    except ValueError as error:
+        print(f"gpuwarden: error: {error}", file=sys.stderr)
+        return 2
+    webhook = webhook_server(args)
+    runner = Runner(clock, name="gpuwarden-scheduler")
+    elector = leader_elector(args, cluster, runner, clock)
+    metrics = SchedulerMetrics()
+    scheduling = SchedulingRound(cluster, args.policy, attained=_attained(args), on_round=[metrics])
+    service = SchedulerService(scheduling, args.interval_seconds, elector.is_leader if elector else None)
+    server = QueueServer(lambda: scheduling.queue, metrics.registry, host=args.listen, port=args.port).start()
+    print(f"scheduler: policy {args.policy} every {args.interval_seconds:g} s; queue {server.url}/queue"
+          + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
+          flush=True)
+    if webhook is not None:
+        webhook.start()
+    try:
+        run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
+    finally:
+        server.stop()
+        if webhook is not None:
+            webhook.stop()
+    return 0
