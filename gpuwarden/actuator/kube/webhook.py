@@ -219,6 +219,7 @@ class WebhookServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: WebhookServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
 
     def setup(self) -> None:
         super().setup()  # the socket already carries the server's timeout (get_request)
