@@ -227,7 +227,8 @@ def test_the_portal_templates_reach_the_dashboard_with_job_rights_in_team_namesp
     ([*PORTAL, "portal.teams.research.priorityClasses={urgent}"],
      ["portal.teams.research.priorityClasses.0", '"best-effort", "low", "normal", "high", "critical"']),
     (["scheduling.enabled=true", "scheduling.webhook.timeoutSeconds=60"], ["scheduling.webhook.timeoutSeconds", "30"]),
+    (["scheduling.enabled=true", "scheduling.webhook.port=8083"], ["scheduling.webhook.port=8083 is scheduling.port too"]),
 ], ids=["portal-without-scheduler", "portal-without-dashboard", "two-teams-one-namespace", "unknown-shape-key",
-        "unknown-priority-class", "webhook-timeout"])
+        "unknown-priority-class", "webhook-timeout", "one-port-for-two"])
 def test_bad_values_are_refused_naming_the_key(helm, sets, expected):
     refused_naming_the_key(helm, sets, expected)

@@ -199,6 +199,23 @@ def test_the_https_server_gates_a_pod_end_to_end(server, certified):
         _post(server, b"{}", other_ca)  # a client trusting another CA refuses it: TLS is real
 
 
+def test_no_certificate_yet_refuses_connections_until_one_is_written(tmp_path, certified):
+    data, _ = certified
+    empty = tmp_path / "not-yet"
+    empty.mkdir()
+    server = serve_webhook(empty, port=0, host="127.0.0.1", reload_check_seconds=0.0)
+    try:
+        ca = base64.b64decode(data[CA_CERT])
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            _post(server, json.dumps(review(pod())).encode(), ca)
+        write_cert_files(data, empty)  # what the scheduler does once the Secret holds a pair
+        status, _ = wait_for(lambda: _post(server, json.dumps(review(pod())).encode(), ca), 5.0,
+                             "the first certificate to be served", tolerate_errors=True)
+        assert status == 200
+    finally:
+        server.stop()
+
+
 def test_a_silent_client_does_not_hold_the_server(server, certified):
     import socket
 
