@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import http.client
 import json
 import logging
 import ssl
@@ -25,12 +26,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cryptography import x509
 from fake_kube_api import CORE, FakeKubeAPI
-from polling import wait_for
+from polling import tick, wait_for
 
 from gpuwarden.actuator.kube.api import KubeApi, load_client
 from gpuwarden.actuator.kube.certs import CA_CERT, CertPolicy, WebhookCertificates, plan_rotation, write_cert_files
 from gpuwarden.actuator.kube.gates import ADMISSION_GATE, gated_by_gpuwarden
-from gpuwarden.actuator.kube.webhook import CERT_FILE, admission_response, serve_webhook
+from gpuwarden.actuator.kube.webhook import CERT_FILE, WebhookService, admission_response, serve_webhook
 from gpuwarden.fleet.clock import FakeClock
 
 ADMISSION = "apis/admissionregistration.k8s.io/v1"
@@ -191,9 +192,14 @@ def test_the_https_server_gates_a_pod_end_to_end(server, certified):
     assert status == 200 and response["response"] == {"uid": "", "allowed": True}
     with urllib.request.urlopen(f"https://localhost:{server.port}/healthz", context=_tls_client(ca), timeout=5) as ok:
         assert ok.read() == b"ok"
-    with pytest.raises(urllib.error.HTTPError) as too_big:
-        _post(server, b"x" * (64 * 1024 + 1), ca)
-    assert too_big.value.code == 413
+    # A body over the bound is refused from its Content-Length, before any of it is read.
+    connection = http.client.HTTPSConnection("localhost", server.port, context=_tls_client(ca), timeout=5)
+    connection.putrequest("POST", "/mutate-pods")
+    connection.putheader("Content-Length", str(64 * 1024 + 1))
+    connection.endheaders()
+    too_big = connection.getresponse()
+    assert too_big.status == 413 and b"at most 65536" in too_big.read()
+    connection.close()
     other_ca = base64.b64decode(plan_rotation(None, POLICY, datetime.now(UTC)).data[CA_CERT])
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _post(server, b"{}", other_ca)  # a client trusting another CA refuses it: TLS is real
@@ -366,6 +372,30 @@ def test_a_missing_webhook_configuration_is_reported_not_fatal(api, tmp_path, ca
         result = manager(api, tmp_path, FakeClock(T0)).ensure()
     assert result.rotated and not result.ca_bundle_patched
     assert "not found" in caplog.text
+
+
+def test_the_service_writes_its_pair_before_serving_and_refreshes_it_on_the_clock(api, tmp_path, caplog):
+    clock = FakeClock(datetime.now(UTC))  # the served certificate must be valid for urllib now
+    certificates = manager(api, tmp_path, clock)
+    service = WebhookService(tmp_path / "served", port=0, host="127.0.0.1", refresh_seconds=3600, clock=clock,
+                             refresh=lambda: certificates.ensure(tmp_path / "served")).start()
+    try:
+        ca = base64.b64decode(secret_data(api)[CA_CERT])
+        assert ca_bundle(api) == secret_data(api)[CA_CERT]
+        assert _post(service.server, json.dumps(review(pod())).encode(), ca)[0] == 200  # served from the first moment
+        api.inject("GET", "/secrets/gw-webhook-cert$", 503, times=1)
+        with caplog.at_level(logging.WARNING, "gpuwarden.actuator.kube.webhook"):
+            tick(clock, 3600)
+            wait_for(lambda: service.refreshes == 2, what="the hourly refresh")
+        assert "refresh failed" in caplog.text  # a warning; it keeps serving
+        assert _post(service.server, json.dumps(review(pod())).encode(), ca)[0] == 200
+        tick(clock, timedelta(days=340).total_seconds())  # the serving certificate is now due
+        wait_for(lambda: service.refreshes == 3, what="the refresh after the window opened")
+        (cert,) = certs_in(secret_data(api), CERT_FILE)
+        assert (tmp_path / "served" / CERT_FILE).read_bytes() == base64.b64decode(secret_data(api)[CERT_FILE])
+        assert cert.not_valid_after_utc > clock.now() + timedelta(days=300)  # renewed
+    finally:
+        service.stop()
 
 
 def test_bad_rotation_settings_name_the_key():

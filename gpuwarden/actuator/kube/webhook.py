@@ -13,6 +13,8 @@ API server refuses gates on them) and pods naming another scheduler.
 connection, a bounded body, a per-connection timeout) on ``/mutate-pods`` and ``/healthz``. Its
 certificate is read from ``tls.crt`` / ``tls.key`` in a folder (the mounted Secret that cert-manager
 or ``certs.py`` keeps) and reloaded when those files change, so a rotation needs no restart.
+:class:`WebhookService` is what the scheduler starts and stops: the server plus, without
+cert-manager, the periodic certificate refresh that keeps those files current.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+
+from .api import KubeFailure
 from .gates import ADMISSION_GATE, KUEUE_QUEUE_LABEL, scheduling_gates
 
 log = logging.getLogger("gpuwarden.actuator.kube.webhook")
@@ -284,3 +289,51 @@ def serve_webhook(cert_dir: str | Path, port: int = 9443, host: str = "0.0.0.0",
     threading.Thread(target=server.serve_forever, name="gpuwarden-webhook", daemon=True).start()
     log.info("admission webhook listening on https://%s:%d%s", host, server.port, MUTATE_PATH)
     return server
+
+
+class WebhookService:
+    """What ``gpuwarden scheduler run --webhook-port`` starts and stops, on every replica.
+
+    :meth:`start` runs ``refresh`` once (without cert-manager: ``certs.WebhookCertificates.ensure``
+    bound to ``cert_dir``, so the pair is on disk before the first connection), starts
+    :func:`serve_webhook`, then re-runs ``refresh`` every ``refresh_seconds`` on ``clock`` (a
+    rotation lands in ``cert_dir`` and the server reloads it). A failed refresh is a warning, never
+    a stop: the server keeps its current certificate and the next refresh tries again. With
+    cert-manager ``refresh`` is None: its Secret is mounted at ``cert_dir`` and the kubelet updates it.
+    """
+
+    def __init__(self, cert_dir: str | Path, port: int, host: str = "0.0.0.0",
+                 refresh: Callable[[], object] | None = None, refresh_seconds: float = 3600.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.cert_dir, self.port, self.host = cert_dir, port, host
+        self.refresh, self.refresh_seconds, self.clock = refresh, refresh_seconds, clock
+        self.server: WebhookServer | None = None
+        self.refreshes = 0  # attempts done, failed ones included
+        self._stopped = threading.Event()
+
+    def _refresh(self) -> None:
+        if self.refresh is None:
+            return
+        try:
+            self.refresh()
+        except (KubeFailure, OSError) as error:
+            log.warning("webhook certificate refresh failed (%s); serving the current one, retrying in %.0f s",
+                        error, self.refresh_seconds)
+        finally:
+            self.refreshes += 1
+
+    def _loop(self) -> None:
+        while not self.clock.wait(self._stopped, self.refresh_seconds):
+            self._refresh()
+
+    def start(self) -> WebhookService:
+        self._refresh()
+        self.server = serve_webhook(self.cert_dir, self.port, self.host)
+        if self.refresh is not None:
+            threading.Thread(target=self._loop, name="gpuwarden-webhook-certs", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.server is not None:
+            self.server.stop()
