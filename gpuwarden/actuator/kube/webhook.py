@@ -173,7 +173,7 @@ class ReloadingTLS:
         """The current context; None while no certificate can be read (the handshake is refused)."""
         with self._lock:
             now = time.monotonic()
-            if self._context is not None and now - self._checked_at < self.check_seconds:
+            if now - self._checked_at < self.check_seconds:  # also bounds the warnings while there is none
                 return self._context
             self._checked_at = now
             try:
