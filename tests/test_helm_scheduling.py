@@ -1,10 +1,10 @@
 """The chart's live scheduling (``scheduling.*``) and portal (``portal.teams``), rendered by the real
 helm 3 (``scripts/get_helm.py``; skips with the reason without it, fails under CI=true).
 
-A handful of renders, not the product of switches (``tests/test_helm.py`` leaves ``scheduling.*``
-out of it): each is linted with ``helm lint --strict``, validated against the Kubernetes 1.29-1.37
-schemas of PyPI ``kubernetes-validate`` and held to the same lock-down as every workload, with
-``tests/test_helm.py``'s own checks. Asserted here: with defaults none of it renders; the scheduler
+``tests/test_helm.py`` renders the ``scheduling.*`` switches with the others (every 3-way
+combination: lint, schemas, lock-down, RBAC owners). Here a handful of renders, the portal's among
+them (``portal.teams`` is no switch), go through the same checks (``tests/test_helm.py``'s own
+functions) and the specifics are asserted: with defaults none of it renders; the scheduler
 Deployment, Service, webhook configuration and RBAC (exact verbs, secrets and the webhook
 configuration by name only); cert-manager or the scheduler's own certificates; the portal's
 ConfigMap, the dashboard's identity and per-namespace Roles; the rendered webhook agrees with the
@@ -18,7 +18,7 @@ import yaml
 from test_helm import CHART, NAMESPACE, RELEASE, WRITE_VERBS, by_kind, render, run_helm
 from test_helm import cached_schemas, helm, kube_validate  # noqa: F401  (fixtures)
 from test_helm import test_contradictions_are_rejected_with_the_key as refused_naming_the_key
-from test_helm import test_every_combination_passes_helm_lint_strict as lint_strict_passes
+from test_helm import test_every_3way_combination_passes_helm_lint_strict as lint_strict_passes
 from test_helm import test_every_container_is_locked_down_in_every_combination as locked_down
 from test_helm import test_every_manifest_validates_against_kubernetes_1_29_to_1_37 as validates
 
