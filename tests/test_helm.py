@@ -410,8 +410,8 @@ def test_every_manifest_validates_against_kubernetes_1_29_to_1_37(all_combinatio
     assert {doc["kind"] for doc in distinct.values()} >= {"DaemonSet", "Service", "Deployment", "ClusterRole"}
     errors = []
     for doc in distinct.values():
-        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: kubernetes-validate has no schema for it
-            assert doc["kind"] in {"ServiceMonitor", "PrometheusRule"}
+        if doc["apiVersion"] in ("monitoring.coreos.com/v1", "cert-manager.io/v1"):  # CRDs: kubernetes-validate has no schema
+            assert doc["kind"] in {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
             assert doc["metadata"]["name"] and doc["metadata"]["namespace"] == NAMESPACE
             continue
         for version in KUBE_VERSIONS:
@@ -483,20 +483,23 @@ def test_exporter_is_root_only_for_root_only_host_files(helm):
 def test_rbac_exists_only_with_remediation_and_grants_only_its_verbs(all_combinations):
     for sets, (docs, _) in all_combinations.items():
         roles = [doc for doc in docs if doc["kind"] in {"Role", "ClusterRole"}]
-        if not is_on(sets, "remediation.enabled"):
+        owners = {"actuator": "remediation.enabled", "scheduler": "scheduling.enabled"}  # who holds RBAC, on which switch
+        if not any(is_on(sets, switch) for switch in owners.values()):
             assert not roles and not [d for d in docs if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}], sets
             continue
         granted = {}
         for role in roles:
-            assert role["metadata"]["labels"]["app.kubernetes.io/component"] == "actuator", sets
+            assert is_on(sets, owners[role["metadata"]["labels"]["app.kubernetes.io/component"]]), sets
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
                 for resource in rule["resources"]:
                     granted.setdefault(resource, set()).update(rule["verbs"])
-        # The exact verbs per remediation.actions switch: tests/test_helm_remediation.py.
+        # The exact verbs per remediation.actions switch: tests/test_helm_remediation.py; the scheduler's:
+        # tests/test_helm_scheduling.py (its own Secret and webhook configuration, by name).
         assert set(granted) <= {"nodes", "pods", "pods/eviction", "events", "namespaces", "jobs", "jobs/status", "jobsets",
                                 "leases", "poddisruptionbudgets", "priorityclasses", "workloads", "clusterqueues",
-                                "workloadpriorityclasses", "localqueues"}, (sets, sorted(granted))
+                                "workloadpriorityclasses", "localqueues", "secrets", "mutatingwebhookconfigurations"}, \
+            (sets, sorted(granted))
 
 
 def _dashboard(docs: list[dict], kind: str) -> dict:
