@@ -43,6 +43,7 @@ class QueueServerStandIn:
     submit: Callable[[dict[str, Any], str], tuple[int, dict[str, Any]]] | None = None
     posted: list[dict[str, Any]] = field(default_factory=list)
     gets: int = 0
+    url: str = ""
 
     def start(self) -> QueueServerStandIn:
         stand_in = self
@@ -76,15 +77,17 @@ class QueueServerStandIn:
                 key = f"{request.get('team')}/{request.get('name')}-1"
                 return self._answer(201, {"workload": key, "message": f"{key} queued"})
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server, self.url = serve_in_thread(Handler)
         return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, str]:
+    """A threaded HTTP server on a free local port, serving in a daemon thread, and its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
