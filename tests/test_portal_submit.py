@@ -240,3 +240,14 @@ def test_the_demo_templates_cover_the_simulated_teams():
     assert all(t.namespace == t.team for t in demo.values())  # the simulator's namespaces are its teams
     offered = {profile for layout in MIG_LAYOUTS.values() for profile in layout}
     assert {s.mig_profile for t in demo.values() for s in t.shapes if s.mig_profile} <= offered  # placeable in the demo
+
+
+def test_the_workload_a_simulated_cluster_adds_for_a_request(templates):
+    research = templates["research"]
+    gang = sub.workload_of(request(), research, "train-7-x1")
+    assert (gang.key, gang.team, gang.priority_class.value, gang.gang_size) == ("research/train-7-x1", "research", "high", 4)
+    assert (gang.gpus.count, gang.total_gpu_equivalents, gang.checkpointable) == (8, 32.0, True)
+    shared = sub.workload_of(request(shape=sub.Shape(shared_gpu=True), checkpointable=False), research, "s", 250)
+    assert (shared.gpus.fraction_milli, shared.gang_size, shared.checkpoint_interval_seconds) == (250, 1, None)
+    with pytest.raises(sub.PortalError, match="image 'x'"):
+        sub.workload_of(request(image="x"), research, "bad")

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.fleet import GpuRequest, PriorityClass
+from gpuwarden.fleet import GpuRequest, PriorityClass, Workload, WorkloadKind
 from gpuwarden.fleet.errors import UserError
 from gpuwarden.scheduling.errors import UnknownMigProfile
 from gpuwarden.scheduling.mig import check_profile
@@ -49,6 +49,7 @@ PORTAL_LABEL = "app.kubernetes.io/created-by"  # on the Job and its pods: which 
 PORTAL_LABEL_VALUE = "gpuwarden-portal"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # the device plugin's renamed time-sliced resource
 NAME_MAX_CHARS = 52  # generateName adds 5 characters; a Job's name (and its pods' label) must stay <= 63
+CHECKPOINT_INTERVAL_SECONDS = 600.0  # what the Kubernetes snapshot assumes of a checkpointable Job
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 TEMPLATE_KEYS = ("namespace", "images", "shapes", "priorityClasses", "leads", "maxGpus")
@@ -286,6 +287,18 @@ def job_manifest(request: PortalRequest, template: TeamTemplate, identity: str) 
             "metadata": {"generateName": f"{request.name}-", "namespace": template.namespace,
                          "labels": labels, "annotations": marks},
             "spec": spec}
+
+
+def workload_of(request: PortalRequest, template: TeamTemplate, name: str, shared_fraction_milli: int = 1000) -> Workload:
+    """The fleet workload the Job ``name`` made from ``request`` is, as the cluster snapshot reads a
+    Job (one workload; gang_size = its pods; a checkpointable one checkpoints every
+    :data:`CHECKPOINT_INTERVAL_SECONDS`): what a simulated cluster (the demo's ``/submit``) adds."""
+    validate(request, template)
+    return Workload(name=name, namespace=template.namespace, kind=WorkloadKind.TRAINING, team=template.team,
+                    project=template.team, priority_class=PriorityClass(request.priority_class),
+                    gpus=request.shape.gpu_request(shared_fraction_milli), gang_size=request.shape.pods,
+                    checkpointable=request.checkpointable,
+                    checkpoint_interval_seconds=CHECKPOINT_INTERVAL_SECONDS if request.checkpointable else None)
 
 
 def check_priority_change(template: TeamTemplate, workload: str, priority_class: str, identity: str) -> tuple[str, str]:
