@@ -146,6 +146,6 @@ def submitter_from_env(env: Mapping[str, str] | None = None) -> Submitter | None
             raise PortalError(f"the portal's Kubernetes client: {error}") from None
         where = "the Kubernetes API (" + (f"kubeconfig {kubeconfig}" if kubeconfig else
                                            "the dashboard's service account" if in_cluster else "default kubeconfig") + ")"
-        return KubeSubmitter(KubeApi(client, attempts=2), where)
+        return KubeSubmitter(KubeApi(client, attempts=1), where)  # never retried: a create with generateName makes a second Job
     return None
 
