@@ -208,8 +208,9 @@ def test_a_signed_in_member_submits_a_job_and_sees_its_live_position(monkeypatch
     live_queue._answer.clear()
     at.run()
     [mine] = [d.value for d in at.dataframe if "reason" in d.value.columns]
-    assert list(mine["workload"]) == [f"research/{name}"] and mine.iloc[0]["position"] == 4
-    assert mine.iloc[0]["reason"] == "gang of 4 pods x 8 GPUs: 32 GPUs, 8 free"
+    # this session's Job, and what else waits with bob's identity on it (beta/eval-3 in WAITING)
+    assert list(mine["workload"]) == ["beta/eval-3", f"research/{name}"] and list(mine["position"]) == [2, 4]
+    assert mine.iloc[1]["reason"] == "gang of 4 pods x 8 GPUs: 32 GPUs, 8 free"
     assert "Only a team's leads (its template's `leads`) raise or lower its jobs." in [c.value for c in at.caption]
 
 

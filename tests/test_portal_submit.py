@@ -226,7 +226,9 @@ def test_the_submitter_comes_from_the_environment(api, tmp_path):
     assert isinstance(forced, SchedulerEndpoint)
     for env, message in [({"GPUWARDEN_PORTAL_SUBMIT": "kube"}, "GPUWARDEN_PORTAL_SUBMIT='kube': allowed: kubernetes, scheduler"),
                          ({"GPUWARDEN_PORTAL_SUBMIT": "scheduler"}, "needs GPUWARDEN_SCHEDULER_URL"),
-                         ({"GPUWARDEN_KUBECONFIG": str(tmp_path / "missing")}, "cannot load the kubeconfig")]:
+                         ({"GPUWARDEN_KUBECONFIG": str(tmp_path / "missing")}, "cannot load the kubeconfig"),
+                         ({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "GPUWARDEN_SCHEDULER_URL": "http://s:1"},
+                          "cannot load the in-cluster service account")]:  # in a pod: its service account, not the URL
         with pytest.raises(sub.PortalError, match=re.escape(message)):
             submitter_from_env(env)
 

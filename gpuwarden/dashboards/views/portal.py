@@ -91,12 +91,13 @@ if submitted:
 
 st.subheader("Your requests in the queue")
 mine = st.session_state.get(SUBMITTED_KEY, [])
-if not mine:
-    st.caption("No request submitted in this session yet.")
-elif queue is None:
+if queue is None:
     st.caption(f"Positions unknown: {queue_problem}")
-else:
-    rows = queue.workloads[queue.workloads["workload"].isin(mine)]
+else:  # what this session submitted, and whatever waits with this identity on it (gpuwarden.io/requested-by)
+    rows = queue.workloads[queue.workloads["workload"].isin(mine)
+                           | (queue.workloads["requested_by"].astype(str).str.lower() == who.name.lower())]
+    if not mine and rows.empty:
+        st.caption("Nothing of yours waits in the queue.")
     for key in [k for k in mine if k not in set(rows["workload"])]:
         st.caption(f"`{key}`: not waiting in the scheduler's round {queue.round} (admitted and running, finished, "
                    "or submitted after that round: reload in a moment).")
