@@ -4,7 +4,7 @@ Chromium.
     PYTHONPATH=. python scripts/screenshots.py [--nodes 16] [--days 1] [--out docs/screenshots]
 
 It builds a store with the simulator (samples, a cluster snapshot, an audit log holding one
-action awaiting approval and a portal request), starts the dashboard on it with a local demo
+action awaiting approval), starts the dashboard on it with a local demo
 approver, and saves one PNG per page. ``build_demo_store`` is also what the browser tests use.
 """
 
@@ -58,7 +58,7 @@ def xid79_finding(node: str, gpu_uuid: str, at) -> Finding:
 def build_demo_store(root: Path, nodes: int = 4, days: float = 0.25, seed: int = 7, data_dir: Path = DATA_DIR,
                      fault_rate_scale: float = 50.0) -> dict:
     """A store a dashboard can show everything on: samples, cluster snapshot, one pending approval
-    (a cordon planned by the real actuator in approve mode on the simulated cluster), one request."""
+    (a cordon planned by the real actuator in approve mode on the simulated cluster)."""
     config = SimConfig(seed=seed, nodes=nodes, warmup_days=0.1, data_dir=data_dir, fault_rate_scale=fault_rate_scale)
     simulation = simulated_fleet(config)
     store = LocalStore(root)
@@ -74,9 +74,6 @@ def build_demo_store(root: Path, nodes: int = 4, days: float = 0.25, seed: int =
     finding = xid79_finding(node, gpu, snapshot.taken_at)
     actuator = Actuator(cluster, Mode.APPROVE, audit=AuditLog(audit))  # audit times: wall clock, as live
     round_ = Reconciler(actuator, lambda _snapshot: [finding]).reconcile_once()
-    team = snapshot.teams[0].name
-    cs.append_request(root / "cluster", cs.WorkloadRequest(name="portal-job", team=team, gpus=2, priority_class="high",
-                                                            submitted_by="sam", submitted_at=snapshot.taken_at.isoformat()))
     return {"simulation": simulation, "cluster": cluster, "node": node, "gpu": gpu, "finding": finding,
             "audit": audit, "planned": round_.plan}
 

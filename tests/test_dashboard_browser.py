@@ -2,8 +2,8 @@
 driven over the DevTools protocol (:mod:`gpuwarden.dashboards.cdp`).
 
 Every page is loaded on a full simulated store (samples, cluster snapshot, an action awaiting
-approval, a portal request) and on an empty one, and must show its own content and no exception
-text. Then an approval is clicked in the browser and the actuator applies it.
+approval; the Queue and Request pages fed by a stand-in of the scheduler's live queue, the demo's
+portal templates) and on an empty one, and must show its own content and no exception text. Then an approval is clicked in the browser and the actuator applies it.
 
 Needs the ``chromium`` binary (Debian package ``chromium``, installed by ``.ci/run``) and the
 shared traces the simulator reads: skipped with a reason when absent, failed under ``CI=true``.
@@ -29,7 +29,9 @@ from gpuwarden.actuator import (
     SafetyLimits,
     approvals,
 )
+from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH
 from gpuwarden.dashboards.cdp import EXCEPTION_MARKERS, Chromium, find_chromium
+from queue_server_stand_in import QueueServerStandIn, queue, team, waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
@@ -43,13 +45,13 @@ FULL_CONTENT = {
     "idle": ("Idle GPUs and why", "Idle GPU-hours", "GPU-hours by state over time", "Pods hoarding GPU memory"),
     "cost": ("Cost and chargeback", "Fleet cost", "Cost over time", "Chargeback", "Buy vs rent"),
     "health": ("GPU health", "Critical", "XID / ECC / row-remap events per node"),
-    "queue": ("Queue & quotas", "Per team (GPUs)", "Pending workloads, in queue order"),
-    "portal": ("Request GPUs", "Submit request", "Your requests in the queue", "Team priorities"),
+    "queue": ("Queue & quotas", "Per team (GPUs)", "Pending workloads, in queue order", "round 42"),
+    "portal": ("Request GPUs", "Submit request", "Your requests in the queue", "Team priorities (team leads)"),
     "actions": ("Actuator actions", "Awaiting approval", "Approve", "Limits:"),
 }
 EMPTY_CONTENT = {
     "": "gpuwarden demo", "gpu": "gpuwarden demo", "idle": "gpuwarden demo", "cost": "gpuwarden demo",
-    "health": "gpuwarden demo", "queue": "No cluster snapshot", "portal": "No cluster snapshot", "actions": "never run",
+    "health": "gpuwarden demo", "queue": "GPUWARDEN_SCHEDULER_URL", "portal": "GPUWARDEN_PORTAL_TEMPLATES", "actions": "never run",
 }
 APPROVER = "dana-oncall"
 
@@ -84,9 +86,21 @@ def serve(store: Path, **env):
 
 
 @pytest.fixture(scope="module")
-def full(full_store, chrome):
+def scheduler(full_store):
+    """The scheduler's live queue, contract-shaped (the demo's own loop serves it at integration). Its
+    tables are drawn on a canvas, so the page is checked by its caption naming the round."""
+    teams = [t.name for t in full_store[1]["cluster"].snapshot().teams]
+    server = QueueServerStandIn(queue([team(t, 4, 8, 4) for t in teams], [
+        waiting(1, teams[0], "portal-job", teams[0], 2.0, f"team {teams[0]} at its guarantee of 4 GPUs")])).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def full(full_store, chrome, scheduler):
     root, built = full_store
-    process, url = serve(root, GPUWARDEN_DEMO_APPROVER=APPROVER)
+    process, url = serve(root, GPUWARDEN_DEMO_APPROVER=APPROVER, GPUWARDEN_SCHEDULER_URL=scheduler.url,
+                         GPUWARDEN_PORTAL_TEMPLATES=str(DEMO_TEMPLATES_PATH))
     chrome.goto(url + "/")  # a fresh server can serve a blank first load
     chrome.settle(("Fleet overview",), timeout_s=120)
     yield url, root, built
@@ -176,3 +190,15 @@ def test_approve_in_the_browser_then_the_actuator_applies_it(full, chrome):
     assert built["node"] in built["cluster"].snapshot().cordoned
     text = load(chrome, f"{url}/actions", ("Applied",))
     assert APPROVER in text
+
+
+def test_submit_from_the_portal_in_the_browser(full, chrome, scheduler):
+    """The form as drawn: the first team's template, the signed-in identity; the request reaches the
+    scheduler's /submit and the page says where it went."""
+    url, _root, _built = full
+    load(chrome, f"{url}/portal", ("Submit request", f"Signed in as {APPROVER}"))
+    assert chrome.click("Submit request")
+    chrome.settle(("applied-ml/my-job-1 queued",), timeout_s=60)
+    [posted] = scheduler.posted
+    assert posted["identity"] == APPROVER
+    assert posted["request"]["team"] == "applied-ml" and posted["request"]["priorityClass"] == "normal"

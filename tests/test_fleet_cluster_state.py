@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
 
 from builders import node, snapshot, workload
 from gpuwarden.cli.simfleet import simulated_fleet
-from gpuwarden.fleet import Gpu, MigInstance, WorkloadPhase
+from gpuwarden.fleet import WorkloadPhase
 from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.sim import SimConfig
 
@@ -47,16 +46,3 @@ def test_the_simulated_cluster_round_trips(tmp_path, data_dir):
     assert any(w.attained_gpu_seconds > 0 for w in written.workloads)
     cs.write_snapshot(tmp_path, written)
     assert cs.read_snapshot(tmp_path) == written
-
-
-def test_the_portal_offers_the_mig_profiles_the_gpus_are_cut_into():
-    nodes = [node("node-0", gpus=2)]
-    cut = Gpu("GPU-node-0-1", 1, "node-0", nodes[0].gpu_model, mig_enabled=True,
-              mig_instances=(MigInstance(1, "3g.40gb"), MigInstance(2, "3g.40gb")))
-    view = replace(snapshot(nodes), gpus=(Gpu("GPU-node-0-0", 0, "node-0", nodes[0].gpu_model), cut))
-    assert cs.request_limits(view)[1] == ["3g.40gb"]
-    good = cs.WorkloadRequest(name="m", team="alpha", mig_profile="3g.40gb")
-    cs.validate_request(good, view)
-    with pytest.raises(ValueError, match=r"'1g.10gb': no GPU of this cluster is cut into it; allowed: 3g.40gb"):
-        cs.validate_request(replace(good, mig_profile="1g.10gb"), view)
-    assert cs.request_limits(None)[1] is None  # no snapshot: no bound (the planner refuses unknown profiles)

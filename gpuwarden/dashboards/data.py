@@ -46,7 +46,6 @@ from .sources import (
     prometheus_settings,
     prometheus_source,
     samples_source,
-    source_label,
     store_path,
 )
 
@@ -180,14 +179,6 @@ def require_prometheus(settings: PrometheusSettings) -> StoreInfo:
     return info
 
 
-def no_local_files(what: str, env: str) -> NoReturn:
-    """Stop a page fed only by files a store keeps beside it (cluster snapshot, audit log) when
-    there is no store (Prometheus, or nothing configured) and ``env`` names none."""
-    st.info(f"No {what} to show: the dashboard reads {source_label()}, which keeps no {what}. "
-            f"Set `{env}` to where the actuator writes it.", icon=":material/info:")
-    st.stop()
-
-
 def misconfigured(why: str) -> NoReturn:
     st.error(f"The dashboard's data source is misconfigured: {why}.", icon=":material/error:")
     st.stop()
@@ -277,38 +268,16 @@ def clear_caches() -> None:
     st.cache_resource.clear()
 
 
-def cluster_version(directory: Path | None) -> tuple[float, ...]:
-    """Modification times of the cluster-state files (a new snapshot, request or weight: a new key)."""
-    if directory is None:
-        return ()
-    stamps = []
-    for name in ("snapshot.json", "requests.jsonl", "team_weights.json"):
-        try:
-            stamps.append((directory / name).stat().st_mtime)
-        except OSError:
-            stamps.append(0.0)
-    return tuple(stamps)
-
-
-@st.cache_resource(ttl=CACHE_TTL_S, max_entries=8, show_spinner="Planning the queue…")
-def queue_plan(directory: str, version: tuple[float, ...]) -> Any:
-    """(snapshot with portal requests and admin weights, the planner's plan, pending table,
-    requests, unreadable request lines), or None without a snapshot. ValueError for a damaged snapshot."""
-    from gpuwarden.fleet import cluster_state as cs
-    from gpuwarden.scheduling import queue_report
-
-    folder = Path(directory)
-    snapshot = cs.read_snapshot(folder)
-    if snapshot is None:
-        return None
-    requests, problems = cs.read_requests(folder, snapshot)
-    snapshot = cs.with_weights(cs.with_requests(snapshot, requests), cs.read_weights(folder))
-    result = queue_report.plan_with(snapshot)
-    return snapshot, result, queue_report.pending_table(snapshot, result), requests, problems
+def cluster_version(directory: Path | None) -> float:
+    """Modification time of the cluster snapshot (a new snapshot: a new key); 0 without one."""
+    try:
+        return 0.0 if directory is None else (directory / "snapshot.json").stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=4, show_spinner=False)
-def _snapshot(directory: str, version: tuple[float, ...]) -> Any:
+def _snapshot(directory: str, version: float) -> Any:
     from gpuwarden.fleet import cluster_state as cs
 
     return cs.read_snapshot(Path(directory))
@@ -330,23 +299,3 @@ def gpu_history(path: str, start: pd.Timestamp, end: pd.Timestamp, version: floa
         return history(samples_source(path), Window(start, end, ""), node, uuid)
     except Exception as error:  # noqa: BLE001 - any reader failure becomes one line
         raise StoreUnreadable(f"a file in the store cannot be read ({one_line(error)})") from None
-
-
-def require_queue_plan() -> tuple[Path, Any]:
-    """The cluster-state folder and its :func:`queue_plan`, or the page stops with one line saying
-    why (no store, no snapshot yet, a damaged one). The Queue and Request pages open with it."""
-    from gpuwarden.fleet import cluster_state as cs
-
-    directory = cs.state_dir(store_path())
-    if directory is None:
-        no_local_files("cluster snapshot", cs.STATE_ENV)
-    try:
-        planned = queue_plan(str(directory), cluster_version(directory))
-    except ValueError as error:
-        st.error(str(error), icon=":material/error:")
-        st.stop()
-    if planned is None:
-        st.info(f"No cluster snapshot at `{directory}` yet. The actuator (or `gpuwarden demo`) writes one each round; "
-                f"set `{cs.STATE_ENV}` to read another folder.", icon=":material/info:")
-        st.stop()
-    return directory, planned

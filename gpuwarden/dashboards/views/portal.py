@@ -1,79 +1,133 @@
-"""Request GPUs: a team member submits a workload (GPUs, a fraction or a MIG profile, priority
-class, checkpointable). The request joins the same queue and goes through the same planner as
-everything else; the page shows its position and why it waits. Admins edit team priorities."""
+"""Request GPUs: a signed-in team member submits a Job from their team's template (images, GPU
+shapes, priority classes: :mod:`gpuwarden.actuator.submit`); it is created through the Kubernetes
+API (or the demo's scheduler) with gpuwarden's scheduling gate and the requester's identity, and
+the page shows its live position and why it waits. A team's leads raise or lower its waiting jobs
+within the template's classes."""
 
 from __future__ import annotations
 
-from datetime import UTC
+import os
+import shlex
 
-import pandas as pd
 import streamlit as st
 
-from gpuwarden.dashboards import auth, data
-from gpuwarden.fleet import cluster_state as cs
-from gpuwarden.fleet import FleetValueError, PriorityClass
+from gpuwarden.actuator.submit import TEMPLATES_ENV, PortalError, PortalRequest, TeamTemplate, load_templates
+from gpuwarden.actuator.submitters import KUBECONFIG_ENV, SCHEDULER_URL_ENV, SETTINGS_ENVS, Submitter, submitter_from_env
+from gpuwarden.dashboards import auth, live_queue
+
+SUBMITTED_KEY = "portal_submitted"  # the workloads this session submitted, newest last
 
 st.title("Request GPUs")
-directory, (snapshot, *_) = data.require_queue_plan()  # the same snapshot the queue below plans on
-max_gpus, profiles, teams = cs.request_limits(snapshot)
+
+
+@st.cache_resource(ttl=60, show_spinner=False)
+def templates_at(path: str, modified: float) -> dict[str, TeamTemplate]:
+    return load_templates(path)
+
+
+@st.cache_resource(show_spinner=False)
+def submitter_for(settings: tuple[tuple[str, str], ...]) -> Submitter | None:
+    return submitter_from_env(dict(settings))
+
+
+path = os.environ.get(TEMPLATES_ENV, "").strip()
+if not path:
+    st.info(f"No portal templates: `{TEMPLATES_ENV}` is not set. It names the teams' templates file (helm values "
+            "`portal.teams`; `gpuwarden demo` sets it).", icon=":material/info:")
+    st.stop()
+try:
+    templates = templates_at(path, os.path.getmtime(path))
+    submitter = submitter_for(tuple((k, os.environ[k]) for k in SETTINGS_ENVS if k in os.environ))
+except (PortalError, OSError) as error:
+    st.error(f"The portal cannot submit: {str(error).splitlines()[0]}", icon=":material/error:")
+    st.stop()
+if submitter is None:
+    st.info(f"Submitting is off: set `{KUBECONFIG_ENV}` or run the dashboard in the cluster (Jobs go through the "
+            f"Kubernetes API), or set `{SCHEDULER_URL_ENV}` to a scheduler that takes submissions (the demo's).",
+            icon=":material/info:")
+    st.stop()
+who = auth.identity()
+if who is None:
+    st.info("Sign in to request GPUs: your identity is written on the Job (`gpuwarden.io/requested-by`).",
+            icon=":material/login:")
+    if auth.oidc_configured():
+        st.button("Log in", on_click=st.login, help="Sign in with your organisation's identity provider.")
+    else:
+        st.caption("Nobody can sign in: configure OIDC (`st.login`, the chart's dashboard auth), or, for a local "
+                   f"demo, `{auth.DEMO_APPROVER_ENV}`.")
+    st.stop()
+st.caption(f"Signed in as **{who.name}** · requests go to {submitter.where}")
+
+queue, queue_problem = None, None
+try:
+    queue = live_queue.live_queue()
+    queue_problem = live_queue.unset_line() if queue is None else None
+except live_queue.QueueUnavailable as error:
+    queue_problem = live_queue.unavailable_line(error)
+
+team = st.selectbox("Team", sorted(templates), help="Each team offers its own images, shapes and priority classes.")
+template = templates[team]
 with st.form("request"):
     left, right = st.columns(2)
-    team = left.selectbox("Team", teams)
-    name = right.text_input("Workload name", value="my-job", max_chars=cs.NAME_MAX_CHARS,
-                            help="Lower-case letters, digits and '-', starting and ending with a letter or digit.")
-    shape = left.radio("Shape", ["Whole GPUs", "Fraction of one GPU", "MIG profile"], horizontal=True)
-    gpus = right.number_input("GPUs (whole)", min_value=1, max_value=max_gpus, value=1, step=1,
-                              help=f"1 to {max_gpus}, the GPUs of this cluster.")
-    fraction = left.slider("Fraction of one GPU (%)", 10, 100, 50, step=10)
-    profile = right.selectbox("MIG profile", profiles or ["(no GPU here has MIG)"], disabled=not profiles,
-                              help="The MIG profiles this cluster's GPU models offer.")
-    priority = left.selectbox("Priority class", [p.value for p in PriorityClass], index=2)
+    name = left.text_input("Job name", value="my-job", help="Lower-case letters, digits and '-'; a suffix is added.")
+    image = right.selectbox("Image", template.images)
+    shape = left.selectbox("Shape", template.shapes, format_func=lambda s: s.label,
+                           help="GPUs per pod; several pods start together or not at all (a gang).")
+    classes = list(template.priority_classes)
+    priority = right.selectbox("Priority class", classes, index=classes.index("normal") if "normal" in classes else 0)
+    command = left.text_input("Command (optional)", help="Run instead of the image's entrypoint, e.g. `torchrun train.py`.")
     checkpointable = right.checkbox("Checkpointable (may be suspended and resumed instead of killed)")
     submitted = st.form_submit_button("Submit request", type="primary")
 
 if submitted:
-    who = auth.identity()
-    whole = shape == "Whole GPUs"
-    request = cs.WorkloadRequest(
-        name=name.strip(), team=team, gpus=int(gpus) if whole else 1,
-        fraction_milli=int(fraction) * 10 if shape == "Fraction of one GPU" else 1000,
-        mig_profile=profile if shape == "MIG profile" else None, priority_class=priority, checkpointable=checkpointable,
-        submitted_by=who.name if who else "anonymous", submitted_at=snapshot.taken_at.astimezone(UTC).isoformat())
     try:
-        cs.append_request(directory, request, snapshot)
-    except (FleetValueError, ValueError) as error:
+        request = PortalRequest(team, name.strip(), image, shape, priority, checkpointable, tuple(shlex.split(command)))
+        key, message = submitter.submit(request, template, who.name, queue.held_gpus(team) if queue else 0.0)
+    except (PortalError, ValueError) as error:
         st.error(f"Not submitted: {str(error).splitlines()[0]}", icon=":material/error:")
     else:
-        st.session_state["portal_last"] = f"{team}/{request.name}"
-        st.success(f"Submitted {team}/{request.name}.", icon=":material/check_circle:")
+        st.session_state[SUBMITTED_KEY] = [*st.session_state.get(SUBMITTED_KEY, []), key]
+        st.success(message, icon=":material/check_circle:")
 
-planned, result, pending, requests, problems = data.queue_plan(str(directory), data.cluster_version(directory))
-mine = {f"{r.team}/{r.name}" for r in requests}
 st.subheader("Your requests in the queue")
-if not requests:
-    st.caption("No request submitted yet.")
-else:
-    rows = pending[pending["workload"].isin(mine)]
-    bound = {a.target for a in result.actions if a.kind.value in ("bind", "resume")}
-    for key in sorted(mine - set(rows["workload"])):
-        st.caption(f"`{key}`: " + ("the planner would start it now." if key in bound else "not waiting."))
+mine = st.session_state.get(SUBMITTED_KEY, [])
+if queue is None:
+    st.caption(f"Positions unknown: {queue_problem}")
+else:  # what this session submitted, and whatever waits with this identity on it (gpuwarden.io/requested-by)
+    rows = queue.workloads[queue.workloads["workload"].isin(mine)
+                           | (queue.workloads["requested_by"].astype(str).str.lower() == who.name.lower())]
+    if not mine and rows.empty:
+        st.caption("Nothing of yours waits in the queue.")
+    for key in [k for k in mine if k not in set(rows["workload"])]:
+        st.caption(f"`{key}`: not waiting in the scheduler's round {queue.round} (admitted and running, finished, "
+                   "or submitted after that round: reload in a moment).")
     if not rows.empty:
-        st.dataframe(rows[["position", "workload", "team", "gpus", "priority_class", "reason"]], hide_index=True,
-                     width="stretch", column_config={"reason": st.column_config.TextColumn("Why it waits", width="large")})
-        st.caption(f"Of {len(pending)} workloads waiting in the whole queue.")
+        st.dataframe(rows[["position", "workload", "priority_class", "gpus", "state", "reason", "estimated_start"]],
+                     hide_index=True, width="stretch", column_config={
+                         "reason": st.column_config.TextColumn("Why it waits", width="large")})
+        st.caption(f"Of {len(queue.workloads)} workloads waiting in the whole queue.")
 
-st.subheader("Team priorities (fair-share weights)")
-weights = {t.name: t.weight for t in planned.teams}
-admin = auth.sign_in("admin")
-edited = st.data_editor(pd.DataFrame({"team": list(weights), "weight": list(weights.values())}), hide_index=True,
-                        disabled=admin is None or ["team"], key="weights",
-                        column_config={"weight": st.column_config.NumberColumn("Weight", min_value=0.01, format="%.2f")})
-if admin is not None and st.button("Save priorities"):
-    try:
-        cs.write_weights(directory, dict(zip(edited["team"], edited["weight"].astype(float))))
-    except ValueError as error:
-        st.error(str(error))
-    else:
-        st.success(f"Saved by {admin.name}; the next plan uses them.")
-elif admin is None:
-    st.caption("Only admins can change team priorities.")
+st.subheader("Team priorities (team leads)")
+led = [t for t in templates.values() if t.is_lead(who.name)]
+if not led:
+    st.caption("Only a team's leads (its template's `leads`) raise or lower its jobs.")
+elif not submitter.can_change_priority:
+    st.caption(f"Priority changes are Job annotations made through the Kubernetes API; {submitter.where} takes none.")
+elif queue is None:
+    st.caption(f"Your teams' waiting jobs are unknown: {queue_problem}")
+for lead_of in led if submitter.can_change_priority and queue is not None else []:
+    waiting = queue.workloads[queue.workloads["namespace"] == lead_of.namespace]
+    st.markdown(f"**{lead_of.team}**: {len(waiting)} waiting")
+    if waiting.empty:
+        continue
+    st.dataframe(waiting[["position", "workload", "priority_class", "gpus", "requested_by", "reason"]],
+                 hide_index=True, width="stretch")
+    with st.form(f"priority-{lead_of.team}"):
+        left, right = st.columns(2)
+        target = left.selectbox("Job", list(waiting["workload"]))
+        moved_to = right.selectbox("New priority class", lead_of.priority_classes)
+        if st.form_submit_button("Change priority"):
+            try:
+                st.success(submitter.change_priority(lead_of, target, moved_to, who.name), icon=":material/check_circle:")
+            except PortalError as error:
+                st.error(f"Not changed: {str(error).splitlines()[0]}", icon=":material/error:")
