@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
+from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH, TEMPLATES_ENV
 
 from .args import host_port, number, plain, port
 from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, portal_submitter
@@ -239,7 +240,8 @@ def _run(args: argparse.Namespace, config, clock: Clock) -> int:
             # On a laptop the person running the demo is its approver (no sign-in).
             dashboard = launch_dashboard(args.store, port=args.dashboard_port, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, local_approver=os.environ.get("USER") or "demo",
-                                         env={**os.environ, SCHEDULER_URL_ENV: queue_server.url})
+                                         env={**os.environ, SCHEDULER_URL_ENV: queue_server.url,
+                                              TEMPLATES_ENV: str(DEMO_TEMPLATES_PATH)})
             url = dashboard_url("127.0.0.1", args.dashboard_port)
             wait_for_dashboard(dashboard, url, args.dashboard_port)
             print(f"dashboard: {url}")

@@ -90,48 +90,28 @@ def add_live_jobs(runner: Runner, simulation: Simulation, exporter: ExporterServ
 
 # -- the demo's portal submissions (POST /submit on its queue server) ----------------------------------
 
-DEMO_JOB_SECONDS = 3600.0  # how long a portal job runs in the simulation when the request does not say
-MAX_GANG_PODS = 64
-# request keys the demo accepts: the portal's (WorkloadRequest's) and the team templates' spellings
-REQUEST_KEYS = {"name": "name", "team": "team", "gpus": "gpus", "fraction_milli": "fraction_milli",
-                "mig_profile": "mig_profile", "migProfile": "mig_profile", "priority_class": "priority_class",
-                "priorityClass": "priority_class", "checkpointable": "checkpointable", "kind": "kind",
-                "pods": "pods", "sharedGpu": "shared_gpu", "shared_gpu": "shared_gpu",
-                "duration_seconds": "duration_seconds", "image": "image", "namespace": "namespace"}
-SHARED_GPU_MILLI = 500  # a shared-GPU request without a fraction: half a GPU
+DEMO_JOB_SECONDS = 3600.0  # how long a portal job runs in the simulation (a request names no duration)
 
 
-def portal_submitter(simulation: Simulation, requested_by_annotation: str):
-    """``submit(request, identity) -> (workload key, message)`` adding a portal request to the
-    simulated fleet as a workload that waits in the queue (ValueError naming the field when the
-    request is out of bounds)."""
-    import dataclasses
+def portal_submitter(simulation: Simulation, requested_by_annotation: str, templates_path=None):
+    """``submit(request, identity) -> (workload key, message)`` adding a portal request (the same
+    body the portal posts, checked against the same team templates a cluster's portal uses) to the
+    simulated fleet as a workload that waits in the queue for the scheduling round; PortalError
+    naming the field when the request leaves its team's template."""
+    from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH, PortalError, PortalRequest, load_templates, workload_of
 
-    from gpuwarden.fleet.cluster_state import WorkloadRequest, validate_request
+    templates = load_templates(templates_path or DEMO_TEMPLATES_PATH)
 
-    def submit(request, identity: str) -> tuple[str, str]:
-        unknown = sorted(set(request) - set(REQUEST_KEYS))
-        if unknown:
-            raise ValueError(f"request field {unknown[0]!r}: not a field; allowed: {', '.join(sorted(REQUEST_KEYS))}")
-        fields = {REQUEST_KEYS[k]: v for k, v in request.items()}
-        fields.pop("image", None)  # a simulated job runs no image
-        namespace = fields.pop("namespace", None)
-        if namespace is not None and namespace != fields.get("team"):
-            raise ValueError(f"namespace {namespace!r}: a team's jobs run in its own namespace ({fields.get('team')!r})")
-        pods = fields.pop("pods", 1)
-        if not isinstance(pods, int) or isinstance(pods, bool) or not 1 <= pods <= MAX_GANG_PODS:
-            raise ValueError(f"pods {pods!r}: a whole number from 1 to {MAX_GANG_PODS}")
-        duration = fields.pop("duration_seconds", DEMO_JOB_SECONDS)
-        if not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 0 < duration <= 30 * 86400:
-            raise ValueError(f"duration_seconds {duration!r}: a number of seconds in (0, 2592000]")
-        if fields.pop("shared_gpu", False) and "fraction_milli" not in fields:
-            fields["fraction_milli"] = SHARED_GPU_MILLI
-        if "name" not in fields or "team" not in fields:
-            raise ValueError("name and team: both are required")
-        wanted = WorkloadRequest(**fields, submitted_by=identity, submitted_at=simulation.now.isoformat())
-        validate_request(wanted, simulation.cluster.snapshot())
-        workload = dataclasses.replace(wanted.workload(), gang_size=pods)
-        key = simulation.submit(workload, float(duration), annotations={requested_by_annotation: identity})
+    def submit(body, identity: str) -> tuple[str, str]:
+        request = PortalRequest.from_mapping(body)
+        template = templates.get(request.team)
+        if template is None:
+            raise PortalError(f"team {request.team!r}: no portal template; allowed: {', '.join(sorted(templates))}")
+        with simulation.lock:
+            taken = {job.name for job in simulation.jobs}
+        name = next(f"{request.name}-{n}" for n in range(1, len(taken) + 2) if f"{request.name}-{n}" not in taken)
+        workload = workload_of(request, template, name)  # what a Job named as Kubernetes' generateName would
+        key = simulation.submit(workload, DEMO_JOB_SECONDS, annotations={requested_by_annotation: identity})
         return key, f"{key} submitted by {identity}; it waits in the queue until the scheduler admits it"
 
     return submit

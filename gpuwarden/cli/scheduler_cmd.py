@@ -48,7 +48,14 @@ def add_parser(subparsers) -> None:
     run.add_argument("--port", type=number(int, 0, 65535), default=8083,
                      help="port for /queue, /metrics, /healthz, 0..65535 (0 picks a free one; default 8083)")
     run.add_argument("--webhook-port", type=port,
-                     help="serve the admission webhook (HTTPS) on this port; wired with the webhook (issue 21)")
+                     help="serve the admission webhook (HTTPS, /mutate-pods) on this port on every replica")
+    run.add_argument("--webhook-cert-dir", default="/tmp/gpuwarden-webhook",
+                     help="folder of the webhook's tls.crt and tls.key (cert-manager's mounted Secret, or where the "
+                          "scheduler writes its own; default /tmp/gpuwarden-webhook)")
+    run.add_argument("--webhook-secret", help="keep the webhook's CA and serving pair in this Secret (in --namespace) "
+                                              "and rotate them; omit when cert-manager issues the certificate")
+    run.add_argument("--webhook-service", help="the Service the API server calls the webhook through (the certificate's name)")
+    run.add_argument("--webhook-configuration", help="the MutatingWebhookConfiguration whose caBundle the scheduler keeps")
     run.add_argument("--rounds", type=positive_int, help="stop after this many rounds (default: run until stopped)")
     run.add_argument("--leader-elect", action="store_true", help="schedule only while holding the Lease")
     run.add_argument("--lease-name", default="gpuwarden-scheduler", help="Lease name (default gpuwarden-scheduler)")
@@ -76,12 +83,26 @@ def _attained(args: argparse.Namespace):
     return attained_from_samples(source.read, args.since.total_seconds())
 
 
-def webhook_server(args: argparse.Namespace):
-    """The hook for the admission webhook's HTTPS server (another part of issue 21 builds it): an
-    object with ``start()`` and ``stop()`` serving on ``--webhook-port``, or None."""
+def webhook_server(args: argparse.Namespace, cluster, clock: Clock):
+    """The admission webhook's HTTPS service on ``--webhook-port`` (every replica serves it, the
+    leader or not), or None. Without cert-manager (``--webhook-secret`` given) the scheduler keeps
+    the CA and serving pair in that Secret and the webhook configuration's caBundle current."""
     if args.webhook_port is None:
         return None
-    raise SystemExit("gpuwarden scheduler: error: --webhook-port: the admission webhook is not in this build")
+    import functools
+
+    from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
+    from gpuwarden.actuator.kube.webhook import WebhookService
+
+    refresh = None
+    if args.webhook_secret:
+        if not (args.webhook_service and args.webhook_configuration):
+            raise SystemExit("gpuwarden scheduler: error: --webhook-secret needs --webhook-service and "
+                             "--webhook-configuration (the Service the API server calls, the configuration to give the CA)")
+        certificates = WebhookCertificates(cluster.api, CertPolicy(args.webhook_service, args.namespace),
+                                           args.webhook_secret, args.webhook_configuration, clock=clock)
+        refresh = functools.partial(certificates.ensure, args.webhook_cert_dir)
+    return WebhookService(args.webhook_cert_dir, args.webhook_port, refresh=refresh, clock=clock)
 
 
 def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
@@ -98,7 +119,7 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     except ValueError as error:
         print(f"gpuwarden: error: {error}", file=sys.stderr)
         return 2
-    webhook = webhook_server(args)
+    webhook = webhook_server(args, cluster, clock)
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
     metrics = SchedulerMetrics()
