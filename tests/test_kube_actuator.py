@@ -131,7 +131,7 @@ def test_a_quota_reclaim_preempts_the_borrower_is_audited_and_undone(api, tmp_pa
     namespace(api, "team-b", {"gpuwarden.io/team": "team-b"},
               {"gpuwarden.io/guaranteed-gpus": "0", "gpuwarden.io/burst-gpus": "8"})
     job_with_pods(api, "team-b", "borrower", ["n0"], gpus=8)  # team-b runs on team-a's lent guarantee
-    job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending")  # team-a wants it back
+    job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending", gated=True)  # team-a wants it back
     cluster = connect(api, tmp_path)
     actuator = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     reconciler = Reconciler(actuator, lambda snapshot: [], scheduling="gpuwarden")
