@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from kubernetes.utils import parse_quantity
 
 from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology
-from gpuwarden.scheduling.mig import compute_slices, mig_table
+from gpuwarden.scheduling.mig import compute_slices, fits, mig_table
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -110,26 +110,30 @@ def _whole_number(labels: Mapping[str, str], key: str, name: str) -> int:
 
 
 def _mig_layouts(model: str, gpus: int, counts: Mapping[str, int]) -> list[list[str]]:
-    """``counts`` instances laid on ``gpus`` GPUs, largest first, each GPU up to its compute slices
-    (first fit; what does not fit goes round-robin, as the node says it has them)."""
+    """``counts`` instances laid on ``gpus`` GPUs, largest first, each on the first GPU it fits
+    (compute and memory slices, instances per profile: :func:`gpuwarden.scheduling.mig.fits`); a
+    model the catalogue does not know is filled by compute slices. What fits nowhere goes
+    round-robin: the node says it has them."""
     table = mig_table(model)
     most = compute_slices(model if table else None)
     layouts: list[list[str]] = [[] for _ in range(gpus)]
-    used = [0] * gpus
 
     def slices(profile: str) -> int:
         spec = table.get(profile)
         return spec.compute_slices if spec else int(profile.split("g.", 1)[0]) if profile[:1].isdigit() else 1
 
+    def room(layout: list[str], profile: str) -> bool:
+        if table:
+            return fits(model, layout, profile)
+        return sum(slices(p) for p in layout) + slices(profile) <= most
+
     spill = 0
     for profile in sorted(counts, key=lambda p: (-slices(p), p)):
         for _ in range(counts[profile]):
-            need = slices(profile)
-            g = next((i for i in range(gpus) if used[i] + need <= most), None)
+            g = next((i for i in range(gpus) if room(layouts[i], profile)), None)
             if g is None:
                 g, spill = spill % gpus, spill + 1
             layouts[g].append(profile)
-            used[g] += need
     return layouts
 
 
