@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import multiprocessing
 import socket
 import statistics
 import sys
@@ -36,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_actuator import api_server  # noqa: E402
 from fake_kube_api import FakeKubeAPI  # noqa: E402
 from kube_fleet import job, namespace, node, pod  # noqa: E402
 
@@ -70,6 +71,10 @@ class CountingApi(KubeApi):
 
 def build(api: FakeKubeAPI, nodes: int, gated: int) -> dict[str, int]:
     """The fleet; returns how many objects each listed resource holds."""
+    # The fake writes a response's headers and body in two sends: with Nagle's algorithm the body
+    # waits for the client's delayed ACK (~40 ms a request), which a real API server never costs.
+    # Accepted sockets inherit TCP_NODELAY from the listening one.
+    api._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # noqa: SLF001 - bench only
     for n in range(NAMESPACES):
         namespace(api, f"team-{n}", {QUEUE_LABEL: f"team-{n}"}, {"gpuwarden.io/guaranteed-gpus": str(8 * nodes // NAMESPACES),
                                                   "gpuwarden.io/burst-gpus": str(16 * nodes // NAMESPACES)})
@@ -98,34 +103,13 @@ def build(api: FakeKubeAPI, nodes: int, gated: int) -> dict[str, int]:
             "workloads.kueue.x-k8s.io": 0, "pods": pods, "jobs": jobs}
 
 
-def serve(nodes: int, gated: int, answers: Any, stop: Any) -> None:
-    api = FakeKubeAPI().start()
-    # The fake writes a response's headers and body in two sends: with Nagle's algorithm the body
-    # waits for the client's delayed ACK (~40 ms a request), which a real API server never costs.
-    # Accepted sockets inherit TCP_NODELAY from the listening one.
-    api._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # noqa: SLF001 - bench only
-    counts = build(api, nodes, gated)
-    with tempfile.TemporaryDirectory() as tmp:
-        answers.put((Path(api.kubeconfig(Path(tmp) / "kc.json")).read_text(), counts))
-        stop.wait()
-    api.stop()
-
-
 @contextlib.contextmanager
-def api_server(nodes: int, gated: int) -> Iterator[tuple[dict[str, int], Any]]:
-    answers, stop = multiprocessing.Queue(), multiprocessing.Event()
-    server = multiprocessing.Process(target=serve, args=(nodes, gated, answers, stop), daemon=True)
-    server.start()
-    try:
-        kubeconfig, counts = answers.get(timeout=900)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "kc.json"
-            path.write_text(kubeconfig)
-            client = load_client(str(path), timeout_seconds=120)
-        yield counts, client
-    finally:
-        stop.set()
-        server.join(timeout=30)
+def connected(nodes: int, gated: int) -> Iterator[tuple[dict[str, int], Any]]:
+    """:func:`build` served in its own process (``bench_actuator.api_server``): (objects served, a client)."""
+    with api_server(nodes, gated, fleet=build) as (kubeconfig, counts), tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kc.json"
+        path.write_text(kubeconfig)
+        yield counts, load_client(str(path), timeout_seconds=120)
 
 
 def snapshot_seconds(cluster: KubeCluster, repeat: int) -> tuple[float, Any]:
@@ -138,7 +122,7 @@ def snapshot_seconds(cluster: KubeCluster, repeat: int) -> tuple[float, Any]:
 
 
 def one_round(nodes: int, gated: int, repeat: int, page_size: int) -> dict[str, Any]:
-    with api_server(nodes, gated) as (counts, client):
+    with connected(nodes, gated) as (counts, client):
         api = CountingApi(client)
         cluster = KubeCluster(api, page_size=page_size, clock=FakeClock(NOW))
         snap_s, plan_s, actions = [], [], ()
@@ -168,7 +152,7 @@ def one_round(nodes: int, gated: int, repeat: int, page_size: int) -> dict[str, 
 
 
 def baseline(nodes: int, repeat: int, page_size: int) -> float:
-    with api_server(nodes, 0) as (_, client):
+    with connected(nodes, 0) as (_, client):
         seconds, _ = snapshot_seconds(KubeCluster(KubeApi(client), page_size=page_size, clock=FakeClock(NOW)), repeat)
         return seconds
 
