@@ -320,3 +320,20 @@ def test_a_scheduling_round_admits_the_queue_in_policy_order_onto_the_planned_no
     assert [r.action.kind for r in results if r.action.kind == ActionKind.BIND] == []
     states = states_of(cluster.snapshot())
     assert states["ml/gang"].phase == WorkloadPhase.RUNNING and states["ml/low"].phase == WorkloadPhase.PENDING
+
+
+def test_bad_input_is_named_and_never_stops_the_snapshot(api, tmp_path, caplog):
+    node(api, "n0")
+    namespace(api, "ml", {QUEUE_LABEL: "ml"})
+    gated_job(api, "ml", "train", pods=1, annotations={PRIORITY_CLASS_ANNOTATION: "urgent"})
+    gpu_pod(api, "ml", "slice", 1, resource="nvidia.com/gpu.shared")  # no node shares its GPUs
+    gpu_pod(api, "ml", "g-0", 1, labels={GANG_LABEL: "g", GANG_SIZE_LABEL: "many"})
+    cluster = connect(api, tmp_path)
+    with caplog.at_level("WARNING", logger="gpuwarden.actuator.kube"):
+        states = states_of(cluster.snapshot())
+    assert set(states) == {"ml/train"} and states["ml/train"].priority_override is None
+    assert "annotation gpuwarden.io/priority-class='urgent' is not one of: best-effort, low, normal, high, critical" \
+        in caplog.text
+    assert "no node offers time-sliced GPUs" in cluster.inventory.refused["ml/slice"]
+    assert "label gpuwarden.io/gang-size='many' is not a whole number" in cluster.inventory.refused["ml/g"]
+    assert cluster.record_workload_event("ml/nothing", "Queued", "x") == 0  # not in the snapshot: logged, not raised
