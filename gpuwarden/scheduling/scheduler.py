@@ -153,8 +153,11 @@ class Scheduler:
                 failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
                 decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
+            # free whole GPUs change only on the nodes touched (a full recount per job was O(jobs x nodes))
+            touched = [state.nodes[name] for name in {name for name, _, _ in placements} if state.nodes[name].schedulable]
+            before = sum(n.whole_free() for n in touched)
             statement.allocate(job, placements)
-            free_whole = state.free_whole()
+            free_whole = state.free_whole() if victims else free_whole - before + sum(n.whole_free() for n in touched)
             decisions.append(self._started(job, placements, now))
         if policy.defragment:
             decisions.extend(self._defragment(state, statement, now))
