@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import socket
 import statistics
 import sys
@@ -112,29 +113,30 @@ def connected(nodes: int, gated: int) -> Iterator[tuple[dict[str, int], Any]]:
         yield counts, load_client(str(path), timeout_seconds=120)
 
 
-def snapshot_seconds(cluster: KubeCluster, repeat: int) -> tuple[float, Any]:
-    times, snapshot = [], None
+def medians(step: Any, repeat: int) -> tuple[float, float, Any]:
+    """``step()`` run ``repeat`` times: (median wall seconds, median CPU seconds of this process, last result)."""
+    wall, cpu, result = [], [], None
     for _ in range(repeat):
-        started = time.perf_counter()
-        snapshot = cluster.snapshot()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), snapshot
+        started, used = time.perf_counter(), time.process_time()
+        result = step()
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - used)
+    return statistics.median(wall), statistics.median(cpu), result
+
+
+def plan(snapshot: Any) -> tuple[Any, ...]:
+    """The round's planning step: the engine's state, one ``gpuwarden`` pass, decisions as actions."""
+    state, _ = state_from_snapshot(snapshot)
+    scheduler = Scheduler(policy_for(snapshot, "gpuwarden"))
+    return actions_for(scheduler.schedule(state, 0.0), state, scheduler.policy.name)
 
 
 def one_round(nodes: int, gated: int, repeat: int, page_size: int) -> dict[str, Any]:
     with connected(nodes, gated) as (counts, client):
         api = CountingApi(client)
         cluster = KubeCluster(api, page_size=page_size, clock=FakeClock(NOW))
-        snap_s, plan_s, actions = [], [], ()
-        for _ in range(repeat):
-            started = time.perf_counter()
-            snapshot = cluster.snapshot()
-            snap_s.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            state, _ = state_from_snapshot(snapshot)
-            scheduler = Scheduler(policy_for(snapshot, "gpuwarden"))
-            actions = actions_for(scheduler.schedule(state, 0.0), state, scheduler.policy.name)
-            plan_s.append(time.perf_counter() - started)
+        snap_s, snap_cpu_s, snapshot = medians(cluster.snapshot, repeat)
+        plan_s, plan_cpu_s, actions = medians(lambda: plan(snapshot), repeat)
         api.by_verb.clear()
         api.by_list.clear()
         cluster.snapshot()  # the round whose requests are counted: read, then apply the plan
@@ -145,16 +147,18 @@ def one_round(nodes: int, gated: int, repeat: int, page_size: int) -> dict[str, 
                        if r.ok and r.action.kind == ActionKind.BIND)
         pages = {r: max(1, math.ceil(n / page_size)) for r, n in counts.items()}
         return {"nodes": nodes, "gpus": len(snapshot.gpus), "pods": counts["pods"], "gated": gated,
-                "workloads": len(snapshot.workloads), "snapshot_s": statistics.median(snap_s),
-                "plan_s": statistics.median(plan_s), "apply_s": apply_s, "actions": Counter(a.kind.value for a in actions),
+                "workloads": len(snapshot.workloads), "snapshot_s": snap_s, "snapshot_cpu_s": snap_cpu_s,
+                "plan_s": plan_s, "plan_cpu_s": plan_cpu_s, "apply_s": apply_s, "actions": Counter(a.kind.value for a in actions),
                 "failed": [r.message for r in results if not r.ok][:3], "admitted": admitted,
                 "verbs": dict(api.by_verb), "lists": dict(api.by_list), "pages": pages}
 
 
-def baseline(nodes: int, repeat: int, page_size: int) -> float:
+def baseline(nodes: int, repeat: int, page_size: int) -> tuple[float, float]:
+    """The snapshot read of the same fleet without gated pods: (median wall, median CPU seconds)."""
     with connected(nodes, 0) as (_, client):
-        seconds, _ = snapshot_seconds(KubeCluster(KubeApi(client), page_size=page_size, clock=FakeClock(NOW)), repeat)
-        return seconds
+        cluster = KubeCluster(KubeApi(client), page_size=page_size, clock=FakeClock(NOW))
+        wall, cpu, _ = medians(cluster.snapshot, repeat)
+        return wall, cpu
 
 
 def main() -> int:
@@ -164,13 +168,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--page-size", type=int, default=500)
     args = parser.parse_args()
-    base_s = baseline(args.nodes, args.repeat, args.page_size)
+    base_s, base_cpu_s = baseline(args.nodes, args.repeat, args.page_size)
     row = one_round(args.nodes, args.gated, args.repeat, args.page_size)
     print(f"{row['nodes']} nodes, {row['gpus']} GPUs, {row['pods']} pods of which {row['gated']} gated "
           f"({row['workloads']} GPU workloads in the snapshot)")
-    print(f"snapshot read {row['snapshot_s']:.2f} s (median of {args.repeat}); baseline without gated pods "
-          f"{base_s:.2f} s; ratio x{row['snapshot_s'] / base_s:.2f}")
-    print(f"plan (state + one gpuwarden pass + actions) {row['plan_s']:.3f} s (median of {args.repeat}); "
+    print(f"snapshot read {row['snapshot_s']:.2f} s wall, {row['snapshot_cpu_s']:.2f} s CPU (medians of {args.repeat}); "
+          f"baseline without gated pods {base_s:.2f} s wall, {base_cpu_s:.2f} s CPU; ratio x{row['snapshot_s'] / base_s:.2f} "
+          f"wall, x{row['snapshot_cpu_s'] / base_cpu_s:.2f} CPU")
+    print(f"plan (state + one gpuwarden pass + actions) {row['plan_s']:.3f} s wall, {row['plan_cpu_s']:.3f} s CPU "
+          f"(medians of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); "
           f"actions {dict(row['actions'])}")
     print(f"apply {row['apply_s']:.2f} s: {row['admitted']} pods admitted; failures: {row['failed'] or 'none'}")
     print(f"API calls in the round by verb: {row['verbs']}; lists by resource: {row['lists']}")

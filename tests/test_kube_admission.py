@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from fake_kube_api import BATCH, CORE, FakeKubeAPI
+from fake_kube_api import BATCH, CORE, SCHEDULING, FakeKubeAPI
 from kube_fleet import namespace, node
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
@@ -40,7 +40,7 @@ def connect(api: FakeKubeAPI, tmp_path, **kwargs) -> KubeCluster:
 def gpu_pod(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, *, owner: str | None = None, labels: dict | None = None,
             resource: str = "nvidia.com/gpu", gates: tuple[str, ...] = (ADMISSION_GATE,), affinity: dict | None = None,
             annotations: dict | None = None, node_name: str | None = None, phase: str = "Pending",
-            conditions: list | None = None, created: str = "2026-11-30T11:00:00Z") -> None:
+            conditions: list | None = None, created: str = "2026-11-30T11:00:00Z", priority: str | None = None) -> None:
     meta: dict = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": annotations or {},
                   "creationTimestamp": created}
     if owner:
@@ -53,6 +53,8 @@ def gpu_pod(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, *, owner: str |
         spec["affinity"] = affinity
     if node_name:
         spec["nodeName"] = node_name
+    if priority:
+        spec["priorityClassName"] = priority
     status: dict = {"phase": phase}
     if conditions:
         status["conditions"] = conditions
@@ -60,19 +62,20 @@ def gpu_pod(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, *, owner: str |
 
 
 def gated_job(api: FakeKubeAPI, ns: str, name: str, pods: int, gpus: int = 1, priority: str | None = None,
-              annotations: dict | None = None, created: str = "2026-11-30T11:00:00Z") -> None:
-    """A Job and its ``pods`` pods, created with gpuwarden's gate (as the webhook writes it)."""
+              annotations: dict | None = None, created: str = "2026-11-30T11:00:00Z", running_on: str | None = None,
+              running: int = 0) -> None:
+    """A Job and its ``pods`` pods, created with gpuwarden's gate (as the webhook writes it); the first
+    ``running`` of them already ungated and bound to ``running_on``."""
     template: dict = {"containers": [{"name": "main", "image": "trainer",
                                       "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
     api.add(BATCH, "jobs", {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
                             "spec": {"parallelism": pods, "completions": pods, "template": {"spec": template}},
                             "status": {}})
     for i in range(pods):
-        gpu_pod(api, ns, f"{name}-{i}", gpus, owner=name, created=created,
-                labels={"batch.kubernetes.io/job-name": name}, affinity=None)
-        if priority:
-            stored = api.store[(CORE, "pods")][(ns, f"{name}-{i}")]
-            stored["spec"]["priorityClassName"] = priority
+        bound = i < running
+        gpu_pod(api, ns, f"{name}-{i}", gpus, owner=name, created=created, labels={"batch.kubernetes.io/job-name": name},
+                priority=priority, gates=() if bound else (ADMISSION_GATE,), node_name=running_on if bound else None,
+                phase="Running" if bound else "Pending")
 
 
 def states_of(snapshot) -> dict:
@@ -127,12 +130,7 @@ def test_snapshot_reads_gated_admitted_timed_out_and_refused_pods(api, tmp_path)
 def test_a_job_waiting_for_a_replacement_pod_holds_its_running_pods_and_queues_the_new_one(api, tmp_path):
     node(api, "n0", gpus=8)
     namespace(api, "research", {QUEUE_LABEL: "vision"})
-    gated_job(api, "research", "train", pods=3, gpus=2)
-    for i in (0, 1):  # two pods run; the third (a replacement) waits behind the gate
-        stored = api.store[(CORE, "pods")][("research", f"train-{i}")]
-        stored["spec"].pop("schedulingGates")
-        stored["spec"]["nodeName"] = "n0"
-        stored["status"] = {"phase": "Running", "startTime": "2026-11-30T11:05:00Z"}
+    gated_job(api, "research", "train", pods=3, gpus=2, running_on="n0", running=2)  # the third: a replacement
     states = states_of(connect(api, tmp_path).snapshot())
     assert states["research/train~held"].phase == WorkloadPhase.RUNNING
     assert len(states["research/train~held"].placements) == 4
@@ -298,6 +296,8 @@ def test_a_scheduling_round_admits_the_queue_in_policy_order_onto_the_planned_no
     node(api, "n0", gpus=8, labels={"gpuwarden.io/leaf-switch": "leaf-a"})
     node(api, "n1", gpus=8, labels={"gpuwarden.io/leaf-switch": "leaf-b"})
     namespace(api, "ml", {QUEUE_LABEL: "ml"}, {"gpuwarden.io/guaranteed-gpus": "16"})
+    for name, value in (("low", 100), ("high", 1000), ("critical", 10000)):
+        api.add(SCHEDULING, "priorityclasses", {"metadata": {"name": name}, "value": value})
     gated_job(api, "ml", "low", pods=1, gpus=8, priority="low", created="2026-11-30T10:00:00Z")
     gated_job(api, "ml", "gang", pods=2, gpus=4, priority="high", created="2026-11-30T11:00:00Z")
     gated_job(api, "ml", "urgent", pods=1, gpus=8, priority="critical", created="2026-11-30T11:30:00Z")
