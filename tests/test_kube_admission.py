@@ -320,6 +320,9 @@ def test_a_scheduling_round_admits_the_queue_in_policy_order_onto_the_planned_no
     assert [r.action.kind for r in results if r.action.kind == ActionKind.BIND] == []
     states = states_of(cluster.snapshot())
     assert states["ml/gang"].phase == WorkloadPhase.RUNNING and states["ml/low"].phase == WorkloadPhase.PENDING
+    again = cluster.apply(Action(ActionKind.BIND, "ml/gang", "test", {"placements": (
+        {"node": "n0", "gpu_uuid": "n0/gpu-0", "milli": 1000},) * 8}))
+    assert not again.ok and "nothing to admit" in again.message
 
 
 def test_bad_input_is_named_and_never_stops_the_snapshot(api, tmp_path, caplog):

@@ -245,7 +245,9 @@ class KubeCluster:
 
     def _do_bind(self, action: Action) -> Done:
         namespace, _, _ = self._workload(action.target)
-        pods = self.inventory.gated.get(action.target, [])
+        if action.target not in self.inventory.gated:
+            raise LookupError("no pod of it waits behind gpuwarden's gate in the last snapshot (nothing to admit)")
+        pods = self.inventory.gated[action.target]
         need = self.inventory.gang_size.get(action.target, len(pods))
         nodes = pod_nodes(action.params.get("placements", ()), need)
         if len(pods) < need:

@@ -1,4 +1,6 @@
-"""One live scheduling round at the issue's scale: read the snapshot, plan, admit (issue 21).
+"""One live scheduling round on the Kubernetes API at the issue's scale: read, plan, admit (issue 21).
+
+The API side of the round (``bench_scheduler_round.py`` times the round itself without an API server).
 
 The official ``kubernetes`` client reads a fake API server speaking the real REST protocol
 (``tests/fake_kube_api.py``, in its own process, as a real one would be) holding ``--nodes`` 8-GPU
@@ -15,7 +17,7 @@ API calls of the round are counted by verb; the check: list pages (computed from
 served and the page size) plus exactly one PATCH per admitted pod, nothing else. The baseline is
 the snapshot of the same fleet without the gated pods, measured in the same run.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_scheduler_round.py [--nodes 1000] [--gated 2000] [--repeat 3]
+    PYTHONPATH=. .venv/bin/python bench/bench_kube_admission.py [--nodes 1000] [--gated 2000] [--repeat 3]
 """
 
 from __future__ import annotations
