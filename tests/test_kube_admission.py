@@ -125,6 +125,9 @@ def test_snapshot_reads_gated_admitted_timed_out_and_refused_pods(api, tmp_path)
     assert "'two' is not a Kubernetes quantity" in inventory.refused["research/odd-qty"]
     assert [p.name for p in inventory.gated["research/train"]] == ["train-0", "train-1"]
     assert inventory.queue_namespaces == {"research"}
+    # The next snapshot hands out the same Workload objects where nothing changed (the loop keeps their jobs).
+    again = states_of(cluster.snapshot())
+    assert again["research/train"].workload is train.workload and again["research/held"].workload is held.workload
 
 
 def test_a_job_waiting_for_a_replacement_pod_holds_its_running_pods_and_queues_the_new_one(api, tmp_path):

@@ -75,11 +75,13 @@ class KubeCluster:
         self.labels = labels  # node labels that give topology and pools
         self.admission_timeout_seconds = admission_timeout_seconds
         self.inventory = Inventory()
+        self._last: ClusterSnapshot | None = None  # lends unchanged Workload objects to the next snapshot
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
         snapshot, self.inventory = read_snapshot(self.api, self.page_size, self.clock, self.labels,
-                                                 self.admission_timeout_seconds)
+                                                 self.admission_timeout_seconds, self._last)
+        self._last = snapshot
         return snapshot
 
     # -- acting --------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ __all__ = ["Inventory", "KUEUE", "NodeLabels", "read_snapshot"]
 
 
 def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOCK, labels: NodeLabels = DEFAULT_LABELS,
-                  admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS) -> tuple[ClusterSnapshot, Inventory]:
+                  admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS,
+                  previous: ClusterSnapshot | None = None) -> tuple[ClusterSnapshot, Inventory]:
+    """The snapshot and the inventory; ``previous`` (the last snapshot) lends its ``Workload``
+    objects to workloads that did not change."""
     taken_at = clock.now()
     inventory = Inventory()
     offers: dict[str, NodeOffer] = {}
@@ -115,7 +118,8 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         for owner in meta.get("ownerReferences") or ():
             kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
 
-    reader = WorkloadReader(inventory, taken_at, admission_timeout_seconds)
+    reader = WorkloadReader(inventory, taken_at, admission_timeout_seconds,
+                            {w.workload.key: w.workload for w in previous.workloads} if previous else None)
     for pod in api.list_all(api.core.list_pod_for_all_namespaces, resource="pods", page_size=page_size,
                             field_selector=ACTIVE_PHASES):
         reader.add_pod(pod)

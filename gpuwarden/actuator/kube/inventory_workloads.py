@@ -166,8 +166,12 @@ def _owner(meta: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[str, str
 class WorkloadReader:
     """Reads pods then Jobs, then builds the snapshot's workloads and fills the inventory."""
 
-    def __init__(self, inventory: Inventory, now: datetime, timeout_seconds: float) -> None:
+    def __init__(self, inventory: Inventory, now: datetime, timeout_seconds: float,
+                 previous: Mapping[str, Workload] | None = None) -> None:
         self.inventory = inventory
+        # the last snapshot's workloads: one equal to this round's is handed out again (the same
+        # object), so a loop keeps the engine's job for it instead of building it anew each round
+        self.previous = previous or {}
         self.now = now
         self.timeout_seconds = timeout_seconds
         self.groups: dict[str, Group] = {}
@@ -338,6 +342,8 @@ class WorkloadReader:
             project=namespace, priority_class=priority_of(priority_name), gpus=gpus, gang_size=gang_size,
             checkpointable=checkpointable, checkpoint_interval_seconds=600.0 if checkpointable else None,
             tolerations=group.tolerations, pools=pools)
+        kept = self.previous.get(key)
+        workload = kept if kept == workload and kept is not None else workload
         started = group.started if phase != WorkloadPhase.PENDING else []
         return WorkloadState(
             workload=workload, phase=phase, submitted_at=min(group.created) if group.created else self.now,
