@@ -69,11 +69,12 @@ def findings(nodes: int) -> list[Finding]:
     return health + idle
 
 
-def serve(nodes: int, pods_per_node: int, answers: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
+def serve(nodes: int, pods_per_node: int, answers: multiprocessing.Queue, stop: multiprocessing.Event,
+          fleet=build) -> None:
     """The API server runs in its own process, as a real one would: its objects are not in the
-    actuator's heap (nor its garbage collector's work)."""
+    actuator's heap (nor its garbage collector's work). ``fleet`` fills it (a top-level function)."""
     api = FakeKubeAPI().start()
-    pods = build(api, nodes, pods_per_node)
+    pods = fleet(api, nodes, pods_per_node)
     with tempfile.TemporaryDirectory() as tmp:
         answers.put((Path(api.kubeconfig(Path(tmp) / "kc.json")).read_text(), pods))
         stop.wait()
@@ -81,10 +82,10 @@ def serve(nodes: int, pods_per_node: int, answers: multiprocessing.Queue, stop: 
 
 
 @contextlib.contextmanager
-def api_server(nodes: int, pods_per_node: int) -> Iterator[tuple[str, int]]:
+def api_server(nodes: int, pods_per_node: int, fleet=build) -> Iterator[tuple[str, int]]:
     """:func:`serve` in its own process: yields (its kubeconfig's text, pods), stops it on the way out."""
     answers, stop = multiprocessing.Queue(), multiprocessing.Event()
-    server = multiprocessing.Process(target=serve, args=(nodes, pods_per_node, answers, stop), daemon=True)
+    server = multiprocessing.Process(target=serve, args=(nodes, pods_per_node, answers, stop, fleet), daemon=True)
     server.start()
     try:
         yield answers.get(timeout=600)

@@ -27,7 +27,8 @@ def namespace(api: FakeKubeAPI, name: str, labels: dict | None = None, annotatio
 
 def pod(api: FakeKubeAPI, ns: str, name: str, node_name: str | None, gpus: int = 1, owner: tuple | None = None,
         phase: str = "Running", labels: dict | None = None, annotations: dict | None = None,
-        priority_class: str | None = None) -> None:
+        priority_class: str | None = None, gated: bool = False) -> None:
+    """A pod; ``gated``: created with gpuwarden's scheduling gate (it waits for gpuwarden's admission)."""
     meta = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": annotations or {}}
     if owner:
         meta["ownerReferences"] = [{"apiVersion": "batch/v1" if owner[0] == "Job" else "apps/v1", "kind": owner[0],
@@ -38,6 +39,8 @@ def pod(api: FakeKubeAPI, ns: str, name: str, node_name: str | None, gpus: int =
         spec["nodeName"] = node_name
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if gated:
+        spec["schedulingGates"] = [{"name": "gpuwarden.io/admission"}]
     api.add(CORE, "pods", {"metadata": meta, "spec": spec,
                            "status": {"phase": phase, "startTime": "2026-11-23T00:00:00Z" if phase == "Running" else None}})
 
@@ -57,11 +60,11 @@ def job(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, suspend: bool = Fal
 
 
 def job_with_pods(api: FakeKubeAPI, ns: str, name: str, nodes: list[str | None], gpus: int = 1, phase: str = "Running",
-                  annotations: dict | None = None, pod_annotations: dict | None = None) -> None:
+                  annotations: dict | None = None, pod_annotations: dict | None = None, gated: bool = False) -> None:
     job(api, ns, name, gpus, parallelism=len(nodes), annotations=annotations)
     for i, node_name in enumerate(nodes):
         pod(api, ns, f"{name}-{i}", node_name, gpus, owner=("Job", name), phase=phase, annotations=pod_annotations,
-            labels={"batch.kubernetes.io/job-name": name})
+            labels={"batch.kubernetes.io/job-name": name}, gated=gated)
 
 
 def pdb(api: FakeKubeAPI, ns: str, name: str, match: dict, allowed: int) -> None:

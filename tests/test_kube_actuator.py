@@ -134,7 +134,7 @@ def test_a_quota_reclaim_preempts_the_borrower_through_the_scheduling_round(api,
     namespace(api, "team-b", {"gpuwarden.io/team": "team-b"},
               {"gpuwarden.io/guaranteed-gpus": "0", "gpuwarden.io/burst-gpus": "8"})
     job_with_pods(api, "team-b", "borrower", ["n0"], gpus=8)  # team-b runs on team-a's lent guarantee
-    job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending")  # team-a wants it back
+    job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending", gated=True)  # team-a wants it back
     results = SchedulingRound(connect(api, tmp_path)).run_round()
     (stop,) = [r for r in results if r.action.kind == ActionKind.PREEMPT]
     assert (stop.ok, stop.action.target, stop.action.params["by"]) == (True, "team-b/borrower", "scheduler")

@@ -26,7 +26,8 @@ def pending_pod(api: FakeKubeAPI, name: str, tolerations: list[dict]) -> None:
     api.add(CORE, "pods", {
         "metadata": {"name": name, "namespace": "ml", "labels": {}, "annotations": {}},
         "spec": {"containers": [{"name": "main", "image": "trainer",
-                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}], "tolerations": tolerations},
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}], "tolerations": tolerations,
+                 "schedulingGates": [{"name": "gpuwarden.io/admission"}]},  # waits for gpuwarden's admission
         "status": {"phase": "Pending"}})
 
 

@@ -153,8 +153,9 @@ class Scheduler:
                 failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
                 decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
+            before = state.free_whole(touched := {name for name, _, _ in placements})  # not O(nodes) per job
             statement.allocate(job, placements)
-            free_whole = state.free_whole()
+            free_whole = state.free_whole() if victims else free_whole - before + state.free_whole(touched)
             decisions.append(self._started(job, placements, now))
         if policy.defragment:
             decisions.extend(self._defragment(state, statement, now))

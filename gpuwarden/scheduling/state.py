@@ -275,8 +275,9 @@ class State:
     def used_gpus(self) -> float:
         return sum(j.gpu_equivalents for j in self.jobs.values() if j.state == JobState.RUNNING)
 
-    def free_whole(self) -> int:
-        return sum(n.whole_free() for n in self.nodes.values() if n.schedulable)
+    def free_whole(self, names: Iterable[str] | None = None) -> int:
+        nodes = self.nodes.values() if names is None else (self.nodes[name] for name in names)  # names: only these
+        return sum(n.whole_free() for n in nodes if n.schedulable)
 
     def _shares(self, job: Job, placements: list[Slot]) -> dict[str, float]:
         """Share of the job's pods on each node (CPU and memory are booked per pod)."""

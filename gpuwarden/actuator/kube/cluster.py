@@ -6,8 +6,14 @@ Actions and the requests they make:
   someone changed the node meanwhile: re-read and retry);
 - drain: cordon, then the Eviction API for each pod on the node (``spec.nodeName`` field selector),
   skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
+- bind (admit): per gated pod of the workload, one merge PATCH that removes gpuwarden's gate and
+  narrows the pod to its planned node (:mod:`.admission`); every pod is checked present and gated
+  before the first PATCH, and a failure midway names the pods already admitted;
 - suspend / resume: a Kueue Workload's ``spec.active`` where Kueue manages the job, else
-  ``batch/v1`` Job (or JobSet) ``spec.suspend``; a Job resumed with the plan's placements is pinned
+  ``batch/v1`` Job (or JobSet) ``spec.suspend``; ``params['by']`` writes who suspended it
+  (``gpuwarden.io/suspended-by``), which a resume clears. A Job in a queue namespace
+  (``gpuwarden.io/queue``) resumes with ``spec.suspend: false`` only: its new pods come gated and
+  are admitted in a later round. Elsewhere a Job resumed with the plan's placements is pinned
   to their nodes in the same PATCH (:mod:`.pinning`; a Job that ran first has its
   ``status.startTime`` cleared once its pods are gone; Kueue and JobSets place their own pods);
 - preempt: suspend where the controller can (undo: resume), else evict each pod with the grace
@@ -15,26 +21,33 @@ Actions and the requests they make:
 - evict: the Eviction API for each pod of the workload;
 - set-priority: a Kueue Workload's ``spec.priorityClassName`` and ``spec.priority``; anything else
   is refused with the reason (a pod's priority is fixed at creation);
-- notify: an Event on the pod and the ``gpuwarden.io/idle-notified-at`` annotation.
+- notify: an Event on the pod and the ``gpuwarden.io/idle-notified-at`` annotation;
+- ``record_workload_event`` / ``annotate_workload``: the queue's Events and annotations (position,
+  reason, estimated start) on a workload's owner and pods, a PATCH only where a value changes.
 Every result is an ``ActionResult``: ok, or a permanent or temporary failure with one line why.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
-from .inventory import KUEUE, Inventory, read_snapshot
+from .admission import admit_pods, pod_nodes
+from .gates import SUSPENDED_BY_ANNOTATION
+from .inventory import ADMISSION_TIMEOUT_SECONDS, KUEUE, Inventory, read_snapshot
+from .inventory_nodes import DEFAULT_LABELS, NodeLabels
 from .pinning import pinned_nodes, resume_pinned_patch
+from .queue_notes import annotate_objects
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
+PYTORCHJOB = ("kubeflow.org", "v1")
 CONFLICT_RETRIES = 3
 
 Done = tuple[str, Action | None]  # what an action handler did, and the action that takes it back
@@ -51,17 +64,24 @@ def _taint(text: str) -> Json:
 
 class KubeCluster:
     def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
-                 clock: Clock = SYSTEM_CLOCK, event_source: str = "gpuwarden-actuator") -> None:
+                 clock: Clock = SYSTEM_CLOCK, event_source: str = "gpuwarden-actuator",
+                 labels: NodeLabels = DEFAULT_LABELS,
+                 admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS) -> None:
         self.api = api
         self.namespace = namespace  # where the actuator's own Events go
         self.page_size = page_size
         self.clock = clock
         self.event_source = event_source
+        self.labels = labels  # node labels that give topology and pools
+        self.admission_timeout_seconds = admission_timeout_seconds
         self.inventory = Inventory()
+        self._last: ClusterSnapshot | None = None  # lends unchanged Workload objects to the next snapshot
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
-        snapshot, self.inventory = read_snapshot(self.api, self.page_size, self.clock)
+        snapshot, self.inventory = read_snapshot(self.api, self.page_size, self.clock, self.labels,
+                                                 self.admission_timeout_seconds, self._last)
+        self._last = snapshot
         return snapshot
 
     # -- acting --------------------------------------------------------------------------------
@@ -190,41 +210,66 @@ class KubeCluster:
 
     # workloads
     def _workload(self, target: str) -> tuple[str, str, str]:
+        """(namespace, owner name, controller) of a workload of the last snapshot."""
         namespace, _, name = target.partition("/")
         controller = self.inventory.controller.get(target)
         if controller is None:
             raise LookupError("not found in the last snapshot (already gone?)")
-        return namespace, name, controller
+        return namespace, self.inventory.names.get(target, name), controller
 
-    def _set_suspended(self, target: str, suspended: bool) -> str:
+    def _set_suspended(self, target: str, suspended: bool, by: str | None = None) -> str:
+        """Suspend or resume; ``by`` (suspending) is written as who suspended it, which resuming clears."""
         namespace, name, controller = self._workload(target)
         kueue = self.inventory.kueue_workload.get(target)
+        who = {SUSPENDED_BY_ANNOTATION: by} if suspended and by else \
+            {SUSPENDED_BY_ANNOTATION: None} if not suspended and target in self.inventory.suspended_by else {}
+        meta = {"metadata": {"annotations": who}} if who else {}
         if kueue:
             self.api.call(self.api.custom.patch_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
-                          {"spec": {"active": not suspended}}, verb="patch", resource="workloads.kueue.x-k8s.io",
-                          _content_type=MERGE_PATCH)
+                          {**meta, "spec": {"active": not suspended}}, verb="patch",
+                          resource="workloads.kueue.x-k8s.io", _content_type=MERGE_PATCH)
             return f"Kueue Workload {namespace}/{kueue} spec.active={not suspended}"
         if controller == "Job":
-            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspended}},
+            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, {**meta, "spec": {"suspend": suspended}},
                           verb="patch", resource="jobs", _content_type=MERGE_PATCH)
-            return f"Job {target} spec.suspend={suspended}"
+            return f"Job {namespace}/{name} spec.suspend={suspended}"
         if controller == "JobSet":
             self.api.call(self.api.custom.patch_namespaced_custom_object, *JOBSET, namespace, "jobsets", name,
-                          {"spec": {"suspend": suspended}}, verb="patch", resource="jobsets.jobset.x-k8s.io",
+                          {**meta, "spec": {"suspend": suspended}}, verb="patch", resource="jobsets.jobset.x-k8s.io",
                           _content_type=MERGE_PATCH)
-            return f"JobSet {target} spec.suspend={suspended}"
+            return f"JobSet {namespace}/{name} spec.suspend={suspended}"
         raise ValueError(f"a {controller} cannot be suspended (only Jobs, JobSets and Kueue Workloads can); "
                          "evict it or scale its controller down")
 
     def _do_suspend(self, action: Action) -> Done:
-        how = self._set_suspended(action.target, True)
+        how = self._set_suspended(action.target, True, action.params.get("by"))
         return f"suspended {action.target} ({how})", Action(ActionKind.RESUME, action.target, "undo suspend")
+
+    def _do_bind(self, action: Action) -> Done:
+        namespace, _, _ = self._workload(action.target)
+        if action.target not in self.inventory.gated:
+            raise LookupError("no pod of it waits behind gpuwarden's gate in the last snapshot (nothing to admit)")
+        pods = self.inventory.gated[action.target]
+        need = self.inventory.gang_size.get(action.target, len(pods))
+        nodes = pod_nodes(action.params.get("placements", ()), need)
+        if len(pods) < need:
+            raise KubeFailure(None, f"{len(pods)} of its {need} pod(s) are present and gated: none admitted (a gang "
+                                    "is admitted whole; it waits for the rest)", True)
+        admitted = admit_pods(self.api, namespace, pods[:need], nodes, self._now_iso())
+        self.inventory.gated[action.target] = pods[need:]
+        where = ", ".join(sorted(set(nodes)))
+        return f"admitted {action.target}: {len(admitted)} pod(s) to {where}", None
+
+    def _now_iso(self) -> str:
+        return self.clock.now().isoformat().replace("+00:00", "Z")
 
     def _do_resume(self, action: Action) -> Done:
         nodes = sorted({p["node"] for p in action.params.get("placements", ())})
         namespace, name, controller = self._workload(action.target)
-        if not nodes or controller != "Job" or action.target in self.inventory.kueue_workload:
-            # Kueue and the JobSet controller place their own pods.
+        if (not nodes or controller != "Job" or action.target in self.inventory.kueue_workload
+                or namespace in self.inventory.queue_namespaces):
+            # Kueue and the JobSet controller place their own pods; a queue namespace's new pods come
+            # gated and are admitted, placed, in a later round.
             return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
         return self._resume_pinned(action.target, namespace, name, nodes), None
 
@@ -246,7 +291,10 @@ class KubeCluster:
                     raise
                 log.warning("%s: %s; pinning without it", target, failure.message)  # an older chart's RBAC
         try:
-            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, resume_pinned_patch(job, nodes),
+            patch = resume_pinned_patch(job, nodes)
+            if target in self.inventory.suspended_by:
+                patch["metadata"]["annotations"][SUSPENDED_BY_ANNOTATION] = None
+            self.api.call(self.api.batch.patch_namespaced_job, name, namespace, patch,
                           verb="patch", resource="jobs", _content_type=MERGE_PATCH)
         except KubeFailure as failure:
             if failure.status != 422 or pinned_nodes(job):
@@ -273,7 +321,7 @@ class KubeCluster:
     def _do_preempt(self, action: Action) -> Done:
         _, _, controller = self._workload(action.target)
         if controller in ("Job", "JobSet") or action.target in self.inventory.kueue_workload:
-            how = self._set_suspended(action.target, True)
+            how = self._set_suspended(action.target, True, action.params.get("by"))
             return (f"preempted {action.target} by suspending it ({how}); its pods get their grace period",
                     Action(ActionKind.RESUME, action.target, "undo preempt"))
         return self._evict_workload(action) + " (preempted; its controller or owner recreates it)", None
@@ -312,3 +360,35 @@ class KubeCluster:
                           _content_type=MERGE_PATCH)
         return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
 
+
+    # queue visibility
+    def _owner_object(self, target: str) -> Json | None:
+        """The workload's owner as an Event's involvedObject (Job, JobSet, PyTorchJob), or None."""
+        _, name, controller = self._workload(target)
+        versions = {"Job": "batch/v1", "JobSet": "/".join(JOBSET), "PyTorchJob": "/".join(PYTORCHJOB)}
+        return {"kind": controller, "name": name, "apiVersion": versions[controller]} if controller in versions else None
+
+    def record_workload_event(self, target: str, reason: str, message: str, type: str = "Normal") -> int:  # noqa: A002 - the Event's field
+        """An Event on the workload's owner (Job, JobSet, PyTorchJob), else on each of its pods; the
+        Events posted. A failure is logged, never raised: the queue's news never stops a round."""
+        try:
+            namespace, _, _ = self._workload(target)
+            owner = self._owner_object(target)
+            involved = [owner] if owner else [{"kind": "Pod", "name": p, "apiVersion": "v1"}
+                                              for p in self.inventory.pods.get(target, ())]
+            for obj in involved:
+                self._event(namespace, obj, reason, message, type)
+        except (KubeFailure, LookupError) as error:
+            log.warning("event %s on %s: %s", reason, target, error)
+            return 0
+        return len(involved)
+
+    def annotate_workload(self, target: str, values: Mapping[str, str | None]) -> int:
+        """Set (None: remove) annotations on the workload's pods and Job, one merge PATCH per object
+        whose values differ from the last snapshot's; the PATCHes sent. Failures are logged."""
+        try:
+            namespace, _, _ = self._workload(target)
+        except LookupError as error:
+            log.warning("annotate %s: %s", target, error)
+            return 0
+        return annotate_objects(self.api, namespace, self.inventory.objects.get(target, {}), values)

@@ -2,175 +2,75 @@
 and, where the CRDs exist, Kueue Workloads, ClusterQueues and WorkloadPriorityClasses. The number
 of requests grows with pages, never with pods (no per-pod GETs).
 
+Nodes are read by :mod:`.inventory_nodes` (GPUs, MIG, time-slicing, topology labels), pods and Jobs
+grouped into workloads by :mod:`.inventory_workloads` (gated, admitted, timed out, refused).
 Kubernetes does not name GPUs, so GPUs are ``NODE/gpu-I`` in the snapshot and pods are laid on them
 in order; findings reach pods through their node, namespace and pod name.
+
+Teams: a namespace's ``gpuwarden.io/queue`` label (gpuwarden's queue), else ``gpuwarden.io/team``,
+else the namespace's name; its guarantee and burst from the ``gpuwarden.io/guaranteed-gpus`` and
+``gpuwarden.io/burst-gpus`` annotations, or a Kueue ClusterQueue's GPU quota.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TypeVar
 
 from kubernetes.utils import parse_quantity
 
-from gpuwarden.fleet.semantics import gpu_compute_slices
-from gpuwarden.fleet import (ClusterSnapshot, FleetValueError, Gpu, GpuRequest, Location, MigInstance, Node,
-                             Placement, PriceTier, PriorityClass, Team, Topology, Workload, WorkloadKind,
-                             WorkloadPhase, WorkloadState, workload_key)
+from gpuwarden.fleet import ClusterSnapshot, Team
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import Json, KubeApi, KubeFailure
+from .gates import QUEUE_LABEL
+from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
+from .inventory_workloads import Group, Inventory, WorkloadReader
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
-GPU = "nvidia.com/gpu"
-MIG_PREFIX = "nvidia.com/mig-"
 TEAM_LABEL = "gpuwarden.io/team"
 GUARANTEE_ANNOTATION = "gpuwarden.io/guaranteed-gpus"
 BURST_ANNOTATION = "gpuwarden.io/burst-gpus"
-CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"
+ADMISSION_TIMEOUT_SECONDS = 300.0  # an admitted pod not bound by then releases its capacity
 
-E = TypeVar("E", bound=enum.Enum)
-
-
-@dataclass
-class PodRef:
-    namespace: str
-    name: str
-    node: str
-    daemonset: bool
-    mirror: bool
+__all__ = ["Inventory", "KUEUE", "NodeLabels", "read_snapshot"]
 
 
-@dataclass
-class Inventory:
-    """What the cluster needs beyond the snapshot to act: how each workload is run."""
-
-    controller: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Job, JobSet, Workload, Pod, ...
-    pods: dict[str, list[str]] = field(default_factory=dict)
-    kueue_workload: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Kueue Workload name
-    pdbs: int = 0
-    priority_classes: dict[str, int] = field(default_factory=dict)
-    workload_priority_classes: dict[str, int] = field(default_factory=dict)
-    kueue: bool = False
-
-
-def _gpu_request(pod: Json) -> tuple[int, str | None]:
-    count, mig = 0, None
-    for container in pod.get("spec", {}).get("containers") or ():
-        resources = container.get("resources") or {}
-        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        for key, value in wanted.items():
-            if key == GPU:
-                count += int(parse_quantity(value))
-            elif key.startswith(MIG_PREFIX) and int(parse_quantity(value)) > 0:
-                mig = key[len(MIG_PREFIX):]
-    return count, mig
-
-
-def _tolerations(pod: Json) -> tuple[str, ...]:
-    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.taints.taint_blocks``):
-    operator Exists names no value; an empty key tolerates every taint."""
-    out = []
-    for entry in (pod.get("spec") or {}).get("tolerations") or ():
-        value = None if entry.get("operator") == "Exists" else str(entry.get("value") or "")
-        out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
-                   + (f":{entry['effect']}" if entry.get("effect") else ""))
-    return tuple(out)
-
-
-def _time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _priority(name: str | None) -> PriorityClass:
-    for member in PriorityClass:
-        if name and member.value in name.lower():
-            return member
-    return PriorityClass.NORMAL
-
-
-def _label(enum_type: type[E], labels: Mapping[str, str], key: str, default: str) -> E:
-    """A node label's value as ``enum_type``, or FleetValueError naming the label and the allowed values."""
-    value = labels.get(key) or default
-    try:
-        return enum_type(value)
-    except ValueError:
-        allowed = ", ".join(str(member.value) for member in enum_type)
-        raise FleetValueError(f"label {key}={value!r} is not one of: {allowed}") from None
-
-
-def _node(item: Json) -> tuple[Node, list[Gpu]] | None:
-    meta, status = item["metadata"], item.get("status") or {}
-    capacity = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
-    gpus = int(parse_quantity(capacity.get(GPU, "0")))
-    mig = {k[len(MIG_PREFIX):]: int(parse_quantity(v)) for k, v in capacity.items() if k.startswith(MIG_PREFIX)}
-    if gpus <= 0 and not any(mig.values()):
-        return None  # not a GPU node
-    labels = meta.get("labels") or {}
-    name = meta["name"]
-    zone = labels.get("topology.kubernetes.io/zone", "")
-    physical = max(gpus, int(labels.get("nvidia.com/gpu.count", "0") or 0), 1 if mig else 0)
-    try:
-        node = Node(
-            name=name, pool=labels.get("gpuwarden.io/pool") or labels.get("nvidia.com/gpu.product", "default"),
-            location=_label(Location, labels, "gpuwarden.io/location",
-                            "cloud" if item.get("spec", {}).get("providerID") else "on-prem"),
-            price_tier=_label(PriceTier, labels, "gpuwarden.io/price-tier", "on-demand"),
-            topology=Topology(labels.get("nvidia.com/gpu.clique", name), labels.get("gpuwarden.io/leaf-switch", zone),
-                              labels.get("gpuwarden.io/rack", zone)),
-            gpu_model=labels.get("nvidia.com/gpu.product", "unknown"), gpu_count=physical,
-            cpu_milli=int(parse_quantity(capacity.get("cpu", "0")) * 1000),
-            memory_bytes=int(parse_quantity(capacity.get("memory", "0"))),
-        )
-    except FleetValueError as error:
-        log.warning("node %s: %s; its labels are ignored", name, error)
-        node = Node(name, "default", Location.ON_PREM, PriceTier.ON_DEMAND, Topology(name, zone, zone), "unknown",
-                    physical, 0, 0)
-    instances = [MigInstance(i + 1, profile) for profile, n in sorted(mig.items()) for i in range(n)]
-    out = []
-    for index in range(physical):
-        mine = tuple(instances[index::physical]) if mig else ()
-        out.append(Gpu(f"{name}/gpu-{index}", index, name, node.gpu_model, mig_enabled=bool(mine), mig_instances=mine))
-    return node, out
-
-
-def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOCK) -> tuple[ClusterSnapshot, Inventory]:
+def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOCK, labels: NodeLabels = DEFAULT_LABELS,
+                  admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS,
+                  previous: ClusterSnapshot | None = None) -> tuple[ClusterSnapshot, Inventory]:
+    """The snapshot and the inventory; ``previous`` (the last snapshot) lends its ``Workload``
+    objects to workloads that did not change."""
     taken_at = clock.now()
     inventory = Inventory()
-    nodes, gpus, cordoned, taints, node_labels = [], [], set(), {}, {}
+    offers: dict[str, NodeOffer] = {}
+    cordoned, taints, node_labels = set(), {}, {}
     for item in api.list_all(api.core.list_node, resource="nodes", page_size=page_size):
-        built = _node(item)
-        if built is None:
+        offer = read_node(item, labels)
+        if offer is None:
             continue
-        node, node_gpus = built
-        nodes.append(node)
-        gpus.extend(node_gpus)
+        name = offer.node.name
+        offers[name] = offer
         spec = item.get("spec") or {}
         if spec.get("unschedulable"):
-            cordoned.add(node.name)
+            cordoned.add(name)
         own = tuple(f"{t['key']}={t.get('value', '')}:{t.get('effect', '')}" for t in spec.get("taints") or ())
         if own:
-            taints[node.name] = own
-        node_labels[node.name] = dict(item["metadata"].get("labels") or {})
+            taints[name] = own
+        node_labels[name] = dict(item["metadata"].get("labels") or {})
 
     namespace_labels: dict[str, dict[str, str]] = {}
     teams_by_ns: dict[str, str] = {}
     team_quota: dict[str, tuple[float, float]] = {}  # guaranteed, burst GPUs
     for item in api.list_all(api.core.list_namespace, resource="namespaces", page_size=page_size):
         meta = item["metadata"]
-        labels = dict(meta.get("labels") or {})
-        namespace_labels[meta["name"]] = labels
-        team = labels.get(TEAM_LABEL, meta["name"])
+        ns_labels = dict(meta.get("labels") or {})
+        namespace_labels[meta["name"]] = ns_labels
+        if ns_labels.get(QUEUE_LABEL):
+            inventory.queue_namespaces.add(meta["name"])
+        team = ns_labels.get(QUEUE_LABEL) or ns_labels.get(TEAM_LABEL) or meta["name"]
         teams_by_ns[meta["name"]] = team
         notes = meta.get("annotations") or {}
         if GUARANTEE_ANNOTATION in notes:
@@ -218,114 +118,26 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         for owner in meta.get("ownerReferences") or ():
             kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
 
-    groups: dict[str, Json] = {}
+    reader = WorkloadReader(inventory, taken_at, admission_timeout_seconds,
+                            {w.workload.key: w.workload for w in previous.workloads} if previous else None)
     for pod in api.list_all(api.core.list_pod_for_all_namespaces, resource="pods", page_size=page_size,
                             field_selector=ACTIVE_PHASES):
-        count, mig = _gpu_request(pod)
-        if count <= 0 and mig is None:
-            continue
-        meta = pod["metadata"]
-        namespace, labels = meta.get("namespace", ""), meta.get("labels") or {}
-        owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
-        if owner is None:
-            controller, name = "Pod", meta["name"]
-        elif owner.get("kind") == "Job" and labels.get(JOBSET_LABEL):
-            controller, name = "JobSet", labels[JOBSET_LABEL]
-        else:
-            controller, name = owner.get("kind", "Pod"), owner.get("name", meta["name"])
-        key = workload_key(namespace, name)
-        group = groups.setdefault(key, {"controller": controller, "namespace": namespace, "name": name, "pods": [],
-                                        "count": count, "mig": mig, "annotations": {}, "phases": [],
-                                        "created": [], "started": [], "priority": None, "labels": labels,
-                                        "tolerations": _tolerations(pod)})
-        group["pods"].append(pod)
-        group["annotations"].update(meta.get("annotations") or {})
-        group["phases"].append((pod.get("status") or {}).get("phase", "Pending"))
-        group["created"].append(_time(meta.get("creationTimestamp")))
-        group["started"].append(_time((pod.get("status") or {}).get("startTime")))
-        group["priority"] = group["priority"] or (pod.get("spec") or {}).get("priorityClassName")
-
+        reader.add_pod(pod)
     # Suspended Jobs have no pods: the jobs list shows them (and lets a resume be planned).
     for job in api.list_all(api.batch.list_job_for_all_namespaces, resource="jobs", page_size=page_size):
-        meta, spec = job["metadata"], job.get("spec") or {}
-        key = workload_key(meta.get("namespace", ""), meta["name"])
-        template = (spec.get("template") or {})
-        if key in groups:
-            groups[key]["annotations"].update(meta.get("annotations") or {})
-            if spec.get("suspend"):  # its pods are being terminated by the Job controller
-                groups[key]["phases"] = ["Suspended"] * len(groups[key]["phases"])
-            continue
-        if not spec.get("suspend"):
-            continue
-        count, mig = _gpu_request(template)
-        if count <= 0 and mig is None:
-            continue
-        groups[key] = {"controller": "Job", "namespace": meta.get("namespace", ""), "name": meta["name"], "pods": [],
-                       "count": count, "mig": mig, "annotations": dict(meta.get("annotations") or {}),
-                       "phases": ["Suspended"] * int(spec.get("parallelism") or 1),
-                       "created": [_time(meta.get("creationTimestamp"))], "started": [None],
-                       "priority": (template.get("spec") or {}).get("priorityClassName"), "labels": {}}
+        reader.add_job(job)
+    for (namespace, _, owner_name), kueue_workload in kueue_owner.items():  # suspended-by, where Kueue suspends
+        reader.add_kueue_annotations(f"{namespace}/{owner_name}", kueue_workload["metadata"].get("annotations") or {})
 
-    gpu_cursor: dict[str, int] = {}
-    mig_cursor: dict[str, int] = {}
-    gpus_on = {n.name: n.gpu_count for n in nodes}
-    slices_on = {n.name: gpu_compute_slices(n.gpu_model) for n in nodes}  # MIG instances a GPU holds at most
-    workloads = []
-    for key, group in sorted(groups.items()):
-        w = kueue_owner.get((group["namespace"], group["controller"], group["name"]))
-        if w is not None:
-            inventory.kueue_workload[key] = w["metadata"]["name"]
-        inventory.controller[key] = group["controller"]
-        inventory.pods[key] = [p["metadata"]["name"] for p in group["pods"]]
-        phases = group["phases"]
-        suspended = "Suspended" in phases or (w is not None and (w.get("spec") or {}).get("active") is False)
-        phase = (WorkloadPhase.SUSPENDED if suspended else WorkloadPhase.RUNNING if phases and all(
-            p == "Running" for p in phases) else WorkloadPhase.PENDING)
-        placements = []
-        if phase == WorkloadPhase.RUNNING:
-            for pod in group["pods"]:
-                node_name = (pod.get("spec") or {}).get("nodeName")
-                if node_name not in gpus_on:
-                    continue
-                last = max(0, gpus_on[node_name] - 1)
-                if group["mig"]:  # one MIG instance; up to the GPU's compute slices share a GPU
-                    index, per_gpu = mig_cursor.get(node_name, 0), slices_on[node_name]
-                    mig_cursor[node_name] = index + 1
-                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index // per_gpu, last)}", index % per_gpu + 1))
-                    continue
-                for _ in range(max(1, group["count"])):  # Kubernetes does not say which GPU: lay pods in order
-                    index = gpu_cursor.get(node_name, 0)
-                    gpu_cursor[node_name] = index + 1
-                    placements.append(Placement(node_name, f"{node_name}/gpu-{min(index, last)}"))
-        annotations = group["annotations"]
-        kind_label = group["labels"].get("gpuwarden.io/workload-kind")
-        kind = WorkloadKind(kind_label) if kind_label in {k.value for k in WorkloadKind} else (
-            WorkloadKind.TRAINING if group["controller"] in ("Job", "JobSet", "Workload") else
-            WorkloadKind.NOTEBOOK if group["controller"] == "Pod" else WorkloadKind.INFERENCE)
-        checkpointable = str(annotations.get(CHECKPOINT_ANNOTATION, "")).lower() == "true"
-        priority_name = (w.get("spec") or {}).get("priorityClassName") if w is not None else group["priority"]
-        workload_namespace: str = group["namespace"]
-        workload = Workload(
-            name=group["name"], namespace=workload_namespace, kind=kind,
-            team=teams_by_ns.get(workload_namespace, workload_namespace), project=workload_namespace,
-            priority_class=_priority(priority_name),
-            gpus=GpuRequest(count=1, mig_profile=group["mig"]) if group["mig"] else GpuRequest(count=group["count"]),
-            gang_size=max(1, len(phases)), checkpointable=checkpointable,
-            checkpoint_interval_seconds=600.0 if checkpointable else None, tolerations=group.get("tolerations", ()),
-        )
-        created = [t for t in group["created"] if t] or [taken_at]
-        started = [t for t in group["started"] if t]
-        workloads.append(WorkloadState(
-            workload=workload, phase=phase, submitted_at=min(created), started_at=min(started) if started else None,
-            placements=tuple(placements), controller=group["controller"], pods=tuple(inventory.pods[key]),
-            annotations=annotations, priority_override=priority_name if priority_name and _priority(
-                priority_name).value != priority_name else None,
-        ))  # attained_gpu_seconds stays 0 until it is measured from the store (issue 21)
+    def kueue_of(group: Group) -> Json | None:
+        return kueue_owner.get((group.namespace, group.controller, group.name))
 
-    teams = {team for team in teams_by_ns.values()} | set(team_quota)
+    workloads = reader.build(teams_by_ns, offers, kueue_of)
+    teams = set(teams_by_ns.values()) | set(team_quota)
     team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9))) for t in sorted(teams))
     snapshot = ClusterSnapshot(
-        taken_at=taken_at, nodes=tuple(nodes), gpus=tuple(gpus), workloads=tuple(workloads), teams=team_objects,
+        taken_at=taken_at, nodes=tuple(o.node for o in offers.values()),
+        gpus=tuple(g for o in offers.values() for g in o.gpus), workloads=tuple(workloads), teams=team_objects,
         cordoned=frozenset(cordoned), taints=taints, node_labels=node_labels, namespace_labels=namespace_labels,
     )
     return snapshot, inventory

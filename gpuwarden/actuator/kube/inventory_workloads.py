@@ -1,0 +1,363 @@
+"""GPU pods and Jobs of a Kubernetes cluster grouped into fleet workloads.
+
+A workload is one owner (Job, JobSet, PyTorchJob, another controller) or, where pods carry the
+``gpuwarden.io/gang`` label, that gang (``gpuwarden.io/gang-size`` pods). Each pod is one of:
+
+- *gated* by gpuwarden (``gpuwarden.io/admission``): waits for gpuwarden's admission;
+- *held*: bound to a node (``spec.nodeName``), or admitted by gpuwarden (annotation
+  ``gpuwarden.io/admitted-node``) and not bound yet: it holds that node's capacity until it is bound;
+- *timed out*: admitted more than ``timeout_seconds`` ago and still not bound. It is left out (its
+  capacity released) and named in ``Inventory.unschedulable`` with kube-scheduler's reason (the
+  pod's ``PodScheduled=False`` condition message);
+- *kube-scheduler's*: Pending, not gated by gpuwarden, not admitted by it (another scheduler's or
+  Kueue's gate, or no gate at all in a namespace gpuwarden does not queue): left out.
+
+A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs: a Job's
+``parallelism`` (no more than the completions left), the gang-size label, else the pods seen, less
+the pods it holds. A gang missing pods is pending at its full size; admitting it is refused until
+every pod is there (``KubeCluster`` BIND). A workload holding pods and waiting for more (a Job's
+replacement pod) holds its running pods under ``<name>~held`` and queues the rest under its name.
+A pod whose GPU request cannot be read (an unparseable quantity, an unknown MIG profile, shares
+no node offers) leaves its workload out, named in ``Inventory.refused`` with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, Workload, WorkloadKind, WorkloadPhase,
+                             WorkloadState, workload_key)
+from gpuwarden.scheduling.errors import UnknownMigProfile
+from gpuwarden.scheduling.mig import check_profile
+
+from .admission import PodView, pod_view
+from .gates import (ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
+                    PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
+from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, Layout, NodeOffer, PodRequest, quantity
+
+log = logging.getLogger("gpuwarden.actuator.kube")
+
+Json = dict[str, Any]
+CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"
+KIND_LABEL = "gpuwarden.io/workload-kind"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+HELD_SUFFIX = "~held"  # the running part of a workload that also waits for admission
+TRAINING_CONTROLLERS = ("Job", "JobSet", "Workload", "PyTorchJob", "Gang")
+
+
+@dataclass
+class Inventory:
+    """What the cluster needs beyond the snapshot to act: how each workload is run."""
+
+    controller: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Job, JobSet, Workload, Pod, ...
+    names: dict[str, str] = field(default_factory=dict)  # key -> the owner's name, where not the key's
+    pods: dict[str, list[str]] = field(default_factory=dict)
+    gated: dict[str, list[PodView]] = field(default_factory=dict)  # gated pods, in name order
+    gang_size: dict[str, int] = field(default_factory=dict)  # pods a pending workload needs admitted
+    objects: dict[str, dict[tuple[str, str], dict[str, str]]] = field(default_factory=dict)  # (kind, name) -> annotations
+    unschedulable: dict[str, str] = field(default_factory=dict)  # admitted, not bound in time: kube-scheduler's reason
+    refused: dict[str, str] = field(default_factory=dict)  # left out: why its request cannot be read
+    queue_namespaces: set[str] = field(default_factory=set)
+    suspended_by: dict[str, str] = field(default_factory=dict)  # key -> gpuwarden.io/suspended-by
+    kueue_workload: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Kueue Workload name
+    pdbs: int = 0
+    priority_classes: dict[str, int] = field(default_factory=dict)
+    workload_priority_classes: dict[str, int] = field(default_factory=dict)
+    kueue: bool = False
+
+
+def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:
+    """What a pod spec asks of GPUs; ValueError naming the resource and value it cannot take."""
+    count, shares, mig = 0, 0, None
+    for container in pod_spec.get("containers") or ():
+        resources = container.get("resources") or {}
+        for key, value in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.items():
+            if key == GPU:
+                count += int(quantity(value, f"resource {key}"))
+            elif key == SHARED_GPU:
+                shares += int(quantity(value, f"resource {key}"))
+            elif key.startswith(MIG_PREFIX) and quantity(value, f"resource {key}") > 0:
+                mig = key[len(MIG_PREFIX):]
+                check_profile(mig)
+    if sum(bool(x) for x in (count, shares, mig)) > 1:
+        raise ValueError(f"asks for more than one of {GPU}, {SHARED_GPU} and {MIG_PREFIX}<profile>; one kind per pod")
+    if shares > 1:
+        raise ValueError(f"asks for {shares} of {SHARED_GPU}; one share per pod is supported (the device plugin "
+                         "may hand several from different GPUs)")
+    return PodRequest(count, mig, shares)
+
+
+def _tolerations(pod: Json) -> tuple[str, ...]:
+    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.taints.taint_blocks``):
+    operator Exists names no value; an empty key tolerates every taint."""
+    out = []
+    for entry in (pod.get("spec") or {}).get("tolerations") or ():
+        value = None if entry.get("operator") == "Exists" else str(entry.get("value") or "")
+        out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
+                   + (f":{entry['effect']}" if entry.get("effect") else ""))
+    return tuple(out)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def priority_of(name: str | None) -> PriorityClass:
+    for member in PriorityClass:
+        if name and member.value in name.lower():
+            return member
+    return PriorityClass.NORMAL
+
+
+def _unscheduled_reason(pod: Json) -> str:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or "Unschedulable")
+    return "no reason given by kube-scheduler"
+
+
+@dataclass
+class Group:
+    """The pods (and Job) of one workload, as read."""
+
+    controller: str
+    namespace: str
+    name: str
+    request: PodRequest = PodRequest()
+    held: list[tuple[Json, str]] = field(default_factory=list)  # (pod, node it holds)
+    gated: list[PodView] = field(default_factory=list)
+    pod_names: list[str] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    objects: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    created: list[datetime] = field(default_factory=list)
+    started: list[datetime] = field(default_factory=list)
+    priority: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[str, ...] = ()
+    size: int | None = None  # the pods it will have, where its owner says
+    suspended: bool = False
+
+    @property
+    def key(self) -> str:
+        return workload_key(self.namespace, self.name)
+
+
+def _owner(meta: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[str, str]:
+    """(controller kind, workload name) of a pod."""
+    if labels.get(GANG_LABEL):
+        return "Gang", labels[GANG_LABEL]
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    if owner is None:
+        return "Pod", str(meta["name"])
+    if owner.get("kind") == "Job" and labels.get(JOBSET_LABEL):
+        return "JobSet", labels[JOBSET_LABEL]
+    return str(owner.get("kind", "Pod")), str(owner.get("name", meta["name"]))
+
+
+class WorkloadReader:
+    """Reads pods then Jobs, then builds the snapshot's workloads and fills the inventory."""
+
+    def __init__(self, inventory: Inventory, now: datetime, timeout_seconds: float,
+                 previous: Mapping[str, Workload] | None = None) -> None:
+        self.inventory = inventory
+        # the last snapshot's workloads: one equal to this round's is handed out again (the same
+        # object), so a loop keeps the engine's job for it instead of building it anew each round
+        self.previous = previous or {}
+        self.now = now
+        self.timeout_seconds = timeout_seconds
+        self.groups: dict[str, Group] = {}
+        self.teams_by_ns: Mapping[str, str] = {}
+
+    def _refuse(self, key: str, reason: str) -> None:
+        self.inventory.refused.setdefault(key, reason)
+
+    def add_pod(self, pod: Json) -> None:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        namespace, labels = str(meta.get("namespace", "")), dict(meta.get("labels") or {})
+        controller, name = _owner(meta, labels)
+        key = workload_key(namespace, name)
+        try:
+            request = gpu_request(spec)
+        except (ValueError, UnknownMigProfile) as error:
+            self._refuse(key, f"pod {meta['name']}: {error}")
+            return
+        if request.empty:
+            return
+        notes = dict(meta.get("annotations") or {})
+        node = spec.get("nodeName") or None
+        if node is None and gated_by_gpuwarden(pod):
+            place = "gated"
+        elif node is None and notes.get(ADMITTED_NODE_ANNOTATION):
+            admitted_at = parse_time(notes.get(ADMITTED_AT_ANNOTATION))
+            if admitted_at is not None and (self.now - admitted_at).total_seconds() >= self.timeout_seconds:
+                self.inventory.unschedulable[key] = f"pod {meta['name']} not bound {self.timeout_seconds:g} s after " \
+                                                    f"admission to {notes[ADMITTED_NODE_ANNOTATION]}: {_unscheduled_reason(pod)}"
+                return
+            place, node = "held", notes[ADMITTED_NODE_ANNOTATION]
+        elif node is None:
+            return  # kube-scheduler's (or Kueue's) to place
+        else:
+            place = "held"
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = Group(controller, namespace, name, request, labels=labels,
+                                             tolerations=_tolerations(pod))
+            if controller == "Gang":
+                group.size = self._gang_size(key, labels)
+        group.pod_names.append(str(meta["name"]))
+        group.annotations.update(notes)
+        group.objects[("Pod", str(meta["name"]))] = notes
+        created = parse_time(meta.get("creationTimestamp"))
+        if created:
+            group.created.append(created)
+        started = parse_time(status.get("startTime"))
+        if started:
+            group.started.append(started)
+        group.priority = group.priority or spec.get("priorityClassName")
+        if place == "gated":
+            group.gated.append(pod_view(pod))
+        else:
+            group.held.append((pod, str(node)))
+
+    def _gang_size(self, key: str, labels: Mapping[str, str]) -> int | None:
+        text = labels.get(GANG_SIZE_LABEL)
+        if text is None:
+            return None
+        try:
+            size = int(text)
+        except ValueError:
+            size = 0
+        if size < 1:
+            self._refuse(key, f"label {GANG_SIZE_LABEL}={text!r} is not a whole number of pods >= 1")
+            return None
+        return size
+
+    def add_job(self, job: Json) -> None:
+        """A Job: the size of its workload, its annotations; a suspended Job without pods is a workload."""
+        meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+        key = workload_key(meta.get("namespace", ""), meta["name"])
+        parallelism = int(spec["parallelism"]) if spec.get("parallelism") is not None else 1
+        if spec.get("completions") is not None:
+            parallelism = min(parallelism, max(0, int(spec["completions"]) - int(status.get("succeeded") or 0)))
+        notes = dict(meta.get("annotations") or {})
+        group = self.groups.get(key)
+        if group is not None:
+            group.annotations.update(notes)
+            group.objects[("Job", meta["name"])] = notes
+            group.suspended = bool(spec.get("suspend"))  # its pods are being terminated by the Job controller
+            if group.controller == "Job":
+                group.size = max(1, parallelism)
+            return
+        if not spec.get("suspend"):
+            return
+        template = spec.get("template") or {}
+        try:
+            request = gpu_request(template.get("spec") or {})
+        except (ValueError, UnknownMigProfile) as error:
+            self._refuse(key, f"Job {meta['name']}: {error}")
+            return
+        if request.empty:
+            return
+        created = parse_time(meta.get("creationTimestamp"))
+        self.groups[key] = Group("Job", str(meta.get("namespace", "")), str(meta["name"]), request,
+                                 annotations=notes, objects={("Job", meta["name"]): notes},
+                                 created=[created] if created else [], priority=(template.get("spec") or {}).get(
+                                     "priorityClassName"), size=max(1, parallelism), suspended=True)
+
+    def add_kueue_annotations(self, key: str, notes: Mapping[str, str]) -> None:
+        if key in self.groups:
+            self.groups[key].annotations.update(notes)
+
+    # -- building --------------------------------------------------------------------------------
+    def build(self, teams_by_ns: Mapping[str, str], offers: Mapping[str, NodeOffer],
+              kueue: Callable[[Group], Json | None]) -> list[WorkloadState]:
+        self.teams_by_ns = teams_by_ns
+        shared_replicas = [o.replicas for o in offers.values() if o.replicas > 1]
+        shared_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas > 1}))
+        whole_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas == 1}))
+        layout = Layout(offers)
+        out = []
+        for key, group in sorted(self.groups.items()):
+            if key in self.inventory.refused:
+                continue
+            if group.request.shares and not shared_replicas:
+                self._refuse(key, f"asks for {SHARED_GPU}; no node offers time-sliced GPUs "
+                                  "(label nvidia.com/gpu.replicas > 1)")
+                continue
+            w = kueue(group)
+            pools = shared_pools if group.request.shares else whole_pools if (
+                group.request.count and shared_pools and whole_pools) else ()
+            milli = 1000 // min(shared_replicas) if group.request.shares else 1000
+            suspended = group.suspended or (w is not None and (w.get("spec") or {}).get("active") is False)
+            if suspended:
+                out.append(self._state(key, group, w, WorkloadPhase.SUSPENDED, group.size or max(
+                    1, len(group.held) + len(group.gated)), (), pools, milli))
+                continue
+            held_key = key + HELD_SUFFIX if group.gated else key
+            if group.held:
+                placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                out.append(self._state(held_key, group, w, WorkloadPhase.RUNNING, len(group.held), placements,
+                                       pools, milli))
+            if group.gated:
+                need = max(1, (group.size or len(group.held) + len(group.gated)) - len(group.held))
+                self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
+                self.inventory.gang_size[key] = need
+                out.append(self._state(key, group, w, WorkloadPhase.PENDING, need, (), pools, milli))
+        return out
+
+    def _state(self, key: str, group: Group, w: Json | None, phase: WorkloadPhase, gang_size: int,
+               placements: tuple[Placement, ...], pools: tuple[str, ...], milli: int) -> WorkloadState:
+        inventory = self.inventory
+        inventory.controller[key] = group.controller
+        inventory.pods[key] = list(group.pod_names)
+        inventory.objects[key] = group.objects
+        if w is not None:
+            inventory.kueue_workload[key] = w["metadata"]["name"]
+        if group.annotations.get(SUSPENDED_BY_ANNOTATION):
+            inventory.suspended_by[key] = group.annotations[SUSPENDED_BY_ANNOTATION]
+        namespace, name = key.split("/", 1)
+        if name != group.name:
+            inventory.names[key] = group.name
+        notes = group.annotations
+        kind_label = group.labels.get(KIND_LABEL)
+        kind = WorkloadKind(kind_label) if kind_label in {k.value for k in WorkloadKind} else (
+            WorkloadKind.TRAINING if group.controller in TRAINING_CONTROLLERS else
+            WorkloadKind.NOTEBOOK if group.controller == "Pod" else WorkloadKind.INFERENCE)
+        checkpointable = str(notes.get(CHECKPOINT_ANNOTATION, "")).lower() == "true"
+        priority_name = (w.get("spec") or {}).get("priorityClassName") if w is not None else group.priority
+        request = group.request
+        gpus = (GpuRequest(count=1, mig_profile=request.mig) if request.mig else
+                GpuRequest(count=1, fraction_milli=milli) if request.shares else GpuRequest(count=request.count))
+        workload = Workload(
+            name=name, namespace=namespace, kind=kind, team=self.teams_by_ns.get(namespace, namespace),
+            project=namespace, priority_class=priority_of(priority_name), gpus=gpus, gang_size=gang_size,
+            checkpointable=checkpointable, checkpoint_interval_seconds=600.0 if checkpointable else None,
+            tolerations=group.tolerations, pools=pools)
+        kept = self.previous.get(key)
+        workload = kept if kept == workload and kept is not None else workload
+        started = group.started if phase != WorkloadPhase.PENDING else []
+        return WorkloadState(
+            workload=workload, phase=phase, submitted_at=min(group.created) if group.created else self.now,
+            started_at=min(started) if started else None, placements=placements, controller=group.controller,
+            pods=tuple(group.pod_names), annotations=notes,
+            priority_override=self._override(key, notes, priority_name),
+        )  # attained_gpu_seconds stays 0: the scheduler loop fills it from metrics
+
+    def _override(self, key: str, notes: Mapping[str, str], priority_name: str | None) -> str | None:
+        wanted = notes.get(PRIORITY_CLASS_ANNOTATION)
+        if wanted:
+            allowed = [p.value for p in PriorityClass]
+            if wanted in allowed:
+                return wanted
+            log.warning("%s: annotation %s=%r is not one of: %s; ignored", key, PRIORITY_CLASS_ANNOTATION, wanted,
+                        ", ".join(allowed))
+        return priority_name if priority_name and priority_of(priority_name).value != priority_name else None
