@@ -116,7 +116,8 @@ def test_a_hoarding_finding_in_an_opted_in_namespace_notifies_then_suspends_and_
     assert [(p.action.kind, p.action.target) for p in plan.actions] == [(ActionKind.SUSPEND, "research/sweep")]
     entries = actuator.execute(plan, snapshot)
     assert [e.outcome for e in entries] == [Outcome.APPLIED]
-    assert api.calls("PATCH", "/jobs/sweep")[-1].body == {"spec": {"suspend": True}}
+    assert api.calls("PATCH", "/jobs/sweep")[-1].body == {  # who suspended it: only its owner's notice resumes it
+        "spec": {"suspend": True}, "metadata": {"annotations": {"gpuwarden.io/suspended-by": "idle-reclaim"}}}
     suspended = [r for r in audit_of(tmp_path) if r["kind"] == "suspend"][0]
     assert suspended["findings"][0]["kind"] == "hoarded" and suspended["findings"][0]["evidence"]["pod"] == "sweep-0"
     assert suspended["params"]["grace_seconds"] == policy.suspend_grace_seconds
@@ -139,7 +140,8 @@ def test_a_quota_reclaim_preempts_the_borrower_through_the_scheduling_round(api,
     (stop,) = [r for r in results if r.action.kind == ActionKind.PREEMPT]
     assert (stop.ok, stop.action.target, stop.action.params["by"]) == (True, "team-b/borrower", "scheduler")
     assert "preempted for team-a/owner" in stop.action.reason
-    assert api.calls("PATCH", "/jobs/borrower")[-1].body["spec"] == {"suspend": True}
+    (suspend,) = [c.body for c in api.calls("PATCH", "/jobs/borrower") if "spec" in c.body]
+    assert suspend == {"spec": {"suspend": True}, "metadata": {"annotations": {"gpuwarden.io/suspended-by": "scheduler"}}}
 
 
 def test_taint_counts_as_a_conflict_retry_and_untaint_removes_only_ours(api, tmp_path):

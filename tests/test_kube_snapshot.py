@@ -4,7 +4,7 @@ the real REST protocol; the official client runs unmodified over HTTP)."""
 from __future__ import annotations
 
 import pytest
-from fake_kube_api import CORE, JOBSET, KUEUE, FakeKubeAPI
+from fake_kube_api import BATCH, CORE, JOBSET, KUEUE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, namespace, node, pod
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
@@ -99,8 +99,13 @@ def test_the_scheduling_round_resumes_a_job_it_suspended_never_one_a_user_create
     job(api, "ml", "held", gpus=4, suspend=True)
     results = SchedulingRound(connect(api, tmp_path)).run_round()
     assert [(r.ok, r.action.kind, r.action.target) for r in results] == [(True, ActionKind.RESUME, "ml/paused")]
-    assert api.calls("PATCH", "/jobs/paused")[-1].body["spec"]["suspend"] is False
-    assert not api.calls("PATCH", "/jobs/held")
+    (resume,) = [c.body for c in api.calls("PATCH", "/jobs/paused") if "spec" in c.body]
+    assert resume["spec"]["suspend"] is False  # outside a queue namespace: resumed pinned to the planned node
+    terms = resume["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["a"]
+    # the user's Job is never resumed; it only gets its queue note (position, and why: theirs to resume)
+    assert all("spec" not in c.body for c in api.calls("PATCH", "/jobs/held"))
+    assert "theirs to resume" in api.get(BATCH, "jobs", "held", "ml")["metadata"]["annotations"]["gpuwarden.io/queue-reason"]
 
 
 def test_mig_pods_are_placed_on_mig_instances_and_the_planner_accepts_them(api, tmp_path):
