@@ -52,6 +52,7 @@ from gpuwarden.scheduling.scheduler import Decision, DecisionKind, queue_positio
 
 from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
 from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION
+from .mig_manager import mig_change
 from .queue_publication import Publisher
 from .round_screen import screen
 
@@ -80,8 +81,11 @@ class SchedulingRound:
     """Runs the scheduling policy ``policy`` on ``cluster``, one round per :meth:`run_round`."""
 
     def __init__(self, cluster: Cluster, policy: str = "gpuwarden", attained: AttainedSource | None = None,
-                 on_round: Iterable[Callable[[RoundOutcome], None]] = ()) -> None:
+                 on_round: Iterable[Callable[[RoundOutcome], None]] = (), mig_manager: bool = False) -> None:
+        """``mig_manager``: also set a drained MIG node's named layout for the MIG work that waits
+        (:mod:`.mig_manager`; opt-in: it changes nodes)."""
         self.cluster = cluster
+        self.mig_manager = mig_manager
         self.policy = policy
         self.attained = attained
         self.on_round = list(on_round)
@@ -112,7 +116,8 @@ class SchedulingRound:
         reasons = self._note_preemptions(state, decisions)
         self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
         actions = actions_for(decisions, state, scheduler.policy.name)
-        results = tuple(self._apply(actions + self._priority_changes(planned)))
+        mig = mig_change(planned) if self.mig_manager else None
+        results = tuple(self._apply(actions + self._priority_changes(planned) + ((mig,) if mig else ())))
         schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
         latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)

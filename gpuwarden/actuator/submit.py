@@ -41,8 +41,7 @@ from gpuwarden.fleet.errors import UserError
 from gpuwarden.scheduling.errors import UnknownMigProfile
 from gpuwarden.scheduling.mig import check_profile
 
-from .kube.gates import ADMISSION_GATE, REQUESTED_BY_ANNOTATION
-from .kube.inventory import CHECKPOINT_ANNOTATION
+from .kube.gates import ADMISSION_GATE, CHECKPOINT_ANNOTATION, REQUESTED_BY_ANNOTATION
 
 TEMPLATES_ENV = "GPUWARDEN_PORTAL_TEMPLATES"
 PORTAL_LABEL = "app.kubernetes.io/created-by"  # on the Job and its pods: which Jobs the portal made

@@ -52,6 +52,12 @@ def cluster_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--page-size", type=positive_int, default=500, help="items per list page (default 500)")
     group.add_argument("--request-timeout", type=positive_float, default=10.0, help="seconds per API request (default 10)")
     group.add_argument("--namespace", default="gpuwarden", help="the actuator's namespace: its Events and Lease (default gpuwarden)")
+    group.add_argument("--leaf-switch-label", default="gpuwarden.io/leaf-switch",
+                       help="node label naming a node's leaf switch (gangs stay under one; default gpuwarden.io/leaf-switch, "
+                            "else topology.kubernetes.io/zone)")
+    group.add_argument("--nvlink-domain-label", default="nvidia.com/gpu.clique",
+                       help="node label naming a node's NVLink domain (default nvidia.com/gpu.clique, GPU feature discovery's)")
+    group.add_argument("--pool-label", default="gpuwarden.io/pool", help="node label naming a node's pool (default gpuwarden.io/pool)")
 
 
 def _audit_option(parser: argparse.ArgumentParser) -> None:
@@ -146,10 +152,13 @@ def _fail(message: str, code: int = 2) -> int:
 def kube_cluster(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
     # Imported here: the kubernetes client takes a second to import, and other commands never need it.
     from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
+    from gpuwarden.actuator.kube.inventory_nodes import NodeLabels
 
     client = load_client(str(args.kubeconfig) if args.kubeconfig else None, args.in_cluster, args.context,
                          args.request_timeout)
-    return KubeCluster(KubeApi(client, clock=clock), namespace=args.namespace, page_size=args.page_size, clock=clock)
+    labels = NodeLabels(leaf_switch=args.leaf_switch_label, nvlink_domain=args.nvlink_domain_label, pool=args.pool_label)
+    return KubeCluster(KubeApi(client, clock=clock), namespace=args.namespace, page_size=args.page_size, clock=clock,
+                       labels=labels)
 
 
 def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None,

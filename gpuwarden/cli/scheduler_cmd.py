@@ -56,6 +56,9 @@ def add_parser(subparsers) -> None:
                                               "and rotate them; omit when cert-manager issues the certificate")
     run.add_argument("--webhook-service", help="the Service the API server calls the webhook through (the certificate's name)")
     run.add_argument("--webhook-configuration", help="the MutatingWebhookConfiguration whose caBundle the scheduler keeps")
+    run.add_argument("--mig-manager", action="store_true",
+                     help="opt-in: set a drained MIG node's nvidia.com/mig.config label (a named layout the GPU operator's "
+                          "MIG manager applies) for the MIG work that waits; needs nodes patch")
     run.add_argument("--rounds", type=positive_int, help="stop after this many rounds (default: run until stopped)")
     run.add_argument("--leader-elect", action="store_true", help="schedule only while holding the Lease")
     run.add_argument("--lease-name", default="gpuwarden-scheduler", help="Lease name (default gpuwarden-scheduler)")
@@ -123,7 +126,8 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
     metrics = SchedulerMetrics()
-    scheduling = SchedulingRound(cluster, args.policy, attained=_attained(args), on_round=[metrics])
+    scheduling = SchedulingRound(cluster, args.policy, attained=_attained(args), on_round=[metrics],
+                                 mig_manager=args.mig_manager)
     service = SchedulerService(scheduling, args.interval_seconds, elector.is_leader if elector else None)
     server = QueueServer(lambda: scheduling.queue, metrics.registry, host=args.listen, port=args.port).start()
     print(f"scheduler: policy {args.policy} every {args.interval_seconds:g} s; queue {server.url}/queue"

@@ -93,6 +93,7 @@ class ActionKind(str, enum.Enum):
     PREEMPT = "preempt"
     BIND = "bind"
     NOTIFY = "notify"  # tell the owner (an Event on the pod and an annotation); changes nothing else
+    SET_MIG_CONFIG = "set-mig-config"  # a node's nvidia.com/mig.config label (the GPU operator's MIG manager applies it)
 
 
 class FindingKind(enum.StrEnum):

@@ -41,6 +41,7 @@ from .admission import admit_pods, pod_nodes
 from .gates import SUSPENDED_BY_ANNOTATION
 from .inventory import ADMISSION_TIMEOUT_SECONDS, KUEUE, Inventory, read_snapshot
 from .inventory_nodes import DEFAULT_LABELS, NodeLabels
+from .mig_config import set_mig_config
 from .pinning import pinned_nodes, resume_pinned_patch
 from .queue_notes import annotate_objects
 
@@ -240,6 +241,9 @@ class KubeCluster:
             return f"JobSet {namespace}/{name} spec.suspend={suspended}"
         raise ValueError(f"a {controller} cannot be suspended (only Jobs, JobSets and Kueue Workloads can); "
                          "evict it or scale its controller down")
+
+    def _do_set_mig_config(self, action: Action) -> Done:
+        return set_mig_config(self.api, action, self.page_size)
 
     def _do_suspend(self, action: Action) -> Done:
         how = self._set_suspended(action.target, True, action.params.get("by"))

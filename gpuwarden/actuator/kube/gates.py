@@ -31,6 +31,7 @@ ESTIMATED_START_ANNOTATION = "gpuwarden.io/estimated-start"  # ISO-8601 UTC, abs
 SUSPENDED_BY_ANNOTATION = "gpuwarden.io/suspended-by"  # "scheduler" or "idle-reclaim": who may resume it
 RESUME_REQUESTED_ANNOTATION = "gpuwarden.io/resume-requested"  # the owner's notice: resume what idle reclaim held
 REQUESTED_BY_ANNOTATION = "gpuwarden.io/requested-by"  # the portal user who submitted the Job
+CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"  # "true": the workload saves and may be suspended and resumed
 PRIORITY_CLASS_ANNOTATION = "gpuwarden.io/priority-class"  # a team lead's override of the queue priority class
 
 

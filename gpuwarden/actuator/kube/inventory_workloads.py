@@ -35,14 +35,13 @@ from gpuwarden.scheduling.errors import UnknownMigProfile
 from gpuwarden.scheduling.mig import check_profile
 
 from .admission import PodView, pod_view
-from .gates import (ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
+from .gates import (CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, Layout, NodeOffer, PodRequest, quantity
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
 Json = dict[str, Any]
-CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"
 KIND_LABEL = "gpuwarden.io/workload-kind"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 HELD_SUFFIX = "~held"  # the running part of a workload that also waits for admission
