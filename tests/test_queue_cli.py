@@ -168,20 +168,23 @@ def test_a_portal_request_becomes_a_simulated_workload_that_waits_for_the_round(
                             scheduling=lambda cluster: NoRound())
     submit = portal_submitter(simulation, REQUESTED_BY_ANNOTATION)
     team = simulation.teams[0].name
-    key, message = submit({"name": "sweep", "team": team, "gpus": 4, "pods": 2, "priorityClass": "high"},
-                          "alice@example.com")
-    assert key == f"{team}/sweep" and "alice@example.com" in message
+    image = "nvcr.io/nvidia/pytorch:24.05-py3"
+    body = {"name": "sweep", "team": team, "image": image, "shape": {"gpus": 8, "pods": 2}, "priorityClass": "high"}
+    key, message = submit(body, "alice@example.com")
+    assert key == f"{team}/sweep-1" and "alice@example.com" in message  # named as generateName would
+    assert submit(body, "alice@example.com")[0] == f"{team}/sweep-2"
     (state,) = [w for w in simulation.cluster.snapshot().workloads if w.workload.key == key]
-    assert (state.phase, state.workload.gang_size, state.workload.gpus.count) == (WorkloadPhase.PENDING, 2, 4)
+    assert (state.phase, state.workload.gang_size, state.workload.gpus.count) == (WorkloadPhase.PENDING, 2, 8)
     assert state.workload.priority_class.value == "high"
     assert state.annotations[REQUESTED_BY_ANNOTATION] == "alice@example.com"
-    for request, field in (({"name": "sweep", "team": team}, "a workload of that name exists"),
-                           ({"name": "x", "team": "nope"}, "team 'nope': not a team"),
-                           ({"name": "x", "team": team, "gpus": 0}, "GPUs 0"),
-                           ({"name": "x", "team": team, "pods": 0}, "pods 0"),
-                           ({"name": "x", "team": team, "colour": "red"}, "request field 'colour'")):
+    # the same team templates a cluster's portal checks: a refusal names the field and what is allowed
+    for change, field in (({"team": "nope"}, "team 'nope': no portal template"),
+                          ({"shape": {"gpus": 3}}, "shape '3 GPUs'"),
+                          ({"image": "evil:latest"}, "image 'evil:latest'"),
+                          ({"priorityClass": "critical"}, "priorityClass 'critical'"),
+                          ({"colour": "red"}, "colour")):
         with pytest.raises(ValueError, match=field):
-            submit(request, "alice@example.com")
+            submit({**body, **change}, "alice@example.com")
 
 
 def test_the_demo_serves_its_live_queue_and_takes_submissions(tmp_path, data_dir):
@@ -198,13 +201,14 @@ def test_the_demo_serves_its_live_queue_and_takes_submissions(tmp_path, data_dir
         document = wait_for(lambda: json.loads(get(url + "/queue")[1]), 30, "the first queue", tolerate_errors=True)
         assert document["policy"] == "gpuwarden" and document["teams"]
         team = document["teams"][0]["team"]
-        request = {"request": {"name": "portal-job", "team": team, "gpus": 64}, "identity": "alice@example.com"}
+        request = {"request": {"name": "portal-job", "team": team, "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                               "shape": {"gpus": 64}, "priorityClass": "normal"}, "identity": "alice@example.com"}
         status, answer = post(url + "/submit", json.dumps(request).encode())
-        assert status == 400 and "GPUs 64" in answer["error"]  # 4 nodes x 8 GPUs
-        request["request"]["gpus"] = 16
+        assert status == 400 and "shape '64 GPUs'" in answer["error"]  # not in the team's template
+        request["request"]["shape"] = {"gpus": 8, "pods": 2}
         assert post(url + "/submit", json.dumps(request).encode())[0] == 201
         row = wait_for(lambda: next((w for w in json.loads(get(url + "/queue")[1])["workloads"]
-                                     if w["name"] == "portal-job"), None), 30, "the submitted job in the queue")
+                                     if w["name"] == "portal-job-1"), None), 30, "the submitted job in the queue")
         assert (row["team"], row["requested_by"], row["gpus"]) == (team, "alice@example.com", 16.0)
     finally:
         process.terminate()
