@@ -16,11 +16,20 @@ the way the API server does for what gpuwarden uses:
   ``.../status`` changes status only;
 - ``pods/NAME/eviction``: honours PodDisruptionBudgets (``status.disruptionsAllowed`` 0 -> 429),
   deletes the pod otherwise;
+- pods follow the API server's validation (``tests/fake_kube_pod_rules.py``): scheduling gates may
+  only be removed, a gated pod's node affinity / nodeSelector may only be tightened, the rest of the
+  spec is immutable, ``spec.nodeName`` is set by ``POST pods/NAME/binding`` (409 while gated);
+  creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual);
+- pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
+  JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
+  the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed);
 - injectable faults per method and path: any HTTP status, or a hang longer than the client's
   timeout.
-Every request is recorded (method, path, query, content type, body) so a test can assert the exact
-call the client made.
+Every request is recorded (method, path, query, content type, body, and ``user``: "" for HTTP
+clients, the actor's name for the in-process stand-ins of kube-scheduler and the Job controller,
+which go through ``handle`` and so through the same rules) so a test can assert the exact call the
+client made.
 """
 
 from __future__ import annotations
@@ -31,15 +40,21 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses"}
+from fake_kube_pod_rules import bind, binding_refusal, invalid_status, pod_create_causes, pod_update_causes
+from fake_kube_webhooks import WebhookCall, call_webhooks
+
+CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
+                  "mutatingwebhookconfigurations"}
 KINDS = {"nodes": "Node", "namespaces": "Namespace", "pods": "Pod", "jobs": "Job", "events": "Event",
          "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass", "leases": "Lease",
          "workloads": "Workload", "clusterqueues": "ClusterQueue", "workloadpriorityclasses": "WorkloadPriorityClass",
-         "jobsets": "JobSet"}
+         "jobsets": "JobSet", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
 CORE = "api/v1"
 BATCH = "apis/batch/v1"
 POLICY = "apis/policy/v1"
@@ -47,8 +62,10 @@ SCHEDULING = "apis/scheduling.k8s.io/v1"
 COORDINATION = "apis/coordination.k8s.io/v1"
 KUEUE = "apis/kueue.x-k8s.io/v1beta1"
 JOBSET = "apis/jobset.x-k8s.io/v1alpha2"
+ADMISSION = "apis/admissionregistration.k8s.io/v1"
 DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (CORE, "events"), (BATCH, "jobs"),
-                     (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases")]
+                     (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases"),
+                     (ADMISSION, "mutatingwebhookconfigurations")]
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
 
 
@@ -68,6 +85,7 @@ class Request:
     query: dict
     content_type: str
     body: object
+    user: str = ""
 
 
 @dataclass
@@ -76,6 +94,9 @@ class FakeKubeAPI:
     store: dict = field(default_factory=dict)  # (prefix, plural) -> {(namespace, name): object}
     requests: list = field(default_factory=list)
     faults: list = field(default_factory=list)
+    webhook_services: dict = field(default_factory=dict)  # (namespace, service name) -> "https://127.0.0.1:PORT"
+    webhook_calls: list[WebhookCall] = field(default_factory=list)
+    clock: Callable[[], float] = field(default_factory=lambda: time.time)  # seconds since the epoch
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -105,9 +126,27 @@ class FakeKubeAPI:
     def inject(self, method: str, path_regex: str, status: int | str, times: int = 1, hang_seconds: float = 3.0) -> None:
         self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, hang_seconds))
 
-    def calls(self, method: str | None = None, path_regex: str = "") -> list[Request]:
+    def calls(self, method: str | None = None, path_regex: str = "", user: str | None = None) -> list[Request]:
         pattern = re.compile(path_regex)
-        return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)]
+        return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)
+                and (user is None or r.user == user)]
+
+    def objects(self, prefix: str, plural: str) -> list[dict]:
+        """Copies of the stored objects of one resource, in (namespace, name) order."""
+        with self._lock:
+            return [copy.deepcopy(o) for _, o in sorted(self.store.get((prefix, plural), {}).items())]
+
+    def act(self, user: str, method: str, path: str, body: dict | None = None,
+            content_type: str = "application/json") -> dict:
+        """A request by an in-process actor (kube-scheduler, a controller): its answer, RuntimeError when refused."""
+        status, answer = self.handle(method, path, content_type, json.dumps(body).encode() if body is not None else b"",
+                                     user=user)
+        if status >= 300:
+            raise RuntimeError(f"{method} {path} -> {status}: {answer.get('message')}")
+        return answer
+
+    def now_iso(self) -> str:
+        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     # -- serving ------------------------------------------------------------------------------------
     def start(self) -> FakeKubeAPI:
@@ -168,7 +207,8 @@ class FakeKubeAPI:
         return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
                       "reason": reason, "code": code}
 
-    def handle(self, method: str, raw_path: str, content_type: str, raw: bytes) -> tuple[int, dict]:
+    def handle(self, method: str, raw_path: str, content_type: str, raw: bytes, user: str = "") -> tuple[int, dict]:
+        """One API request; the HTTP server calls it, and so do the in-process stand-ins (naming ``user``)."""
         url = urlparse(raw_path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         try:
@@ -176,7 +216,7 @@ class FakeKubeAPI:
         except json.JSONDecodeError:
             return self._status(400, "BadRequest", "body is not JSON")
         with self._lock:
-            self.requests.append(Request(method, url.path, query, content_type.split(";")[0], body))
+            self.requests.append(Request(method, url.path, query, content_type.split(";")[0], body, user))
             fault = next((f for f in self.faults if f.times > 0 and f.method in (method, "*") and f.path.search(url.path)), None)
             if fault:
                 fault.times -= 1
@@ -187,8 +227,26 @@ class FakeKubeAPI:
             reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
             return self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),
                                 f"injected {fault.status} for {method} {url.path}")
+        parsed = self._parse(url.path)
+        if method == "POST" and parsed and parsed[:2] == (CORE, "pods") and parsed[3] is None and isinstance(body, dict):
+            body, refusal = self._admit(parsed[2], body, user)  # outside the lock: a webhook may call back
+            if refusal:
+                return refusal
         with self._lock:
             return self._route(method, url.path, query, content_type.split(";")[0], body)
+
+    def _admit(self, namespace: str, pod: dict, user: str) -> tuple[dict, tuple[int, dict] | None]:
+        pod = copy.deepcopy(pod)
+        pod.setdefault("metadata", {})["namespace"] = namespace
+        with self._lock:
+            configurations = [copy.deepcopy(c) for c in self.store.get((ADMISSION, "mutatingwebhookconfigurations"), {}).values()]
+            ns = copy.deepcopy(self.store.get((CORE, "namespaces"), {}).get(("", namespace)))
+            services = dict(self.webhook_services)
+        calls: list[WebhookCall] = []
+        pod, refusal = call_webhooks(configurations, ns, pod, services, user, calls)
+        with self._lock:
+            self.webhook_calls.extend(calls)
+        return pod, refusal
 
     def _parse(self, path: str):
         parts = [p for p in path.strip("/").split("/") if p]
@@ -217,6 +275,8 @@ class FakeKubeAPI:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
         prefix, plural, namespace, name, sub = parsed
         objects = self.store.setdefault((prefix, plural), {})
+        if (prefix, plural, sub, method) == (CORE, "pods", "binding", "POST"):
+            return self._bind(objects, (namespace, name), body)
         if plural in CLUSTER_SCOPED:
             namespace = ""
         if name is None:
@@ -250,6 +310,9 @@ class FakeKubeAPI:
             refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
+            causes = pod_update_causes(current, updated) if (prefix, plural) == (CORE, "pods") and sub != "status" else []
+            if causes:
+                return 422, invalid_status("Pod", name, causes)
             updated.setdefault("metadata", {}).update({k: current["metadata"][k] for k in ("name", "uid") if k in current["metadata"]})
             if namespace:
                 updated["metadata"]["namespace"] = namespace
@@ -281,10 +344,30 @@ class FakeKubeAPI:
         key = (namespace, meta.get("name"))
         if key in objects:
             return self._status(409, "AlreadyExists", f'{plural} "{meta.get("name")}" already exists')
+        causes = pod_create_causes(body) if (prefix, plural) == (CORE, "pods") else []
+        if causes:
+            return 422, invalid_status("Pod", meta["name"], causes)
         meta["resourceVersion"] = self._next_version()
         meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("creationTimestamp", self.now_iso())
         objects[key] = body
         return 201, body
+
+    def _bind(self, pods, key, body):
+        """``POST pods/NAME/binding``: what kube-scheduler calls; the only way to set spec.nodeName."""
+        pod = pods.get(key)
+        if pod is None:
+            return self._status(404, "NotFound", f'pods "{key[1]}" not found')
+        target = (body or {}).get("target") or {}
+        if target.get("kind", "Node") != "Node" or not target.get("name"):
+            return self._status(400, "BadRequest", "binding target must name a Node (target.kind Node, target.name)")
+        refused = binding_refusal(pod)
+        if refused:
+            return self._status(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{key[1]}": {refused}')
+        bound = bind(pod, target["name"], self.now_iso())
+        bound["metadata"]["resourceVersion"] = self._next_version()
+        pods[key] = bound
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _evict(self, pods, key, body):
         pod = pods.get(key)
