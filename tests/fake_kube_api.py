@@ -8,8 +8,9 @@ the way the API server does for what gpuwarden uses:
   ``fieldSelector`` (dotted.path=v, dotted.path!=v);
 - GET, POST (409 AlreadyExists), PUT (409 Conflict on a stale ``metadata.resourceVersion``),
   PATCH as JSON merge patch for ``merge-patch+json`` and ``strategic-merge-patch+json`` (lists are
-  replaced, which is what the fields gpuwarden patches do) with the same optimistic-concurrency
-  check, DELETE;
+  replaced, which is what the fields gpuwarden patches do, except a pod's ``schedulingGates``,
+  merged by name as the real strategic merge does) and RFC 6902 ``json-patch+json``, with the same
+  optimistic-concurrency check (a patched ``metadata.resourceVersion`` must be the current one), DELETE;
 - a Job's pod template is immutable except its scheduling directives while the Job is suspended
   and has no ``status.startTime`` (KEP-2926), a running Job keeps its ``startTime``, and node
   field selectors name ``metadata.name`` with one value: anything else is the API server's 422;
@@ -19,7 +20,8 @@ the way the API server does for what gpuwarden uses:
 - pods follow the API server's validation (``tests/fake_kube_pod_rules.py``): scheduling gates may
   only be removed, a gated pod's node affinity / nodeSelector may only be tightened, the rest of the
   spec is immutable, ``spec.nodeName`` is set by ``POST pods/NAME/binding`` (409 while gated);
-  creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual);
+  creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual) and, as
+  the Priority admission plugin, ``spec.priority`` from the PriorityClass (403 for an unknown one);
 - pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
   JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
@@ -38,6 +40,7 @@ import base64
 import copy
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +49,9 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from fake_kube_pod_rules import bind, binding_refusal, invalid_status, pod_create_causes, pod_update_causes
-from fake_kube_webhooks import WebhookCall, call_webhooks
+from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, pod_create_causes, pod_update_causes,
+                                 priority_admission)
+from fake_kube_webhooks import WebhookCall, apply_json_patch, call_webhooks
 
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
                   "mutatingwebhookconfigurations"}
@@ -67,6 +71,12 @@ DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (COR
                      (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases"),
                      (ADMISSION, "mutatingwebhookconfigurations")]
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client closing its kept-alive connection is normal
+            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -174,7 +184,7 @@ class FakeKubeAPI:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -242,6 +252,10 @@ class FakeKubeAPI:
             configurations = [copy.deepcopy(c) for c in self.store.get((ADMISSION, "mutatingwebhookconfigurations"), {}).values()]
             ns = copy.deepcopy(self.store.get((CORE, "namespaces"), {}).get(("", namespace)))
             services = dict(self.webhook_services)
+            classes = {c["metadata"]["name"]: c for c in self.store.get((SCHEDULING, "priorityclasses"), {}).values()}
+        forbidden = priority_admission(pod, classes)  # the built-in Priority plugin runs before the webhooks
+        if forbidden:
+            return pod, self._status(403, "Forbidden", forbidden)
         calls: list[WebhookCall] = []
         pod, refusal = call_webhooks(configurations, ns, pod, services, user, calls)
         with self._lock:
@@ -297,16 +311,15 @@ class FakeKubeAPI:
             del objects[key]
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
         if method in ("PUT", "PATCH"):
-            if method == "PATCH" and content_type not in ("application/merge-patch+json",
-                                                          "application/strategic-merge-patch+json"):
-                return self._status(415, "UnsupportedMediaType", f"the fake does not speak {content_type}")
-            sent = (body or {}).get("metadata", {}).get("resourceVersion")
+            updated = _updated(method, content_type, current, body, plural)
+            if isinstance(updated, tuple):
+                return self._status(*updated)
+            sent = (updated if method == "PATCH" else body or {}).get("metadata", {}).get("resourceVersion")
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
                                                       "has been modified; please apply your changes to the latest version")
             if sub == "status":  # the status subresource changes status only
-                body = {"status": (body or {}).get("status") or {}}
-            updated = copy.deepcopy(body) if method == "PUT" else _merge(copy.deepcopy(current), body or {})
+                updated = {**copy.deepcopy(current), "status": updated.get("status") or {}}
             refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
@@ -384,6 +397,50 @@ class FakeKubeAPI:
                 status["disruptionsAllowed"] -= 1
         del pods[key]
         return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+
+MERGE_PATCH, STRATEGIC_PATCH, JSON_PATCH = ("application/merge-patch+json", "application/strategic-merge-patch+json",
+                                          "application/json-patch+json")
+
+
+def _updated(method: str, content_type: str, current: dict, body, plural: str) -> dict | tuple[int, str, str]:
+    """The object a PUT or PATCH asks for, or the reason the server refuses the request itself."""
+    if method == "PUT":
+        return copy.deepcopy(body or {})
+    if content_type == JSON_PATCH:
+        try:
+            return apply_json_patch(current, body)
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            return 422, "Invalid", f"the server rejected our request due to an error in our request: {error}"
+    if content_type == STRATEGIC_PATCH and plural == "pods":
+        body = _strategic_gates(current, body or {})
+    elif content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
+        return 415, "UnsupportedMediaType", f"the fake does not speak {content_type}"
+    return _merge(copy.deepcopy(current), body or {})
+
+
+def _strategic_gates(current: dict, patch: dict) -> dict:
+    """A strategic merge patch's ``spec.schedulingGates`` (patchMergeKey name, strategy merge) as a whole list:
+    listed gates are added or replaced, ``$patch: delete`` removes one, ``$patch: replace`` replaces the list.
+    (Other lists are replaced, as a merge patch does.)"""
+    spec = patch.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schedulingGates"), list):
+        return patch
+    items = spec["schedulingGates"]
+    gates = [dict(g) for g in (current.get("spec") or {}).get("schedulingGates") or ()]
+    if {"$patch": "replace"} in items:
+        gates = [i for i in items if i != {"$patch": "replace"}]
+    for item in items if {"$patch": "replace"} not in items else ():
+        names = [g.get("name") for g in gates]
+        if item.get("$patch") == "delete":
+            gates = [g for g in gates if g.get("name") != item.get("name")]
+        elif item.get("name") in names:
+            gates[names.index(item.get("name"))] = item
+        else:
+            gates.append(item)
+    patch = copy.deepcopy(patch)
+    patch["spec"] = {k: v for k, v in spec.items() if not k.startswith("$")} | {"schedulingGates": gates}
+    return patch
 
 
 # What KEP-2926 lets change in a Job's pod template, and only while the Job is suspended and has

@@ -137,6 +137,29 @@ def pod_update_causes(old_pod: dict, new_pod: dict) -> list[Cause]:
     return causes
 
 
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
+
+
+def priority_admission(pod: dict, classes: dict[str, dict]) -> str | None:
+    """The Priority admission plugin on pod create: ``spec.priority`` (and ``preemptionPolicy``) from the
+    PriorityClass named by ``spec.priorityClassName`` (else the global default, else 0); the 403 message, or None."""
+    spec, name = pod.setdefault("spec", {}), pod["metadata"].get("name") or pod["metadata"].get("generateName", "")
+    wanted = spec.get("priorityClassName")
+    if wanted:
+        chosen = classes.get(wanted) or ({"value": SYSTEM_PRIORITY_CLASSES[wanted]} if wanted in SYSTEM_PRIORITY_CLASSES else None)
+        if chosen is None:
+            return f'pods "{name}" is forbidden: no PriorityClass with name {wanted} was found'
+    else:
+        chosen = next((c for _, c in sorted(classes.items()) if c.get("globalDefault")), {"value": 0})
+    value = int(chosen.get("value", 0))
+    if spec.get("priority") is not None and int(spec["priority"]) != value:
+        return (f'pods "{name}" is forbidden: the integer value of priority ({spec["priority"]}) must not be provided in '
+                f"pod spec; priority admission controller computed {value} from the given PriorityClass name")
+    spec["priority"] = value
+    spec["preemptionPolicy"] = chosen.get("preemptionPolicy") or "PreemptLowerPriority"
+    return None
+
+
 def binding_refusal(pod: dict) -> str | None:
     """Why the binding subresource refuses (a 409 Conflict on pods/binding), or None."""
     name, spec = pod["metadata"]["name"], pod.get("spec") or {}

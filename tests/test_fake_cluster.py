@@ -27,7 +27,7 @@ from fake_job_controller import FakeJobController, FakeJobSetController
 from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI
 from fake_kube_scheduler import FakeKubeScheduler
 from gated_scenario import ADMISSION_GATE, FakeCluster, build, install_cluster, job_manifest, submit, submit_due
-from kube_fleet import mutating_webhook, namespace, node
+from kube_fleet import mutating_webhook, namespace, node, priority_class
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -141,6 +141,38 @@ def test_once_ungated_scheduling_fields_and_the_spec_are_immutable(api, core):
     _patch(core, "p", {"spec": {"containers": [{"name": "main", "image": "trainer:2",
                                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
     _patch(core, "p", {"metadata": {"annotations": {"gpuwarden.io/queue-position": "1"}}})  # metadata is free
+
+
+def test_json_patch_and_strategic_merge_of_gates(api, core):
+    """A JSON patch with a test on resourceVersion is the API's compare-and-swap; a strategic merge patch merges
+    schedulingGates by name (a list sent there does not replace the gates: $patch delete removes one)."""
+    core.create_namespaced_pod("team", _pod("p", gates=("a", ADMISSION_GATE)), _preload_content=False)
+    version = api.get(CORE, "pods", "p", "team")["metadata"]["resourceVersion"]
+    json_patch = "application/json-patch+json"
+    stale = [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"}, {"op": "remove", "path": "/spec/schedulingGates/1"}]
+    status = _refused(lambda: core.patch_namespaced_pod("p", "team", stale, _content_type=json_patch, _preload_content=False), 422)
+    assert "test at /metadata/resourceVersion failed" in status["message"]
+    fresh = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, {"op": "remove", "path": "/spec/schedulingGates/1"}]
+    core.patch_namespaced_pod("p", "team", fresh, _content_type=json_patch, _preload_content=False)
+    assert api.get(CORE, "pods", "p", "team")["spec"]["schedulingGates"] == [{"name": "a"}]
+    strategic = "application/strategic-merge-patch+json"
+    _refused(lambda: core.patch_namespaced_pod("p", "team", {"spec": {"schedulingGates": [{"name": "b"}]}},
+                                               _content_type=strategic, _preload_content=False), 422)  # merged: an addition
+    core.patch_namespaced_pod("p", "team", {"spec": {"schedulingGates": [{"name": "a", "$patch": "delete"}]}},
+                              _content_type=strategic, _preload_content=False)
+    assert not api.get(CORE, "pods", "p", "team")["spec"].get("schedulingGates")
+
+
+def test_priority_admission(api, core):
+    priority_class(api, "high", 10000)
+    core.create_namespaced_pod("team", _pod("p", priorityClassName="high"), _preload_content=False)
+    assert (api.get(CORE, "pods", "p", "team")["spec"]["priority"], api.get(CORE, "pods", "p", "team")["spec"][
+        "preemptionPolicy"]) == (10000, "PreemptLowerPriority")
+    status = _refused(lambda: core.create_namespaced_pod("team", _pod("q", priorityClassName="urgent"),
+                                                         _preload_content=False), 403)
+    assert status["message"] == 'pods "q" is forbidden: no PriorityClass with name urgent was found'
+    core.create_namespaced_pod("team", _pod("r"), _preload_content=False)
+    assert api.get(CORE, "pods", "r", "team")["spec"]["priority"] == 0
 
 
 def test_binding_refuses_gated_and_bound_pods(api, core):
@@ -392,6 +424,7 @@ def test_job_controller_creates_pods_through_the_webhook_and_deletes_on_suspend(
     cluster = FakeCluster(api)
     namespace(api, "research", {"gpuwarden.io/queue": "research"})
     node(api, "gpu-01", 8)
+    priority_class(api, "normal", 1000)
     api.webhook_services[WEBHOOK_SERVICE[:2]] = webhook.url
     mutating_webhook(api, "gpuwarden-admission", tls[0], service=WEBHOOK_SERVICE, namespace_selector=QUEUED)
     assert submit(api, job_manifest("train", "research", count=2, parallelism=2, gated=False, run_seconds=600))[0] == 201
@@ -415,6 +448,7 @@ def test_job_controller_creates_pods_through_the_webhook_and_deletes_on_suspend(
 def test_job_controller_completes_pods_and_jobs_on_its_clock(api):
     cluster = FakeCluster(api)
     node(api, "gpu-01", 8)
+    priority_class(api, "normal", 1000)
     submit(api, job_manifest("train", "team", count=4, parallelism=2, gated=False, run_seconds=600))
     assert sorted(n for _, n in cluster.step().bound) == ["gpu-01", "gpu-01"]
     cluster.step(599)
@@ -428,6 +462,7 @@ def test_job_controller_completes_pods_and_jobs_on_its_clock(api):
 
 
 def test_evicted_pods_are_replaced_and_jobsets_make_child_jobs(api):
+    priority_class(api, "normal", 1000)
     api.resources.add((JOBSET, "jobsets"))
     api.add(JOBSET, "jobsets", {"metadata": {"name": "js", "namespace": "team"}, "spec": {"replicatedJobs": [
         {"name": "workers", "replicas": 2, "template": job_manifest("x", "team", parallelism=1, gated=True)}]}})
