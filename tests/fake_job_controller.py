@@ -6,7 +6,8 @@ mutating webhooks and every API rule), with ``user`` the Job controller's servic
 ``step(now)`` on a virtual clock (seconds since the epoch), for each Job in (namespace, name) order:
 - a running pod completes (phase Succeeded) once it has run ``fake.gpuwarden.io/run-seconds``
   (a pod-template annotation; without it a pod runs until deleted) since its ``status.startTime``;
-- a suspended Job's active pods are deleted; once none is left, ``status.startTime`` is cleared
+- a suspended Job's active pods are deleted; once none is left (terminating ones count until the
+  kubelet stand-in removes them), ``status.startTime`` is cleared
   (what lets gpuwarden change a suspended Job's template, KEP-2926) and ``Suspended=True``;
 - an unsuspended, incomplete Job gets pods up to ``parallelism`` (never more than the completions
   left; ``completions`` defaults to ``parallelism`` here), POSTed from its template with
@@ -14,7 +15,8 @@ mutating webhooks and every API rule), with ``user`` the Job controller's servic
   Indexed``), the ``batch.kubernetes.io/job-name`` / ``controller-uid`` labels and a controller
   ownerReference; ``status.startTime`` is set on the first sync and kept, ``status.active``;
 - a Job with ``completions`` succeeded pods gets ``Complete=True`` and ``completionTime``.
-Pods that were evicted or deleted are replaced, as the real controller does. JobSets: see
+Pods that were evicted or deleted are replaced at once (the default ``podReplacementPolicy``,
+TerminatingOrFailed), as the real controller does. JobSets: see
 ``FakeJobSetController`` below (child Jobs per replicated job; suspend propagated).
 """
 
@@ -22,9 +24,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI
+from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI, epoch_seconds, iso
 
 JOB_CONTROLLER_USER = "system:serviceaccount:kube-system:job-controller"
 JOBSET_CONTROLLER_USER = "system:serviceaccount:jobset-system:jobset-controller-manager"
@@ -34,14 +35,6 @@ INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 TERMINATED = ("Succeeded", "Failed")
-
-
-def iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def seconds(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def owned_by(obj: dict, owner: dict) -> bool:
@@ -91,7 +84,7 @@ class FakeJobController:
             status, meta = pod.get("status") or {}, pod["metadata"]
             run = (meta.get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
             if status.get("phase") == "Running" and status.get("startTime") and run is not None \
-                    and now - seconds(status["startTime"]) >= float(run):
+                    and now - epoch_seconds(status["startTime"]) >= float(run):
                 client.call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
                             {"status": {"phase": "Succeeded"}}, "application/merge-patch+json")
                 status["phase"] = "Succeeded"
@@ -103,7 +96,9 @@ class FakeJobController:
         if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
             return
         self._finish_pods(client, pods, now)
-        active = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINATED]
+        live = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINATED]
+        active = [p for p in live if not p["metadata"].get("deletionTimestamp")]
+        terminating = len(live) - len(active)
         succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
         parallelism = int(spec.get("parallelism", 1))
         completions = int(spec.get("completions") or parallelism)
@@ -111,7 +106,9 @@ class FakeJobController:
         if spec.get("suspend"):
             for pod in active:
                 client.call("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{pod['metadata']['name']}")
-            client.patch_status(path, job, {"active": 0, "succeeded": succeeded, "startTime": None,
+            left = [p for p in live if self.api.get(CORE, "pods", p["metadata"]["name"], meta["namespace"])]
+            ended = {"startTime": None} if not left else {}
+            client.patch_status(path, job, {"active": 0, "terminating": len(left), "succeeded": succeeded, **ended,
                                             "conditions": _condition(conditions, "Suspended", "True", "JobSuspended", stamp)})
             return
         if succeeded >= completions:
@@ -127,7 +124,7 @@ class FakeJobController:
             active.append(created)
         if any(c.get("type") == "Suspended" for c in conditions):
             conditions = _condition(conditions, "Suspended", "False", "JobResumed", stamp)
-        client.patch_status(path, job, {"active": len(active), "succeeded": succeeded,
+        client.patch_status(path, job, {"active": len(active), "terminating": terminating, "succeeded": succeeded,
                                         "startTime": status.get("startTime") or stamp, "conditions": conditions})
 
     @staticmethod

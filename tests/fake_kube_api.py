@@ -20,6 +20,8 @@ the way the API server does for what gpuwarden uses:
 - pods follow the API server's validation (``tests/fake_kube_pod_rules.py``): scheduling gates may
   only be removed, a gated pod's node affinity / nodeSelector may only be tightened, the rest of the
   spec is immutable, ``spec.nodeName`` is set by ``POST pods/NAME/binding`` (409 while gated);
+  ``graceful_deletion`` keeps a deleted running pod terminating for its grace period, as a kubelet
+  does (off by default: most tests want it gone at once);
   creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual) and, as
   the Priority admission plugin, ``spec.priority`` from the PriorityClass (403 for an unknown one);
 - pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
@@ -73,6 +75,15 @@ DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (COR
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
 
 
+def iso(seconds: float) -> str:
+    """Kubernetes' timestamp format (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def epoch_seconds(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a client closing its kept-alive connection is normal
@@ -107,6 +118,7 @@ class FakeKubeAPI:
     webhook_services: dict = field(default_factory=dict)  # (namespace, service name) -> "https://127.0.0.1:PORT"
     webhook_calls: list[WebhookCall] = field(default_factory=list)
     clock: Callable[[], float] = field(default_factory=lambda: time.time)  # seconds since the epoch
+    graceful_deletion: bool = False  # True: a running pod's DELETE marks it terminating (see _delete)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -156,7 +168,7 @@ class FakeKubeAPI:
         return answer
 
     def now_iso(self) -> str:
-        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso(self.clock())
 
     # -- serving ------------------------------------------------------------------------------------
     def start(self) -> FakeKubeAPI:
@@ -308,8 +320,7 @@ class FakeKubeAPI:
         if method == "GET":
             return 200, current
         if method == "DELETE":
-            del objects[key]
-            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
+            return self._delete(plural, objects, key, query, body)
         if method in ("PUT", "PATCH"):
             updated = _updated(method, content_type, current, body, plural)
             if isinstance(updated, tuple):
@@ -395,8 +406,26 @@ class FakeKubeAPI:
                     return self._status(429, "TooManyRequests",
                                         "Cannot evict pod as it would violate the pod's disruption budget.")
                 status["disruptionsAllowed"] -= 1
-        del pods[key]
+        self._delete("pods", pods, key, {}, (body or {}).get("deleteOptions"))
         return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+    def _delete(self, plural, objects, key, query, body):
+        """With ``graceful_deletion``, a pod running on a node gets ``deletionTimestamp`` (now + its grace period)
+        and stays, holding its node's resources, until the kubelet stand-in deletes it with grace 0."""
+        pod = objects[key]
+        grace = (body or {}).get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+        if grace is None:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        running = (pod.get("spec") or {}).get("nodeName") and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        if not (self.graceful_deletion and plural == "pods" and running and int(grace) > 0):
+            del objects[key]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
+        meta = pod["metadata"]
+        if not meta.get("deletionTimestamp"):
+            meta["deletionTimestamp"] = iso(self.clock() + int(grace))
+            meta["deletionGracePeriodSeconds"] = int(grace)
+            meta["resourceVersion"] = self._next_version()
+        return 200, pod
 
 
 MERGE_PATCH, STRATEGIC_PATCH, JSON_PATCH = ("application/merge-patch+json", "application/strategic-merge-patch+json",

@@ -155,8 +155,11 @@ def priority_admission(pod: dict, classes: dict[str, dict]) -> str | None:
     if spec.get("priority") is not None and int(spec["priority"]) != value:
         return (f'pods "{name}" is forbidden: the integer value of priority ({spec["priority"]}) must not be provided in '
                 f"pod spec; priority admission controller computed {value} from the given PriorityClass name")
-    spec["priority"] = value
-    spec["preemptionPolicy"] = chosen.get("preemptionPolicy") or "PreemptLowerPriority"
+    policy = chosen.get("preemptionPolicy") or "PreemptLowerPriority"
+    if spec.get("preemptionPolicy") and spec["preemptionPolicy"] != policy:
+        return (f'pods "{name}" is forbidden: the string value of PreemptionPolicy ({spec["preemptionPolicy"]}) must not '
+                f"be provided in pod spec; priority admission controller computed {policy} from the given PriorityClass name")
+    spec["priority"], spec["preemptionPolicy"] = value, policy
     return None
 
 

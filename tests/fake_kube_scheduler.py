@@ -17,8 +17,17 @@ an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-schedul
   would: phase Running, ``status.startTime``;
 - a misfit gets ``PodScheduled=False`` reason Unschedulable with kube-scheduler's message
   ("0/8 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 6 Insufficient
-  nvidia.com/gpu.") and a Warning Event ``FailedScheduling`` whenever that message changes.
-Scoring is left out (the first feasible node wins): gpuwarden pins the pods it admits to one node.
+  nvidia.com/gpu.") and a Warning Event ``FailedScheduling`` whenever that message changes;
+- DefaultPreemption (``preemption=True``, as on a real cluster): a misfit whose
+  ``preemptionPolicy`` is not Never evicts lower-priority pods (``spec.priority``, set by the API's
+  Priority plugin) from the node that needs the lowest-priority, fewest victims: each gets
+  ``DisruptionTarget`` (PreemptionByScheduler), a ``Preempted`` Event and a DELETE; the preemptor
+  gets ``status.nominatedNodeName``, which pods of no higher priority leave free for it, and is
+  bound in a later pass once the victims are gone. A gpuwarden test can assert none happened;
+- the kubelet's part: a terminating pod (``FakeKubeAPI.graceful_deletion``) is deleted for good
+  once its ``deletionTimestamp`` passed; a bound Pending pod starts Running.
+Scoring is left out (the nominated node, else the first feasible one in name order wins):
+gpuwarden pins the pods it admits to one node. Preemption does not weigh PodDisruptionBudgets.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from fake_kube_api import CORE, FakeKubeAPI
+from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from kubernetes.utils import parse_quantity
 
 SCHEDULER_USER = "system:kube-scheduler"
@@ -124,62 +133,91 @@ def unschedulable_message(nodes: int, reasons: dict[str, int]) -> str:
 class StepResult:
     bound: list[tuple[str, str]] = field(default_factory=list)  # ("ns/name", node) in binding order
     unschedulable: dict[str, str] = field(default_factory=dict)  # "ns/name" -> kube-scheduler's message
+    preempted: list[tuple[str, str]] = field(default_factory=list)  # (victim "ns/name", preemptor "ns/name")
+
+
+def _key(pod: dict) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def _priority(pod: dict) -> int:
+    return int((pod.get("spec") or {}).get("priority") or 0)
+
+
+def _fits(requests: dict[str, Decimal], free: dict[str, Decimal]) -> bool:
+    return all(q <= free.get(r, Decimal(0)) for r, q in requests.items())
 
 
 @dataclass
 class FakeKubeScheduler:
     api: FakeKubeAPI
     user: str = SCHEDULER_USER
+    preemption: bool = True  # kube-scheduler's DefaultPreemption: evict lower-priority pods to make room
 
-    def _call(self, method: str, path: str, body: dict, content_type: str = "application/json") -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json") -> dict:
         return self.api.act(self.user, method, path, body, content_type)
 
-    def _condition(self, pod: dict, status: str, reason: str, message: str) -> None:
-        meta = pod["metadata"]
+    def _pod_path(self, pod: dict) -> str:
+        return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+
+    def _condition(self, pod: dict, status: str, reason: str, message: str, nominated: str | None = None) -> None:
         others = [c for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") != "PodScheduled"]
         condition = {"type": "PodScheduled", "status": status, "reason": reason, "message": message,
                      "lastTransitionTime": self.api.now_iso()}
-        self._call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-                   {"status": {"conditions": [*others, condition]}}, "application/merge-patch+json")
+        patch: dict = {"conditions": [*others, condition]}
+        if nominated:
+            patch["nominatedNodeName"] = nominated
+        self._call("PATCH", f"{self._pod_path(pod)}/status", {"status": patch}, "application/merge-patch+json")
 
-    def _event(self, pod: dict, message: str) -> None:
+    def _event(self, pod: dict, reason: str, message: str, kind: str = "Warning") -> None:
         meta, now = pod["metadata"], self.api.now_iso()
         self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", {
             "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta.get("uid")},
-            "reason": "FailedScheduling", "message": message, "type": "Warning", "count": 1,
+            "reason": reason, "message": message, "type": kind, "count": 1,
             "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler",
             "firstTimestamp": now, "lastTimestamp": now})
 
     def step(self) -> StepResult:
-        """One scheduling pass over every pending pod, then the kubelet starts what is bound."""
+        """The kubelet removes pods whose grace ended; one scheduling pass over every pending pod; the kubelet
+        starts what is bound."""
+        self._end_terminated()
         result = StepResult()
         nodes = self.api.objects(CORE, "nodes")
         pods = self.api.objects(CORE, "pods")
         free = {n["metadata"]["name"]: {k: Decimal(parse_quantity(v)) for k, v in
                                         ((n.get("status") or {}).get("allocatable") or {}).items()} for n in nodes}
+        running: dict[str, list[dict]] = {name: [] for name in free}
         for pod in pods:
             where = (pod.get("spec") or {}).get("nodeName")
             if where in free and (pod.get("status") or {}).get("phase") not in TERMINATED:
+                running[where].append(pod)
                 for k, v in pod_requests(pod).items():
                     free[where][k] = free[where].get(k, Decimal(0)) - v
         pending = [p for p in pods if not (p.get("spec") or {}).get("nodeName")
-                   and (p.get("status") or {}).get("phase", "Pending") == "Pending"]
+                   and (p.get("status") or {}).get("phase", "Pending") == "Pending" and not p["metadata"].get("deletionTimestamp")]
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        # What a pod nominated by an earlier preemption will take: others of no higher priority leave it to it
+        nominated = {_key(p): p for p in pending if (p.get("status") or {}).get("nominatedNodeName") in free}
         for pod in pending:
-            meta = pod["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
             scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or ()
                               if c.get("type") == "PodScheduled"), {})
             if (pod.get("spec") or {}).get("schedulingGates"):
                 if scheduled.get("reason") != "SchedulingGated":
                     self._condition(pod, "False", "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates")
                 continue
+            room = {name: dict(f) for name, f in free.items()} if nominated else free
+            for other in nominated.values():
+                if other is not pod and _priority(other) >= _priority(pod):
+                    for k, v in pod_requests(other).items():
+                        where = other["status"]["nominatedNodeName"]
+                        room[where][k] = room[where].get(k, Decimal(0)) - v
             reasons: dict[str, int] = {}
             chosen = None
-            for node in nodes:
-                misfit = node_misfit(pod, node, free[node["metadata"]["name"]])
+            mine = (pod.get("status") or {}).get("nominatedNodeName")
+            for node in sorted(nodes, key=lambda n: n["metadata"]["name"] != mine):  # its nominated node first
+                misfit = node_misfit(pod, node, room[node["metadata"]["name"]])
                 if not misfit:
                     chosen = node["metadata"]["name"]
                     break
@@ -187,25 +225,77 @@ class FakeKubeScheduler:
                     reasons[reason] = reasons.get(reason, 0) + 1
             if chosen is None:
                 message = unschedulable_message(len(nodes), reasons)
-                result.unschedulable[key] = message
-                if scheduled.get("reason") != "Unschedulable" or scheduled.get("message") != message:
-                    self._condition(pod, "False", "Unschedulable", message)
-                    self._event(pod, message)
+                result.unschedulable[_key(pod)] = message
+                target = self._preempt(pod, nodes, room, running, result) if self.preemption else None
+                if target:
+                    nominated[_key(pod)] = {**pod, "status": {**(pod.get("status") or {}), "nominatedNodeName": target}}
+                if target or scheduled.get("reason") != "Unschedulable" or scheduled.get("message") != message:
+                    self._condition(pod, "False", "Unschedulable", message, target)
+                    self._event(pod, "FailedScheduling", message)
                 continue
-            self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-                       {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
+            self._call("POST", f"{self._pod_path(pod)}/binding",
+                       {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": chosen}})
             for k, v in pod_requests(pod).items():
                 free[chosen][k] = free[chosen].get(k, Decimal(0)) - v
-            result.bound.append((key, chosen))
+            running[chosen].append(pod)
+            nominated.pop(_key(pod), None)
+            result.bound.append((_key(pod), chosen))
         self._start_bound()
         return result
+
+    def _preempt(self, pod: dict, nodes: list[dict], room: dict, running: dict, result: StepResult) -> str | None:
+        """DefaultPreemption, simplified: on the node needing the lowest-priority, fewest victims (then name), evict
+        lower-priority pods (lowest priority, then latest started, first) until the pod fits; nominate it there."""
+        if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
+            return None
+        wanted, best = pod_requests(pod), None
+        for node in nodes:
+            name = node["metadata"]["name"]
+            if node_misfit(pod, node, {r: Decimal(10 ** 18) for r in wanted}):
+                continue  # not a resource problem: evicting cannot help
+            candidates = sorted((p for p in running[name] if _priority(p) < _priority(pod)
+                                 and not p["metadata"].get("deletionTimestamp")),
+                                key=lambda p: (p.get("status") or {}).get("startTime", ""), reverse=True)
+            candidates.sort(key=_priority)  # lowest priority first; among equals the latest started
+            space, victims = dict(room[name]), []
+            for victim in candidates:
+                if _fits(wanted, space):
+                    break
+                victims.append(victim)
+                for k, v in pod_requests(victim).items():
+                    space[k] = space.get(k, Decimal(0)) + v
+            rank = (max((_priority(v) for v in victims), default=0), len(victims), name)
+            if victims and _fits(wanted, space) and (best is None or rank < best[0]):
+                best = (rank, victims)
+        if best is None:
+            return None
+        (_, _, name), victims = best
+        for victim in victims:
+            disruption = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                          "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                          "lastTransitionTime": self.api.now_iso()}
+            others = [c for c in (victim.get("status") or {}).get("conditions") or () if c.get("type") != "DisruptionTarget"]
+            self._call("PATCH", f"{self._pod_path(victim)}/status", {"status": {"conditions": [*others, disruption]}},
+                       "application/merge-patch+json")
+            self._event(victim, "Preempted", f"Preempted by pod {pod['metadata'].get('uid')} on node {name}", "Normal")
+            self._call("DELETE", self._pod_path(victim))
+            victim["metadata"]["deletionTimestamp"] = self.api.now_iso()  # not a candidate again this pass
+            result.preempted.append((_key(victim), _key(pod)))
+        return name
+
+    def _end_terminated(self) -> None:
+        """The kubelet's part: a terminating pod whose grace period ended is deleted for good."""
+        now = self.api.clock()
+        for pod in self.api.objects(CORE, "pods"):
+            stamp = pod["metadata"].get("deletionTimestamp")
+            if stamp and epoch_seconds(stamp) <= now:
+                self._call("DELETE", f"{self._pod_path(pod)}?gracePeriodSeconds=0")
 
     def _start_bound(self) -> None:
         """The kubelet's part: a bound Pending pod starts Running."""
         for pod in self.api.objects(CORE, "pods"):
             status = pod.get("status") or {}
             if (pod.get("spec") or {}).get("nodeName") and status.get("phase", "Pending") == "Pending":
-                meta = pod["metadata"]
-                self._call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                self._call("PATCH", f"{self._pod_path(pod)}/status",
                            {"status": {"phase": "Running", "startTime": self.api.now_iso()}}, "application/merge-patch+json")

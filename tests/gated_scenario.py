@@ -15,8 +15,9 @@
   some checkpointable (``gpuwarden.io/checkpointable: "true"``); every pod template carries the
   gate ``gpuwarden.io/admission`` (``gated=False`` leaves it to the webhook) and its run time in
   ``fake.gpuwarden.io/run-seconds`` (read by ``tests/fake_job_controller.py``).
-``FakeCluster`` runs the stand-ins on one virtual clock: ``step(seconds)`` advances it, then the
-JobSet and Job controllers and kube-scheduler each take one pass.
+``FakeCluster`` runs the stand-ins on one virtual clock with graceful pod deletion:
+``step(seconds)`` advances it, then the JobSet and Job controllers and kube-scheduler (with the
+kubelet's start and end of pods) each take one pass.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from fake_job_controller import RUN_SECONDS_ANNOTATION, FakeJobController, FakeJobSetController, seconds
-from fake_kube_api import CORE, FakeKubeAPI
+from fake_job_controller import RUN_SECONDS_ANNOTATION, FakeJobController, FakeJobSetController
+from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from fake_kube_scheduler import FakeKubeScheduler, StepResult
 from kube_fleet import namespace, priority_class
 
 ADMISSION_GATE = "gpuwarden.io/admission"  # = gpuwarden.actuator.kube.gates.ADMISSION_GATE (the rules are Kubernetes')
 H100 = "NVIDIA-H100-80GB-HBM3"
-START_SECONDS = seconds("2026-12-01T08:00:00Z")
+START_SECONDS = epoch_seconds("2026-12-01T08:00:00Z")
 TEAMS = {"research": (16, 40), "vision": (16, 32), "nlp": (8, 24)}  # team -> (guaranteed, burst) GPUs
 PRIORITY_CLASSES = {"low": 100, "normal": 1000, "high": 10000}
 SUBMITTER = "alice@example.com"
@@ -98,14 +99,14 @@ def install_cluster(api: FakeKubeAPI) -> None:
 
 def job_manifest(name: str, team: str, resource: str = "nvidia.com/gpu", count: int = 1, parallelism: int = 1,
                  priority: str = "normal", checkpointable: bool = False, run_seconds: float = 3600,
-                 gated: bool = True, suspend: bool = False) -> dict:
+                 gated: bool = True, suspend: bool = False, grace_seconds: int = 30) -> dict:
     """A Job of ``parallelism`` pods each asking ``count`` of ``resource``; a gang when parallelism > 1."""
     gpus = count if resource == "nvidia.com/gpu" else 1
     requests = {resource: str(count), "cpu": str(min(8 * gpus, 64)), "memory": f"{64 * gpus}Gi"}
     annotations = {RUN_SECONDS_ANNOTATION: str(int(run_seconds))}
     if checkpointable:
         annotations["gpuwarden.io/checkpointable"] = "true"
-    pod_spec: dict = {"restartPolicy": "Never", "priorityClassName": priority,
+    pod_spec: dict = {"restartPolicy": "Never", "priorityClassName": priority, "terminationGracePeriodSeconds": grace_seconds,
                       "containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                                       "resources": {"requests": requests, "limits": {resource: str(count)}}}]}
     if gated:
@@ -186,6 +187,7 @@ class FakeCluster:
 
     def __post_init__(self) -> None:
         self.api.clock = self.clock
+        self.api.graceful_deletion = True  # deleted pods hold their GPUs for their grace period, as on a cluster
         self.jobsets = FakeJobSetController(self.api)
         self.jobs = FakeJobController(self.api)
         self.scheduler = FakeKubeScheduler(self.api)

@@ -94,8 +94,8 @@ def fleet(api: FakeKubeAPI, nodes: int, gpus_per_node: int = 8, pods_per_node: i
             pod(api, ns, f"{job_name}-0", name, 1, owner=("Job", job_name), labels={"batch.kubernetes.io/job-name": job_name})
 
 
-def priority_class(api: FakeKubeAPI, name: str, value: int) -> None:
-    api.add(SCHEDULING, "priorityclasses", {"metadata": {"name": name}, "value": value, "preemptionPolicy": "PreemptLowerPriority"})
+def priority_class(api: FakeKubeAPI, name: str, value: int, preemption_policy: str = "PreemptLowerPriority") -> None:
+    api.add(SCHEDULING, "priorityclasses", {"metadata": {"name": name}, "value": value, "preemptionPolicy": preemption_policy})
 
 
 def mutating_webhook(api: FakeKubeAPI, name: str, ca_pem: bytes | None, url: str | None = None,

@@ -419,6 +419,36 @@ def test_scheduler_tolerations_mig_and_freed_capacity(api, core):
     assert bound == {"team/too-big": "gpu-01", "team/elsewhere": "gpu-02"}  # fits' 4 GPUs were freed
 
 
+def test_scheduler_preempts_lower_priority_pods_as_kube_scheduler_does(api, core):
+    api.graceful_deletion = True
+    node(api, "gpu-01", 8)
+    priority_class(api, "low", 100)
+    priority_class(api, "high", 10000)
+    core.create_namespaced_pod("team", _pod("low", gates=(), gpus=8, priorityClassName="low"), _preload_content=False)
+    scheduler = FakeKubeScheduler(api)
+    assert scheduler.step().bound == [("team/low", "gpu-01")]
+    priority_class(api, "high-polite", 10000, "Never")
+    status = _refused(lambda: core.create_namespaced_pod("team", _pod("polite", gates=(), gpus=8, priorityClassName="high",
+                                                                      preemptionPolicy="Never"), _preload_content=False), 403)
+    assert "the string value of PreemptionPolicy (Never) must not be provided in pod spec" in status["message"]
+    core.create_namespaced_pod("team", _pod("polite", gates=(), gpus=8, priorityClassName="high-polite"),
+                               _preload_content=False)
+    assert scheduler.step().preempted == []  # its class says Never
+    core.delete_namespaced_pod("polite", "team", _preload_content=False)
+    core.create_namespaced_pod("team", _pod("high", gates=(), gpus=8, priorityClassName="high"), _preload_content=False)
+    result = scheduler.step()
+    assert result.preempted == [("team/low", "team/high")] and result.bound == []
+    low = api.get(CORE, "pods", "low", "team")
+    assert low["metadata"]["deletionTimestamp"] and low["metadata"]["deletionGracePeriodSeconds"] == 30
+    assert any(c["type"] == "DisruptionTarget" for c in low["status"]["conditions"])
+    assert api.get(CORE, "pods", "high", "team")["status"]["nominatedNodeName"] == "gpu-01"
+    assert scheduler.step().bound == []  # the victim holds its GPUs for its grace period
+    api.clock = lambda: time.time() + 31
+    assert scheduler.step().bound == [("team/high", "gpu-01")]
+    assert api.get(CORE, "pods", "low", "team") is None
+    assert [e["reason"] for e in api.objects(CORE, "events") if e["involvedObject"]["name"] == "low"] == ["Preempted"]
+
+
 # -- Job controller stand-in ----------------------------------------------------------------------
 def test_job_controller_creates_pods_through_the_webhook_and_deletes_on_suspend(api, tls, webhook):
     cluster = FakeCluster(api)
@@ -438,11 +468,27 @@ def test_job_controller_creates_pods_through_the_webhook_and_deletes_on_suspend(
     job = api.get(BATCH, "jobs", "train", "research")
     assert job["status"]["active"] == 2 and job["status"]["startTime"] == "2026-12-01T08:00:00Z"
     api.handle("PATCH", "/apis/batch/v1/namespaces/research/jobs/train", MERGE, b'{"spec": {"suspend": true}}')
-    cluster.step(60)
+    cluster.step(60)  # gated pods were never bound: deleted at once
     assert api.objects(CORE, "pods") == []
     job = api.get(BATCH, "jobs", "train", "research")
     assert "startTime" not in job["status"] and job["status"]["active"] == 0
     assert any(c["type"] == "Suspended" and c["status"] == "True" for c in job["status"]["conditions"])
+
+
+def test_a_suspended_jobs_running_pods_terminate_with_grace_before_start_time_is_cleared(api):
+    cluster = FakeCluster(api)
+    node(api, "gpu-01", 8)
+    priority_class(api, "normal", 1000)
+    submit(api, job_manifest("train", "team", count=8, gated=False, grace_seconds=120))
+    assert cluster.step().bound
+    api.handle("PATCH", "/apis/batch/v1/namespaces/team/jobs/train", MERGE, b'{"spec": {"suspend": true}}')
+    cluster.step(10)
+    (pod,) = api.objects(CORE, "pods")
+    assert pod["metadata"]["deletionTimestamp"] == "2026-12-01T08:02:10Z"
+    assert api.get(BATCH, "jobs", "train", "team")["status"]["startTime"]  # its pod is still terminating
+    cluster.step(120)
+    cluster.step(1)
+    assert api.objects(CORE, "pods") == [] and "startTime" not in api.get(BATCH, "jobs", "train", "team")["status"]
 
 
 def test_job_controller_completes_pods_and_jobs_on_its_clock(api):
