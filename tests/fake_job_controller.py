@@ -74,10 +74,13 @@ class FakeJobController:
 
     def step(self, now: float) -> None:
         client = _Client(self.api, self.user)
-        pods = self.api.objects(CORE, "pods")
+        by_owner: dict[tuple[str, str], list[dict]] = {}
+        for pod in self.api.objects(CORE, "pods"):
+            for ref in pod["metadata"].get("ownerReferences") or ():
+                if ref.get("controller"):
+                    by_owner.setdefault((pod["metadata"].get("namespace", ""), ref.get("uid")), []).append(pod)
         for job in self.api.objects(BATCH, "jobs"):
-            mine = [p for p in pods if owned_by(p, job)]
-            self._sync(client, job, mine, now)
+            self._sync(client, job, by_owner.get((job["metadata"].get("namespace", ""), job["metadata"].get("uid")), []), now)
 
     def _finish_pods(self, client: _Client, pods: list[dict], now: float) -> None:
         for pod in pods:

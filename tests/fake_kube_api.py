@@ -154,9 +154,10 @@ class FakeKubeAPI:
                 and (user is None or r.user == user)]
 
     def objects(self, prefix: str, plural: str) -> list[dict]:
-        """Copies of the stored objects of one resource, in (namespace, name) order."""
+        """Copies of the stored objects of one resource, in (namespace, name) order (a JSON round trip: many
+        times faster than deepcopy for the stand-ins' every-step reads)."""
         with self._lock:
-            return [copy.deepcopy(o) for _, o in sorted(self.store.get((prefix, plural), {}).items())]
+            return json.loads(json.dumps([o for _, o in sorted(self.store.get((prefix, plural), {}).items())]))
 
     def act(self, user: str, method: str, path: str, body: dict | None = None,
             content_type: str = "application/json") -> dict:

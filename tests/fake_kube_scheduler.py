@@ -32,8 +32,10 @@ gpuwarden pins the pods it admits to one node. Preemption does not weigh PodDisr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 
 from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from kubernetes.utils import parse_quantity
@@ -45,20 +47,26 @@ UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoS
 
 def pod_requests(pod: dict) -> dict[str, Decimal]:
     """What the pod asks of a node: containers summed, each init container's as a floor (requests, else limits)."""
-    def one(container: dict) -> dict[str, Decimal]:
-        resources = container.get("resources") or {}
+    spec = pod.get("spec") or {}
+    resources = [[c.get("resources") or {} for c in spec.get(part) or ()] for part in ("containers", "initContainers")]
+    return dict(_requests(json.dumps(resources, sort_keys=True)))
+
+
+@lru_cache(maxsize=4096)  # pods of one template ask the same; parsing quantities is most of a pass's time
+def _requests(resources_json: str) -> tuple[tuple[str, Decimal], ...]:
+    def one(resources: dict) -> dict[str, Decimal]:
         merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         return {k: Decimal(parse_quantity(v)) for k, v in merged.items()}
 
-    spec = pod.get("spec") or {}
+    containers, init_containers = json.loads(resources_json)
     total: dict[str, Decimal] = {}
-    for container in spec.get("containers") or ():
-        for k, v in one(container).items():
+    for resources in containers:
+        for k, v in one(resources).items():
             total[k] = total.get(k, Decimal(0)) + v
-    for container in spec.get("initContainers") or ():
-        for k, v in one(container).items():
+    for resources in init_containers:
+        for k, v in one(resources).items():
             total[k] = max(total.get(k, Decimal(0)), v)
-    return {k: v for k, v in total.items() if v > 0}
+    return tuple((k, v) for k, v in total.items() if v > 0)
 
 
 def tolerates(tolerations: list[dict], taint: dict) -> bool:
@@ -182,10 +190,11 @@ class FakeKubeScheduler:
     def step(self) -> StepResult:
         """The kubelet removes pods whose grace ended; one scheduling pass over every pending pod; the kubelet
         starts what is bound."""
-        self._end_terminated()
         result = StepResult()
         nodes = self.api.objects(CORE, "nodes")
-        pods = self.api.objects(CORE, "pods")
+        pods = self._end_terminated(self.api.objects(CORE, "pods"))
+        starting = [p for p in pods if (p.get("spec") or {}).get("nodeName")
+                    and (p.get("status") or {}).get("phase", "Pending") == "Pending"]
         free = {n["metadata"]["name"]: {k: Decimal(parse_quantity(v)) for k, v in
                                         ((n.get("status") or {}).get("allocatable") or {}).items()} for n in nodes}
         running: dict[str, list[dict]] = {name: [] for name in free}
@@ -241,7 +250,10 @@ class FakeKubeScheduler:
             running[chosen].append(pod)
             nominated.pop(_key(pod), None)
             result.bound.append((_key(pod), chosen))
-        self._start_bound()
+            starting.append(pod)
+        for pod in starting:  # the kubelet's part: a bound Pending pod starts Running
+            self._call("PATCH", f"{self._pod_path(pod)}/status",
+                       {"status": {"phase": "Running", "startTime": self.api.now_iso()}}, "application/merge-patch+json")
         return result
 
     def _preempt(self, pod: dict, nodes: list[dict], room: dict, running: dict, result: StepResult) -> str | None:
@@ -284,18 +296,13 @@ class FakeKubeScheduler:
             result.preempted.append((_key(victim), _key(pod)))
         return name
 
-    def _end_terminated(self) -> None:
-        """The kubelet's part: a terminating pod whose grace period ended is deleted for good."""
-        now = self.api.clock()
-        for pod in self.api.objects(CORE, "pods"):
+    def _end_terminated(self, pods: list[dict]) -> list[dict]:
+        """The kubelet's part: a terminating pod whose grace period ended is deleted for good; the pods left."""
+        now, left = self.api.clock(), []
+        for pod in pods:
             stamp = pod["metadata"].get("deletionTimestamp")
             if stamp and epoch_seconds(stamp) <= now:
                 self._call("DELETE", f"{self._pod_path(pod)}?gracePeriodSeconds=0")
-
-    def _start_bound(self) -> None:
-        """The kubelet's part: a bound Pending pod starts Running."""
-        for pod in self.api.objects(CORE, "pods"):
-            status = pod.get("status") or {}
-            if (pod.get("spec") or {}).get("nodeName") and status.get("phase", "Pending") == "Pending":
-                self._call("PATCH", f"{self._pod_path(pod)}/status",
-                           {"status": {"phase": "Running", "startTime": self.api.now_iso()}}, "application/merge-patch+json")
+            else:
+                left.append(pod)
+        return left

@@ -16,6 +16,7 @@ import json
 import ssl
 import threading
 import time
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -25,11 +26,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fake_job_controller import FakeJobController, FakeJobSetController
 from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI
-from fake_kube_scheduler import FakeKubeScheduler
+from fake_kube_scheduler import FakeKubeScheduler, pod_requests
 from gated_scenario import ADMISSION_GATE, FakeCluster, build, install_cluster, job_manifest, submit, submit_due
 from kube_fleet import mutating_webhook, namespace, node, priority_class
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 MERGE = "application/merge-patch+json"
 WEBHOOK_SERVICE = ("gpuwarden-system", "gpuwarden-webhook", "/mutate-pods")
@@ -560,3 +562,41 @@ def test_scenario_runs_on_the_fake_and_nothing_binds_while_gated(api):
     bound = cluster.step(10).bound
     assert sorted(bound) == sorted((f"{ns}/{p['metadata']['name']}", t) for p, t in
                                    zip(mine, ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]))
+
+
+def test_without_gates_kube_scheduler_alone_runs_the_mix_to_completion_without_overcommitting(api):
+    """The fake as a whole: every Job completes, no node ever holds more than its allocatable, MIG and shared
+    pods land only where their resource exists, and contention shows as FailedScheduling, never as a lost pod."""
+    install_cluster(api)
+    cluster, scenario = FakeCluster(api), build(seed=5, gated=False, gangs=2, mig_pods=10, shared_pods=8, single_jobs=30)
+    allocatable = {n["metadata"]["name"]: {k: Decimal(parse_quantity(v)) for k, v in n["status"]["allocatable"].items()}
+                   for n in api.objects(CORE, "nodes")}
+    placed: dict[str, str] = {}
+    preempted = []
+    for _ in range(80):
+        submit_due(api, scenario, cluster.clock.now)
+        result = cluster.step(600)
+        placed.update(result.bound)
+        preempted += result.preempted
+        used: dict[str, dict[str, Decimal]] = {}
+        for pod in api.objects(CORE, "pods"):
+            where = pod["spec"].get("nodeName")
+            if where and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                for k, v in pod_requests(pod).items():
+                    used.setdefault(where, {})[k] = used.setdefault(where, {}).get(k, Decimal(0)) + v
+        assert all(v <= allocatable[n].get(k, Decimal(0)) for n, u in used.items() for k, v in u.items())
+        if len(scenario.submitted) == len(scenario.jobs) and all(
+                any(c["type"] == "Complete" for c in j["status"].get("conditions", ())) for j in api.objects(BATCH, "jobs")):
+            break
+    else:
+        pytest.fail("the mix did not complete in 80 steps of 10 minutes")
+    assert len(placed) == scenario.pods + len(preempted)  # a preempted pod's Job replaced it
+    assert scenario.pods == 2 * 4 + 10 + 8 + 30
+    for key, where in placed.items():
+        if key.split("/")[1].startswith("mig-"):
+            assert where in ("gpu-06", "gpu-07")
+        elif key.split("/")[1].startswith("shared-"):
+            assert where == "gpu-05"
+        else:
+            assert where in {f"gpu-0{i}" for i in range(5)}
+    assert any(e["reason"] == "FailedScheduling" for e in api.objects(CORE, "events"))
