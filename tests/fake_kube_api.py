@@ -22,6 +22,8 @@ the way the API server does for what gpuwarden uses:
   spec is immutable, ``spec.nodeName`` is set by ``POST pods/NAME/binding`` (409 while gated);
   ``graceful_deletion`` keeps a deleted running pod terminating for its grace period, as a kubelet
   does (off by default: most tests want it gone at once);
+  a created pod or Job needs a lowercase RFC 1123 name (a Job's at most 63 characters) and
+  containers, a Job's template ``restartPolicy`` Never or OnFailure;
   creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual) and, as
   the Priority admission plugin, ``spec.priority`` from the PriorityClass (403 for an unknown one);
 - pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
@@ -51,8 +53,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, pod_create_causes, pod_update_causes,
-                                 priority_admission)
+from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, pod_create_causes,
+                                 pod_update_causes, priority_admission)
 from fake_kube_webhooks import WebhookCall, apply_json_patch, call_webhooks
 
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
@@ -369,9 +371,10 @@ class FakeKubeAPI:
         key = (namespace, meta.get("name"))
         if key in objects:
             return self._status(409, "AlreadyExists", f'{plural} "{meta.get("name")}" already exists')
-        causes = pod_create_causes(body) if (prefix, plural) == (CORE, "pods") else []
+        kind = {(CORE, "pods"): "Pod", (BATCH, "jobs"): "Job.batch"}.get((prefix, plural))
+        causes = (pod_create_causes(body) if kind == "Pod" else job_create_causes(body)) if kind else []
         if causes:
-            return 422, invalid_status("Pod", meta["name"], causes)
+            return 422, invalid_status(kind, meta["name"], causes)
         meta["resourceVersion"] = self._next_version()
         meta.setdefault("uid", f"uid-{meta['name']}")
         meta.setdefault("creationTimestamp", self.now_iso())

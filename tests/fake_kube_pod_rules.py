@@ -13,6 +13,7 @@ rewritten over plain JSON, with the real messages:
   images and tolerations additions (the real exceptions gpuwarden's tests touch);
 - ``spec.nodeName`` is set only by ``POST pods/NAME/binding`` (or at creation on an ungated pod);
   binding a gated or bound pod is a 409 Conflict on ``pods/binding``.
+Created pods and Jobs also meet name and template validation (``job_create_causes``).
 Each rule answers a list of causes ``(field, reason, message)``; empty means allowed.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 Cause = tuple[str, str, str]  # (field path, StatusCause reason, message after the field path)
 
@@ -53,9 +55,39 @@ def _gate_names(spec: dict) -> list[str]:
     return [str((g or {}).get("name")) for g in spec.get("schedulingGates") or ()]
 
 
+RFC1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+NAME_RULE = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+             "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+
+
+def _name_causes(name: str, longest: int) -> list[Cause]:
+    if not RFC1123_SUBDOMAIN.match(name) or len(name) > 253:
+        return [invalid("metadata.name", name, NAME_RULE)]
+    if len(name) > longest:
+        return [invalid("metadata.name", name, f"must be no more than {longest} characters")]
+    return []
+
+
+def _template_causes(spec: dict, path: str) -> list[Cause]:
+    if not spec.get("containers"):
+        return [(f"{path}.containers", "FieldValueRequired", "Required value")]
+    return []
+
+
+def job_create_causes(job: dict) -> list[Cause]:
+    """ValidateJob, the parts a submitted Job meets: its name (a label value, so at most 63) and its template."""
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    causes = _name_causes(job["metadata"].get("name", ""), 63) + _template_causes(template, "spec.template.spec")
+    if template.get("restartPolicy") not in ("Never", "OnFailure"):
+        causes.append(("spec.template.spec.restartPolicy", "FieldValueRequired",
+                       'Required value: valid values: "OnFailure", "Never"'))
+    return causes
+
+
 def pod_create_causes(pod: dict) -> list[Cause]:
     spec = pod.get("spec") or {}
-    causes: list[Cause] = []
+    causes: list[Cause] = _name_causes(pod["metadata"].get("name", ""), 253) + _template_causes(spec, "spec")
     names = _gate_names(spec)
     for i, name in enumerate(names):
         if name in names[:i]:

@@ -13,6 +13,8 @@ The answer's JSONPatch (RFC 6902: add, remove, replace, test, move, copy) is app
 ``allowed: false`` refuses the create with the webhook's message (code 400 unless it gives one);
 a call that fails (TLS, timeout, a bad answer) refuses with ``failurePolicy: Fail`` (the default)
 and leaves the pod unchanged with ``Ignore``. Every call is recorded.
+Not modelled: ``matchConditions`` (CEL) are not evaluated (the webhook is called, so it must
+decide itself), ``reinvocationPolicy``, validating webhooks, and operations other than pods CREATE.
 """
 
 from __future__ import annotations

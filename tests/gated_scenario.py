@@ -65,6 +65,14 @@ class Scenario:
     def pods(self) -> int:
         return sum(j.pods for j in self.jobs)
 
+    def arrive(self, manifest: dict, at_seconds: float) -> ScenarioJob:
+        """One more Job submitted ``at_seconds`` after the start: e.g. the issue's high-priority arrival into a full
+        cluster, ``job_manifest("urgent", "research", count=8, parallelism=4, priority="high")``."""
+        job = ScenarioJob(manifest, at_seconds)
+        self.jobs.append(job)
+        self.jobs.sort(key=lambda j: (j.submit_at_seconds, j.key))
+        return job
+
 
 def gpu_node(api: FakeKubeAPI, name: str, index: int, capacity: dict[str, int], labels: dict[str, str]) -> None:
     """An HGX H100 node: 8 GPUs as ``capacity`` publishes them, topology labels by position."""

@@ -197,6 +197,18 @@ def test_create_rules(api, core):
     assert 'spec.schedulingGates[1].name: Duplicate value: "a"' in status["message"]
     core.create_namespaced_pod("team", _pod("r", gates=(), nodeName="gpu-01"), _preload_content=False)
     assert api.get(CORE, "pods", "r", "team")["metadata"]["creationTimestamp"]
+    _refused(lambda: core.create_namespaced_pod("team", _pod("Bad_Name", gates=()), _preload_content=False), 422)
+
+
+def test_job_create_rules(api):
+    manifest = job_manifest("train", "team")
+    del manifest["spec"]["template"]["spec"]["restartPolicy"]  # Always, the pod default, is not a Job's
+    status, answer = submit(api, manifest)
+    assert (status, answer["message"]) == (422, 'Job.batch "train" is invalid: spec.template.spec.restartPolicy: '
+                                                 'Required value: valid values: "OnFailure", "Never"')
+    status, answer = submit(api, job_manifest("x" * 64, "team"))
+    assert status == 422 and "must be no more than 63 characters" in answer["message"]
+    assert submit(api, job_manifest("train", "team"))[0] == 201
 
 
 # -- the mutating webhook over TLS ----------------------------------------------------------------
