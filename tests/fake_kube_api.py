@@ -53,8 +53,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, pod_create_causes,
-                                 pod_update_causes, priority_admission)
+from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, node_field_selector_causes,
+                                 pod_create_causes, pod_update_causes, priority_admission)
 from fake_kube_webhooks import WebhookCall, apply_json_patch, call_webhooks
 
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
@@ -334,6 +334,8 @@ class FakeKubeAPI:
                                                       "has been modified; please apply your changes to the latest version")
             if sub == "status":  # the status subresource changes status only
                 updated = {**copy.deepcopy(current), "status": updated.get("status") or {}}
+            elif plural == "pods" and "status" in current:  # and a pod's own update never changes its status
+                updated["status"] = copy.deepcopy(current["status"])
             refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
@@ -496,22 +498,8 @@ def _job_update_refusal(current: dict, updated: dict) -> str | None:
     mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
     if not mutable or without_scheduling(old) != without_scheduling(new):
         return "spec.template: Invalid value: field is immutable"
-    return _node_affinity_refusal(new.get("spec", {}).get("affinity") or {})
-
-
-def _node_affinity_refusal(affinity: dict) -> str | None:
-    """Node field selectors: only metadata.name, and one value for In / NotIn."""
-    required = affinity.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    for i, term in enumerate(required.get("nodeSelectorTerms") or ()):
-        for j, req in enumerate(term.get("matchFields") or ()):
-            where = (f"spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
-                     f"nodeSelectorTerms[{i}].matchFields[{j}]")
-            if req.get("key") != "metadata.name":
-                return f"{where}.key: Invalid value: {req.get('key')!r}: not a valid field selector key"
-            if req.get("operator") in ("In", "NotIn") and len(req.get("values") or ()) != 1:
-                return (f"{where}.values: Required value: must be only one value when `operator` is 'In' or "
-                        "'NotIn' for node field selector")
-    return None
+    causes = node_field_selector_causes(new.get("spec", {}).get("affinity"), "spec.template.spec")
+    return f"{causes[0][0]}: {causes[0][2]}" if causes else None
 
 
 def _merge(target, patch):

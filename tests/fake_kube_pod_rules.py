@@ -85,9 +85,25 @@ def job_create_causes(job: dict) -> list[Cause]:
     return causes
 
 
+def node_field_selector_causes(affinity: dict | None, spec_path: str) -> list[Cause]:
+    """Node field selectors (``matchFields``): only metadata.name, and one value for In / NotIn."""
+    causes = []
+    for i, term in enumerate(_terms(affinity) or ()):
+        for j, req in enumerate(term.get("matchFields") or ()):
+            where = f"{spec_path}.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms[{i}].matchFields[{j}]"
+            if req.get("key") != "metadata.name":
+                causes.append((f"{where}.key", "FieldValueInvalid",
+                               f"Invalid value: {req.get('key')!r}: not a valid field selector key"))
+            elif req.get("operator") in ("In", "NotIn") and len(req.get("values") or ()) != 1:
+                causes.append((f"{where}.values", "FieldValueRequired", "Required value: must be only one value when "
+                               "`operator` is 'In' or 'NotIn' for node field selector"))
+    return causes
+
+
 def pod_create_causes(pod: dict) -> list[Cause]:
     spec = pod.get("spec") or {}
-    causes: list[Cause] = _name_causes(pod["metadata"].get("name", ""), 253) + _template_causes(spec, "spec")
+    causes: list[Cause] = (_name_causes(pod["metadata"].get("name", ""), 253) + _template_causes(spec, "spec")
+                           + node_field_selector_causes(spec.get("affinity"), "spec"))
     names = _gate_names(spec)
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -143,7 +159,7 @@ def _clean(value):
 def pod_update_causes(old_pod: dict, new_pod: dict) -> list[Cause]:
     old, new = old_pod.get("spec") or {}, copy.deepcopy(new_pod.get("spec") or {})
     old_gates = _gate_names(old)
-    causes = _only_deleted_gates(_gate_names(new), old_gates)
+    causes = _only_deleted_gates(_gate_names(new), old_gates) + node_field_selector_causes(new.get("affinity"), "spec")
     # What may change is checked above and below, then swapped back, so the remainder must be equal.
     new["schedulingGates"] = old.get("schedulingGates")
     if old_gates and not old.get("nodeName"):

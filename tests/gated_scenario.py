@@ -31,7 +31,7 @@ from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from fake_kube_scheduler import FakeKubeScheduler, StepResult
 from kube_fleet import namespace, priority_class
 
-ADMISSION_GATE = "gpuwarden.io/admission"  # = gpuwarden.actuator.kube.gates.ADMISSION_GATE (the rules are Kubernetes')
+from gpuwarden.actuator.kube.gates import ADMISSION_GATE, QUEUE_LABEL  # the names a user writes in manifests
 H100 = "NVIDIA-H100-80GB-HBM3"
 START_SECONDS = epoch_seconds("2026-12-01T08:00:00Z")
 TEAMS = {"research": (16, 40), "vision": (16, 32), "nlp": (8, 24)}  # team -> (guaranteed, burst) GPUs
@@ -89,7 +89,7 @@ def gpu_node(api: FakeKubeAPI, name: str, index: int, capacity: dict[str, int], 
 def install_cluster(api: FakeKubeAPI) -> None:
     """Nodes, team namespaces and PriorityClasses (what an administrator set up before the scenario)."""
     for team, (guaranteed, burst) in TEAMS.items():
-        namespace(api, team, {"gpuwarden.io/queue": team, "gpuwarden.io/team": team},
+        namespace(api, team, {QUEUE_LABEL: team, "gpuwarden.io/team": team},
                   {"gpuwarden.io/guaranteed-gpus": str(guaranteed), "gpuwarden.io/burst-gpus": str(burst)})
     for name, value in PRIORITY_CLASSES.items():
         priority_class(api, name, value)

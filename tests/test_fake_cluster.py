@@ -119,6 +119,11 @@ def test_a_gated_pods_node_affinity_may_only_be_tightened(api, core):
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0], _on_node("gpu-02"))}}), 422)
     assert "no additions/deletions to non-empty NodeSelectorTerms list are allowed" in status["message"]
     _refused(lambda: _patch(core, "p", {"spec": {"affinity": None}}), 422)  # removing it loosens it
+    two_nodes = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-01", "gpu-02"]}]}
+    status = _refused(lambda: _patch(core, "p", {"spec": {"affinity": _required(
+        {**tightened["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0],
+         "matchFields": [*_on_node("gpu-01")["matchFields"], *two_nodes["matchFields"]]})}}), 422)
+    assert "must be only one value when `operator` is 'In' or 'NotIn' for node field selector" in status["message"]
 
 
 def test_a_gated_pod_without_node_affinity_may_get_any(api, core):
