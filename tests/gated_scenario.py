@@ -9,7 +9,8 @@
   ``renameByDefault`` publishes it), ``gpu-06`` MIG ``all-1g.10gb`` and ``gpu-07`` MIG ``all-balanced``
   (``nvidia.com/mig-<profile>`` capacity, ``nvidia.com/mig.config`` label, ``nvidia.com/gpu`` 0);
   topology labels ``gpuwarden.io/leaf-switch`` (leaf-a: gpu-00..03, leaf-b: gpu-04..07) and
-  ``nvidia.com/gpu.clique`` (one NVLink domain per HGX node);
+  ``nvidia.com/gpu.clique`` (one NVLink domain per HGX node); ``install_cluster(api, racks=N)``
+  repeats that rack N times for a bench (quotas scaled; ``build``'s counts are parameters);
 - about 200 pods in Jobs submitted over the first hour: gangs of 4 x 8 GPUs (parallelism 4,
   Indexed), MIG pods, time-sliced pods, single-GPU (and a few 2/4/8-GPU) jobs; priority classes;
   some checkpointable (``gpuwarden.io/checkpointable: "true"``); every pod template carries the
@@ -75,34 +76,44 @@ class Scenario:
 
 
 def gpu_node(api: FakeKubeAPI, name: str, index: int, capacity: dict[str, int], labels: dict[str, str]) -> None:
-    """An HGX H100 node: 8 GPUs as ``capacity`` publishes them, topology labels by position."""
+    """An HGX H100 node: 8 GPUs as ``capacity`` publishes them, topology labels by position (4 nodes a leaf switch)."""
+    rack, slot = divmod(index, 8)
+    leaf = ("leaf-a" if slot < 4 else "leaf-b") if rack == 0 else f"leaf-{rack}-{'a' if slot < 4 else 'b'}"
     resources = {"cpu": "190", "memory": "1900Gi", "pods": "110", **{k: str(v) for k, v in capacity.items()}}
     api.add(CORE, "nodes", {
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "nvidia.com/gpu.product": H100, "nvidia.com/gpu.count": "8",
-            "gpuwarden.io/leaf-switch": "leaf-a" if index < 4 else "leaf-b", "nvidia.com/gpu.clique": f"clique-{index}",
+            "gpuwarden.io/leaf-switch": leaf, "nvidia.com/gpu.clique": f"clique-{index}",
             **labels}},
         "spec": {},
         "status": {"capacity": resources, "allocatable": resources}})
 
 
-def install_cluster(api: FakeKubeAPI) -> None:
-    """Nodes, team namespaces and PriorityClasses (what an administrator set up before the scenario)."""
+def install_cluster(api: FakeKubeAPI, racks: int = 1) -> None:
+    """Nodes, team namespaces and PriorityClasses (what an administrator set up before the scenario).
+    ``racks`` > 1 repeats the 8-node rack (and scales the teams' quotas) for a bench: 125 racks = 1,000 nodes."""
+    width = max(2, len(str(8 * racks - 1)))
     for team, (guaranteed, burst) in TEAMS.items():
         namespace(api, team, {QUEUE_LABEL: team, "gpuwarden.io/team": team},
-                  {"gpuwarden.io/guaranteed-gpus": str(guaranteed), "gpuwarden.io/burst-gpus": str(burst)})
+                  {"gpuwarden.io/guaranteed-gpus": str(guaranteed * racks), "gpuwarden.io/burst-gpus": str(burst * racks)})
     for name, value in PRIORITY_CLASSES.items():
         priority_class(api, name, value)
-    for i in range(5):
-        gpu_node(api, f"gpu-{i:02d}", i, {"nvidia.com/gpu": 8}, {})
-    gpu_node(api, "gpu-05", 5, {"nvidia.com/gpu": 0, "nvidia.com/gpu.shared": 32},
-             {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing",
-              "nvidia.com/gpu.product": f"{H100}-SHARED"})
-    for i, layout in ((6, "all-1g.10gb"), (7, "all-balanced")):
-        capacity = {f"nvidia.com/mig-{p}": 8 * n for p, n in MIG_LAYOUTS[layout].items()}
-        gpu_node(api, f"gpu-{i:02d}", i, {"nvidia.com/gpu": 0, **capacity},
-                 {"nvidia.com/mig.config": layout, "nvidia.com/mig.strategy": "mixed",
-                  "nvidia.com/mig.config.state": "success"})
+    for rack in range(racks):
+        for slot in range(8):
+            i = 8 * rack + slot
+            name = f"gpu-{i:0{width}d}"
+            if slot < 5:
+                gpu_node(api, name, i, {"nvidia.com/gpu": 8}, {})
+            elif slot == 5:
+                gpu_node(api, name, i, {"nvidia.com/gpu": 0, "nvidia.com/gpu.shared": 32},
+                         {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                          "nvidia.com/gpu.product": f"{H100}-SHARED"})
+            else:
+                layout = "all-1g.10gb" if slot == 6 else "all-balanced"
+                capacity = {f"nvidia.com/mig-{p}": 8 * n for p, n in MIG_LAYOUTS[layout].items()}
+                gpu_node(api, name, i, {"nvidia.com/gpu": 0, **capacity},
+                         {"nvidia.com/mig.config": layout, "nvidia.com/mig.strategy": "mixed",
+                          "nvidia.com/mig.config.state": "success"})
 
 
 def job_manifest(name: str, team: str, resource: str = "nvidia.com/gpu", count: int = 1, parallelism: int = 1,

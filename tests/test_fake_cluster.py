@@ -617,3 +617,14 @@ def test_without_gates_kube_scheduler_alone_runs_the_mix_to_completion_without_o
         else:
             assert where in {f"gpu-0{i}" for i in range(5)}
     assert any(e["reason"] == "FailedScheduling" for e in api.objects(CORE, "events"))
+
+
+def test_the_rack_repeats_for_a_bench(api):
+    install_cluster(api, racks=2)
+    nodes = api.objects(CORE, "nodes")
+    assert [n["metadata"]["name"] for n in nodes] == [f"gpu-{i:02d}" for i in range(16)]
+    leaves = {n["metadata"]["labels"]["gpuwarden.io/leaf-switch"] for n in nodes}
+    assert leaves == {"leaf-a", "leaf-b", "leaf-1-a", "leaf-1-b"}
+    assert [n["metadata"]["name"] for n in nodes if "nvidia.com/mig.config" in n["metadata"]["labels"]] == [
+        "gpu-06", "gpu-07", "gpu-14", "gpu-15"]
+    assert api.get(CORE, "namespaces", "research")["metadata"]["annotations"]["gpuwarden.io/guaranteed-gpus"] == "32"
