@@ -75,22 +75,25 @@ class FakeJobController:
     def step(self, now: float) -> None:
         client = _Client(self.api, self.user)
         by_owner: dict[tuple[str, str], list[dict]] = {}
-        for pod in self.api.objects(CORE, "pods"):
+        for pod in self.api.objects(CORE, "pods", copy=False):  # read only, as every object below
             for ref in pod["metadata"].get("ownerReferences") or ():
                 if ref.get("controller"):
                     by_owner.setdefault((pod["metadata"].get("namespace", ""), ref.get("uid")), []).append(pod)
-        for job in self.api.objects(BATCH, "jobs"):
+        for job in self.api.objects(BATCH, "jobs", copy=False):
             self._sync(client, job, by_owner.get((job["metadata"].get("namespace", ""), job["metadata"].get("uid")), []), now)
 
-    def _finish_pods(self, client: _Client, pods: list[dict], now: float) -> None:
+    def _finish_pods(self, client: _Client, pods: list[dict], now: float) -> list[dict]:
+        """The kubelet's part: pods that ran their time succeed; the pods as the server now has them."""
+        out = []
         for pod in pods:
             status, meta = pod.get("status") or {}, pod["metadata"]
             run = (meta.get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
             if status.get("phase") == "Running" and status.get("startTime") and run is not None \
                     and now - epoch_seconds(status["startTime"]) >= float(run):
-                client.call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-                            {"status": {"phase": "Succeeded"}}, "application/merge-patch+json")
-                status["phase"] = "Succeeded"
+                pod = client.call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                                  {"status": {"phase": "Succeeded"}}, "application/merge-patch+json")
+            out.append(pod)
+        return out
 
     def _sync(self, client: _Client, job: dict, pods: list[dict], now: float) -> None:
         meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
@@ -98,7 +101,7 @@ class FakeJobController:
         conditions = list(status.get("conditions") or ())
         if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
             return
-        self._finish_pods(client, pods, now)
+        pods = self._finish_pods(client, pods, now)
         live = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINATED]
         active = [p for p in live if not p["metadata"].get("deletionTimestamp")]
         terminating = len(live) - len(active)
@@ -160,8 +163,8 @@ class FakeJobSetController:
 
     def step(self, now: float) -> None:
         client = _Client(self.api, self.user)
-        jobs = self.api.objects(BATCH, "jobs")
-        for jobset in self.api.objects(JOBSET, "jobsets"):
+        jobs = self.api.objects(BATCH, "jobs", copy=False)  # read only
+        for jobset in self.api.objects(JOBSET, "jobsets", copy=False):
             meta, spec = jobset["metadata"], jobset.get("spec") or {}
             children = {j["metadata"]["name"]: j for j in jobs if owned_by(j, jobset)}
             suspend = bool(spec.get("suspend"))

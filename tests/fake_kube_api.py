@@ -155,11 +155,13 @@ class FakeKubeAPI:
         return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)
                 and (user is None or r.user == user)]
 
-    def objects(self, prefix: str, plural: str) -> list[dict]:
-        """Copies of the stored objects of one resource, in (namespace, name) order (a JSON round trip: many
-        times faster than deepcopy for the stand-ins' every-step reads)."""
+    def objects(self, prefix: str, plural: str, copy: bool = True) -> list[dict]:
+        """The stored objects of one resource, in (namespace, name) order: copies, or with ``copy=False`` the
+        stored objects themselves, which the caller must only read (the stand-ins' every-step reads: the
+        server replaces an object on each write and never changes one in place, so they stay a snapshot)."""
         with self._lock:
-            return json.loads(json.dumps([o for _, o in sorted(self.store.get((prefix, plural), {}).items())]))
+            found = [o for _, o in sorted(self.store.get((prefix, plural), {}).items())]
+        return json.loads(json.dumps(found)) if copy else found
 
     def act(self, user: str, method: str, path: str, body: dict | None = None,
             content_type: str = "application/json") -> dict:
@@ -168,7 +170,7 @@ class FakeKubeAPI:
                                      user=user)
         if status >= 300:
             raise RuntimeError(f"{method} {path} -> {status}: {answer.get('message')}")
-        return answer
+        return json.loads(json.dumps(answer))  # a copy: the answer may be the stored object
 
     def now_iso(self) -> str:
         return iso(self.clock())
@@ -403,15 +405,17 @@ class FakeKubeAPI:
         pod = pods.get(key)
         if pod is None:
             return self._status(404, "NotFound", f'pods "{key[1]}" not found')
-        for (ns, _), pdb in sorted(self.store.get((POLICY, "poddisruptionbudgets"), {}).items()):
+        budgets = self.store.get((POLICY, "poddisruptionbudgets"), {})
+        for (ns, pdb_name), pdb in sorted(budgets.items()):
             selector = pdb.get("spec", {}).get("selector", {}).get("matchLabels", {})
             labels = pod.get("metadata", {}).get("labels", {})
             if ns == key[0] and selector and all(labels.get(k) == v for k, v in selector.items()):
-                status = pdb.setdefault("status", {})
-                if status.get("disruptionsAllowed", 0) <= 0:
+                if (pdb.get("status") or {}).get("disruptionsAllowed", 0) <= 0:
                     return self._status(429, "TooManyRequests",
                                         "Cannot evict pod as it would violate the pod's disruption budget.")
-                status["disruptionsAllowed"] -= 1
+                pdb = copy.deepcopy(pdb)  # stored objects are replaced, never changed in place (see objects)
+                pdb["status"]["disruptionsAllowed"] -= 1
+                budgets[(ns, pdb_name)] = pdb
         self._delete("pods", pods, key, {}, (body or {}).get("deleteOptions"))
         return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
@@ -426,11 +430,11 @@ class FakeKubeAPI:
         if not (self.graceful_deletion and plural == "pods" and running and int(grace) > 0):
             del objects[key]
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
-        meta = pod["metadata"]
-        if not meta.get("deletionTimestamp"):
-            meta["deletionTimestamp"] = iso(self.clock() + int(grace))
-            meta["deletionGracePeriodSeconds"] = int(grace)
-            meta["resourceVersion"] = self._next_version()
+        if not pod["metadata"].get("deletionTimestamp"):
+            pod = copy.deepcopy(pod)
+            pod["metadata"].update({"deletionTimestamp": iso(self.clock() + int(grace)), "deletionGracePeriodSeconds":
+                                    int(grace), "resourceVersion": self._next_version()})
+            objects[key] = pod
         return 200, pod
 
 

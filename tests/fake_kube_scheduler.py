@@ -191,8 +191,9 @@ class FakeKubeScheduler:
         """The kubelet removes pods whose grace ended; one scheduling pass over every pending pod; the kubelet
         starts what is bound."""
         result = StepResult()
-        nodes = self.api.objects(CORE, "nodes")
-        pods = self._end_terminated(self.api.objects(CORE, "pods"))
+        nodes = self.api.objects(CORE, "nodes", copy=False)  # read only, as every object below
+        pods = self._end_terminated(self.api.objects(CORE, "pods", copy=False))
+        doomed: set[str] = set()  # victims preempted in this pass
         starting = [p for p in pods if (p.get("spec") or {}).get("nodeName")
                     and (p.get("status") or {}).get("phase", "Pending") == "Pending"]
         free = {n["metadata"]["name"]: {k: Decimal(parse_quantity(v)) for k, v in
@@ -235,7 +236,7 @@ class FakeKubeScheduler:
             if chosen is None:
                 message = unschedulable_message(len(nodes), reasons)
                 result.unschedulable[_key(pod)] = message
-                target = self._preempt(pod, nodes, room, running, result) if self.preemption else None
+                target = self._preempt(pod, nodes, room, running, doomed, result) if self.preemption else None
                 if target:
                     nominated[_key(pod)] = {**pod, "status": {**(pod.get("status") or {}), "nominatedNodeName": target}}
                 if target or scheduled.get("reason") != "Unschedulable" or scheduled.get("message") != message:
@@ -256,7 +257,8 @@ class FakeKubeScheduler:
                        {"status": {"phase": "Running", "startTime": self.api.now_iso()}}, "application/merge-patch+json")
         return result
 
-    def _preempt(self, pod: dict, nodes: list[dict], room: dict, running: dict, result: StepResult) -> str | None:
+    def _preempt(self, pod: dict, nodes: list[dict], room: dict, running: dict, doomed: set[str],
+                 result: StepResult) -> str | None:
         """DefaultPreemption, simplified: on the node needing the lowest-priority, fewest victims (then name), evict
         lower-priority pods (lowest priority, then latest started, first) until the pod fits; nominate it there."""
         if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
@@ -267,7 +269,7 @@ class FakeKubeScheduler:
             if node_misfit(pod, node, {r: Decimal(10 ** 18) for r in wanted}):
                 continue  # not a resource problem: evicting cannot help
             candidates = sorted((p for p in running[name] if _priority(p) < _priority(pod)
-                                 and not p["metadata"].get("deletionTimestamp")),
+                                 and not p["metadata"].get("deletionTimestamp") and _key(p) not in doomed),
                                 key=lambda p: (p.get("status") or {}).get("startTime", ""), reverse=True)
             candidates.sort(key=_priority)  # lowest priority first; among equals the latest started
             space, victims = dict(room[name]), []
@@ -292,7 +294,7 @@ class FakeKubeScheduler:
                        "application/merge-patch+json")
             self._event(victim, "Preempted", f"Preempted by pod {pod['metadata'].get('uid')} on node {name}", "Normal")
             self._call("DELETE", self._pod_path(victim))
-            victim["metadata"]["deletionTimestamp"] = self.api.now_iso()  # not a candidate again this pass
+            doomed.add(_key(victim))  # not a candidate again this pass
             result.preempted.append((_key(victim), _key(pod)))
         return name
 
