@@ -1,5 +1,8 @@
 """A fake Kubernetes API server that speaks the real REST protocol, for tests and the bench.
 
+Over 400 lines: one server, the routing of every verb and subresource the fake speaks; the rules
+it enforces live beside it (``fake_kube_pod_rules``, ``fake_kube_patch``, ``fake_kube_webhooks``).
+
 There is no kube-apiserver here, so the official ``kubernetes`` client is driven UNMODIFIED over
 real HTTP against this small threaded server. It keeps JSON objects per resource path and answers
 the way the API server does for what gpuwarden uses:
@@ -53,9 +56,10 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, node_field_selector_causes,
+from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, job_update_refusal,
                                  pod_create_causes, pod_update_causes, priority_admission)
-from fake_kube_webhooks import WebhookCall, apply_json_patch, call_webhooks
+from fake_kube_patch import updated_object
+from fake_kube_webhooks import WebhookCall, call_webhooks
 
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
                   "mutatingwebhookconfigurations"}
@@ -327,7 +331,7 @@ class FakeKubeAPI:
         if method == "DELETE":
             return self._delete(plural, objects, key, query, body)
         if method in ("PUT", "PATCH"):
-            updated = _updated(method, content_type, current, body, plural)
+            updated = updated_object(method, content_type, current, body, plural)
             if isinstance(updated, tuple):
                 return self._status(*updated)
             sent = (updated if method == "PATCH" else body or {}).get("metadata", {}).get("resourceVersion")
@@ -338,7 +342,7 @@ class FakeKubeAPI:
                 updated = {**copy.deepcopy(current), "status": updated.get("status") or {}}
             elif plural == "pods" and "status" in current:  # and a pod's own update never changes its status
                 updated["status"] = copy.deepcopy(current["status"])
-            refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
+            refused = job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
             causes = pod_update_causes(current, updated) if (prefix, plural) == (CORE, "pods") and sub != "status" else []
@@ -437,87 +441,6 @@ class FakeKubeAPI:
             objects[key] = pod
         return 200, pod
 
-
-MERGE_PATCH, STRATEGIC_PATCH, JSON_PATCH = ("application/merge-patch+json", "application/strategic-merge-patch+json",
-                                          "application/json-patch+json")
-
-
-def _updated(method: str, content_type: str, current: dict, body, plural: str) -> dict | tuple[int, str, str]:
-    """The object a PUT or PATCH asks for, or the reason the server refuses the request itself."""
-    if method == "PUT":
-        return copy.deepcopy(body or {})
-    if content_type == JSON_PATCH:
-        try:
-            return apply_json_patch(current, body)
-        except (ValueError, KeyError, IndexError, TypeError) as error:
-            return 422, "Invalid", f"the server rejected our request due to an error in our request: {error}"
-    if content_type == STRATEGIC_PATCH and plural == "pods":
-        body = _strategic_gates(current, body or {})
-    elif content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
-        return 415, "UnsupportedMediaType", f"the fake does not speak {content_type}"
-    return _merge(copy.deepcopy(current), body or {})
-
-
-def _strategic_gates(current: dict, patch: dict) -> dict:
-    """A strategic merge patch's ``spec.schedulingGates`` (patchMergeKey name, strategy merge) as a whole list:
-    listed gates are added or replaced, ``$patch: delete`` removes one, ``$patch: replace`` replaces the list.
-    (Other lists are replaced, as a merge patch does.)"""
-    spec = patch.get("spec")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schedulingGates"), list):
-        return patch
-    items = spec["schedulingGates"]
-    gates = [dict(g) for g in (current.get("spec") or {}).get("schedulingGates") or ()]
-    if {"$patch": "replace"} in items:
-        gates = [i for i in items if i != {"$patch": "replace"}]
-    for item in items if {"$patch": "replace"} not in items else ():
-        names = [g.get("name") for g in gates]
-        if item.get("$patch") == "delete":
-            gates = [g for g in gates if g.get("name") != item.get("name")]
-        elif item.get("name") in names:
-            gates[names.index(item.get("name"))] = item
-        else:
-            gates.append(item)
-    patch = copy.deepcopy(patch)
-    patch["spec"] = {k: v for k, v in spec.items() if not k.startswith("$")} | {"schedulingGates": gates}
-    return patch
-
-
-# What KEP-2926 lets change in a Job's pod template, and only while the Job is suspended and has
-# no status.startTime (it has not run, or, from Kubernetes 1.36, its controller cleared it once its pods ended).
-JOB_TEMPLATE_SCHEDULING_FIELDS = {"metadata": ("labels", "annotations"),
-                                  "spec": ("affinity", "nodeSelector", "tolerations", "schedulingGates")}
-
-
-def _job_update_refusal(current: dict, updated: dict) -> str | None:
-    """The API server's validation of a Job update: None when allowed."""
-    if not updated.get("spec", {}).get("suspend") and current.get("status", {}).get("startTime") \
-            and not updated.get("status", {}).get("startTime"):
-        return "status.startTime: Required value: startTime cannot be removed for unsuspended job"
-    old, new = current.get("spec", {}).get("template", {}), updated.get("spec", {}).get("template", {})
-    if old == new:
-        return None
-    def without_scheduling(template):
-        return {part: {k: v for k, v in (template.get(part) or {}).items() if k not in fields}
-                for part, fields in JOB_TEMPLATE_SCHEDULING_FIELDS.items()}
-    mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
-    if not mutable or without_scheduling(old) != without_scheduling(new):
-        return "spec.template: Invalid value: field is immutable"
-    causes = node_field_selector_causes(new.get("spec", {}).get("affinity"), "spec.template.spec")
-    return f"{causes[0][0]}: {causes[0][2]}" if causes else None
-
-
-def _merge(target, patch):
-    """RFC 7386 JSON merge patch (null removes a key; lists are replaced)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    if not isinstance(target, dict):
-        target = {}
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = _merge(target.get(key), value)
-    return target
 
 
 def _labels_match(obj, selector: str) -> bool:

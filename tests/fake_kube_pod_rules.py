@@ -13,7 +13,9 @@ rewritten over plain JSON, with the real messages:
   images and tolerations additions (the real exceptions gpuwarden's tests touch);
 - ``spec.nodeName`` is set only by ``POST pods/NAME/binding`` (or at creation on an ungated pod);
   binding a gated or bound pod is a 409 Conflict on ``pods/binding``.
-Created pods and Jobs also meet name and template validation (``job_create_causes``).
+Created pods and Jobs also meet name and template validation (``job_create_causes``), and a Job's
+update the rule of KEP-2926 (``job_update_refusal``: its template changes only in its scheduling
+directives, only while suspended and never started).
 Each rule answers a list of causes ``(field, reason, message)``; empty means allowed.
 """
 
@@ -233,3 +235,28 @@ def bind(pod: dict, node: str, now_iso: str) -> dict:
     conditions = [c for c in status.get("conditions") or () if c.get("type") != "PodScheduled"]
     status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_iso}]
     return pod
+
+
+# What KEP-2926 lets change in a Job's pod template, and only while the Job is suspended and has
+# no status.startTime (it has not run, or, from Kubernetes 1.36, its controller cleared it once its pods ended).
+JOB_TEMPLATE_SCHEDULING_FIELDS = {"metadata": ("labels", "annotations"),
+                                  "spec": ("affinity", "nodeSelector", "tolerations", "schedulingGates")}
+
+
+def job_update_refusal(current: dict, updated: dict) -> str | None:
+    """The API server's validation of a Job update: None when allowed."""
+    if not updated.get("spec", {}).get("suspend") and current.get("status", {}).get("startTime") \
+            and not updated.get("status", {}).get("startTime"):
+        return "status.startTime: Required value: startTime cannot be removed for unsuspended job"
+    old, new = current.get("spec", {}).get("template", {}), updated.get("spec", {}).get("template", {})
+    if old == new:
+        return None
+    def without_scheduling(template):
+        return {part: {k: v for k, v in (template.get(part) or {}).items() if k not in fields}
+                for part, fields in JOB_TEMPLATE_SCHEDULING_FIELDS.items()}
+    mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
+    if not mutable or without_scheduling(old) != without_scheduling(new):
+        return "spec.template: Invalid value: field is immutable"
+    causes = node_field_selector_causes(new.get("spec", {}).get("affinity"), "spec.template.spec")
+    return f"{causes[0][0]}: {causes[0][2]}" if causes else None
+

@@ -29,6 +29,8 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from fake_kube_patch import apply_json_patch
+
 NAME_LABEL = "kubernetes.io/metadata.name"
 
 
@@ -194,69 +196,3 @@ def call_webhooks(configurations: list[dict], namespace: dict | None, pod: dict,
 def _status(code: int, reason: str, message: str) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": reason, "code": code}
-
-
-# -- RFC 6902 JSON Patch over RFC 6901 pointers ---------------------------------------------------
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ValueError(f"JSON pointer {path!r} does not start with /")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _parent(doc, parts: list[str]):
-    node = doc
-    for part in parts[:-1]:
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
-
-
-def _get(doc, path: str):
-    parts = _pointer(path)
-    return _parent(doc, parts + [""]) if parts else doc
-
-
-def _add(doc, path: str, value):
-    parts = _pointer(path)
-    if not parts:
-        return value
-    parent, last = _parent(doc, parts), parts[-1]
-    if isinstance(parent, list):
-        index = len(parent) if last == "-" else int(last)
-        if not 0 <= index <= len(parent):
-            raise IndexError(f"add at {path}: index out of range")
-        parent.insert(index, value)
-    else:
-        parent[last] = value
-    return doc
-
-
-def _remove(doc, path: str):
-    parts = _pointer(path)
-    parent, last = _parent(doc, parts), parts[-1]
-    return parent.pop(int(last) if isinstance(parent, list) else last)
-
-
-def apply_json_patch(doc: dict, patch: list[dict]) -> dict:
-    doc = copy.deepcopy(doc)
-    if not isinstance(patch, list):
-        raise ValueError("a JSON patch is a list of operations")
-    for op in patch:
-        kind, path = op.get("op"), op.get("path", "")
-        if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
-        elif kind == "remove":
-            _remove(doc, path)
-        elif kind == "replace":
-            _remove(doc, path)
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
-        elif kind == "test":
-            if _get(doc, path) != op["value"]:
-                raise ValueError(f"test at {path} failed")
-        elif kind in ("move", "copy"):
-            value = _remove(doc, op["from"]) if kind == "move" else copy.deepcopy(_get(doc, op["from"]))
-            doc = _add(doc, path, value)
-        else:
-            raise ValueError(f"JSON patch op {kind!r} is not one of: add, remove, replace, test, move, copy")
-    return doc
