@@ -628,3 +628,55 @@ def test_the_rack_repeats_for_a_bench(api):
     assert [n["metadata"]["name"] for n in nodes if "nvidia.com/mig.config" in n["metadata"]["labels"]] == [
         "gpu-06", "gpu-07", "gpu-14", "gpu-15"]
     assert api.get(CORE, "namespaces", "research")["metadata"]["annotations"]["gpuwarden.io/guaranteed-gpus"] == "32"
+
+
+def _admit(api, pod: dict, target: str) -> None:
+    """What gpuwarden's BIND does to one pod (contract): one merge PATCH, required node affinity + gate removed."""
+    meta = pod["metadata"]
+    body = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {"gpuwarden.io/admitted-node": target}},
+            "spec": {"schedulingGates": [g for g in pod["spec"]["schedulingGates"] if g["name"] != ADMISSION_GATE],
+                     "affinity": _required(_on_node(target))}}
+    status, answer = api.handle("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", MERGE,
+                                json.dumps(body).encode())
+    assert status == 200, answer
+
+
+def _pods_of(api, job: str) -> list[dict]:
+    return [p for p in api.objects(CORE, "pods") if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
+
+
+def test_the_issues_preemption_cycle_can_be_driven_through_the_fake(api):
+    """The steps gpuwarden's loop will take, by hand: a high-priority job arrives into a full cluster, a checkpointable
+    borrower is suspended, its pods hold their GPUs for their grace period, the arrival is admitted and bound once
+    they are gone (kube-scheduler never preempts on its own), and the borrower resumes with gated pods."""
+    install_cluster(api)
+    cluster = FakeCluster(api)
+    submit(api, job_manifest("borrower", "nlp", count=8, parallelism=4, priority="low", checkpointable=True,
+                             run_seconds=86400, grace_seconds=60))
+    cluster.step()
+    for pod, target in zip(_pods_of(api, "borrower"), ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]):
+        _admit(api, pod, target)
+    assert len(cluster.step(1).bound) == 4
+    submit(api, job_manifest("urgent", "research", count=8, priority="high"))
+    cluster.step(1)
+    api.handle("PATCH", "/apis/batch/v1/namespaces/nlp/jobs/borrower", MERGE,
+               json.dumps({"metadata": {"annotations": {"gpuwarden.io/suspended-by": "scheduler"}},
+                           "spec": {"suspend": True}}).encode())
+    (urgent,) = _pods_of(api, "urgent")
+    _admit(api, urgent, "gpu-00")
+    result = cluster.step(1)  # the Job controller deletes the borrower's pods: they terminate for 60 s
+    assert result.bound == [] and "Insufficient nvidia.com/gpu" in result.unschedulable[f"research/{urgent['metadata']['name']}"]
+    assert result.preempted == []  # the victims are already terminating
+    assert api.get(BATCH, "jobs", "borrower", "nlp")["status"]["startTime"]
+    assert cluster.step(30).bound == []
+    assert cluster.step(30).bound == [(f"research/{urgent['metadata']['name']}", "gpu-00")]
+    cluster.step(1)
+    borrower = api.get(BATCH, "jobs", "borrower", "nlp")
+    assert "startTime" not in borrower["status"] and _pods_of(api, "borrower") == []
+    api.handle("PATCH", "/apis/batch/v1/namespaces/nlp/jobs/borrower", MERGE,
+               json.dumps({"metadata": {"annotations": {"gpuwarden.io/suspended-by": None}},
+                           "spec": {"suspend": False}}).encode())
+    cluster.step(1)
+    pods = _pods_of(api, "borrower")
+    assert len(pods) == 4 and all(p["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}] for p in pods)
+    assert not [e for e in api.objects(CORE, "events") if e["reason"] == "Preempted"]
