@@ -1,5 +1,8 @@
 """A fake Kubernetes API server that speaks the real REST protocol, for tests and the bench.
 
+Over 400 lines: one server, the routing of every verb and subresource the fake speaks; the rules
+it enforces live beside it (``fake_kube_pod_rules``, ``fake_kube_patch``, ``fake_kube_webhooks``).
+
 There is no kube-apiserver here, so the official ``kubernetes`` client is driven UNMODIFIED over
 real HTTP against this small threaded server. It keeps JSON objects per resource path and answers
 the way the API server does for what gpuwarden uses:
@@ -8,19 +11,34 @@ the way the API server does for what gpuwarden uses:
   ``fieldSelector`` (dotted.path=v, dotted.path!=v);
 - GET, POST (409 AlreadyExists), PUT (409 Conflict on a stale ``metadata.resourceVersion``),
   PATCH as JSON merge patch for ``merge-patch+json`` and ``strategic-merge-patch+json`` (lists are
-  replaced, which is what the fields gpuwarden patches do) with the same optimistic-concurrency
-  check, DELETE;
+  replaced, which is what the fields gpuwarden patches do, except a pod's ``schedulingGates``,
+  merged by name as the real strategic merge does) and RFC 6902 ``json-patch+json``, with the same
+  optimistic-concurrency check (a patched ``metadata.resourceVersion`` must be the current one), DELETE;
 - a Job's pod template is immutable except its scheduling directives while the Job is suspended
   and has no ``status.startTime`` (KEP-2926), a running Job keeps its ``startTime``, and node
   field selectors name ``metadata.name`` with one value: anything else is the API server's 422;
   ``.../status`` changes status only;
 - ``pods/NAME/eviction``: honours PodDisruptionBudgets (``status.disruptionsAllowed`` 0 -> 429),
   deletes the pod otherwise;
+- pods follow the API server's validation (``tests/fake_kube_pod_rules.py``): scheduling gates may
+  only be removed, a gated pod's node affinity / nodeSelector may only be tightened, the rest of the
+  spec is immutable, ``spec.nodeName`` is set by ``POST pods/NAME/binding`` (409 while gated);
+  ``graceful_deletion`` keeps a deleted running pod terminating for its grace period, as a kubelet
+  does (off by default: most tests want it gone at once);
+  a created pod or Job needs a lowercase RFC 1123 name (a Job's at most 63 characters) and
+  containers, a Job's template ``restartPolicy`` Never or OnFailure;
+  creation sets ``metadata.creationTimestamp`` from ``clock`` (a test may make it virtual) and, as
+  the Priority admission plugin, ``spec.priority`` from the PriorityClass (403 for an unknown one);
+- pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
+  JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
+  the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed);
 - injectable faults per method and path: any HTTP status, or a hang longer than the client's
   timeout.
-Every request is recorded (method, path, query, content type, body) so a test can assert the exact
-call the client made.
+Every request is recorded (method, path, query, content type, body, and ``user``: "" for HTTP
+clients, the actor's name for the in-process stand-ins of kube-scheduler and the Job controller,
+which go through ``handle`` and so through the same rules) so a test can assert the exact call the
+client made.
 """
 
 from __future__ import annotations
@@ -29,17 +47,26 @@ import base64
 import copy
 import json
 import re
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses"}
+from fake_kube_pod_rules import (bind, binding_refusal, invalid_status, job_create_causes, job_update_refusal,
+                                 pod_create_causes, pod_update_causes, priority_admission)
+from fake_kube_patch import updated_object
+from fake_kube_webhooks import WebhookCall, call_webhooks
+
+CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
+                  "mutatingwebhookconfigurations"}
 KINDS = {"nodes": "Node", "namespaces": "Namespace", "pods": "Pod", "jobs": "Job", "events": "Event",
          "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass", "leases": "Lease",
          "workloads": "Workload", "clusterqueues": "ClusterQueue", "workloadpriorityclasses": "WorkloadPriorityClass",
-         "jobsets": "JobSet"}
+         "jobsets": "JobSet", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
 CORE = "api/v1"
 BATCH = "apis/batch/v1"
 POLICY = "apis/policy/v1"
@@ -47,9 +74,26 @@ SCHEDULING = "apis/scheduling.k8s.io/v1"
 COORDINATION = "apis/coordination.k8s.io/v1"
 KUEUE = "apis/kueue.x-k8s.io/v1beta1"
 JOBSET = "apis/jobset.x-k8s.io/v1alpha2"
+ADMISSION = "apis/admissionregistration.k8s.io/v1"
 DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (CORE, "events"), (BATCH, "jobs"),
-                     (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases")]
+                     (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases"),
+                     (ADMISSION, "mutatingwebhookconfigurations")]
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
+
+
+def iso(seconds: float) -> str:
+    """Kubernetes' timestamp format (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def epoch_seconds(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client closing its kept-alive connection is normal
+            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -68,6 +112,7 @@ class Request:
     query: dict
     content_type: str
     body: object
+    user: str = ""
 
 
 @dataclass
@@ -76,6 +121,10 @@ class FakeKubeAPI:
     store: dict = field(default_factory=dict)  # (prefix, plural) -> {(namespace, name): object}
     requests: list = field(default_factory=list)
     faults: list = field(default_factory=list)
+    webhook_services: dict = field(default_factory=dict)  # (namespace, service name) -> "https://127.0.0.1:PORT"
+    webhook_calls: list[WebhookCall] = field(default_factory=list)
+    clock: Callable[[], float] = field(default_factory=lambda: time.time)  # seconds since the epoch
+    graceful_deletion: bool = False  # True: a running pod's DELETE marks it terminating (see _delete)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -105,9 +154,30 @@ class FakeKubeAPI:
     def inject(self, method: str, path_regex: str, status: int | str, times: int = 1, hang_seconds: float = 3.0) -> None:
         self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, hang_seconds))
 
-    def calls(self, method: str | None = None, path_regex: str = "") -> list[Request]:
+    def calls(self, method: str | None = None, path_regex: str = "", user: str | None = None) -> list[Request]:
         pattern = re.compile(path_regex)
-        return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)]
+        return [r for r in self.requests if (method is None or r.method == method) and pattern.search(r.path)
+                and (user is None or r.user == user)]
+
+    def objects(self, prefix: str, plural: str, copy: bool = True) -> list[dict]:
+        """The stored objects of one resource, in (namespace, name) order: copies, or with ``copy=False`` the
+        stored objects themselves, which the caller must only read (the stand-ins' every-step reads: the
+        server replaces an object on each write and never changes one in place, so they stay a snapshot)."""
+        with self._lock:
+            found = [o for _, o in sorted(self.store.get((prefix, plural), {}).items())]
+        return json.loads(json.dumps(found)) if copy else found
+
+    def act(self, user: str, method: str, path: str, body: dict | None = None,
+            content_type: str = "application/json") -> dict:
+        """A request by an in-process actor (kube-scheduler, a controller): its answer, RuntimeError when refused."""
+        status, answer = self.handle(method, path, content_type, json.dumps(body).encode() if body is not None else b"",
+                                     user=user)
+        if status >= 300:
+            raise RuntimeError(f"{method} {path} -> {status}: {answer.get('message')}")
+        return json.loads(json.dumps(answer))  # a copy: the answer may be the stored object
+
+    def now_iso(self) -> str:
+        return iso(self.clock())
 
     # -- serving ------------------------------------------------------------------------------------
     def start(self) -> FakeKubeAPI:
@@ -135,7 +205,7 @@ class FakeKubeAPI:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -168,7 +238,8 @@ class FakeKubeAPI:
         return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
                       "reason": reason, "code": code}
 
-    def handle(self, method: str, raw_path: str, content_type: str, raw: bytes) -> tuple[int, dict]:
+    def handle(self, method: str, raw_path: str, content_type: str, raw: bytes, user: str = "") -> tuple[int, dict]:
+        """One API request; the HTTP server calls it, and so do the in-process stand-ins (naming ``user``)."""
         url = urlparse(raw_path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         try:
@@ -176,7 +247,7 @@ class FakeKubeAPI:
         except json.JSONDecodeError:
             return self._status(400, "BadRequest", "body is not JSON")
         with self._lock:
-            self.requests.append(Request(method, url.path, query, content_type.split(";")[0], body))
+            self.requests.append(Request(method, url.path, query, content_type.split(";")[0], body, user))
             fault = next((f for f in self.faults if f.times > 0 and f.method in (method, "*") and f.path.search(url.path)), None)
             if fault:
                 fault.times -= 1
@@ -187,8 +258,30 @@ class FakeKubeAPI:
             reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
             return self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),
                                 f"injected {fault.status} for {method} {url.path}")
+        parsed = self._parse(url.path)
+        if method == "POST" and parsed and parsed[:2] == (CORE, "pods") and parsed[3] is None and isinstance(body, dict):
+            body, refusal = self._admit(parsed[2], body, user)  # outside the lock: a webhook may call back
+            if refusal:
+                return refusal
         with self._lock:
             return self._route(method, url.path, query, content_type.split(";")[0], body)
+
+    def _admit(self, namespace: str, pod: dict, user: str) -> tuple[dict, tuple[int, dict] | None]:
+        pod = copy.deepcopy(pod)
+        pod.setdefault("metadata", {})["namespace"] = namespace
+        with self._lock:
+            configurations = [copy.deepcopy(c) for c in self.store.get((ADMISSION, "mutatingwebhookconfigurations"), {}).values()]
+            ns = copy.deepcopy(self.store.get((CORE, "namespaces"), {}).get(("", namespace)))
+            services = dict(self.webhook_services)
+            classes = {c["metadata"]["name"]: c for c in self.store.get((SCHEDULING, "priorityclasses"), {}).values()}
+        forbidden = priority_admission(pod, classes)  # the built-in Priority plugin runs before the webhooks
+        if forbidden:
+            return pod, self._status(403, "Forbidden", forbidden)
+        calls: list[WebhookCall] = []
+        pod, refusal = call_webhooks(configurations, ns, pod, services, user, calls)
+        with self._lock:
+            self.webhook_calls.extend(calls)
+        return pod, refusal
 
     def _parse(self, path: str):
         parts = [p for p in path.strip("/").split("/") if p]
@@ -217,6 +310,8 @@ class FakeKubeAPI:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
         prefix, plural, namespace, name, sub = parsed
         objects = self.store.setdefault((prefix, plural), {})
+        if (prefix, plural, sub, method) == (CORE, "pods", "binding", "POST"):
+            return self._bind(objects, (namespace, name), body)
         if plural in CLUSTER_SCOPED:
             namespace = ""
         if name is None:
@@ -234,22 +329,25 @@ class FakeKubeAPI:
         if method == "GET":
             return 200, current
         if method == "DELETE":
-            del objects[key]
-            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
+            return self._delete(plural, objects, key, query, body)
         if method in ("PUT", "PATCH"):
-            if method == "PATCH" and content_type not in ("application/merge-patch+json",
-                                                          "application/strategic-merge-patch+json"):
-                return self._status(415, "UnsupportedMediaType", f"the fake does not speak {content_type}")
-            sent = (body or {}).get("metadata", {}).get("resourceVersion")
+            updated = updated_object(method, content_type, current, body, plural)
+            if isinstance(updated, tuple):
+                return self._status(*updated)
+            sent = (updated if method == "PATCH" else body or {}).get("metadata", {}).get("resourceVersion")
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
                                                       "has been modified; please apply your changes to the latest version")
             if sub == "status":  # the status subresource changes status only
-                body = {"status": (body or {}).get("status") or {}}
-            updated = copy.deepcopy(body) if method == "PUT" else _merge(copy.deepcopy(current), body or {})
-            refused = _job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
+                updated = {**copy.deepcopy(current), "status": updated.get("status") or {}}
+            elif plural == "pods" and "status" in current:  # and a pod's own update never changes its status
+                updated["status"] = copy.deepcopy(current["status"])
+            refused = job_update_refusal(current, updated) if (prefix, plural) == (BATCH, "jobs") else None
             if refused:
                 return self._status(422, "Invalid", f'Job.batch "{name}" is invalid: {refused}')
+            causes = pod_update_causes(current, updated) if (prefix, plural) == (CORE, "pods") and sub != "status" else []
+            if causes:
+                return 422, invalid_status("Pod", name, causes)
             updated.setdefault("metadata", {}).update({k: current["metadata"][k] for k in ("name", "uid") if k in current["metadata"]})
             if namespace:
                 updated["metadata"]["namespace"] = namespace
@@ -281,78 +379,68 @@ class FakeKubeAPI:
         key = (namespace, meta.get("name"))
         if key in objects:
             return self._status(409, "AlreadyExists", f'{plural} "{meta.get("name")}" already exists')
+        kind = {(CORE, "pods"): "Pod", (BATCH, "jobs"): "Job.batch"}.get((prefix, plural))
+        causes = (pod_create_causes(body) if kind == "Pod" else job_create_causes(body)) if kind else []
+        if causes:
+            return 422, invalid_status(kind, meta["name"], causes)
         meta["resourceVersion"] = self._next_version()
         meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("creationTimestamp", self.now_iso())
         objects[key] = body
         return 201, body
+
+    def _bind(self, pods, key, body):
+        """``POST pods/NAME/binding``: what kube-scheduler calls; the only way to set spec.nodeName."""
+        pod = pods.get(key)
+        if pod is None:
+            return self._status(404, "NotFound", f'pods "{key[1]}" not found')
+        target = (body or {}).get("target") or {}
+        if target.get("kind", "Node") != "Node" or not target.get("name"):
+            return self._status(400, "BadRequest", "binding target must name a Node (target.kind Node, target.name)")
+        refused = binding_refusal(pod)
+        if refused:
+            return self._status(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{key[1]}": {refused}')
+        bound = bind(pod, target["name"], self.now_iso())
+        bound["metadata"]["resourceVersion"] = self._next_version()
+        pods[key] = bound
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _evict(self, pods, key, body):
         pod = pods.get(key)
         if pod is None:
             return self._status(404, "NotFound", f'pods "{key[1]}" not found')
-        for (ns, _), pdb in sorted(self.store.get((POLICY, "poddisruptionbudgets"), {}).items()):
+        budgets = self.store.get((POLICY, "poddisruptionbudgets"), {})
+        for (ns, pdb_name), pdb in sorted(budgets.items()):
             selector = pdb.get("spec", {}).get("selector", {}).get("matchLabels", {})
             labels = pod.get("metadata", {}).get("labels", {})
             if ns == key[0] and selector and all(labels.get(k) == v for k, v in selector.items()):
-                status = pdb.setdefault("status", {})
-                if status.get("disruptionsAllowed", 0) <= 0:
+                if (pdb.get("status") or {}).get("disruptionsAllowed", 0) <= 0:
                     return self._status(429, "TooManyRequests",
                                         "Cannot evict pod as it would violate the pod's disruption budget.")
-                status["disruptionsAllowed"] -= 1
-        del pods[key]
+                pdb = copy.deepcopy(pdb)  # stored objects are replaced, never changed in place (see objects)
+                pdb["status"]["disruptionsAllowed"] -= 1
+                budgets[(ns, pdb_name)] = pdb
+        self._delete("pods", pods, key, {}, (body or {}).get("deleteOptions"))
         return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
+    def _delete(self, plural, objects, key, query, body):
+        """With ``graceful_deletion``, a pod running on a node gets ``deletionTimestamp`` (now + its grace period)
+        and stays, holding its node's resources, until the kubelet stand-in deletes it with grace 0."""
+        pod = objects[key]
+        grace = (body or {}).get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+        if grace is None:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        running = (pod.get("spec") or {}).get("nodeName") and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        if not (self.graceful_deletion and plural == "pods" and running and int(grace) > 0):
+            del objects[key]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
+        if not pod["metadata"].get("deletionTimestamp"):
+            pod = copy.deepcopy(pod)
+            pod["metadata"].update({"deletionTimestamp": iso(self.clock() + int(grace)), "deletionGracePeriodSeconds":
+                                    int(grace), "resourceVersion": self._next_version()})
+            objects[key] = pod
+        return 200, pod
 
-# What KEP-2926 lets change in a Job's pod template, and only while the Job is suspended and has
-# no status.startTime (it has not run, or, from Kubernetes 1.36, its controller cleared it once its pods ended).
-JOB_TEMPLATE_SCHEDULING_FIELDS = {"metadata": ("labels", "annotations"),
-                                  "spec": ("affinity", "nodeSelector", "tolerations", "schedulingGates")}
-
-
-def _job_update_refusal(current: dict, updated: dict) -> str | None:
-    """The API server's validation of a Job update: None when allowed."""
-    if not updated.get("spec", {}).get("suspend") and current.get("status", {}).get("startTime") \
-            and not updated.get("status", {}).get("startTime"):
-        return "status.startTime: Required value: startTime cannot be removed for unsuspended job"
-    old, new = current.get("spec", {}).get("template", {}), updated.get("spec", {}).get("template", {})
-    if old == new:
-        return None
-    def without_scheduling(template):
-        return {part: {k: v for k, v in (template.get(part) or {}).items() if k not in fields}
-                for part, fields in JOB_TEMPLATE_SCHEDULING_FIELDS.items()}
-    mutable = current.get("spec", {}).get("suspend") and not current.get("status", {}).get("startTime")
-    if not mutable or without_scheduling(old) != without_scheduling(new):
-        return "spec.template: Invalid value: field is immutable"
-    return _node_affinity_refusal(new.get("spec", {}).get("affinity") or {})
-
-
-def _node_affinity_refusal(affinity: dict) -> str | None:
-    """Node field selectors: only metadata.name, and one value for In / NotIn."""
-    required = affinity.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    for i, term in enumerate(required.get("nodeSelectorTerms") or ()):
-        for j, req in enumerate(term.get("matchFields") or ()):
-            where = (f"spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
-                     f"nodeSelectorTerms[{i}].matchFields[{j}]")
-            if req.get("key") != "metadata.name":
-                return f"{where}.key: Invalid value: {req.get('key')!r}: not a valid field selector key"
-            if req.get("operator") in ("In", "NotIn") and len(req.get("values") or ()) != 1:
-                return (f"{where}.values: Required value: must be only one value when `operator` is 'In' or "
-                        "'NotIn' for node field selector")
-    return None
-
-
-def _merge(target, patch):
-    """RFC 7386 JSON merge patch (null removes a key; lists are replaced)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    if not isinstance(target, dict):
-        target = {}
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = _merge(target.get(key), value)
-    return target
 
 
 def _labels_match(obj, selector: str) -> bool:

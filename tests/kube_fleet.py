@@ -3,7 +3,9 @@ the kube tests and ``bench/bench_actuator.py``. Scenario data, not logic."""
 
 from __future__ import annotations
 
-from fake_kube_api import BATCH, CORE, KUEUE, POLICY, FakeKubeAPI
+import base64
+
+from fake_kube_api import ADMISSION, BATCH, CORE, KUEUE, POLICY, SCHEDULING, FakeKubeAPI
 
 
 def node(api: FakeKubeAPI, name: str, gpus: int = 8, labels: dict | None = None, unschedulable: bool = False,
@@ -93,3 +95,25 @@ def fleet(api: FakeKubeAPI, nodes: int, gpus_per_node: int = 8, pods_per_node: i
             ns = f"team-{(i + p) % namespaces}"
             job_name = f"job-{i:04d}-{p}"
             pod(api, ns, f"{job_name}-0", name, 1, owner=("Job", job_name), labels={"batch.kubernetes.io/job-name": job_name})
+
+
+def priority_class(api: FakeKubeAPI, name: str, value: int, preemption_policy: str = "PreemptLowerPriority") -> None:
+    api.add(SCHEDULING, "priorityclasses", {"metadata": {"name": name}, "value": value, "preemptionPolicy": preemption_policy})
+
+
+def mutating_webhook(api: FakeKubeAPI, name: str, ca_pem: bytes | None, url: str | None = None,
+                     service: tuple[str, str, str] | None = None, failure_policy: str = "Ignore",
+                     namespace_selector: dict | None = None, object_selector: dict | None = None,
+                     timeout_seconds: int = 10) -> None:
+    """A MutatingWebhookConfiguration with one webhook on pods CREATE, called at ``url`` or the
+    ``service`` (namespace, name, path), trusting ``ca_pem``."""
+    client: dict = {"url": url} if url else {"service": {"namespace": service[0], "name": service[1], "path": service[2],
+                                                         "port": 443}} if service else {}
+    if ca_pem:
+        client["caBundle"] = base64.b64encode(ca_pem).decode()
+    api.add(ADMISSION, "mutatingwebhookconfigurations", {"metadata": {"name": name}, "webhooks": [{
+        "name": f"{name}.gpuwarden.io", "clientConfig": client, "failurePolicy": failure_policy,
+        "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": timeout_seconds,
+        "namespaceSelector": namespace_selector or {}, "objectSelector": object_selector or {},
+        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                   "scope": "Namespaced"}]}]})
