@@ -414,12 +414,20 @@ def test_scheduler_binds_only_ungated_pods_that_fit(api, core):
     assert gated["status"]["conditions"][0]["reason"] == "SchedulingGated"
     too_big = api.get(CORE, "pods", "too-big", "team")["status"]["conditions"][0]
     assert (too_big["status"], too_big["reason"]) == ("False", "Unschedulable")
-    events = api.objects(CORE, "events")
-    assert sorted(e["involvedObject"]["name"] for e in events) == ["elsewhere", "too-big"]
-    assert {e["reason"] for e in events} == {"FailedScheduling"} and {e["type"] for e in events} == {"Warning"}
+    events = sorted((e["involvedObject"]["name"], e["reason"], e["type"]) for e in api.objects(CORE, "events"))
+    assert events == [("elsewhere", "FailedScheduling", "Warning"), ("fits", "Scheduled", "Normal"),
+                      ("too-big", "FailedScheduling", "Warning")]
     FakeKubeScheduler(api).step()
-    assert len(api.objects(CORE, "events")) == 2  # the same message is not repeated
+    assert len(api.objects(CORE, "events")) == 3  # the same message is not repeated
     assert api.calls("POST", "binding$", user="system:kube-scheduler")  # it went through the API
+
+
+def test_scheduler_leaves_pods_of_another_scheduler(api, core):
+    node(api, "gpu-01", 8)
+    core.create_namespaced_pod("team", _pod("mine", gates=(), schedulerName="default-scheduler"), _preload_content=False)
+    core.create_namespaced_pod("team", _pod("theirs", gates=(), schedulerName="volcano"), _preload_content=False)
+    assert FakeKubeScheduler(api).step().bound == [("team/mine", "gpu-01")]
+    assert "nodeName" not in api.get(CORE, "pods", "theirs", "team")["spec"]
 
 
 def test_scheduler_tolerations_mig_and_freed_capacity(api, core):
@@ -465,7 +473,8 @@ def test_scheduler_preempts_lower_priority_pods_as_kube_scheduler_does(api, core
     api.clock = lambda: time.time() + 31
     assert scheduler.step().bound == [("team/high", "gpu-01")]
     assert api.get(CORE, "pods", "low", "team") is None
-    assert [e["reason"] for e in api.objects(CORE, "events") if e["involvedObject"]["name"] == "low"] == ["Preempted"]
+    assert sorted(e["reason"] for e in api.objects(CORE, "events") if e["involvedObject"]["name"] == "low") == [
+        "Preempted", "Scheduled"]
 
 
 # -- Job controller stand-in ----------------------------------------------------------------------
