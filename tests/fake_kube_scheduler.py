@@ -268,6 +268,10 @@ class FakeKubeScheduler:
         lower-priority pods (lowest priority, then latest started, first) until the pod fits; nominate it there."""
         if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
             return None
+        mine = (pod.get("status") or {}).get("nominatedNodeName")
+        if mine in running and any(p["metadata"].get("deletionTimestamp") and _priority(p) < _priority(pod)
+                                   for p in running[mine]):
+            return mine  # PodEligibleToPreemptOthers: its victims are still terminating; wait, evict no more
         wanted, best = pod_requests(pod), None
         for node in nodes:
             name = node["metadata"]["name"]

@@ -469,7 +469,11 @@ def test_scheduler_preempts_lower_priority_pods_as_kube_scheduler_does(api, core
     assert low["metadata"]["deletionTimestamp"] and low["metadata"]["deletionGracePeriodSeconds"] == 30
     assert any(c["type"] == "DisruptionTarget" for c in low["status"]["conditions"])
     assert api.get(CORE, "pods", "high", "team")["status"]["nominatedNodeName"] == "gpu-01"
-    assert scheduler.step().bound == []  # the victim holds its GPUs for its grace period
+    node(api, "gpu-02", 8)
+    core.create_namespaced_pod("team", _pod("low-2", gates=(), gpus=8, priorityClassName="low", nodeName="gpu-02"),
+                               _preload_content=False)
+    again = scheduler.step()
+    assert again.bound == [] and again.preempted == []  # the victim holds its GPUs for its grace period; no more victims
     api.clock = lambda: time.time() + 31
     assert scheduler.step().bound == [("team/high", "gpu-01")]
     assert api.get(CORE, "pods", "low", "team") is None
