@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fake_job_controller import FakeJobController, FakeJobSetController
-from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI
+from fake_kube_api import ADMISSION, BATCH, CORE, JOBSET, FakeKubeAPI
 from fake_kube_scheduler import FakeKubeScheduler, pod_requests
 from gated_scenario import ADMISSION_GATE, FakeCluster, build, install_cluster, job_manifest, submit, submit_due
 from kube_fleet import mutating_webhook, namespace, node, priority_class
@@ -372,6 +372,26 @@ def test_the_certificate_must_name_the_service(api, core, tmp_path):
         core.create_namespaced_pod("team", _pod("p", gates=()), _preload_content=False)
     finally:
         hook.stop()
+
+
+def test_a_rotated_ca_bundle_is_used_from_the_next_create(api, core, tmp_path, tls, webhook):
+    """What gpuwarden does without cert-manager: its CA in a Secret, the webhook's caBundle patched to it."""
+    (tmp_path / "old").mkdir()
+    old_ca, _, _ = _certificates(tmp_path / "old", ["elsewhere"])
+    mutating_webhook(api, "gpuwarden-admission", old_ca, url=f"{webhook.url}/mutate", failure_policy="Fail")
+    _refused(lambda: core.create_namespaced_pod("team", _pod("p", gates=()), _preload_content=False), 500)
+    configuration = client.Configuration()
+    configuration.host = api.url
+    with client.ApiClient(configuration) as api_client:
+        client.CoreV1Api(api_client).create_namespaced_secret("gpuwarden", {
+            "metadata": {"name": "gpuwarden-webhook-tls"}, "type": "kubernetes.io/tls",
+            "data": {"ca.crt": base64.b64encode(tls[0]).decode()}}, _preload_content=False)
+        stored = api.get(ADMISSION, "mutatingwebhookconfigurations", "gpuwarden-admission")
+        stored["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(tls[0]).decode()
+        client.AdmissionregistrationV1Api(api_client).patch_mutating_webhook_configuration(
+            "gpuwarden-admission", {"webhooks": stored["webhooks"]}, _content_type=MERGE, _preload_content=False)
+    core.create_namespaced_pod("team", _pod("p", gates=()), _preload_content=False)
+    assert api.get(CORE, "pods", "p", "team")["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
 
 
 def test_timeout_and_denial(api, core, tls, webhook):
