@@ -713,3 +713,27 @@ def test_the_issues_preemption_cycle_can_be_driven_through_the_fake(api):
     pods = _pods_of(api, "borrower")
     assert len(pods) == 4 and all(p["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}] for p in pods)
     assert not [e for e in api.objects(CORE, "events") if e["reason"] == "Preempted"]
+
+
+def test_an_admitted_pod_that_does_not_fit_its_node_stays_pending_with_kube_schedulers_reason(api):
+    """The contract's 'admitted but not bound': pinned to a full (or MIG) node it stays Pending, with the message
+    a real kube-scheduler writes, until the capacity is there."""
+    install_cluster(api)
+    cluster = FakeCluster(api)
+    submit(api, job_manifest("first", "research", count=8))
+    submit(api, job_manifest("second", "research", count=1))
+    submit(api, job_manifest("on-mig", "vision", count=1))
+    cluster.step()
+    _admit(api, _pods_of(api, "first")[0], "gpu-00")
+    _admit(api, _pods_of(api, "second")[0], "gpu-00")
+    _admit(api, _pods_of(api, "on-mig")[0], "gpu-06")
+    result = cluster.step(1)
+    assert [n for _, n in result.bound] == ["gpu-00"]
+    second, on_mig = (f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in
+                      (_pods_of(api, "second")[0], _pods_of(api, "on-mig")[0]))
+    assert result.unschedulable == {
+        second: "0/8 nodes are available: 1 Insufficient nvidia.com/gpu, 7 node(s) didn't match Pod's node affinity/selector.",
+        on_mig: "0/8 nodes are available: 1 Insufficient nvidia.com/gpu, 7 node(s) didn't match Pod's node affinity/selector."}
+    pod = api.get(CORE, "pods", second.split("/")[1], "research")
+    assert pod["status"]["phase"] == "Pending" and pod["status"]["conditions"][-1]["reason"] == "Unschedulable"
+    assert pod["metadata"]["annotations"]["gpuwarden.io/admitted-node"] == "gpu-00"
