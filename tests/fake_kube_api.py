@@ -66,7 +66,8 @@ CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "wo
 KINDS = {"nodes": "Node", "namespaces": "Namespace", "pods": "Pod", "jobs": "Job", "events": "Event",
          "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass", "leases": "Lease",
          "workloads": "Workload", "clusterqueues": "ClusterQueue", "workloadpriorityclasses": "WorkloadPriorityClass",
-         "jobsets": "JobSet", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
+         "jobsets": "JobSet", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration", "secrets": "Secret",
+         "configmaps": "ConfigMap", "services": "Service"}
 CORE = "api/v1"
 BATCH = "apis/batch/v1"
 POLICY = "apis/policy/v1"
@@ -77,7 +78,8 @@ JOBSET = "apis/jobset.x-k8s.io/v1alpha2"
 ADMISSION = "apis/admissionregistration.k8s.io/v1"
 DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (CORE, "events"), (BATCH, "jobs"),
                      (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases"),
-                     (ADMISSION, "mutatingwebhookconfigurations")]
+                     (ADMISSION, "mutatingwebhookconfigurations"), (CORE, "secrets"), (CORE, "configmaps"),
+                     (CORE, "services")]
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
 
 

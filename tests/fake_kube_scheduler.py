@@ -13,8 +13,8 @@ an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-schedul
   ``metadata.name`` ANDed), NodeResourcesFit (every resource the pod requests, requests or else
   limits, against allocatable minus what bound non-terminated pods request: ``nvidia.com/gpu``,
   ``nvidia.com/gpu.shared``, ``nvidia.com/mig-*``, cpu, memory);
-- a fit is bound with ``POST pods/NAME/binding`` (PodScheduled=True), then started as the kubelet
-  would: phase Running, ``status.startTime``;
+- a fit is bound with ``POST pods/NAME/binding`` (PodScheduled=True) and a ``Scheduled`` Event,
+  then started as the kubelet would: phase Running, ``status.startTime``;
 - a misfit gets ``PodScheduled=False`` reason Unschedulable with kube-scheduler's message
   ("0/8 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 6 Insufficient
   nvidia.com/gpu.") and a Warning Event ``FailedScheduling`` whenever that message changes;
@@ -27,7 +27,9 @@ an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-schedul
 - the kubelet's part: a terminating pod (``FakeKubeAPI.graceful_deletion``) is deleted for good
   once its ``deletionTimestamp`` passed; a bound Pending pod starts Running.
 Scoring is left out (the nominated node, else the first feasible one in name order wins):
-gpuwarden pins the pods it admits to one node. Preemption does not weigh PodDisruptionBudgets.
+gpuwarden pins the pods it admits to one node. Not modelled: preemption weighing
+PodDisruptionBudgets, inter-pod (anti-)affinity, topology spread constraints, node readiness,
+host ports and volumes. Pods whose ``spec.schedulerName`` is not default-scheduler are left alone.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from kubernetes.utils import parse_quantity
 
 SCHEDULER_USER = "system:kube-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"  # pods naming another spec.schedulerName are not this scheduler's
 TERMINATED = ("Succeeded", "Failed")
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
@@ -206,7 +209,8 @@ class FakeKubeScheduler:
                 for k, v in pod_requests(pod).items():
                     free[where][k] = free[where].get(k, Decimal(0)) - v
         pending = [p for p in pods if not (p.get("spec") or {}).get("nodeName")
-                   and (p.get("status") or {}).get("phase", "Pending") == "Pending" and not p["metadata"].get("deletionTimestamp")]
+                   and (p.get("status") or {}).get("phase", "Pending") == "Pending" and not p["metadata"].get("deletionTimestamp")
+                   and (p.get("spec") or {}).get("schedulerName", DEFAULT_SCHEDULER) == DEFAULT_SCHEDULER]
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         # What a pod nominated by an earlier preemption will take: others of no higher priority leave it to it
         nominated = {_key(p): p for p in pending if (p.get("status") or {}).get("nominatedNodeName") in free}
@@ -246,6 +250,7 @@ class FakeKubeScheduler:
             self._call("POST", f"{self._pod_path(pod)}/binding",
                        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": chosen}})
+            self._event(pod, "Scheduled", f"Successfully assigned {_key(pod)} to {chosen}", "Normal")
             for k, v in pod_requests(pod).items():
                 free[chosen][k] = free[chosen].get(k, Decimal(0)) - v
             running[chosen].append(pod)
@@ -263,6 +268,10 @@ class FakeKubeScheduler:
         lower-priority pods (lowest priority, then latest started, first) until the pod fits; nominate it there."""
         if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
             return None
+        mine = (pod.get("status") or {}).get("nominatedNodeName")
+        if mine in running and any(p["metadata"].get("deletionTimestamp") and _priority(p) < _priority(pod)
+                                   for p in running[mine]):
+            return mine  # PodEligibleToPreemptOthers: its victims are still terminating; wait, evict no more
         wanted, best = pod_requests(pod), None
         for node in nodes:
             name = node["metadata"]["name"]

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fake_job_controller import FakeJobController, FakeJobSetController
-from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI
+from fake_kube_api import ADMISSION, BATCH, CORE, JOBSET, FakeKubeAPI
 from fake_kube_scheduler import FakeKubeScheduler, pod_requests
 from gated_scenario import ADMISSION_GATE, FakeCluster, build, install_cluster, job_manifest, submit, submit_due
 from kube_fleet import mutating_webhook, namespace, node, priority_class
@@ -374,6 +374,26 @@ def test_the_certificate_must_name_the_service(api, core, tmp_path):
         hook.stop()
 
 
+def test_a_rotated_ca_bundle_is_used_from_the_next_create(api, core, tmp_path, tls, webhook):
+    """What gpuwarden does without cert-manager: its CA in a Secret, the webhook's caBundle patched to it."""
+    (tmp_path / "old").mkdir()
+    old_ca, _, _ = _certificates(tmp_path / "old", ["elsewhere"])
+    mutating_webhook(api, "gpuwarden-admission", old_ca, url=f"{webhook.url}/mutate", failure_policy="Fail")
+    _refused(lambda: core.create_namespaced_pod("team", _pod("p", gates=()), _preload_content=False), 500)
+    configuration = client.Configuration()
+    configuration.host = api.url
+    with client.ApiClient(configuration) as api_client:
+        client.CoreV1Api(api_client).create_namespaced_secret("gpuwarden", {
+            "metadata": {"name": "gpuwarden-webhook-tls"}, "type": "kubernetes.io/tls",
+            "data": {"ca.crt": base64.b64encode(tls[0]).decode()}}, _preload_content=False)
+        stored = api.get(ADMISSION, "mutatingwebhookconfigurations", "gpuwarden-admission")
+        stored["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(tls[0]).decode()
+        client.AdmissionregistrationV1Api(api_client).patch_mutating_webhook_configuration(
+            "gpuwarden-admission", {"webhooks": stored["webhooks"]}, _content_type=MERGE, _preload_content=False)
+    core.create_namespaced_pod("team", _pod("p", gates=()), _preload_content=False)
+    assert api.get(CORE, "pods", "p", "team")["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
+
+
 def test_timeout_and_denial(api, core, tls, webhook):
     mutating_webhook(api, "slow", tls[0], url=f"{webhook.url}/mutate", failure_policy="Ignore", timeout_seconds=1)
     webhook.mode = "hang"
@@ -414,12 +434,20 @@ def test_scheduler_binds_only_ungated_pods_that_fit(api, core):
     assert gated["status"]["conditions"][0]["reason"] == "SchedulingGated"
     too_big = api.get(CORE, "pods", "too-big", "team")["status"]["conditions"][0]
     assert (too_big["status"], too_big["reason"]) == ("False", "Unschedulable")
-    events = api.objects(CORE, "events")
-    assert sorted(e["involvedObject"]["name"] for e in events) == ["elsewhere", "too-big"]
-    assert {e["reason"] for e in events} == {"FailedScheduling"} and {e["type"] for e in events} == {"Warning"}
+    events = sorted((e["involvedObject"]["name"], e["reason"], e["type"]) for e in api.objects(CORE, "events"))
+    assert events == [("elsewhere", "FailedScheduling", "Warning"), ("fits", "Scheduled", "Normal"),
+                      ("too-big", "FailedScheduling", "Warning")]
     FakeKubeScheduler(api).step()
-    assert len(api.objects(CORE, "events")) == 2  # the same message is not repeated
+    assert len(api.objects(CORE, "events")) == 3  # the same message is not repeated
     assert api.calls("POST", "binding$", user="system:kube-scheduler")  # it went through the API
+
+
+def test_scheduler_leaves_pods_of_another_scheduler(api, core):
+    node(api, "gpu-01", 8)
+    core.create_namespaced_pod("team", _pod("mine", gates=(), schedulerName="default-scheduler"), _preload_content=False)
+    core.create_namespaced_pod("team", _pod("theirs", gates=(), schedulerName="volcano"), _preload_content=False)
+    assert FakeKubeScheduler(api).step().bound == [("team/mine", "gpu-01")]
+    assert "nodeName" not in api.get(CORE, "pods", "theirs", "team")["spec"]
 
 
 def test_scheduler_tolerations_mig_and_freed_capacity(api, core):
@@ -461,11 +489,16 @@ def test_scheduler_preempts_lower_priority_pods_as_kube_scheduler_does(api, core
     assert low["metadata"]["deletionTimestamp"] and low["metadata"]["deletionGracePeriodSeconds"] == 30
     assert any(c["type"] == "DisruptionTarget" for c in low["status"]["conditions"])
     assert api.get(CORE, "pods", "high", "team")["status"]["nominatedNodeName"] == "gpu-01"
-    assert scheduler.step().bound == []  # the victim holds its GPUs for its grace period
+    node(api, "gpu-02", 8)
+    core.create_namespaced_pod("team", _pod("low-2", gates=(), gpus=8, priorityClassName="low", nodeName="gpu-02"),
+                               _preload_content=False)
+    again = scheduler.step()
+    assert again.bound == [] and again.preempted == []  # the victim holds its GPUs for its grace period; no more victims
     api.clock = lambda: time.time() + 31
     assert scheduler.step().bound == [("team/high", "gpu-01")]
     assert api.get(CORE, "pods", "low", "team") is None
-    assert [e["reason"] for e in api.objects(CORE, "events") if e["involvedObject"]["name"] == "low"] == ["Preempted"]
+    assert sorted(e["reason"] for e in api.objects(CORE, "events") if e["involvedObject"]["name"] == "low") == [
+        "Preempted", "Scheduled"]
 
 
 # -- Job controller stand-in ----------------------------------------------------------------------
@@ -680,3 +713,27 @@ def test_the_issues_preemption_cycle_can_be_driven_through_the_fake(api):
     pods = _pods_of(api, "borrower")
     assert len(pods) == 4 and all(p["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}] for p in pods)
     assert not [e for e in api.objects(CORE, "events") if e["reason"] == "Preempted"]
+
+
+def test_an_admitted_pod_that_does_not_fit_its_node_stays_pending_with_kube_schedulers_reason(api):
+    """The contract's 'admitted but not bound': pinned to a full (or MIG) node it stays Pending, with the message
+    a real kube-scheduler writes, until the capacity is there."""
+    install_cluster(api)
+    cluster = FakeCluster(api)
+    submit(api, job_manifest("first", "research", count=8))
+    submit(api, job_manifest("second", "research", count=1))
+    submit(api, job_manifest("on-mig", "vision", count=1))
+    cluster.step()
+    _admit(api, _pods_of(api, "first")[0], "gpu-00")
+    _admit(api, _pods_of(api, "second")[0], "gpu-00")
+    _admit(api, _pods_of(api, "on-mig")[0], "gpu-06")
+    result = cluster.step(1)
+    assert [n for _, n in result.bound] == ["gpu-00"]
+    second, on_mig = (f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in
+                      (_pods_of(api, "second")[0], _pods_of(api, "on-mig")[0]))
+    assert result.unschedulable == {
+        second: "0/8 nodes are available: 1 Insufficient nvidia.com/gpu, 7 node(s) didn't match Pod's node affinity/selector.",
+        on_mig: "0/8 nodes are available: 1 Insufficient nvidia.com/gpu, 7 node(s) didn't match Pod's node affinity/selector."}
+    pod = api.get(CORE, "pods", second.split("/")[1], "research")
+    assert pod["status"]["phase"] == "Pending" and pod["status"]["conditions"][-1]["reason"] == "Unschedulable"
+    assert pod["metadata"]["annotations"]["gpuwarden.io/admitted-node"] == "gpu-00"
