@@ -16,7 +16,11 @@ the circuit breaker opens: nothing more is applied, a metric and an Event say so
 resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
 action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
 maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
-once as blocked, never tripping the breaker, and applied at a round inside it.
+once as blocked, never tripping the breaker, and applied at a round inside it. With pacing
+(:mod:`.pacing`), auto mode starts disruptive actions per pool and detector at the pace their
+outcomes earn, inside the breaker; with repair (:mod:`.repair`), what gpuwarden set is lifted once
+the node has been healthy long enough. In every mode the round's open health findings are written
+as each node's ``GPUHealthy`` condition where the cluster can take them (:class:`ConditionSink`).
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import enum
 import logging
 import threading
 from datetime import datetime, timedelta
-from collections.abc import Callable
-from typing import TypedDict, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from prometheus_client import Gauge
 
-from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
+from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot, Finding
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.protocols import EventSink
 
@@ -39,7 +43,9 @@ from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, a
                     finding_record, new_id)
 from .limits import Budget, SafetyLimits, applied_since, parse_at
 from .maintenance import MaintenanceWindow
+from .pacing import DISRUPTIVE, PACE_KIND, Pacer, PacingPolicy, Verdict, pace_key
 from .plan import Plan, PlannedAction
+from .repair import Repair
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -55,6 +61,13 @@ class _EntryContext(TypedDict, total=False):
     findings: tuple[Record, ...]
     snapshot_at: datetime | None
     by: str | None
+
+
+@runtime_checkable
+class ConditionSink(Protocol):
+    """Optional for a ``Cluster``: where each GPU node's health is published for other tools."""
+
+    def publish_conditions(self, health: Mapping[str, Sequence[Finding]]) -> int: ...
 
 
 class Mode(str, enum.Enum):
@@ -81,7 +94,11 @@ class Actuator:
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits | None = None,
                  audit: AuditLog | None = None, clock: Clock = SYSTEM_CLOCK,
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
-                 window: MaintenanceWindow | None = None) -> None:
+                 window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
+                 repair_after_healthy_seconds: float | None = None, node_conditions: bool = False) -> None:
+        """``pacing``: the slow start for disruptive actions in auto mode (None: only the limits);
+        ``repair_after_healthy_seconds``: lift gpuwarden's cordons and taints after a node has been
+        healthy this long (None: never); ``node_conditions``: publish ``GPUHealthy`` every round."""
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits or SafetyLimits()
@@ -94,6 +111,10 @@ class Actuator:
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
         self._breaker_noted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
+        self.pacer = Pacer(pacing, self.audit.records()) if pacing is not None else None
+        self.repair = Repair(repair_after_healthy_seconds) if repair_after_healthy_seconds is not None else None
+        self.node_conditions = node_conditions
+        self._paced: set[tuple[str, str]] = set()  # held by the pace: recorded once while held
         BREAKER_GAUGE.set(1 if self.breaker_open else 0)
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
@@ -131,6 +152,7 @@ class Actuator:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
             budget = Budget(self, snapshot)
+            self._publish(plan)
             if self.mode == Mode.OBSERVE:
                 return self._observe(plan, budget)
             out: list[AuditEntry] = []
@@ -144,6 +166,7 @@ class Actuator:
                 self._breaker_noted.clear()
             if self.window is None or self.window.is_open(self.clock.now()):
                 self._held.clear()
+            out += self._judge(plan, budget, breaker)
             for position, planned in enumerate(plan.actions):
                 action, findings = planned.action, self._findings(planned)
                 if not self.leader():
@@ -164,6 +187,14 @@ class Actuator:
                         out.append(self._entry(Outcome.BLOCKED, action, held, findings=findings,
                                                snapshot_at=plan.snapshot_at))
                     continue
+                paced = self._pace_holds(planned, budget)
+                if paced:
+                    if planned.key not in self._paced:
+                        self._paced.add(planned.key)
+                        out.append(self._entry(Outcome.HELD, action, paced, findings=findings,
+                                               snapshot_at=plan.snapshot_at))
+                    continue
+                self._paced.discard(planned.key)
                 why = budget.why_not(action)
                 if why:
                     out.append(self._entry(Outcome.BLOCKED, action, why, findings=findings, snapshot_at=plan.snapshot_at))
@@ -173,6 +204,7 @@ class Actuator:
                     continue
                 entry = self._apply(action, budget, findings=findings, snapshot_at=plan.snapshot_at)
                 out.append(entry)
+                out += self._paced_outcome(planned, entry, budget)
                 if entry.outcome == Outcome.ERROR:
                     out += [self._entry(Outcome.NOT_APPLIED, rest.action, "an earlier action failed",
                                         findings=self._findings(rest), snapshot_at=plan.snapshot_at)
@@ -183,10 +215,14 @@ class Actuator:
     def _observe(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
         out, seen = [], set()
         breaker = self.breaker_open
+        starts: dict[tuple[str, str], int] = {}  # what auto mode would start this round, per pool and detector
         for planned in plan.actions:
             held = self._held_back(planned.action)
+            paced = None if held or breaker else self._pace_holds(planned, budget, starts)
             why = held or ("circuit breaker open" if breaker else budget.why_not(planned.action))
-            if held:
+            if paced:
+                outcome, message = Outcome.HELD, f"would be held: {paced}"
+            elif held:
                 outcome, message = Outcome.BLOCKED, f"would be blocked: {held}"  # a schedule, not a fault
             elif why:
                 breaker = True  # auto mode would stop here: everything after it is blocked too
@@ -200,6 +236,58 @@ class Actuator:
                 out.append(self._entry(outcome, planned.action, message, findings=self._findings(planned),
                                        snapshot_at=plan.snapshot_at))
         self._observed = seen
+        return out
+
+    # -- pacing, repair and node conditions ---------------------------------------------------------
+    def _publish(self, plan: Plan) -> None:
+        if not self.node_conditions or not isinstance(self.cluster, ConditionSink):
+            return
+        try:
+            self.cluster.publish_conditions(plan.health)
+        except Exception as error:  # noqa: BLE001 a condition is a courtesy to other tools; the round goes on
+            log.warning("actuator: could not publish node conditions: %s: %s", type(error).__name__, error)
+
+    def _pace_holds(self, planned: PlannedAction, budget: Budget,
+                    starts: dict[tuple[str, str], int] | None = None) -> str | None:
+        """Why the pace holds ``planned`` back; ``starts`` counts observe mode's would-be starts."""
+        if self.pacer is None or planned.action.kind not in DISRUPTIVE:
+            return None
+        key, node = pace_key(planned.action.kind, planned.findings, planned.action.target, budget.current())
+        extra = starts.get(key, 0) if starts is not None else 0
+        why = self.pacer.why_held(planned.action.kind, key, node, self.clock.now(), extra)
+        if starts is not None and why is None:
+            starts[key] = extra + 1
+        return why
+
+    def _paced_outcome(self, planned: PlannedAction, entry: AuditEntry, budget: Budget) -> list[AuditEntry]:
+        if self.pacer is None or planned.action.kind not in DISRUPTIVE:
+            return []
+        key, node = pace_key(planned.action.kind, planned.findings, planned.action.target, budget.current())
+        what, now = f"{entry.kind} {entry.target}: {entry.outcome.value}", self.clock.now()
+        if entry.outcome in (Outcome.APPLIED, Outcome.RETRY):  # a drain left to retry keeps its node out: in flight
+            verdict = self.pacer.started(key, node, now, what)
+        else:
+            verdict = self.pacer.failed(key, node, now, what)
+        return [self._pace_entry(verdict)] if verdict is not None else []
+
+    def _pace_entry(self, verdict: Verdict) -> AuditEntry:
+        pool, detector = verdict.key
+        entry = AuditEntry(self.clock.now(), self.mode, Outcome.PACED, PACE_KIND, f"{pool}/{detector}", verdict.why,
+                           f"{verdict.verdict} on {verdict.node}: window {verdict.window}, {verdict.in_flight} in flight",
+                           params=verdict.params(), by=self.name)
+        self.audit.record(entry)
+        return entry
+
+    def _judge(self, plan: Plan, budget: Budget, breaker: bool) -> list[AuditEntry]:
+        """Pace verdicts on what is in flight, then repair's uncordons (outside the pace and the
+        hourly limit: they give capacity back; not while the breaker is open)."""
+        out: list[AuditEntry] = []
+        now = self.clock.now()
+        if self.pacer is not None:
+            out += [self._pace_entry(v) for v in self.pacer.observe(budget.current(), plan.health, now)]
+        if self.repair is not None and not breaker:
+            for action in self.repair.actions(self.audit.records(), budget.current(), plan.health, now):
+                out.append(self._apply(action, budget, by="repair"))
         return out
 
     def _queue(self, plan: Plan) -> list[AuditEntry]:

@@ -23,14 +23,14 @@ Every result is an ``ActionResult``: ok, or a permanent or temporary failure wit
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
+from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot, Finding
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
-from . import drain
+from . import conditions, drain
 from .drain import drain_labels
 from .inventory import CHECKPOINT_ANNOTATION, KUEUE, Inventory, read_snapshot
 from .ownership import DRAINING_ANNOTATION, cordon_patch, parse_since, taint_patch, uncordon_patch, untaint_patch
@@ -125,6 +125,10 @@ class KubeCluster:
     def _do_uncordon(self, action: Action) -> Done:
         self._patch_node(action.target, uncordon_patch(self._read_node(action.target)))
         return f"uncordoned {action.target}", None
+
+    def publish_conditions(self, health: Mapping[str, Sequence[Finding]]) -> int:
+        """The ``GPUHealthy`` NodeCondition on each GPU node (:mod:`.conditions`)."""
+        return conditions.publish(self.api, health, self.clock, self.page_size)
 
     def _read_node(self, name: str) -> Json:
         return self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
