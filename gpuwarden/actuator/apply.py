@@ -16,11 +16,8 @@ the circuit breaker opens: nothing more is applied, a metric and an Event say so
 resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
 action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
 maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
-once as blocked, never tripping the breaker, and applied at a round inside it. With pacing
-(:mod:`.pacing`), auto mode starts disruptive actions per pool and detector at the pace their
-outcomes earn, inside the breaker; with repair (:mod:`.repair`), what gpuwarden set is lifted once
-the node has been healthy long enough. In every mode the round's open health findings are written
-as each node's ``GPUHealthy`` condition where the cluster can take them (:class:`ConditionSink`).
+once as blocked, never tripping the breaker, and applied at a round inside it. Options: pacing by
+outcome (:mod:`.pacing`), repair (:mod:`.repair`), node conditions in every mode (:class:`ConditionSink`).
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, a
                     finding_record, new_id)
 from .limits import Budget, SafetyLimits, applied_since, parse_at
 from .maintenance import MaintenanceWindow
-from .pacing import DISRUPTIVE, PACE_KIND, Pacer, PacingPolicy, Verdict, pace_key
+from .pacing import Pacer, PacingPolicy, Verdict
 from .plan import Plan, PlannedAction
 from .repair import Repair
 
@@ -96,9 +93,8 @@ class Actuator:
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
                  window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
                  repair_after_healthy_seconds: float | None = None, node_conditions: bool = False) -> None:
-        """``pacing``: the slow start for disruptive actions in auto mode (None: only the limits);
-        ``repair_after_healthy_seconds``: lift gpuwarden's cordons and taints after a node has been
-        healthy this long (None: never); ``node_conditions``: publish ``GPUHealthy`` every round."""
+        """``pacing`` (auto mode; None: only the limits), ``repair_after_healthy_seconds`` (None:
+        never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default."""
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits or SafetyLimits()
@@ -240,54 +236,35 @@ class Actuator:
 
     # -- pacing, repair and node conditions ---------------------------------------------------------
     def _publish(self, plan: Plan) -> None:
-        if not self.node_conditions or not isinstance(self.cluster, ConditionSink):
-            return
         try:
-            self.cluster.publish_conditions(plan.health)
+            if self.node_conditions and isinstance(self.cluster, ConditionSink):
+                self.cluster.publish_conditions(plan.health)
         except Exception as error:  # noqa: BLE001 a condition is a courtesy to other tools; the round goes on
             log.warning("actuator: could not publish node conditions: %s: %s", type(error).__name__, error)
 
     def _pace_holds(self, planned: PlannedAction, budget: Budget,
                     starts: dict[tuple[str, str], int] | None = None) -> str | None:
-        """Why the pace holds ``planned`` back; ``starts`` counts observe mode's would-be starts."""
-        if self.pacer is None or planned.action.kind not in DISRUPTIVE:
-            return None
-        key, node = pace_key(planned.action.kind, planned.findings, planned.action.target, budget.current())
-        extra = starts.get(key, 0) if starts is not None else 0
-        why = self.pacer.why_held(planned.action.kind, key, node, self.clock.now(), extra)
-        if starts is not None and why is None:
-            starts[key] = extra + 1
-        return why
+        return None if self.pacer is None else self.pacer.holds(planned.action, planned.findings, budget.current(),
+                                                                self.clock.now(), starts)
 
     def _paced_outcome(self, planned: PlannedAction, entry: AuditEntry, budget: Budget) -> list[AuditEntry]:
-        if self.pacer is None or planned.action.kind not in DISRUPTIVE:
+        if self.pacer is None:
             return []
-        key, node = pace_key(planned.action.kind, planned.findings, planned.action.target, budget.current())
-        what, now = f"{entry.kind} {entry.target}: {entry.outcome.value}", self.clock.now()
-        if entry.outcome in (Outcome.APPLIED, Outcome.RETRY):  # a drain left to retry keeps its node out: in flight
-            verdict = self.pacer.started(key, node, now, what)
-        else:
-            verdict = self.pacer.failed(key, node, now, what)
+        verdict = self.pacer.outcome(planned.action, planned.findings, budget.current(), self.clock.now(),
+                                     entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
         return [self._pace_entry(verdict)] if verdict is not None else []
 
     def _pace_entry(self, verdict: Verdict) -> AuditEntry:
-        pool, detector = verdict.key
-        entry = AuditEntry(self.clock.now(), self.mode, Outcome.PACED, PACE_KIND, f"{pool}/{detector}", verdict.why,
-                           f"{verdict.verdict} on {verdict.node}: window {verdict.window}, {verdict.in_flight} in flight",
-                           params=verdict.params(), by=self.name)
-        self.audit.record(entry)
+        self.audit.record(entry := verdict.entry(self.clock.now(), self.mode, self.name))
         return entry
 
     def _judge(self, plan: Plan, budget: Budget, breaker: bool) -> list[AuditEntry]:
-        """Pace verdicts on what is in flight, then repair's uncordons (outside the pace and the
-        hourly limit: they give capacity back; not while the breaker is open)."""
-        out: list[AuditEntry] = []
-        now = self.clock.now()
-        if self.pacer is not None:
-            out += [self._pace_entry(v) for v in self.pacer.observe(budget.current(), plan.health, now)]
+        """Pace verdicts on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
+        now, current = self.clock.now(), budget.current()
+        out = [self._pace_entry(v) for v in self.pacer.observe(current, plan.health, now)] if self.pacer else []
         if self.repair is not None and not breaker:
-            for action in self.repair.actions(self.audit.records(), budget.current(), plan.health, now):
-                out.append(self._apply(action, budget, by="repair"))
+            out += [self._apply(a, budget, by="repair") for a in self.repair.actions(self.audit.records(), current,
+                                                                                     plan.health, now)]
         return out
 
     def _queue(self, plan: Plan) -> list[AuditEntry]:

@@ -30,8 +30,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from gpuwarden.fleet import ActionKind, ClusterSnapshot, Finding
+from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding
 
+from .audit import AuditEntry, Outcome
 from .limits import parse_at
 
 DISRUPTIVE = (ActionKind.CORDON, ActionKind.DRAIN, ActionKind.TAINT, ActionKind.EVICT)
@@ -150,6 +151,12 @@ class Verdict:
                 "window": self.window, "in_flight": self.in_flight,
                 "next_at": self.next_at.isoformat() if self.next_at else None}
 
+    def entry(self, at: datetime, mode: Any, by: str) -> AuditEntry:
+        """The audit entry that records it (kind ``pace``, target ``POOL/DETECTOR``)."""
+        return AuditEntry(at, mode, Outcome.PACED, PACE_KIND, f"{self.key[0]}/{self.key[1]}", self.why,
+                          f"{self.verdict} on {self.node}: window {self.window}, {self.in_flight} in flight",
+                          params=self.params(), by=by)
+
 
 class Pacer:
     """The slow start over the audit log's pace state. Not thread-safe: the actuator's lock holds."""
@@ -226,6 +233,27 @@ class Pacer:
         if until is not None and now < until and not extra and key not in self._batch:
             return f"pace: cooldown for {detector} in pool {pool} until {until.isoformat()}"
         return None
+
+    def holds(self, action: Action, findings: Sequence[Finding], snapshot: ClusterSnapshot, now: datetime,
+              starts: dict[Key, int] | None = None) -> str | None:
+        """Why the pace holds ``action`` back now; ``starts`` counts observe mode's would-be starts."""
+        if action.kind not in DISRUPTIVE:
+            return None
+        key, node = pace_key(action.kind, findings, action.target, snapshot)
+        extra = starts.get(key, 0) if starts is not None else 0
+        why = self.why_held(action.kind, key, node, now, extra)
+        if starts is not None and why is None:
+            starts[key] = extra + 1
+        return why
+
+    def outcome(self, action: Action, findings: Sequence[Finding], snapshot: ClusterSnapshot, now: datetime,
+                took: bool, what: str) -> Verdict | None:
+        """A disruptive action's start (``took``: applied, or a drain left cordoned to retry) or failure."""
+        if action.kind not in DISRUPTIVE:
+            return None
+        key, node = pace_key(action.kind, findings, action.target, snapshot)
+        why = f"{action.kind.value} {action.target}: {what}"
+        return self.started(key, node, now, why) if took else self.failed(key, node, now, why)
 
     def started(self, key: Key, node: str, now: datetime, why: str) -> Verdict | None:
         if node in self.state.in_flight:
