@@ -27,6 +27,7 @@ from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy
 from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.actuator.maintenance import MaintenanceWindow
+from gpuwarden.actuator.pacing import PacingPolicy
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
@@ -149,9 +150,10 @@ def _kube(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
 
 
 def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None,
-              clock: Clock = SYSTEM_CLOCK) -> Actuator:
+              clock: Clock = SYSTEM_CLOCK, node_conditions: bool = False) -> Actuator:
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
-    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window)
+    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window,
+                    pacing=PacingPolicy(), node_conditions=node_conditions)  # issue 24: paced by outcome
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
@@ -220,7 +222,8 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     if args.metrics_listen:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
-    actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock)
+    actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock,
+                         node_conditions=True)  # GPUHealthy on each GPU node in every mode (issue 24)
     reconciler = _reconciler(args, actuator, args.interval)
     stop = threading.Event()
     rounds = [0]
