@@ -171,3 +171,31 @@ def test_a_refused_action_is_a_failure_and_a_cooldown_follows_each_start(api, tm
 def test_bad_pacing_settings_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         PacingPolicy(**{field: value})
+
+
+def test_the_actions_page_shows_the_pace_the_audit_log_leaves(api, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from gpuwarden.actuator import audit_report as av
+    from gpuwarden.actuator.pacing import pace_rows
+    from gpuwarden.dashboards.launch import APP_PATH
+
+    store = tmp_path / "store"
+    (store / "actuator").mkdir(parents=True)
+    fleet = Fleet(api, tmp_path, SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0))
+    fleet.path = store / "actuator" / "audit.jsonl"
+    fleet.restart()
+    fleet.round([fleet.finding(n, EVENT) for n in ("n0", "n1", "n2")])
+    (row,) = pace_rows(AuditLog.read(fleet.path))
+    assert (row["pool"], row["detector"], row["window"], row["in_flight"], row["nodes_in_flight"]) == (
+        POOL, str(EVENT), 1, 1, "n0")
+    assert row["last"].startswith("started on n0")
+
+    monkeypatch.delenv(av.AUDIT_ENV, raising=False)
+    monkeypatch.setenv("GPUWARDEN_STORE", str(store))
+    app = AppTest.from_file(str(APP_PATH.parent / "views" / "actions.py"), default_timeout=30).run()
+    assert not app.exception
+    assert "Pace" in [h.value for h in app.subheader]
+    assert "2 action(s) held by the pace in this log." in " ".join(c.value for c in app.caption)
+    table = app.dataframe[0].value
+    assert list(table["detector"]) == [str(EVENT)] and list(table["window"]) == [1]

@@ -272,3 +272,24 @@ class Pacer:
             PACE_GAUGE.labels(*key).set(self.state.window(key, self.policy))
             IN_FLIGHT_GAUGE.labels(*key).set(self.state.flying(key))
 
+
+
+def pace_rows(records: Sequence[Mapping[str, Any]], policy: PacingPolicy = PacingPolicy()) -> list[dict[str, Any]]:
+    """The pace per pool and detector as the audit log leaves it (the Actions page's table): the
+    window, what is in flight (nodes), the cooldown's end and the last start or verdict."""
+    state = pace_from_records(records)
+    last: dict[Key, str] = {}
+    for record in records:
+        params = record.get("params") or {}
+        if record.get("kind") == PACE_KIND:
+            last[(str(params.get("pool", "")), str(params.get("detector", "")))] = (
+                f"{params.get('verdict')} on {params.get('node')} at {record.get('at')}")
+    rows = []
+    for key in state.keys():
+        pool, detector = key
+        until = state.next_at.get(key)
+        rows.append({"pool": pool, "detector": detector, "window": state.window(key, policy),
+                     "in_flight": state.flying(key),
+                     "nodes_in_flight": ", ".join(sorted(n for n, f in state.in_flight.items() if f.key == key)),
+                     "cooldown_until": until.isoformat() if until else "", "last": last.get(key, "")})
+    return rows
