@@ -171,24 +171,16 @@ class Actuator:
                             for rest in plan.actions[position:]]
                     break
                 if breaker:
-                    if planned.key not in self._breaker_noted:
-                        self._breaker_noted.add(planned.key)
-                        out.append(self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person "
-                                               "(gpuwarden actuator reset)", findings=findings, snapshot_at=plan.snapshot_at))
+                    out += self._hold_once(self._breaker_noted, planned, Outcome.BLOCKED, "circuit breaker open: "
+                                           "waiting for a person (gpuwarden actuator reset)", plan.snapshot_at)
                     continue
                 held = self._held_back(action)
                 if held:
-                    if planned.key not in self._held:
-                        self._held.add(planned.key)
-                        out.append(self._entry(Outcome.BLOCKED, action, held, findings=findings,
-                                               snapshot_at=plan.snapshot_at))
+                    out += self._hold_once(self._held, planned, Outcome.BLOCKED, held, plan.snapshot_at)
                     continue
                 paced = self._pace_holds(planned, budget)
                 if paced:
-                    if planned.key not in self._paced:
-                        self._paced.add(planned.key)
-                        out.append(self._entry(Outcome.HELD, action, paced, findings=findings,
-                                               snapshot_at=plan.snapshot_at))
+                    out += self._hold_once(self._paced, planned, Outcome.HELD, paced, plan.snapshot_at)
                     continue
                 self._paced.discard(planned.key)
                 why = budget.why_not(action)
@@ -207,6 +199,14 @@ class Actuator:
                             for rest in plan.actions[position + 1:]]
                     break
             return out
+
+    def _hold_once(self, seen: set[tuple[str, str]], planned: PlannedAction, outcome: Outcome, message: str,
+                   snapshot_at: datetime | None) -> list[AuditEntry]:
+        """A hold (the breaker, the window, the pace) recorded once while it stands."""
+        if planned.key in seen:
+            return []
+        seen.add(planned.key)
+        return [self._entry(outcome, planned.action, message, findings=self._findings(planned), snapshot_at=snapshot_at)]
 
     def _observe(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
         out, seen = [], set()
