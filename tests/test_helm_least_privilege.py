@@ -101,3 +101,16 @@ def test_a_misconfigured_view_mode_is_said_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv(auth.VIEW_AUTH_ENV, "password")
     app = AppTest.from_file(str(APP_PATH), default_timeout=60).run()
     assert "GPUWARDEN_VIEW_AUTH='password' is not one of: public, proxy, oidc" in app.error[0].value
+
+
+def test_pacing_and_repair_reach_the_actuator_as_arguments_it_accepts(helm):  # noqa: F811
+    from gpuwarden.cli import build_parser
+
+    docs = render(helm, "remediation.enabled=true", "remediation.mode=auto", "remediation.repairAfterHealthySeconds=900",
+                  "remediation.pacing.provenAfterSeconds=600")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(POD_NAME)", "actuator-0") for a in container["args"]]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.pace_proven_after, parsed.pace_cooldown, parsed.repair_after) == (600.0, 60.0, 900.0)
+    (default,) = one(render(helm, "remediation.enabled=true"), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert build_parser().parse_args(default["args"]).repair_after is None  # opt-in

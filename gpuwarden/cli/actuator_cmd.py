@@ -76,6 +76,14 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
                              "e.g. 'tue,thu 02:00-05:00' (default: any time)")
     parser.add_argument("--protect-node", action="append", default=[], metavar="NODE",
                         help="never act on this node (repeatable; a node label gpuwarden.io/protect=true does the same)")
+    parser.add_argument("--pace-proven-after", type=positive_float, default=300.0, metavar="SECONDS",
+                        help="a cordon, drain, taint or evict is proven once its node is Ready with no open finding "
+                             "this long; each proven one doubles its pool and detector's pace (default 300)")
+    parser.add_argument("--pace-cooldown", type=positive_float, default=60.0, metavar="SECONDS",
+                        help="between two rounds that start actions of one pool and detector, +0-50%% jitter (default 60)")
+    parser.add_argument("--repair-after", type=positive_float, metavar="SECONDS",
+                        help="lift gpuwarden's own cordons and taints once the node is healthy this long "
+                             "(default: never)")
 
 
 def _window(text: str) -> MaintenanceWindow:
@@ -153,7 +161,8 @@ def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, l
               clock: Clock = SYSTEM_CLOCK, node_conditions: bool = False) -> Actuator:
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
     return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window,
-                    pacing=PacingPolicy(), node_conditions=node_conditions)  # issue 24: paced by outcome
+                    pacing=PacingPolicy(proven_after_seconds=args.pace_proven_after, cooldown_seconds=args.pace_cooldown),
+                    repair_after_healthy_seconds=args.repair_after, node_conditions=node_conditions)  # issue 24
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
