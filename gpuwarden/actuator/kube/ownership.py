@@ -77,10 +77,11 @@ def uncordon_patch(node: Json) -> Json:
     """The PATCH that lifts gpuwarden's cordon; ValueError naming the owner when it is not ours."""
     name = node["metadata"]["name"]
     annotations = _annotations(node)
-    if not (node.get("spec") or {}).get("unschedulable"):
+    ours = cordon_owner(annotations) is not None
+    if not (node.get("spec") or {}).get("unschedulable"):  # lifted already: drop our stale record only
         return {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
-                             "annotations": {CORDON_ANNOTATION: None}}}
-    if cordon_owner(annotations) is None:
+                             "annotations": {CORDON_ANNOTATION: None, DRAINING_ANNOTATION: None} if ours else {}}}
+    if not ours:
         raise ValueError(f"{name} was cordoned by someone else (no {CORDON_ANNOTATION} annotation by {OWNER}); "
                          f"gpuwarden lifts only cordons it set: uncordon it yourself (kubectl uncordon {name}) "
                          "once its owner agrees")
