@@ -199,3 +199,17 @@ def test_the_actions_page_shows_the_pace_the_audit_log_leaves(api, tmp_path, mon
     assert "2 action(s) held by the pace in this log." in " ".join(c.value for c in app.caption)
     table = app.dataframe[0].value
     assert list(table["detector"]) == [str(EVENT)] and list(table["window"]) == [1]
+
+
+def test_a_repair_not_proven_in_time_is_a_failure_and_a_not_ready_node_is_never_proven(api, tmp_path):
+    fleet = Fleet(api, tmp_path, SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0))
+    assert applied(fleet.round([fleet.finding("n0", EVENT), fleet.finding("n1", FLAPPY)])) == ["n0", "n1"]
+    # n1's finding clears but its node goes NotReady (the node lifecycle controller's taint): not proven.
+    node_n1 = api.store[(CORE, "nodes")][("", "n1")]
+    node_n1["spec"].setdefault("taints", []).append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    assert verdicts(fleet.round([fleet.finding("n0", EVENT)], 1800)) == []
+    late = fleet.round([fleet.finding("n0", EVENT)], 1800)
+    assert sorted(verdicts(late)) == [("n0", "failed", 1), ("n1", "failed", 1)]
+    reasons = {e.params["node"]: e.reason for e in late if e.outcome == Outcome.PACED}
+    assert reasons == {"n0": "n0 not proven within 3600 s (1 finding(s) still open)",
+                       "n1": "n1 not proven within 3600 s (not Ready)"}

@@ -183,7 +183,6 @@ class Pacer:
         next_at = self._cooldown(now) if fresh else state.next_at.get(key)
         if verdict == "started":
             self._batch.add(key)
-        if verdict == "started":
             state.in_flight[node] = Flight(key, now)
         else:
             state.in_flight.pop(node, None)
