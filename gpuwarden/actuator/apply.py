@@ -17,7 +17,7 @@ resets it (``gpuwarden actuator reset``). Every outcome is written to the audit 
 action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
 maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
 once as blocked, never tripping the breaker, and applied at a round inside it. Options: pacing by
-outcome (:mod:`.pacing`), repair (:mod:`.repair`), node conditions in every mode (:class:`ConditionSink`).
+outcome (:mod:`.pacing`), repair (:mod:`.repair`), node conditions in every mode (:mod:`.node_health`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import enum
 import logging
 import threading
 from datetime import datetime, timedelta
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TypedDict, Unpack, runtime_checkable
+from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 from prometheus_client import Gauge
 
-from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot, Finding
+from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.protocols import EventSink
 
@@ -40,6 +40,7 @@ from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, a
                     finding_record, new_id)
 from .limits import Budget, SafetyLimits, applied_since, parse_at
 from .maintenance import MaintenanceWindow
+from .node_health import publish_health
 from .pacing import Pacer, PacingPolicy, Verdict
 from .plan import Plan, PlannedAction
 from .repair import Repair
@@ -58,13 +59,6 @@ class _EntryContext(TypedDict, total=False):
     findings: tuple[Record, ...]
     snapshot_at: datetime | None
     by: str | None
-
-
-@runtime_checkable
-class ConditionSink(Protocol):
-    """Optional for a ``Cluster``: where each GPU node's health is published for other tools."""
-
-    def publish_conditions(self, health: Mapping[str, Sequence[Finding]]) -> int: ...
 
 
 class Mode(str, enum.Enum):
@@ -148,7 +142,8 @@ class Actuator:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
             budget = Budget(self, snapshot)
-            self._publish(plan)
+            if self.node_conditions:
+                publish_health(self.cluster, plan.health)
             if self.mode == Mode.OBSERVE:
                 return self._observe(plan, budget)
             out: list[AuditEntry] = []
@@ -234,14 +229,7 @@ class Actuator:
         self._observed = seen
         return out
 
-    # -- pacing, repair and node conditions ---------------------------------------------------------
-    def _publish(self, plan: Plan) -> None:
-        try:
-            if self.node_conditions and isinstance(self.cluster, ConditionSink):
-                self.cluster.publish_conditions(plan.health)
-        except Exception as error:  # noqa: BLE001 a condition is a courtesy to other tools; the round goes on
-            log.warning("actuator: could not publish node conditions: %s: %s", type(error).__name__, error)
-
+    # -- pacing and repair -------------------------------------------------------------------------------
     def _pace_holds(self, planned: PlannedAction, budget: Budget,
                     starts: dict[tuple[str, str], int] | None = None) -> str | None:
         return None if self.pacer is None else self.pacer.holds(planned.action, planned.findings, budget.current(),
