@@ -69,7 +69,8 @@ def test_approve_mode_queues_and_a_person_approves_from_the_command_line(api, tm
     assert main(["actuator", "run", "--mode", "approve", "--rounds", "1", "--interval", "0.01", *args]) == 0
     (waiting,) = pending(audit)
     assert main(["actuator", "approve", waiting.approval_id, "--by", "ops", "--audit", str(audit)]) == 0
-    assert api.calls("PATCH") == []
+    # issue 24: the run writes the GPUHealthy condition (nodes/status) in every mode; no other PATCH yet
+    assert {c.path for c in api.calls("PATCH")} == {"/api/v1/nodes/gpu-a/status", "/api/v1/nodes/gpu-b/status"}
     assert main(["actuator", "run", "--mode", "approve", "--rounds", "1", "--interval", "0.01", *args]) == 0
     assert api.get(CORE, "nodes", "gpu-a")["spec"]["unschedulable"] is True
 

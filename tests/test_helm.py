@@ -496,7 +496,7 @@ def test_rbac_exists_only_with_remediation_and_grants_only_its_verbs(all_combina
                     granted.setdefault(resource, set()).update(rule["verbs"])
         # The exact verbs per remediation.actions switch: tests/test_helm_remediation.py; the scheduler's:
         # tests/test_helm_scheduling.py (its own Secret and webhook configuration, by name).
-        assert set(granted) <= {"nodes", "pods", "pods/eviction", "events", "namespaces", "jobs", "jobs/status", "jobsets",
+        assert set(granted) <= {"nodes", "nodes/status", "pods", "pods/eviction", "events", "namespaces", "jobs", "jobs/status", "jobsets",
                                 "leases", "poddisruptionbudgets", "priorityclasses", "workloads", "clusterqueues",
                                 "workloadpriorityclasses", "localqueues", "secrets", "mutatingwebhookconfigurations"}, \
             (sets, sorted(granted))

@@ -37,7 +37,8 @@ def test_a_default_install_has_no_write_verb_and_no_actuator(helm):
 
 
 @pytest.mark.parametrize("sets, expected", [
-    ([], {("ClusterRole", "nodes"): {"patch"}, ("ClusterRole", "pods/eviction"): {"create"}}),
+    ([], {("ClusterRole", "nodes"): {"patch"}, ("ClusterRole", "pods/eviction"): {"create"},
+          ("ClusterRole", "jobs"): {"patch"}}),  # jobs: a suspend-first drain (issue 24)
     (["remediation.actions.health=false", "remediation.actions.idle=true"],
      {("ClusterRole", "pods"): {"patch"}, ("ClusterRole", "pods/eviction"): {"create"},
       ("ClusterRole", "events"): {"create"}, ("ClusterRole", "jobs"): {"patch"}}),
@@ -47,9 +48,11 @@ def test_a_default_install_has_no_write_verb_and_no_actuator(helm):
     (["remediation.actions.health=false"], {}),
 ], ids=["health", "idle", "scheduling-kueue", "observe-only"])
 def test_write_verbs_are_exactly_those_of_the_actions_switched_on(helm, sets, expected):
-    docs = render(helm, "remediation.enabled=true", *sets)
+    # Acting modes (observe renders no action verb, issue 24: tests/test_helm_least_privilege.py).
+    docs = render(helm, "remediation.enabled=true", "remediation.mode=auto", *sets)
     granted = writes(docs)
-    lease_and_event = {("Role", "leases"): {"create", "patch"}, ("Role", "events"): {"create"}}
+    lease_and_event = {("Role", "leases"): {"create", "patch"}, ("Role", "events"): {"create"},
+                       ("ClusterRole", "nodes/status"): {"patch"}}  # GPUHealthy, every mode
     assert granted == {**expected, **lease_and_event}
     role = one(docs, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE  # leases and breaker Events only beside the actuator

@@ -8,6 +8,7 @@ merge patches with resourceVersion conflicts, the Eviction subresource with PDB 
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timedelta, UTC
 
@@ -73,8 +74,11 @@ def test_a_health_finding_cordons_the_node_is_audited_with_its_findings_and_undo
 
     assert [(e.outcome, e.kind, e.target) for e in entries] == [(Outcome.APPLIED, "cordon", "n1")]
     (patch,) = api.calls("PATCH", "/nodes/")
-    assert (patch.path, patch.body, patch.content_type) == ("/api/v1/nodes/n1", {"spec": {"unschedulable": True}},
-                                                            "application/merge-patch+json")
+    # issue 24: the cordon carries its owner (gpuwarden, the finding, when) in the same PATCH
+    owner = json.loads(patch.body["metadata"]["annotations"]["gpuwarden.io/cordoned"])
+    assert owner == {"by": "gpuwarden", "finding": "off-the-bus on GPU-n1-3", "at": NOW.isoformat()}
+    assert (patch.path, patch.body["spec"], patch.content_type) == ("/api/v1/nodes/n1", {"unschedulable": True},
+                                                                    "application/merge-patch+json")
     assert api.get(CORE, "nodes", "n1")["spec"]["unschedulable"] is True
     (logged,) = audit_of(tmp_path)
     assert logged["findings"][0]["kind"] == "off-the-bus" and logged["findings"][0]["gpu_uuid"] == "GPU-n1-3"
@@ -83,8 +87,9 @@ def test_a_health_finding_cordons_the_node_is_audited_with_its_findings_and_undo
 
     undone = actuator.undo(logged["entry_id"], by="alice")
     assert undone.outcome == Outcome.UNDONE and undone.kind == "uncordon"
-    assert api.calls("PATCH", "/nodes/")[-1].body == {"spec": {"unschedulable": None}}
+    assert api.calls("PATCH", "/nodes/")[-1].body["spec"] == {"unschedulable": None}
     assert "unschedulable" not in api.get(CORE, "nodes", "n1")["spec"]
+    assert "gpuwarden.io/cordoned" not in api.get(CORE, "nodes", "n1")["metadata"].get("annotations", {})
     with pytest.raises(ValueError, match="already undone"):
         actuator.undo(logged["entry_id"], by="alice")
 

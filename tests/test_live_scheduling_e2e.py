@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 import pytest
 from fake_job_controller import RUN_SECONDS_ANNOTATION
 from fake_kube_api import BATCH, CORE, FakeKubeAPI
-from gated_scenario import PRIORITY_CLASSES, START_SECONDS, TEAMS, FakeCluster, build, install_cluster, job_manifest, submit_due
+from gated_scenario import PRIORITY_CLASSES, TEAMS, FakeCluster, build, install_cluster, job_manifest, submit_due
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import ADMITTED_NODE_ANNOTATION, QUEUE_POSITION_ANNOTATION, SUSPENDED_BY_ANNOTATION
+from gpuwarden.actuator.kube.gates import ADMITTED_NODE_ANNOTATION, QUEUE_POSITION_ANNOTATION
 from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionKind
 from gpuwarden.fleet.clock import ModelClock

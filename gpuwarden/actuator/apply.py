@@ -16,7 +16,8 @@ the circuit breaker opens: nothing more is applied, a metric and an Event say so
 resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
 action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
 maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
-once as blocked, never tripping the breaker, and applied at a round inside it.
+once as blocked, never tripping the breaker, and applied at a round inside it. Options: pacing by
+outcome (:mod:`.pacing`), repair (:mod:`.repair`), node conditions in every mode (:mod:`.node_health`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, a
                     finding_record, new_id)
 from .limits import Budget, SafetyLimits, applied_since, parse_at
 from .maintenance import MaintenanceWindow
+from .node_health import publish_health
+from .pacing import Pacer, PacingPolicy, Verdict
 from .plan import Plan, PlannedAction
+from .repair import Repair
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -81,7 +85,10 @@ class Actuator:
     def __init__(self, cluster: Cluster, mode: Mode | str = Mode.OBSERVE, limits: SafetyLimits | None = None,
                  audit: AuditLog | None = None, clock: Clock = SYSTEM_CLOCK,
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
-                 window: MaintenanceWindow | None = None) -> None:
+                 window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
+                 repair_after_healthy_seconds: float | None = None, node_conditions: bool = False) -> None:
+        """``pacing`` (auto mode; None: only the limits), ``repair_after_healthy_seconds`` (None:
+        never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default."""
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits or SafetyLimits()
@@ -94,6 +101,10 @@ class Actuator:
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
         self._breaker_noted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
+        self.pacer = Pacer(pacing, self.audit.records()) if pacing is not None else None
+        self.repair = Repair(repair_after_healthy_seconds) if repair_after_healthy_seconds is not None else None
+        self.node_conditions = node_conditions
+        self._paced: set[tuple[str, str]] = set()  # held by the pace: recorded once while held
         BREAKER_GAUGE.set(1 if self.breaker_open else 0)
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
@@ -131,6 +142,8 @@ class Actuator:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
             budget = Budget(self, snapshot)
+            if self.node_conditions:
+                publish_health(self.cluster, plan.health)
             if self.mode == Mode.OBSERVE:
                 return self._observe(plan, budget)
             out: list[AuditEntry] = []
@@ -144,6 +157,7 @@ class Actuator:
                 self._breaker_noted.clear()
             if self.window is None or self.window.is_open(self.clock.now()):
                 self._held.clear()
+            out += self._judge(plan, budget, breaker)
             for position, planned in enumerate(plan.actions):
                 action, findings = planned.action, self._findings(planned)
                 if not self.leader():
@@ -152,18 +166,18 @@ class Actuator:
                             for rest in plan.actions[position:]]
                     break
                 if breaker:
-                    if planned.key not in self._breaker_noted:
-                        self._breaker_noted.add(planned.key)
-                        out.append(self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person "
-                                               "(gpuwarden actuator reset)", findings=findings, snapshot_at=plan.snapshot_at))
+                    out += self._hold_once(self._breaker_noted, planned, Outcome.BLOCKED, "circuit breaker open: "
+                                           "waiting for a person (gpuwarden actuator reset)", plan.snapshot_at)
                     continue
                 held = self._held_back(action)
                 if held:
-                    if planned.key not in self._held:
-                        self._held.add(planned.key)
-                        out.append(self._entry(Outcome.BLOCKED, action, held, findings=findings,
-                                               snapshot_at=plan.snapshot_at))
+                    out += self._hold_once(self._held, planned, Outcome.BLOCKED, held, plan.snapshot_at)
                     continue
+                paced = self._pace_holds(planned, budget)
+                if paced:
+                    out += self._hold_once(self._paced, planned, Outcome.HELD, paced, plan.snapshot_at)
+                    continue
+                self._paced.discard(planned.key)
                 why = budget.why_not(action)
                 if why:
                     out.append(self._entry(Outcome.BLOCKED, action, why, findings=findings, snapshot_at=plan.snapshot_at))
@@ -173,6 +187,7 @@ class Actuator:
                     continue
                 entry = self._apply(action, budget, findings=findings, snapshot_at=plan.snapshot_at)
                 out.append(entry)
+                out += self._paced_outcome(planned, entry, budget)
                 if entry.outcome == Outcome.ERROR:
                     out += [self._entry(Outcome.NOT_APPLIED, rest.action, "an earlier action failed",
                                         findings=self._findings(rest), snapshot_at=plan.snapshot_at)
@@ -180,13 +195,25 @@ class Actuator:
                     break
             return out
 
+    def _hold_once(self, seen: set[tuple[str, str]], planned: PlannedAction, outcome: Outcome, message: str,
+                   snapshot_at: datetime | None) -> list[AuditEntry]:
+        """A hold (the breaker, the window, the pace) recorded once while it stands."""
+        if planned.key in seen:
+            return []
+        seen.add(planned.key)
+        return [self._entry(outcome, planned.action, message, findings=self._findings(planned), snapshot_at=snapshot_at)]
+
     def _observe(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
         out, seen = [], set()
         breaker = self.breaker_open
+        starts: dict[tuple[str, str], int] = {}  # what auto mode would start this round, per pool and detector
         for planned in plan.actions:
             held = self._held_back(planned.action)
+            paced = None if held or breaker else self._pace_holds(planned, budget, starts)
             why = held or ("circuit breaker open" if breaker else budget.why_not(planned.action))
-            if held:
+            if paced:
+                outcome, message = Outcome.HELD, f"would be held: {paced}"
+            elif held:
                 outcome, message = Outcome.BLOCKED, f"would be blocked: {held}"  # a schedule, not a fault
             elif why:
                 breaker = True  # auto mode would stop here: everything after it is blocked too
@@ -200,6 +227,32 @@ class Actuator:
                 out.append(self._entry(outcome, planned.action, message, findings=self._findings(planned),
                                        snapshot_at=plan.snapshot_at))
         self._observed = seen
+        return out
+
+    # -- pacing and repair -------------------------------------------------------------------------------
+    def _pace_holds(self, planned: PlannedAction, budget: Budget,
+                    starts: dict[tuple[str, str], int] | None = None) -> str | None:
+        return None if self.pacer is None else self.pacer.holds(planned.action, planned.findings, budget.current(),
+                                                                self.clock.now(), starts)
+
+    def _paced_outcome(self, planned: PlannedAction, entry: AuditEntry, budget: Budget) -> list[AuditEntry]:
+        if self.pacer is None:
+            return []
+        verdict = self.pacer.outcome(planned.action, planned.findings, budget.current(), self.clock.now(),
+                                     entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
+        return [self._pace_entry(verdict)] if verdict is not None else []
+
+    def _pace_entry(self, verdict: Verdict) -> AuditEntry:
+        self.audit.record(entry := verdict.entry(self.clock.now(), self.mode, self.name))
+        return entry
+
+    def _judge(self, plan: Plan, budget: Budget, breaker: bool) -> list[AuditEntry]:
+        """Pace verdicts on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
+        now, current = self.clock.now(), budget.current()
+        out = [self._pace_entry(v) for v in self.pacer.observe(current, plan.health, now)] if self.pacer else []
+        if self.repair is not None and not breaker:
+            out += [self._apply(a, budget, by="repair") for a in self.repair.actions(self.audit.records(), current,
+                                                                                     plan.health, now)]
         return out
 
     def _queue(self, plan: Plan) -> list[AuditEntry]:

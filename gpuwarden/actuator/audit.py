@@ -47,6 +47,8 @@ class Outcome(str, enum.Enum):
     BREAKER_OPEN = "breaker-open"
     BREAKER_RESET = "breaker-reset"
     UNDONE = "undone"  # a person took an applied action back; ``undo_of`` names it
+    HELD = "held-by-pace"  # a disruptive action waiting for its pool and detector's pace (auto; observe: would be)
+    PACED = "paced"  # a pace event: a disruptive action started, proven or failed, and the window it leaves
 
 
 def breaker_open_in(records: Iterable[Mapping[str, Any]]) -> bool:

@@ -55,7 +55,7 @@ class Budget:
         self.applied = actuator.applied_in_last_hour()
         self.removed: set[str] | None = None
 
-    def _current(self) -> ClusterSnapshot:
+    def current(self) -> ClusterSnapshot:
         """The round's snapshot, read from the cluster the first time a limit needs it."""
         if self.snapshot is None:
             self.snapshot = self.actuator.cluster.snapshot()
@@ -63,7 +63,7 @@ class Budget:
 
     def _removed(self) -> set[str]:
         if self.removed is None:
-            snapshot = self._current()
+            snapshot = self.current()
             own = {n for n, taints in snapshot.taints.items() if any(t.startswith(OWN_TAINT_PREFIX) for t in taints)}
             self.removed = set(snapshot.cordoned) | own
         return self.removed
@@ -74,7 +74,7 @@ class Budget:
             return f"{self.applied} actions in the last hour; limit {limits.max_actions_per_hour}"
         if action.kind in _REMOVES_NODE:
             removed = self._removed() | {action.target}
-            total = max(1, len(self._current().nodes))
+            total = max(1, len(self.current().nodes))
             ratio = len(removed) / total
             if ratio > limits.max_cordoned_node_ratio:
                 return (f"would leave {len(removed)} of {total} nodes cordoned or tainted ({ratio:.0%}); "

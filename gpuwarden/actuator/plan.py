@@ -18,7 +18,7 @@ a separate step (:mod:`gpuwarden.actuator.apply`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from datetime import datetime
@@ -57,6 +57,11 @@ class PlanningPolicy:
     notify_grace_seconds: float = 3600.0  # idle this long before the owner is told
     reclaim_grace_seconds: float = 3600.0  # after the notice, this long before the GPU is taken back
     suspend_grace_seconds: int = 120  # a checkpointable workload's time to save before it stops
+    # A drain's mode unless a node or namespace label gpuwarden.io/drain-mode says otherwise: a
+    # critical finding drains now, a warning cordons and lets pods finish up to the timeout.
+    drain_mode_by_severity: Mapping[str, str] = field(default_factory=lambda: {
+        Severity.CRITICAL.value: "immediate", Severity.WARNING.value: "allow-completion"})
+    drain_completion_seconds: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class Plan:
     actions: tuple[PlannedAction, ...]
     skipped: tuple[tuple[Finding, str], ...] = field(default=())  # finding and why it led to nothing
     snapshot_at: datetime | None = None
+    # Open health findings per node (those that pass the policy's severity and confidence bars,
+    # acted on or not): what the node condition says, and what pacing and repair wait to see clear.
+    health: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
 
 
 def _label_true(labels: Mapping[str, str] | None, key: str) -> bool:
@@ -149,7 +157,9 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
             current[1].append(finding)
     planned = []
     for node, (kind, evidence) in sorted(strongest.items()):
-        params = {"taint": policy.taint} if kind == ActionKind.TAINT else {}
+        params: dict[str, Any] = {"taint": policy.taint} if kind == ActionKind.TAINT else {}
+        if kind == ActionKind.DRAIN:
+            params = drain_defaults(evidence, policy)
         reason = "; ".join(sorted({f"{f.kind} on {f.gpu_uuid or node}" for f in evidence}))
         node_action = Action(kind, node, reason, params)
         standing = already_standing(node_action, snapshot, policy, index)
@@ -158,6 +168,22 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
             continue
         planned.append(PlannedAction(node_action, tuple(evidence)))
     return planned
+
+
+def drain_defaults(findings: Iterable[Finding], policy: PlanningPolicy) -> dict[str, Any]:
+    """A drain's mode by its most severe finding, and the time pods may take to finish."""
+    worst = max((f.severity for f in findings), key=_SEVERITY_RANK.__getitem__, default=Severity.WARNING)
+    return {"mode": policy.drain_mode_by_severity.get(worst.value, "immediate"),
+            "timeout_seconds": policy.drain_completion_seconds, "severity": worst.value}
+
+
+def open_health(findings: Iterable[Finding], policy: PlanningPolicy) -> dict[str, tuple[Finding, ...]]:
+    """Node -> its open health findings that pass the policy's bars."""
+    out: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.recommended_action in NODE_ACTIONS and finding.active and _passes(finding, policy) is None:
+            out.setdefault(finding.node, []).append(finding)
+    return {node: tuple(found) for node, found in out.items()}
 
 
 class _Index:
@@ -283,7 +309,7 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
     index = _Index(snapshot)
     actions = _node_plan(node_findings, snapshot, policy, skipped, index) + _workload_plan(
         workload_findings, snapshot, policy, now, skipped, index)
-    return Plan(tuple(actions), tuple(skipped), snapshot.taken_at)
+    return Plan(tuple(actions), tuple(skipped), snapshot.taken_at, open_health(node_findings, policy))
 
 
 def merge(*plans: Plan) -> Plan:
@@ -295,4 +321,8 @@ def merge(*plans: Plan) -> Plan:
         for planned in plan.actions:
             seen.setdefault(planned.action.target, planned)
     at = next((p.snapshot_at for p in plans if p.snapshot_at), None)
-    return Plan(tuple(seen.values()), tuple(skipped), at)
+    health: dict[str, tuple[Finding, ...]] = {}
+    for plan in plans:
+        for node, found in plan.health.items():
+            health[node] = health.get(node, ()) + found
+    return Plan(tuple(seen.values()), tuple(skipped), at, health)

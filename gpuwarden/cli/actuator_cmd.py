@@ -27,6 +27,7 @@ from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy
 from gpuwarden.actuator.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.actuator.maintenance import MaintenanceWindow
+from gpuwarden.actuator.pacing import PacingPolicy
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.errors import UserError
 
@@ -85,6 +86,14 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
                              "e.g. 'tue,thu 02:00-05:00' (default: any time)")
     parser.add_argument("--protect-node", action="append", default=[], metavar="NODE",
                         help="never act on this node (repeatable; a node label gpuwarden.io/protect=true does the same)")
+    parser.add_argument("--pace-proven-after", type=positive_float, default=300.0, metavar="SECONDS",
+                        help="a cordon, drain, taint or evict is proven once its node is Ready with no open finding "
+                             "this long; each proven one doubles its pool and detector's pace (default 300)")
+    parser.add_argument("--pace-cooldown", type=positive_float, default=60.0, metavar="SECONDS",
+                        help="between two rounds that start actions of one pool and detector, +0-50%% jitter (default 60)")
+    parser.add_argument("--repair-after", type=positive_float, metavar="SECONDS",
+                        help="lift gpuwarden's own cordons and taints once the node is healthy this long "
+                             "(default: never)")
 
 
 def _window(text: str) -> MaintenanceWindow:
@@ -162,9 +171,11 @@ def kube_cluster(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeC
 
 
 def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, leader=None,
-              clock: Clock = SYSTEM_CLOCK) -> Actuator:
+              clock: Clock = SYSTEM_CLOCK, node_conditions: bool = False) -> Actuator:
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
-    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window)
+    return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window,
+                    pacing=PacingPolicy(proven_after_seconds=args.pace_proven_after, cooldown_seconds=args.pace_cooldown),
+                    repair_after_healthy_seconds=args.repair_after, node_conditions=node_conditions)  # issue 24
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
@@ -239,7 +250,8 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     if args.metrics_listen:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
-    actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock)
+    actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock,
+                         node_conditions=True)  # GPUHealthy on each GPU node in every mode (issue 24)
     reconciler = _reconciler(args, actuator, args.interval)
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from gpuwarden.dashboards import data
+from gpuwarden.dashboards import auth, data
 
 PAGES_DIR = Path(__file__).resolve().parent / "views"
 log = logging.getLogger("gpuwarden.dashboards")
@@ -101,6 +101,7 @@ def refresh_when_new_samples() -> None:
 
 
 st.set_page_config(page_title="gpuwarden", page_icon=":material/memory:", layout="wide")
+auth.require_viewer()  # issue 24: signed in to view unless the operator made it public
 navigation = st.navigation(build_pages())
 window_sidebar()
 with st.sidebar:

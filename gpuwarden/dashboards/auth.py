@@ -1,6 +1,16 @@
-"""Who is looking at the dashboard, and may they approve actions or edit team priorities?
+"""Who is looking at the dashboard: may they view it, approve actions or edit team priorities?
 
-Three ways, first that applies wins:
+Viewing (every page, :func:`require_viewer`) follows ``GPUWARDEN_VIEW_AUTH``:
+- ``public``: anyone who reaches the dashboard (the default when unset: a dashboard on a laptop;
+  the Helm chart always sets it, and sets ``public`` only when ``dashboard.auth.public=true``);
+- ``proxy``: an auth proxy in front (oauth2-proxy) says who signed in with ``X-Forwarded-Email`` or
+  ``X-Auth-Request-Email``; a request with neither sees only how to sign in (so the dashboard must be
+  reachable only through the proxy, which strips these headers from what clients send);
+- ``oidc``: Streamlit's ``st.login`` (``[auth]`` in ``secrets.toml``).
+``GPUWARDEN_VIEWERS`` (comma-separated e-mails or ``@domain``) narrows who may view; empty: anyone
+signed in. A signed-in viewer listed in ``GPUWARDEN_APPROVERS`` or ``GPUWARDEN_ADMINS`` holds those roles.
+
+Roles (approver, admin), three ways, first that applies wins:
 
 1. **OIDC** through Streamlit's ``st.login`` when ``[auth]`` is configured in
    ``.streamlit/secrets.toml``: the signed-in e-mail is the name; it is an approver if listed in
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +42,17 @@ TOKEN_SOURCES = {
 }
 LIST_ENVS = {"approver": "GPUWARDEN_APPROVERS", "admin": "GPUWARDEN_ADMINS"}
 SESSION_KEY = "_gpuwarden_identity"
+VIEW_AUTH_ENV = "GPUWARDEN_VIEW_AUTH"
+VIEWERS_ENV = "GPUWARDEN_VIEWERS"
+VIEW_MODES = ("public", "proxy", "oidc")
+PROXY_HEADERS = ("X-Forwarded-Email", "X-Auth-Request-Email")  # oauth2-proxy's, with and without --set-xauthrequest
 
 
 @dataclass(frozen=True)
 class Identity:
     name: str
     roles: frozenset[str]
-    how: str  # "oidc" | "token" | "demo"
+    how: str  # "oidc" | "proxy" | "token" | "demo" | "public"
 
     def can(self, role: str) -> bool:
         return role in self.roles
@@ -90,15 +105,83 @@ def configured() -> bool:
     return bool(os.environ.get(DEMO_APPROVER_ENV, "").strip()) or oidc_configured() or any(tokens(r) for r in TOKEN_SOURCES)
 
 
+def view_mode() -> str:
+    """``GPUWARDEN_VIEW_AUTH``, checked: ValueError naming it and the allowed values."""
+    mode = os.environ.get(VIEW_AUTH_ENV, "").strip().lower() or "public"
+    if mode not in VIEW_MODES:
+        raise ValueError(f"{VIEW_AUTH_ENV}={mode!r} is not one of: {', '.join(VIEW_MODES)}")
+    return mode
+
+
+def proxy_email(headers: Mapping[str, str]) -> str | None:
+    """The signed-in e-mail an auth proxy put in the request headers (names are case-insensitive)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name in PROXY_HEADERS:
+        value = (lowered.get(name.lower()) or "").strip()
+        if value:
+            return value
+    return None
+
+
+def may_view(email: str, viewers: str) -> bool:
+    """Whether ``email`` is in ``viewers`` (comma-separated e-mails or ``@domain``; empty: anyone)."""
+    allowed = [v.strip().lower() for v in viewers.split(",") if v.strip()]
+    email = email.strip().lower()
+    return not allowed or any(email == v or (v.startswith("@") and email.endswith(v)) for v in allowed)
+
+
+def _signed_in(email: str, how: str) -> Identity:
+    return Identity(email, frozenset(r for r in LIST_ENVS if _listed(r, email)), how)
+
+
+def viewer() -> Identity | None:
+    """Who views the page under :func:`view_mode` (public: an anonymous viewer), or None."""
+    mode = view_mode()
+    if mode == "public":
+        return identity() or Identity("anyone", frozenset(), "public")
+    if mode == "proxy":
+        email = proxy_email(dict(st.context.headers))
+        return _signed_in(email, "proxy") if email else None
+    if getattr(st.user, "is_logged_in", False):
+        return _signed_in(str(st.user.get("email") or st.user.get("name") or ""), "oidc")
+    return None
+
+
+def require_viewer() -> Identity:
+    """The viewer, or the page says how to sign in and stops (every page, before it draws)."""
+    try:
+        who = viewer()
+    except ValueError as error:
+        st.error(f"The dashboard's sign-in is misconfigured: {error}.", icon=":material/error:")
+        st.stop()
+    open_to_all = view_mode() == "public" or (who is not None and who.how == "demo")
+    if who is not None and (open_to_all or may_view(who.name, os.environ.get(VIEWERS_ENV, ""))):
+        return who
+    st.title("Sign in to view gpuwarden")
+    if who is not None:
+        st.error(f"{who.name} is signed in but is not among this dashboard's viewers ({VIEWERS_ENV}).")
+    elif view_mode() == "proxy":
+        st.info(f"This dashboard is viewed through its sign-in proxy, which sets {' or '.join(PROXY_HEADERS)}; "
+                "this request came without one. Open it through the proxy's address.", icon=":material/lock:")
+    elif oidc_configured():
+        st.button("Log in", on_click=st.login, help="Sign in with your organisation's identity provider.")
+    else:
+        st.error("OIDC sign-in is asked for but Streamlit has no [auth] section in secrets.toml.")
+    st.stop()
+    raise AssertionError("unreachable")  # st.stop ends the script run
+
+
 def identity() -> Identity | None:
     """The current user, if any way of signing in has said who they are."""
     demo = os.environ.get(DEMO_APPROVER_ENV, "").strip()
     if demo:
         return Identity(demo, frozenset({"approver", "admin"}), "demo")
+    if os.environ.get(VIEW_AUTH_ENV, "").strip().lower() == "proxy":
+        email = proxy_email(dict(st.context.headers))
+        if email:
+            return _signed_in(email, "proxy")
     if oidc_configured() and getattr(st.user, "is_logged_in", False):
-        email = str(st.user.get("email") or st.user.get("name") or "")
-        roles = frozenset(r for r in LIST_ENVS if _listed(r, email))
-        return Identity(email, roles, "oidc")
+        return _signed_in(str(st.user.get("email") or st.user.get("name") or ""), "oidc")
     return st.session_state.get(SESSION_KEY)
 
 
@@ -112,7 +195,7 @@ def sign_in(role: str) -> Identity | None:
             st.caption(f"Signed in as **{who.name}** ({who.how}).")
             if who.how == "oidc":
                 st.button("Log out", on_click=st.logout)
-            else:
+            elif who.how == "token":
                 st.button("Sign out", on_click=lambda: st.session_state.pop(SESSION_KEY, None))
         return who
     if oidc_configured() and who is None:

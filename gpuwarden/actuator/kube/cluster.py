@@ -1,14 +1,16 @@
 """``KubeCluster``: the ``Cluster`` protocol over the Kubernetes API (official client).
 
 Actions and the requests they make:
-- cordon / uncordon: PATCH node ``spec.unschedulable``;
-- taint / untaint: GET node, PATCH ``spec.taints`` with the read ``resourceVersion`` (a 409 means
-  someone changed the node meanwhile: re-read and retry);
-- drain: cordon, then the Eviction API for each pod on the node (``spec.nodeName`` field selector),
-  skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
+- cordon / uncordon, taint / untaint: GET node, PATCH ``spec.unschedulable`` / ``spec.taints`` and
+  the owner annotations with the read ``resourceVersion`` (a 409 means someone changed the node
+  meanwhile: re-read and retry); only cordons and taints gpuwarden set are lifted (:mod:`.ownership`);
+- drain: cordon, then per drain mode (:mod:`.drain`) suspend checkpointable Jobs, let pods finish,
+  or use the Eviction API for each pod on the node (``spec.nodeName`` field selector, checked again
+  on each pod), skipping DaemonSet and mirror pods; a PodDisruptionBudget's 429 is "blocked, retry later";
 - bind (admit): per gated pod of the workload, one merge PATCH that removes gpuwarden's gate and
   narrows the pod to its planned node (:mod:`.admission`); every pod is checked present and gated
   before the first PATCH, and a failure midway names the pods already admitted;
+- set-mig-config: a drained node's ``nvidia.com/mig.config`` label (:mod:`.mig_config`);
 - suspend / resume: a Kueue Workload's ``spec.active`` where Kueue manages the job, else
   ``batch/v1`` Job (or JobSet) ``spec.suspend``; ``params['by']`` writes who suspended it
   (``gpuwarden.io/suspended-by``), which a resume clears. A Job in a queue namespace
@@ -30,25 +32,26 @@ Every result is an ``ActionResult``: ok, or a permanent or temporary failure wit
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot
+from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot, Finding
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from . import conditions, drain
 from .admission import admit_pods, pod_nodes
-from .gates import SUSPENDED_BY_ANNOTATION
+from .drain import drain_labels
+from .gates import CHECKPOINT_ANNOTATION, SUSPENDED_BY_ANNOTATION
 from .inventory import ADMISSION_TIMEOUT_SECONDS, KUEUE, Inventory, read_snapshot
 from .inventory_nodes import DEFAULT_LABELS, NodeLabels
 from .mig_config import set_mig_config
+from .ownership import DRAINING_ANNOTATION, cordon_patch, parse_since, taint_patch, uncordon_patch, untaint_patch
 from .pinning import pinned_nodes, resume_pinned_patch
-from .queue_notes import annotate_objects
+from .queue_notes import JOBSET, WorkloadNotes
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
-JOBSET = ("jobset.x-k8s.io", "v1alpha2")
-PYTORCHJOB = ("kubeflow.org", "v1")
 CONFLICT_RETRIES = 3
 
 Done = tuple[str, Action | None]  # what an action handler did, and the action that takes it back
@@ -63,7 +66,7 @@ def _taint(text: str) -> Json:
     return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
 
 
-class KubeCluster:
+class KubeCluster(WorkloadNotes):
     def __init__(self, api: KubeApi, namespace: str = "gpuwarden", page_size: int = 500,
                  clock: Clock = SYSTEM_CLOCK, event_source: str = "gpuwarden-actuator",
                  labels: NodeLabels = DEFAULT_LABELS,
@@ -132,69 +135,93 @@ class KubeCluster:
                              _content_type=MERGE_PATCH)
 
     def _do_cordon(self, action: Action) -> Done:
-        self._patch_node(action.target, {"spec": {"unschedulable": True}})
+        node = self._read_node(action.target)
+        patch, owned = cordon_patch(node, action.reason, self.clock.now())
+        if not owned:
+            return f"{action.target} was already cordoned by someone else; left as theirs", None
+        self._patch_node(action.target, patch)
         return f"cordoned {action.target}", Action(ActionKind.UNCORDON, action.target, "undo cordon")
 
     def _do_uncordon(self, action: Action) -> Done:
-        self._patch_node(action.target, {"spec": {"unschedulable": None}})
+        self._patch_node(action.target, uncordon_patch(self._read_node(action.target)))
         return f"uncordoned {action.target}", None
 
-    def _edit_taints(self, name: str, edit: Callable[[list[Json]], list[Json]]) -> None:
-        """Read, edit, write with the read resourceVersion: a concurrent change is a 409, and
-        ``apply`` runs this again on a fresh read."""
-        node = self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
-        taints = edit(list((node.get("spec") or {}).get("taints") or ()))
-        self._patch_node(name, {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                                "spec": {"taints": taints}})
+    def publish_conditions(self, health: Mapping[str, Sequence[Finding]]) -> int:
+        """The ``GPUHealthy`` NodeCondition on each GPU node (:mod:`.conditions`)."""
+        return conditions.publish(self.api, health, self.clock, self.page_size)
+
+    def _read_node(self, name: str) -> Json:
+        return self.api.call(self.api.core.read_node, name, verb="get", resource="nodes")
 
     def _do_taint(self, action: Action) -> Done:
-        taint = _taint(str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule")))
-
-        def replace(taints: list[Json]) -> list[Json]:
-            return [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])] + [taint]
-
-        self._edit_taints(action.target, replace)
-        return (f"tainted {action.target} with {action.params.get('taint')}",
-                Action(ActionKind.UNTAINT, action.target, "undo taint", {"taint": action.params.get("taint")}))
+        wanted = str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule"))
+        taint = _taint(wanted)
+        patch = taint_patch(self._read_node(action.target), taint, action.reason, self.clock.now())
+        self._patch_node(action.target, patch)
+        if "spec" not in patch:
+            return f"{action.target} already carries {wanted}, set by someone else; left as theirs", None
+        return (f"tainted {action.target} with {wanted}",
+                Action(ActionKind.UNTAINT, action.target, "undo taint", {"taint": wanted}))
 
     def _do_untaint(self, action: Action) -> Done:
         wanted = action.params.get("taint")
-        taint = _taint(str(wanted)) if wanted else None
-
-        def remove(taints: list[Json]) -> list[Json]:
-            if taint is None:  # no taint named: remove them all
-                return []
-            return [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])]
-
-        self._edit_taints(action.target, remove)
-        return f"removed taint {wanted or '(all)'} from {action.target}", None
+        patch, kept = untaint_patch(self._read_node(action.target), _taint(str(wanted)) if wanted else None)
+        self._patch_node(action.target, patch)
+        theirs = f"; left {', '.join(kept)} (set by someone else)" if kept else ""
+        return f"removed taint {wanted or '(all of gpuwarden)'} from {action.target}{theirs}", None
 
     def _do_drain(self, action: Action) -> Done:
-        self._patch_node(action.target, {"spec": {"unschedulable": True}})
+        name, now = action.target, self.clock.now()
+        node = self._read_node(name)
+        fallback = drain.Setting(drain.parse_mode(action.params.get("mode", "immediate"), "the plan"),
+                                 float(action.params.get("timeout_seconds", drain.DEFAULT_COMPLETION_SECONDS)))
+        node_setting = drain.setting(node["metadata"].get("labels") or {}, fallback, f"node {name}")
         pods = self.api.list_all(self.api.core.list_pod_for_all_namespaces, resource="pods", page_size=self.page_size,
-                                 field_selector=f"spec.nodeName={action.target},status.phase!=Succeeded,status.phase!=Failed")
-        evicted, skipped = 0, 0
-        blocked: list[str] = []
-        for pod in pods:
+                                 field_selector=f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed")
+        labels = {ns: drain_labels(self.api, ns) for ns in sorted({p["metadata"].get("namespace", "") for p in pods
+                                                                  if (p.get("spec") or {}).get("nodeName") == name})}
+        checkpointable = {}
+        for namespace, job_name in sorted(drain.jobs_to_read(name, pods, node_setting, labels)):
+            job = self.api.call(self.api.batch.read_namespaced_job, job_name, namespace, verb="get", resource="jobs")
+            notes = job["metadata"].get("annotations") or {}
+            checkpointable[(namespace, job_name)] = (str(notes.get(CHECKPOINT_ANNOTATION, "")).lower() == "true",
+                                                     bool((job.get("spec") or {}).get("suspend")))
+        patch, owned = cordon_patch(node, action.reason, now)
+        since = parse_since((node["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)) or now
+        if DRAINING_ANNOTATION not in (node["metadata"].get("annotations") or {}):
+            patch.setdefault("metadata", {}).setdefault("annotations", {})[DRAINING_ANNOTATION] = now.isoformat()
+        self._patch_node(name, patch)
+        todo = drain.plan_drain(name, pods, node_setting, labels, checkpointable, (now - since).total_seconds(),
+                                float(action.params.get("grace_seconds") or drain.DEFAULT_SUSPEND_GRACE_SECONDS))
+        if todo.foreign:
+            log.warning("drain %s: the pod list named %d pod(s) on other nodes (%s); not touched", name,
+                        len(todo.foreign), ", ".join(todo.foreign[:5]))
+        for namespace, job_name in todo.suspend_jobs:
+            self.api.call(self.api.batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": True}},
+                          verb="patch", resource="jobs", _content_type=MERGE_PATCH)
+        evicted, blocked = 0, []
+        for pod in todo.evict:
             meta = pod["metadata"]
-            daemon = any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or ())
-            mirror = "kubernetes.io/config.mirror" in (meta.get("annotations") or {})
-            if daemon or mirror:
-                skipped += 1
-                continue
             done = self._evict(meta.get("namespace", ""), meta["name"], action.params.get("grace_seconds"))
             if done is not False:
                 evicted += 1
             else:
                 blocked.append(f"{meta.get('namespace')}/{meta['name']}")
-        message = f"drained {action.target}: {evicted} pod(s) evicted, {skipped} DaemonSet/mirror pod(s) left"
+        message = (f"drained {name} ({node_setting.mode.value}): {evicted} pod(s) evicted, "
+                   f"{len(todo.suspend_jobs)} checkpointable Job(s) suspended, {todo.left} DaemonSet/mirror pod(s) left"
+                   + (f", {len(todo.foreign)} pod(s) listed on other nodes not touched" if todo.foreign else ""))
         if blocked:
             raise KubeFailure(429, f"{message}; {len(blocked)} blocked by a PodDisruptionBudget ({', '.join(blocked[:5])}): "
                                    "retry later (the node stays cordoned)", True)
-        return message, Action(ActionKind.UNCORDON, action.target, "undo drain (evicted pods are recreated elsewhere)")
+        if todo.waiting:
+            raise KubeFailure(None, f"{message}; {len(todo.waiting)} pod(s) allowed to finish or save first "
+                                    f"({', '.join(todo.waiting[:5])}): retry later (the node stays cordoned)", True)
+        undo = Action(ActionKind.UNCORDON, name, "undo drain (evicted pods are recreated elsewhere)") if owned else None
+        return message, undo
 
     def _evict(self, namespace: str, pod: str, grace_seconds: Any = None) -> bool | None:
-        """True once evicted, None if already gone, False if a PodDisruptionBudget said not now."""
+        """True once evicted, None if already gone, False if a PodDisruptionBudget said not now.
+        The caller checked the pod's ``spec.nodeName`` (drain) or took it from the snapshot."""
         body: Json = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": int(grace_seconds)}
@@ -363,36 +390,3 @@ class KubeCluster:
                           {"metadata": {"annotations": {annotation: at}}}, verb="patch", resource="pods",
                           _content_type=MERGE_PATCH)
         return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
-
-
-    # queue visibility
-    def _owner_object(self, target: str) -> Json | None:
-        """The workload's owner as an Event's involvedObject (Job, JobSet, PyTorchJob), or None."""
-        _, name, controller = self._workload(target)
-        versions = {"Job": "batch/v1", "JobSet": "/".join(JOBSET), "PyTorchJob": "/".join(PYTORCHJOB)}
-        return {"kind": controller, "name": name, "apiVersion": versions[controller]} if controller in versions else None
-
-    def record_workload_event(self, target: str, reason: str, message: str, type: str = "Normal") -> int:  # noqa: A002 - the Event's field
-        """An Event on the workload's owner (Job, JobSet, PyTorchJob), else on each of its pods; the
-        Events posted. A failure is logged, never raised: the queue's news never stops a round."""
-        try:
-            namespace, _, _ = self._workload(target)
-            owner = self._owner_object(target)
-            involved = [owner] if owner else [{"kind": "Pod", "name": p, "apiVersion": "v1"}
-                                              for p in self.inventory.pods.get(target, ())]
-            for obj in involved:
-                self._event(namespace, obj, reason, message, type)
-        except (KubeFailure, LookupError) as error:
-            log.warning("event %s on %s: %s", reason, target, error)
-            return 0
-        return len(involved)
-
-    def annotate_workload(self, target: str, values: Mapping[str, str | None]) -> int:
-        """Set (None: remove) annotations on the workload's pods and Job, one merge PATCH per object
-        whose values differ from the last snapshot's; the PATCHes sent. Failures are logged."""
-        try:
-            namespace, _, _ = self._workload(target)
-        except LookupError as error:
-            log.warning("annotate %s: %s", target, error)
-            return 0
-        return annotate_objects(self.api, namespace, self.inventory.objects.get(target, {}), values)

@@ -9,6 +9,7 @@ import streamlit as st
 
 from gpuwarden.actuator import approvals
 from gpuwarden.actuator import audit_report as av
+from gpuwarden.actuator.pacing import pace_rows
 from gpuwarden.analytics.health_report import findings_on_node
 from gpuwarden.analytics.windows import window_for
 from gpuwarden.dashboards import auth, data, show
@@ -51,6 +52,15 @@ c1.metric("Awaiting approval", len(waiting))
 c2.metric("Planned (observe)", int((frame["outcome"] == "planned").sum()))
 c3.metric("Applied", int((frame["outcome"] == "applied").sum()))
 c4.metric("Blocked or refused", int(frame["outcome"].isin(["blocked-by-limit", "refused", "error"]).sum()))
+
+paced = pace_rows(entries)
+if paced:
+    st.subheader("Pace")
+    st.caption("Disruptive actions (cordon, drain, taint, evict) per node pool and detector: one in flight at "
+               "first, doubled after each proven success (the node Ready with no open finding), back to one after "
+               "a failure, a jittered cooldown between; the circuit breaker stays the outer limit. "
+               f"{int((frame['outcome'] == 'held-by-pace').sum())} action(s) held by the pace in this log.")
+    st.dataframe(pd.DataFrame(paced), hide_index=True, width="stretch")
 
 health_findings = None
 info = data.store_info()
