@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import math
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -76,10 +75,6 @@ class CountingApi(KubeApi):
 
 def build(api: FakeKubeAPI, nodes: int, gated: int) -> dict[str, int]:
     """The fleet; returns how many objects each listed resource holds."""
-    # The fake writes a response's headers and body in two sends: with Nagle's algorithm the body
-    # waits for the client's delayed ACK (~40 ms a request), which a real API server never costs.
-    # Accepted sockets inherit TCP_NODELAY from the listening one.
-    api._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # noqa: SLF001 - bench only
     for n in range(NAMESPACES):
         namespace(api, f"team-{n}", {QUEUE_LABEL: f"team-{n}"}, {"gpuwarden.io/guaranteed-gpus": str(8 * nodes // NAMESPACES),
                                                   "gpuwarden.io/burst-gpus": str(16 * nodes // NAMESPACES)})

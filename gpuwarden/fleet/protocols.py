@@ -90,6 +90,9 @@ class WorkloadState:
     # GPU-seconds of service received so far (whole-GPU equivalents x seconds run), what LAS orders
     # the queue by. The simulator counts it; a live cluster reports 0 until it is measured (issue 21).
     attained_gpu_seconds: float = 0.0
+    # Its pods are on their way out (a suspend or preemption their controller is carrying out): they
+    # hold their GPUs until gone, as kube-scheduler counts them, and cannot be stopped again.
+    stopping: bool = False
 
 
 @dataclass(frozen=True)

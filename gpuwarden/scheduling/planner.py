@@ -137,7 +137,8 @@ def _job_of(ws: WorkloadState, origin: datetime, known: KnownJobs | None) -> Job
         )
     job.priority, job.progress, job.attained = RANK[_priority_of(ws)], ws.progress_seconds, ws.attained_gpu_seconds
     job.duration, job.placements, job.avoid_nodes = ws.duration_seconds, [], frozenset()
-    job.preempted_at, job.protected_until = [-1.0] * ws.preemptions, -math.inf
+    job.preempted_at = [-1.0] * ws.preemptions
+    job.protected_until = math.inf if ws.stopping else -math.inf  # a stopping workload is no victim
     # the latest (re)start; one that ran before (suspended) starts again as a RESUME
     job.started = (ws.started_at - origin).total_seconds() if ws.started_at is not None else \
         0.0 if ws.phase in (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED) else None

@@ -16,7 +16,8 @@ A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs
 ``parallelism`` (no more than the completions left), the gang-size label, else the pods seen, less
 the pods it holds. A gang missing pods is pending at its full size; admitting it is refused until
 every pod is there (``KubeCluster`` BIND). A workload holding pods and waiting for more (a Job's
-replacement pod) holds its running pods under ``<name>~held`` and queues the rest under its name.
+replacement pod) holds its running pods under ``<name>~held`` and queues the rest under its name;
+a suspended Job whose pods are still stopping holds them there too, marked ``stopping`` (no victim).
 A pod whose GPU request cannot be read (an unparseable quantity, an unknown MIG profile, shares
 no node offers) leaves its workload out, named in ``Inventory.refused`` with the reason.
 """
@@ -300,6 +301,10 @@ class WorkloadReader:
             if suspended:
                 out.append(self._state(key, group, w, WorkloadPhase.SUSPENDED, group.size or max(
                     1, len(group.held) + len(group.gated)), (), pools, milli))
+                if group.held:  # its pods are still stopping: their GPUs stay taken until they are gone
+                    placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                    out.append(self._state(key + HELD_SUFFIX, group, w, WorkloadPhase.RUNNING, len(group.held),
+                                           placements, pools, milli, stopping=True))
                 continue
             held_key = key + HELD_SUFFIX if group.gated else key
             if group.held:
@@ -314,7 +319,8 @@ class WorkloadReader:
         return out
 
     def _state(self, key: str, group: Group, w: Json | None, phase: WorkloadPhase, gang_size: int,
-               placements: tuple[Placement, ...], pools: tuple[str, ...], milli: int) -> WorkloadState:
+               placements: tuple[Placement, ...], pools: tuple[str, ...], milli: int,
+               stopping: bool = False) -> WorkloadState:
         inventory = self.inventory
         inventory.controller[key] = group.controller
         inventory.pods[key] = list(group.pod_names)
@@ -348,7 +354,7 @@ class WorkloadReader:
             workload=workload, phase=phase, submitted_at=min(group.created) if group.created else self.now,
             started_at=min(started) if started else None, placements=placements, controller=group.controller,
             pods=tuple(group.pod_names), annotations=notes,
-            priority_override=self._override(key, notes, priority_name),
+            priority_override=self._override(key, notes, priority_name), stopping=stopping,
         )  # attained_gpu_seconds stays 0: the scheduler loop fills it from metrics
 
     def _override(self, key: str, notes: Mapping[str, str], priority_name: str | None) -> str | None:
