@@ -35,6 +35,8 @@ USER_ERRORS = {
     "gpuwarden.sim.config.ConfigError", "gpuwarden.exporter.main.ExporterError",
     "gpuwarden.exporter.replay.files.ReplayError", "gpuwarden.cli.demo.DemoError", "gpuwarden.cli.demo.DashboardError",
     "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
+    "gpuwarden.cli.actuator_cmd.SchedulingMoved", "gpuwarden.actuator.submit.PortalError",
+    "gpuwarden.cli.queue_cmd.SchedulerUnreachable",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
@@ -43,6 +45,7 @@ NOT_USER_ERRORS = {
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",
     "gpuwarden.actuator.kube.api.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
+    "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
 }
 
 

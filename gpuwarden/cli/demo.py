@@ -37,7 +37,8 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
 from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH, TEMPLATES_ENV
 
 from .args import host_port, number, plain, port
-from .demo_live import HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, portal_submitter
+from .demo_live import (HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, count_series,
+                        portal_submitter)
 from .queue_cmd import SCHEDULER_URL_ENV
 from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
@@ -346,16 +347,6 @@ def wait_for_dashboard(process: subprocess.Popen, url: str, port: int, timeout_s
 
 def audit_path(store_path: Path) -> Path:
     return Path(store_path) / "actuator" / "audit.jsonl"  # where the Actions page looks by default
-
-
-def count_series(url: str) -> int:
-    """Scrape our own exporter once, as Prometheus would, to report what it serves."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = response.read().decode()
-    except OSError:
-        return 0
-    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
 
 
 def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, series: int, run_seconds: float,

@@ -12,6 +12,8 @@ Jobs (each an APScheduler ``IntervalTrigger`` on the runner's clock, see :mod:`g
 
 from __future__ import annotations
 
+import urllib.request
+
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,3 +117,13 @@ def portal_submitter(simulation: Simulation, requested_by_annotation: str, templ
         return key, f"{key} submitted by {identity}; it waits in the queue until the scheduler admits it"
 
     return submit
+
+
+def count_series(url: str) -> int:
+    """Scrape our own exporter once, as Prometheus would, to report what it serves."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read().decode()
+    except OSError:
+        return 0
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
