@@ -28,6 +28,7 @@ def test_a_client_that_keeps_pipelining_and_never_reads_is_dropped_at_the_write_
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", service.port))
     sock.settimeout(0.2)
+    wait_for(lambda: service._server.open_connections == 1, what="connection open")
     largest_buffer_bytes = 0
     sent_requests = 0
     started_at = time.monotonic()
@@ -56,3 +57,137 @@ def test_a_client_that_keeps_pipelining_and_never_reads_is_dropped_at_the_write_
     assert largest_buffer_bytes <= answer_bytes + 1024, (largest_buffer_bytes, answer_bytes)
     wait_for(lambda: service._server.open_connections == 0, what="closed")
     assert service._server.open_connections == 0
+
+
+# -- a scripted HTTP server: each test says how it answers ----------------------------------------
+class Scripted:
+    """A real HTTP server on 127.0.0.1 whose every answer is ``answer(handler)``."""
+
+    def __init__(self, answer) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                answer(self)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                answer(self)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def trickle(handler) -> None:
+    """A 200 whose JSON body arrives one byte every 0.2 s: each socket read is quick, the answer never is."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    try:
+        for _ in range(1000):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.2)
+    except OSError:
+        pass
+
+
+def late(handler) -> None:
+    """Answers, correctly, after 5 s."""
+    time.sleep(5)
+    json_answer({"status": "success", "data": {"resultType": "vector", "result": []}})(handler)
+
+
+def json_answer(payload):
+    import json
+
+    body = json.dumps(payload).encode()
+
+    def answer(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return answer
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str, float]:
+    from gpuwarden.cli import main
+
+    capsys.readouterr()
+    began = time.monotonic()
+    code = main(argv)
+    elapsed_s = time.monotonic() - began
+    out, err = capsys.readouterr()
+    return code, out, err, elapsed_s
+
+
+# -- 7. whole-request deadlines ------------------------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("answer", [trickle, late], ids=["trickled-body", "answer-after-deadline"])
+def test_a_slow_prometheus_fails_at_the_timeout_not_per_socket_read(answer, capsys):
+    server = Scripted(answer)
+    try:
+        code, _, err, elapsed_s = run_cli(["report", "idle", "--source", "prometheus", "--prometheus-url", server.url,
+                                           "--prometheus-timeout", "1"], capsys)
+    finally:
+        server.close()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "no whole answer within 1 s (--prometheus-timeout)" in err
+    assert elapsed_s < 2.5, elapsed_s  # the timeout plus a small margin (it used to be unbounded)
+
+
+def test_the_scraper_gives_up_on_a_trickling_target_at_its_timeout(tmp_path):
+    from gpuwarden.store import LocalStore
+    from gpuwarden.store.scraper import Scraper
+
+    server = Scripted(trickle)
+    try:
+        scraper = Scraper([server.url + "/metrics"], LocalStore(tmp_path / "s"), timeout_seconds=0.5)
+        began = time.monotonic()
+        (result,) = scraper.scrape_once()
+        elapsed_s = time.monotonic() - began
+    finally:
+        server.close()
+    assert not result.ok and "within 0.5 s" in result.error, result
+    assert elapsed_s < 1.5, elapsed_s
+
+
+# -- 8. every answer checked before use ---------------------------------------------------------
+WRONG_SHAPES = {
+    "data-is-a-list": {"status": "success", "data": [1, 2]},
+    "result-is-a-dict": {"status": "success", "data": {"resultType": "vector", "result": {"a": 1}}},
+    "metric-is-text": {"status": "success", "data": {"resultType": "vector", "result": [{"metric": "x", "value": [1, "1"]}]}},
+    "value-not-a-pair": {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": 7}]}},
+    "value-not-a-number": {"status": "success", "data": {"resultType": "vector",
+                                                         "result": [{"metric": {}, "value": [1, "lots"]}]}},
+    "label-value-a-number": {"status": "success", "data": {"resultType": "vector",
+                                                           "result": [{"metric": {"UUID": 5}, "value": [1, "1"]}]}},
+    "unknown-result-type": {"status": "success", "data": {"resultType": "table", "result": [{"metric": {}}]}},
+}
+
+
+@pytest.mark.parametrize("payload", WRONG_SHAPES.values(), ids=WRONG_SHAPES.keys())
+def test_valid_json_of_the_wrong_shape_is_one_line_naming_what_was_expected(payload, capsys):
+    server = Scripted(json_answer(payload))
+    try:
+        code, _, err, _ = run_cli(["report", "idle", "--source", "prometheus", "--prometheus-url", server.url,
+                                   "--prometheus-timeout", "5"], capsys)
+    finally:
+        server.close()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "unexpected answer from Prometheus" in err and "expected" in err and "this is a bug" not in err, err

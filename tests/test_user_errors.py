@@ -35,6 +35,7 @@ USER_ERRORS = {
     "gpuwarden.sim.config.ConfigError", "gpuwarden.exporter.main.ExporterError",
     "gpuwarden.exporter.replay.files.ReplayError", "gpuwarden.cli.demo.DemoError", "gpuwarden.cli.demo.DashboardError",
     "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
+    "gpuwarden.fleet.inputs.InputFileError",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
@@ -43,6 +44,8 @@ NOT_USER_ERRORS = {
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",
     "gpuwarden.actuator.kube.api.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
+    "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",
+    "gpuwarden.store.http_fetch.AnswerTooLarge": "a server's answer too large; each client says which (PrometheusError, a failed scrape)",
 }
 
 

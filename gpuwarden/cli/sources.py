@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.durations import DurationError, parse_duration_seconds
+from gpuwarden.fleet.inputs import MAX_SECRET_FILE_BYTES, checked_input
 from gpuwarden.fleet.semantics import to_utc
 
 from .args import number
@@ -102,8 +103,8 @@ def open_prometheus(args: argparse.Namespace):
     if not args.prometheus_url:
         raise SamplesError("--source prometheus needs --prometheus-url URL (e.g. http://prometheus:9090)")
     for flag, path in (("--prometheus-token-file", args.prometheus_token_file), ("--prometheus-ca-file", args.prometheus_ca_file)):
-        if path is not None and not Path(path).is_file():
-            raise SamplesError(f"{flag} {path}: " + ("is a directory; expected a file" if Path(path).is_dir() else "no such file"))
+        if path is not None:
+            checked_input(path, flag, MAX_SECRET_FILE_BYTES)  # a FIFO would block the TLS set-up for ever
     return validated_prometheus(
         args.prometheus_url,
         step=args.prometheus_step.total_seconds(),

@@ -35,6 +35,7 @@ import pandas as pd
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.inputs import InputFileError, checked_input, samples_bound_bytes
 from gpuwarden.fleet.semantics import to_utc
 
 PANDAS_DTYPES: dict[str, str] = {
@@ -165,9 +166,30 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
             raise SamplesError(f"{_where(source, position, line_offset)}: column {name!r} is empty; it is required")
         out[name] = values
     result = pd.DataFrame(out)
+    _refuse_percent_ratios(result, source, line_offset)
     if len(result):
         _validate_rows(result, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
     return rejections.kept(result)
+
+
+def _refuse_percent_ratios(frame: pd.DataFrame, source: str, line_offset: int | None) -> None:
+    """A ``_ratio`` column written in percent (0-100) is refused whole: its rows above 1 would be
+    rejected and the rest kept as ratios (1 % read as 100 %). It looks like percent when at least
+    two values lie in (1, 100] and they are 5 % of the column or every value is a whole number;
+    a stray value above 1 stays a rejected row."""
+    for name in _RATIOS:
+        values = frame[name].to_numpy(dtype="float64", na_value=np.nan)
+        values = values[np.isfinite(values)]
+        above = values > 1.0 + 1e-9
+        count = int(above.sum())
+        if count < 2 or values.max() > 100.0:
+            continue
+        if count >= 0.05 * len(values) or bool((values % 1 == 0).all()):
+            first = int(np.flatnonzero(frame[name].to_numpy(dtype="float64", na_value=np.nan) > 1.0 + 1e-9)[0])
+            raise SamplesError(
+                f"{_where(source, first, line_offset)}: column {name!r} holds values above 1 in {count:,} of "
+                f"{len(values):,} rows (largest {values.max():g}): it looks like percent (0-100), and a _ratio "
+                "column is 0..1; divide the column by 100 (nothing was loaded)")
 
 
 class _Rejections:
@@ -295,14 +317,14 @@ def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> p
 def load_samples(path: str | Path, report: ValidationReport | None = None, now: pd.Timestamp | None = None) -> pd.DataFrame:
     """Read fleet samples from a ``.csv`` (optionally ``.gz``) or ``.parquet`` file.
 
-    Every way a file can be unreadable (missing, a directory, empty, binary, not really gzip, not
-    really Parquet) is one :class:`SamplesError` naming the file. Rows that fail validation are
+    Every way a file can be unreadable (missing, a directory, a FIFO or device, too large, empty, binary, not
+    really gzip, not really Parquet) is one :class:`SamplesError` naming the file. Rows that fail validation are
     counted in ``report`` (see :func:`coerce`)."""
     path = Path(path)
-    if not path.exists():
-        raise SamplesError(f"{path}: no such file")
-    if path.is_dir():
-        raise SamplesError(f"{path}: is a directory; expected a .csv, .csv.gz or .parquet file")
+    try:  # a link to /dev/zero, a FIFO, a directory: refused before any read
+        checked_input(path, "", samples_bound_bytes())
+    except InputFileError as error:
+        raise SamplesError(f"{error} (.csv, .csv.gz or .parquet)") from None
     suffixes = "".join(path.suffixes[-2:]).lower()
     report = ValidationReport(str(path)) if report is None else report
     if path.suffix.lower() == ".parquet":
@@ -313,7 +335,10 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
         return _checked(coerce(frame, source=str(path), report=report, now=now), report)
     if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):
         try:
+            _refuse_duplicate_columns(path, pd.read_csv(path, header=None, nrows=1, dtype=str, encoding="utf-8"))
             frame = pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
+        except SamplesError:
+            raise
         except pd.errors.EmptyDataError:
             raise SamplesError(f"{path}: the file is empty; expected a header line and fleet samples rows") from None
         except UnicodeDecodeError as error:
@@ -326,6 +351,20 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
             raise SamplesError(f"{path}: cannot read ({error.strerror or _first_line(error)})") from None
         return _checked(coerce(frame, source=str(path), line_offset=2, report=report, now=now), report)
     raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
+
+
+def _refuse_duplicate_columns(path: Path, header: pd.DataFrame) -> None:
+    """A column named twice in the header is refused, naming it: pandas would read the second as
+    ``name.1`` and drop it, and which of the two holds the data is the user's to say."""
+    if header.empty:
+        return
+    names = [str(name).strip() for name in header.iloc[0].tolist()]
+    seen: dict[str, int] = {}
+    for position, name in enumerate(names, 1):
+        if name in seen:
+            raise SamplesError(f"{path}:1: column {name!r} appears twice in the header (columns {seen[name]} and "
+                               f"{position}); keep one")
+        seen[name] = position
 
 
 def _first_line(error: BaseException) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,10 +25,13 @@ from gpuwarden.fleet.runner import Job, Runner
 from gpuwarden.fleet.semantics import to_utc
 from gpuwarden.fleet.triggers import every
 
+from .http_fetch import fetch
 from .local import LocalStore
 from .series import Attribution, FrameAssembler, SeriesMapper, namespace_is_team
 
 log = logging.getLogger("gpuwarden.store.scraper")
+# The largest exposition read (a node of 8 GPUs with MIG serves well under 1 MiB).
+MAX_EXPOSITION_BYTES = 64 << 20
 
 SampleTime = Callable[[], "float | datetime | pd.Timestamp"]  # the time scraped rows carry
 
@@ -138,9 +139,12 @@ class Scraper:
         return to_utc(pd.Timestamp(value, unit="s") if isinstance(value, (int, float)) else value)
 
     def fetch(self, url: str) -> str:
-        request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-        with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:  # noqa: S310 (http(s) URLs only)
-            body: bytes = response.read()
+        """The target's exposition text, all of it within ``timeout_seconds`` (a target that trickles
+        its answer fails the scrape there) and at most ``MAX_EXPOSITION_BYTES``."""
+        status, body = fetch(url, timeout_s=self.timeout_seconds, max_bytes=MAX_EXPOSITION_BYTES,
+                             headers={"Accept": "text/plain;version=0.0.4"})
+        if status != 200:
+            raise ConnectionError(f"HTTP {status}")
         return body.decode("utf-8")
 
     def scrape_once(self) -> tuple[ScrapeResult, ...]:
@@ -154,7 +158,7 @@ class Scraper:
                     rows = self.store.append(frame) if len(frame) else 0
                     results.append(ScrapeResult(url, True, rows))
                     log.debug("scrape url=%s rows=%d", url, rows)
-                except (OSError, urllib.error.URLError, ValueError) as error:
+                except (OSError, ValueError) as error:  # refused, too slow (deadline), too large, bad text
                     message = f"{type(error).__name__}: {error}"
                     results.append(ScrapeResult(url, False, 0, message))
                     log.warning("scrape of %s failed: %s", url, message)
