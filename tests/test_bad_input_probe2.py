@@ -191,3 +191,70 @@ def test_valid_json_of_the_wrong_shape_is_one_line_naming_what_was_expected(payl
         server.close()
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "unexpected answer from Prometheus" in err and "expected" in err and "this is a bug" not in err, err
+
+
+# -- 9. a run whose only round failed exits non-zero ---------------------------------------------
+def test_an_actuator_run_whose_only_round_failed_exits_non_zero(tmp_path, capsys, caplog):
+    from fake_kube_api import FakeKubeAPI
+    from kube_fleet import node
+
+    api = FakeKubeAPI().start()
+    try:
+        node(api, "gpu-a")
+        code, _, err, _ = run_cli(["actuator", "run", "--mode", "observe", "--rounds", "1", "--interval", "0.01",
+                                   "--source", "file", "--file", str(tmp_path / "gone.csv"),
+                                   "--kubeconfig", api.kubeconfig(tmp_path / "kc.json"),
+                                   "--audit", str(tmp_path / "audit.jsonl")], capsys)
+    finally:
+        api.stop()
+    assert code == 1, err
+    assert "every reconcile round failed (1 of 1)" in err, err
+    assert "gone.csv: no such file" in caplog.text  # the round's own error, logged when it failed
+
+
+# -- 1. rejected rows are said on every source ---------------------------------------------------
+def samples_csv(path, **set_values):
+    from test_schema_store import make_samples
+
+    frame = make_samples("2026-11-01T00:00:00Z", steps=5).astype(object)
+    for column, value in set_values.items():
+        frame.loc[0, column] = value
+    frame.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%SZ")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", [["report", "idle"], ["health", "scan"]])
+def test_rows_a_file_source_rejects_are_counted_beside_the_results(command, tmp_path, capsys):
+    path = samples_csv(tmp_path / "k.csv", temperature_celsius="330")
+    code, out, err, _ = run_cli([*command, "--source", "file", "--file", path, "--until", "2026-11-01T00:10:00Z"], capsys)
+    assert code == 0, err
+    said = " ".join((out + err).split())  # the text report wraps long notes
+    assert "k.csv: 1 of 20 row(s) rejected - temperature_celsius above 130 C (kelvin?): 1 (first at " in said, said
+
+
+def test_a_prometheus_source_counts_its_rejected_rows_in_its_notes():
+    from gpuwarden.cli.source_notes import source_notes
+    from gpuwarden.store.schema import ValidationReport
+
+    class Source:  # what open_prometheus gives: rejected rows in ``validation``, notes of its own
+        pod_attribution = "auto"
+        notes = ["a note of the reads"]
+        validation = ValidationReport("Prometheus http://p:9090")
+
+    Source.validation.rows_in = 10
+    Source.validation.add("gpu_util_ratio is not a ratio in 0..1", 3, "row 4")
+    assert source_notes(Source()) == ["Prometheus http://p:9090: 3 of 10 row(s) rejected - gpu_util_ratio is not a "
+                                      "ratio in 0..1: 3 (first at row 4)", "a note of the reads"]
+
+
+# -- 3. series without a GPU identity are counted and said --------------------------------------
+def test_series_without_a_gpu_identity_are_counted_even_past_the_note_limit():
+    import numpy as np
+
+    from gpuwarden.store.prometheus.series_checks import MAX_NOTES, ReadNotes, check_series
+
+    notes = ReadNotes()
+    for host in range(MAX_NOTES + 20):  # more devices than notes: the count still covers every one
+        assert not check_series("DCGM_FI_DEV_GPU_UTIL", {"Hostname": f"n{host}", "gpu": "0"}, np.ones(3), False, notes)
+    assert notes.lines()[0].startswith(f"{MAX_NOTES + 20} series ({3 * (MAX_NOTES + 20)} samples) without a GPU identity")
+    assert notes.lines()[-1] == "... and 20 more note(s) like these"

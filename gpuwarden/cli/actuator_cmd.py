@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gpuwarden.actuator.kube import KubeCluster
 
 from .args import host_port, non_negative_int, positive_float, positive_int, ratio
+from .source_notes import rejected_rows_note
 from .sources import add_source_options, open_window
 
 DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
@@ -163,6 +164,8 @@ def _finder(args: argparse.Namespace):
     def find(snapshot):
         window = open_window(args)
         frame = window.source.read(window.start, window.end)
+        for note in rejected_rows_note(window.source):  # rows the source dropped are said, every round
+            log.warning("%s", note)
         return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding)
     return find
 
@@ -224,10 +227,11 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     reconciler = _reconciler(args, actuator, args.interval)
     stop = threading.Event()
     rounds = [0]
+    succeeded = [0]
 
     def round_job() -> None:
         try:
-            reconciler.run_round()  # a failed round is logged; the next one tries again
+            succeeded[0] += reconciler.run_round()  # a failed round is logged; the next one tries again
         finally:
             rounds[0] += 1
             if args.rounds and rounds[0] >= args.rounds:
@@ -247,6 +251,8 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     finally:
         runner.stop()
         signal.signal(signal.SIGTERM, previous)
+    if rounds[0] and not succeeded[0]:  # e.g. --rounds 1 on an unreadable source: not a success
+        return _fail(f"every reconcile round failed ({rounds[0]} of {rounds[0]}); see the errors above", 1)
     return 0
 
 

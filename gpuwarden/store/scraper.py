@@ -156,6 +156,9 @@ class Scraper:
                 try:
                     frame = parse_exposition(self.fetch(url), self.mapper, stamp)
                     rows = self.store.append(frame) if len(frame) else 0
+                    report = self.store.last_append.report
+                    if report is not None and report.rejected:  # never dropped without a word
+                        log.warning("scrape of %s: %s", url, report.summary())
                     results.append(ScrapeResult(url, True, rows))
                     log.debug("scrape url=%s rows=%d", url, rows)
                 except (OSError, ValueError) as error:  # refused, too slow (deadline), too large, bad text

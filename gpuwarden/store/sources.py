@@ -28,11 +28,13 @@ class SamplesSource(Protocol):
 
 
 class FileSource:
-    """Fleet samples from one CSV / Parquet file, validated once when opened."""
+    """Fleet samples from one CSV / Parquet file, validated once when opened; ``validation``
+    counts the rows rejected, by reason (every report says them: ``cli.source_notes``)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._frame = load_samples(self.path)
+        self.validation = ValidationReport(str(self.path))
+        self._frame = load_samples(self.path, report=self.validation)
 
     def read(self, start=None, end=None, columns=None) -> pd.DataFrame:
         frame = self._frame
