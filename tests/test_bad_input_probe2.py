@@ -258,3 +258,53 @@ def test_series_without_a_gpu_identity_are_counted_even_past_the_note_limit():
         assert not check_series("DCGM_FI_DEV_GPU_UTIL", {"Hostname": f"n{host}", "gpu": "0"}, np.ones(3), False, notes)
     assert notes.lines()[0].startswith(f"{MAX_NOTES + 20} series ({3 * (MAX_NOTES + 20)} samples) without a GPU identity")
     assert notes.lines()[-1] == "... and 20 more note(s) like these"
+
+
+# -- 4. reads consistent with a concurrent compaction -------------------------------------------
+def _state(pid: int) -> str:
+    from pathlib import Path
+
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("how", ["row_count", "read"])
+def test_a_read_racing_a_compaction_never_counts_rows_twice(how, tmp_path):
+    """A real compaction in another process, caught between putting its merged file in place and
+    removing the files it replaces (GPUWARDEN_STORE_STOP_AT): a read then waits for the swap and
+    counts each row once (it used to see both and count 2x)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_schema_store import make_samples
+
+    from gpuwarden.store import LocalStore
+
+    store = LocalStore(tmp_path / "s")
+    for hour in range(4):  # four part files in one day
+        store.append(make_samples(f"2026-11-01T0{hour}:00:00Z", steps=10))
+    expected = store.row_count()
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"from gpuwarden.store import LocalStore; LocalStore({str(tmp_path / 's')!r}).compact(min_files=1)"],
+        env={**os.environ, "PYTHONPATH": str(root), "GPUWARDEN_STORE_STOP_AT": "compact-renamed"})
+    try:
+        wait_for(lambda: _state(child.pid) == "T", timeout=60, what="the compaction stopped mid-swap")
+        assert len(list((tmp_path / "s" / "samples").glob("date=*/part-*.parquet"))) == 5  # merged + the four
+        counted: list[int] = []
+        reader = threading.Thread(target=lambda: counted.append(
+            store.row_count() if how == "row_count" else len(store.read(columns=["timestamp", "gpu_uuid"]))))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and counted == []  # waits for the swap, never reads half of it
+        os.kill(child.pid, signal.SIGCONT)
+        reader.join(30)
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+    assert counted == [expected]
+    assert store.row_count() == expected and store.file_count() == 1
