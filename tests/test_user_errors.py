@@ -35,7 +35,7 @@ USER_ERRORS = {
     "gpuwarden.sim.config.ConfigError", "gpuwarden.exporter.main.ExporterError",
     "gpuwarden.exporter.replay.files.ReplayError", "gpuwarden.cli.demo.DemoError", "gpuwarden.cli.demo.DashboardError",
     "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
-    "gpuwarden.fleet.inputs.InputFileError",
+    "gpuwarden.fleet.inputs.InputFileError", "gpuwarden.cli.storemark.StorePathError",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {

@@ -25,10 +25,10 @@ def apply_attribution(source: object, rule: str) -> None:
 
 def rejected_rows_note(source: object) -> list[str]:
     """``N of M row(s) rejected - why`` for a source whose reads rejected rows (a file, Prometheus,
-    dcgm-exporter through it): never dropped without a word."""
+    dcgm-exporter through it), and the columns a file carried that are not samples columns: never
+    dropped without a word."""
     report = getattr(source, "validation", None)
-    summary = report.summary() if report is not None else ""
-    return [summary] if summary else []
+    return report.notes() if report is not None else []
 
 
 def source_notes(source: object, rule: str = "auto", reads_attribution: bool = True) -> list[str]:

@@ -106,8 +106,8 @@ def run_load(args: argparse.Namespace) -> int:
         first = next(r for r in reports if r.rejected)
         raise SamplesError(f"--strict: {rejected:,} row(s) rejected, nothing was loaded; {first.summary()}")
     for report in reports:
-        if report.rejected:
-            print(f"gpuwarden: warning: {report.summary()}", file=sys.stderr)
+        for note in report.notes():
+            print(f"gpuwarden: warning: {note}", file=sys.stderr)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     written = store.append(frame, validate=len(frames) > 1, source="the files together")  # one operation: all or nothing
     adopt_store(args.store)  # the store now holds data the demo did not make

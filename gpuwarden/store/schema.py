@@ -81,6 +81,7 @@ class ValidationReport:
     rows_in: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     first_at: dict[str, str] = field(default_factory=dict)
+    ignored_columns: list[str] = field(default_factory=list)  # columns read that are not samples columns
 
     @property
     def rejected_total(self) -> int:
@@ -96,8 +97,19 @@ class ValidationReport:
 
     def merge(self, other: ValidationReport) -> None:
         self.rows_in += other.rows_in
+        self.ignore(other.ignored_columns)
         for reason, count in other.rejected.items():
             self.add(reason, count, other.first_at[reason])
+
+    def ignore(self, columns: list[str]) -> None:
+        self.ignored_columns += [c for c in columns if c not in self.ignored_columns]
+
+    def notes(self) -> list[str]:
+        """What a reader must be told: the rows rejected, and columns ignored (a misspelt or
+        unknown column would otherwise vanish without a word)."""
+        ignored = ([f"{self.source}: column(s) {', '.join(map(repr, self.ignored_columns))} are not fleet samples "
+                    "columns and were ignored (the names: docs/schema.md)"] if self.ignored_columns else [])
+        return [*([self.summary()] if self.rejected else []), *ignored]
 
     def summary(self) -> str:
         """One line: how many rows were rejected and why (empty when none were)."""
@@ -109,7 +121,8 @@ class ValidationReport:
 
     def as_dict(self) -> dict:
         return {"source": self.source, "rows_in": self.rows_in, "rows_kept": self.rows_kept,
-                "rejected": dict(self.rejected), "first_at": dict(self.first_at)}
+                "rejected": dict(self.rejected), "first_at": dict(self.first_at),
+                "ignored_columns": list(self.ignored_columns)}
 
 
 class SamplesError(UserError, ValueError):
@@ -138,6 +151,7 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     """
     rejections = _Rejections(frame, source, line_offset, report)
     reject = rejections.reject
+    rejections.report.ignore([str(c) for c in frame.columns if c not in _KIND])
 
     # A nullable column a file does not carry was not measured: it reads as null, not as an error.
     missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns and not _NULLABLE[name]]
@@ -211,11 +225,10 @@ class _Rejections:
             self.rejected |= new
 
     def kept(self, frame: pd.DataFrame) -> pd.DataFrame:
-        if not self.rejected.any():
-            return frame
         if self.own_report:
-            log.warning("%s", self.report.summary())
-        return frame[~self.rejected]
+            for note in self.report.notes():
+                log.warning("%s", note)
+        return frame[~self.rejected] if self.rejected.any() else frame
 
 
 def _flag(values: pd.Series) -> np.ndarray:
