@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, InputFileError, checked_input
+from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, checked_input
 
 
 def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
@@ -16,10 +16,7 @@ def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
     path = Path(path)
     if not path.exists():
         raise error(f"{path}: {what} file not found")
-    try:
-        checked_input(path, f"the {what} file", MAX_CONFIG_FILE_BYTES)
-    except InputFileError as problem:
-        raise error(str(problem)) from None
+    checked_input(path, f"the {what} file", MAX_CONFIG_FILE_BYTES, raising=error)
     try:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as problem:

@@ -46,10 +46,12 @@ def samples_bound_bytes() -> int:
         raise InputFileError(f"{_ENV_SAMPLES_BOUND}={text!r} is not a whole number of bytes") from None
 
 
-def checked_input(path: str | Path, what: str, max_bytes: int, missing_ok: bool = False) -> Path | None:
+def checked_input(path: str | Path, what: str, max_bytes: int, missing_ok: bool = False,
+                  raising: type[Exception] = InputFileError) -> Path | None:
     """``path`` if it is a regular file (after symlinks) of at most ``max_bytes``; None when it does
-    not exist and ``missing_ok``. Otherwise :class:`InputFileError`, naming ``what`` (a flag or the
-    kind of file) and the path, and saying what is allowed."""
+    not exist and ``missing_ok``. Otherwise ``raising`` (a room's own :class:`UserError`; default
+    :class:`InputFileError`), naming ``what`` (a flag or the kind of file) and the path, and
+    saying what is allowed."""
     path = Path(path)
     what = f"{what} " if what else ""
     try:
@@ -57,13 +59,13 @@ def checked_input(path: str | Path, what: str, max_bytes: int, missing_ok: bool 
     except FileNotFoundError:
         if missing_ok:
             return None
-        raise InputFileError(f"{what}{path}: no such file") from None
+        raise raising(f"{what}{path}: no such file") from None
     except OSError as error:
-        raise InputFileError(f"{what}{path}: cannot read ({error.strerror or error})") from None
+        raise raising(f"{what}{path}: cannot read ({error.strerror or error})") from None
     if not stat.S_ISREG(info.st_mode):
         target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
-        raise InputFileError(f"{what}{path}: is {_kind(info.st_mode)}{target}; expected a regular file")
+        raise raising(f"{what}{path}: is {_kind(info.st_mode)}{target}; expected a regular file")
     if info.st_size > max_bytes:
-        raise InputFileError(f"{what}{path}: is {info.st_size:,} bytes, more than the {max_bytes:,} allowed; "
+        raise raising(f"{what}{path}: is {info.st_size:,} bytes, more than the {max_bytes:,} allowed; "
                              "split it or name a smaller file")
     return path

@@ -35,7 +35,7 @@ import pandas as pd
 
 from gpuwarden.fleet import SAMPLE_COLUMN_NAMES, SAMPLE_COLUMNS
 from gpuwarden.fleet.errors import UserError
-from gpuwarden.fleet.inputs import InputFileError, checked_input, samples_bound_bytes
+from gpuwarden.fleet.inputs import checked_input, samples_bound_bytes
 from gpuwarden.fleet.semantics import to_utc
 
 PANDAS_DTYPES: dict[str, str] = {
@@ -334,10 +334,7 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
     really gzip, not really Parquet) is one :class:`SamplesError` naming the file. Rows that fail validation are
     counted in ``report`` (see :func:`coerce`)."""
     path = Path(path)
-    try:  # a link to /dev/zero, a FIFO, a directory: refused before any read
-        checked_input(path, "", samples_bound_bytes())
-    except InputFileError as error:
-        raise SamplesError(f"{error} (.csv, .csv.gz or .parquet)") from None
+    checked_input(path, "", samples_bound_bytes(), raising=SamplesError)  # a link to /dev/zero, a FIFO: refused unread
     suffixes = "".join(path.suffixes[-2:]).lower()
     report = ValidationReport(str(path)) if report is None else report
     if path.suffix.lower() == ".parquet":
