@@ -79,6 +79,7 @@ class Scripted:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda *_: None  # a client that hung up on a slow answer is the point, not news
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -98,6 +99,30 @@ def trickle(handler) -> None:
             handler.wfile.write(b" ")
             handler.wfile.flush()
             time.sleep(0.2)
+    except OSError:
+        pass
+
+
+def drip_headers(handler) -> None:
+    """A status line, then one header line every 0.3 s: the head never ends."""
+    handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+    try:
+        for line in range(100):
+            handler.wfile.write(f"X-Drip-{line}: a\r\n".encode())
+            handler.wfile.flush()
+            time.sleep(0.3)
+    except OSError:
+        pass
+
+
+def endless(handler) -> None:
+    """A chunked body that never ends, as fast as the socket takes it."""
+    handler.send_response(200)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    try:
+        while True:
+            handler.wfile.write(b"10000\r\n" + b" " * 65536 + b"\r\n")
     except OSError:
         pass
 
@@ -138,7 +163,8 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str, float]:
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("answer", [trickle, late], ids=["trickled-body", "answer-after-deadline"])
+@pytest.mark.parametrize("answer", [trickle, late, drip_headers], ids=["trickled-body", "answer-after-deadline",
+                                                                    "dripped-head"])
 def test_a_slow_prometheus_fails_at_the_timeout_not_per_socket_read(answer, capsys):
     server = Scripted(answer)
     try:
@@ -149,6 +175,21 @@ def test_a_slow_prometheus_fails_at_the_timeout_not_per_socket_read(answer, caps
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "no whole answer within 1 s (--prometheus-timeout)" in err
     assert elapsed_s < 2.5, elapsed_s  # the timeout plus a small margin (it used to be unbounded)
+
+
+def test_an_answer_larger_than_the_bound_is_refused_naming_what_to_ask_for():
+    from gpuwarden.store.prometheus import PrometheusError, PrometheusSource
+
+    server = Scripted(endless)
+    try:
+        source = PrometheusSource(server.url, timeout=30)
+        source.max_answer_bytes = 4 << 20  # the shipped bound is 1 GiB; a small one keeps the test light
+        began = time.monotonic()
+        with pytest.raises(PrometheusError, match="the answer is larger than 4,194,304 bytes .* shorter window"):
+            source.time_range()
+        assert time.monotonic() - began < 10
+    finally:
+        server.close()
 
 
 def test_the_scraper_gives_up_on_a_trickling_target_at_its_timeout(tmp_path):
