@@ -136,6 +136,9 @@ def run_queue(args: argparse.Namespace) -> int:
     policies = args.policies
     started = time.perf_counter()
     if args.trace:
+        from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+
+        checked_input(args.trace, "--trace", MAX_SAMPLES_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
         results = run_queue_replay_file(args.trace, data_dir, spec, policies)
     else:
         results = run_queue_replay(data_dir, spec, policies)
