@@ -124,6 +124,8 @@ class SimConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimConfig:
         path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: no such config file")
         checked_input(path, "the sim config", MAX_CONFIG_FILE_BYTES, raising=ConfigError)  # a FIFO would block for ever
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
