@@ -16,7 +16,8 @@ import pandas as pd
 from gpuwarden.fleet.semantics import to_utc_or_none
 
 from .local import LocalStore, TimeBound
-from .schema import ValidationReport, load_samples, validate_rows
+from .samples_files import load_samples
+from .schema import ValidationReport, validate_rows
 
 
 @runtime_checkable
