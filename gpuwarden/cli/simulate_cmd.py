@@ -218,6 +218,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     from gpuwarden.analytics import Inventory, PriceBook
     from gpuwarden.scheduling.whatif import WhatIfError, whatif_report
 
+    from .source_notes import rejected_rows_note
     from .sources import open_window
 
     window = open_window(args)
@@ -237,6 +238,7 @@ def run_whatif(args: argparse.Namespace) -> int:
               "label)" + "".join(f"; {note}" for note in report.history.notes), file=sys.stderr)
         return 2
     seconds = time.perf_counter() - started
+    report.notes.extend(rejected_rows_note(window.source))  # rows the source dropped are said here too
     emit(args, render_whatif(report, args.format, args.table, args.wide, seconds))
     if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
         sys.stdout.flush()
