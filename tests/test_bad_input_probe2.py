@@ -349,3 +349,33 @@ def test_a_read_racing_a_compaction_never_counts_rows_twice(how, tmp_path):
             child.kill()
     assert counted == [expected]
     assert store.row_count() == expected and store.file_count() == 1
+
+
+def test_the_scraper_counts_and_says_series_without_a_gpu_identity(tmp_path, caplog):
+    from gpuwarden.store import LocalStore
+    from gpuwarden.store.scraper import Scraper
+
+    page = (b'DCGM_FI_DEV_GPU_UTIL{Hostname="n1",UUID="GPU-a",gpu="0",modelName="NVIDIA H100 80GB HBM3"} 50\n'
+            b'DCGM_FI_DEV_GPU_UTIL{Hostname="n1",gpu="1",modelName="NVIDIA H100 80GB HBM3"} 70\n'
+            b'DCGM_FI_DEV_FB_USED{Hostname="n1",gpu="1",modelName="NVIDIA H100 80GB HBM3"} 1000\n'
+            b'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-c",gpu="2",modelName="NVIDIA H100 80GB HBM3"} 10\n')
+
+    def exposition(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Length", str(len(page)))
+        handler.end_headers()
+        handler.wfile.write(page)
+
+    server = Scripted(exposition)
+    try:
+        scraper = Scraper([server.url + "/metrics"], LocalStore(tmp_path / "s"))
+        with caplog.at_level("WARNING", logger="gpuwarden.store.scraper"):
+            (first,) = scraper.scrape_once()
+            (second,) = scraper.scrape_once()
+    finally:
+        server.close()
+    assert first.ok and first.skipped_series == 3 and second.skipped_series == 3
+    said = [r.getMessage() for r in caplog.records if "without a GPU identity" in r.getMessage()]
+    assert len(said) == 1, said  # said when the count changes, not at every scrape
+    assert "3 series (3 samples) without a GPU identity" in said[0] and "no UUID label" in said[0]

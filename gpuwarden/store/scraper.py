@@ -27,6 +27,7 @@ from gpuwarden.fleet.triggers import every
 
 from .http_fetch import fetch
 from .local import LocalStore
+from .prometheus.series_checks import ReadNotes, series_name, unusable_identity
 from .series import Attribution, FrameAssembler, SeriesMapper, namespace_is_team
 
 log = logging.getLogger("gpuwarden.store.scraper")
@@ -58,12 +59,14 @@ def _labels(body: str | None, line: str) -> dict[str, str]:
     return labels
 
 
-def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -> pd.DataFrame:
+def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp,
+                     notes: ReadNotes | None = None) -> pd.DataFrame:
     """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``.
 
     Lines are parsed with two regular expressions, only those of series the catalogue names, and
     each distinct label set once (a GPU's series share theirs): prometheus_client's parser reads
-    labels a character at a time. A malformed line is a ValueError naming it."""
+    labels a character at a time. A malformed line is a ValueError naming it. Series that name no
+    GPU (no ``UUID``, no node, a ``gpu`` that is not a number) are skipped and counted in ``notes``."""
     assembler = FrameAssembler(mapper)
     stamp = np.array([pd.Timestamp(timestamp).value], dtype=np.int64)
     label_sets: dict[str | None, dict[str, str]] = {}
@@ -80,6 +83,10 @@ def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -
         labels = label_sets.get(body)
         if labels is None:
             labels = label_sets[body] = _labels(body, line)
+        if notes is not None and mapper.identity(labels) is None:
+            notes.add(f"{series_name('', labels)}: {unusable_identity(labels) or 'no GPU identity'}")
+            notes.skip(1)
+            continue
         assembler.add(name, labels, when, np.array([float(value)], dtype=np.float64))
     return assembler.frame()
 
@@ -90,6 +97,7 @@ class ScrapeResult:
     ok: bool
     rows: int
     error: str | None = None
+    skipped_series: int = 0  # series without a GPU identity (logged when the count changes)
 
 
 class Scraper:
@@ -133,6 +141,7 @@ class Scraper:
         self.scrapes = 0
         self.rows_written = 0
         self.last_results: tuple[ScrapeResult, ...] = ()
+        self._skipped: dict[str, int] = {}  # per target: series skipped at its last scrape
 
     def _now(self) -> pd.Timestamp:
         value = self._sample_time()
@@ -153,13 +162,17 @@ class Scraper:
             results = []
             for url in self.targets:
                 stamp = self._now()
+                notes = ReadNotes()
                 try:
-                    frame = parse_exposition(self.fetch(url), self.mapper, stamp)
+                    frame = parse_exposition(self.fetch(url), self.mapper, stamp, notes)
                     rows = self.store.append(frame) if len(frame) else 0
                     report = self.store.last_append.report
                     if report is not None and report.rejected:  # never dropped without a word
                         log.warning("scrape of %s: %s", url, report.summary())
-                    results.append(ScrapeResult(url, True, rows))
+                    results.append(ScrapeResult(url, True, rows, skipped_series=notes.skipped_series))
+                    if notes.skipped_series != self._skipped.get(url, 0):  # said when it changes, not every scrape
+                        log.warning("scrape of %s: %s", url, "; ".join(notes.lines()[:3]))
+                    self._skipped[url] = notes.skipped_series
                     log.debug("scrape url=%s rows=%d", url, rows)
                 except (OSError, ValueError) as error:  # refused, too slow (deadline), too large, bad text
                     message = f"{type(error).__name__}: {error}"
