@@ -379,3 +379,32 @@ def test_the_scraper_counts_and_says_series_without_a_gpu_identity(tmp_path, cap
     said = [r.getMessage() for r in caplog.records if "without a GPU identity" in r.getMessage()]
     assert len(said) == 1, said  # said when the count changes, not at every scrape
     assert "3 series (3 samples) without a GPU identity" in said[0] and "no UUID label" in said[0]
+
+
+def test_a_scrape_follows_a_redirect_within_its_one_deadline(tmp_path):
+    from gpuwarden.store.http_fetch import fetch
+
+    def answer(handler) -> None:
+        if handler.path == "/old":
+            handler.send_response(302)
+            handler.send_header("Location", "/new")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+        elif handler.path == "/loop":
+            handler.send_response(301)
+            handler.send_header("Location", "/loop")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+        else:
+            handler.send_response(200)
+            handler.send_header("Content-Length", "2")
+            handler.end_headers()
+            handler.wfile.write(b"ok")
+
+    server = Scripted(answer)
+    try:
+        assert fetch(server.url + "/old", timeout_s=5, max_bytes=100) == (200, b"ok")
+        assert fetch(server.url + "/loop", timeout_s=5, max_bytes=100)[0] == 301  # gives up after a few hops
+        assert fetch(server.url + "/old", timeout_s=5, max_bytes=100, method="POST", body=b"q=1")[0] == 302
+    finally:
+        server.close()

@@ -27,11 +27,32 @@ class AnswerTooLarge(OSError):
     """The answer's body is larger than the caller's bound."""
 
 
+_REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 3
+
+
 def fetch(url: str, *, timeout_s: float, max_bytes: int, method: str = "GET", body: bytes | None = None,
           headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
     """``(status, body)`` of one request to ``url`` (http or https), all of it within ``timeout_s``
     seconds; raises :class:`DeadlineExceeded`, :class:`AnswerTooLarge` or an ``OSError`` (refused,
-    reset, TLS)."""
+    reset, TLS). A GET follows up to ``MAX_REDIRECTS`` redirects within the same deadline (as
+    urllib did for the scraper); a POST's redirect is returned as it is (its form would be lost)."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            status, location, payload = _once(url, max(0.001, deadline - time.monotonic()), max_bytes, method, body,
+                                              headers, ssl_context)
+        except DeadlineExceeded:
+            raise DeadlineExceeded(f"no whole answer within {timeout_s:g} s") from None
+        if status not in _REDIRECTS or method != "GET" or not location:
+            return status, payload
+        url = urllib.parse.urljoin(url, location)
+    return status, payload
+
+
+def _once(url: str, timeout_s: float, max_bytes: int, method: str, body: bytes | None,
+          headers: dict[str, str] | None, ssl_context: ssl.SSLContext | None) -> tuple[int, str | None, bytes]:
+    """One request and answer: ``(status, Location header, body)``."""
     parts = urllib.parse.urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     connection: http.client.HTTPConnection
@@ -70,7 +91,7 @@ def fetch(url: str, *, timeout_s: float, max_bytes: int, method: str = "GET", bo
             chunks.append(chunk)
         if expired.is_set():
             raise DeadlineExceeded(f"no whole answer within {timeout_s:g} s")
-        return response.status, b"".join(chunks)
+        return response.status, response.getheader("Location"), b"".join(chunks)
     except (OSError, http.client.HTTPException) as error:
         if expired.is_set() or time.monotonic() - started >= timeout_s:
             raise DeadlineExceeded(f"no whole answer within {timeout_s:g} s") from None
