@@ -133,19 +133,22 @@ def late(handler) -> None:
     json_answer({"status": "success", "data": {"resultType": "vector", "result": []}})(handler)
 
 
-def json_answer(payload):
-    import json
-
-    body = json.dumps(payload).encode()
-
+def body_answer(body: bytes, content_type: str):
+    """A 200 with ``body``."""
     def answer(handler) -> None:
         handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         handler.wfile.write(body)
 
     return answer
+
+
+def json_answer(payload):
+    import json
+
+    return body_answer(json.dumps(payload).encode(), "application/json")
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str, float]:
@@ -359,15 +362,7 @@ def test_the_scraper_counts_and_says_series_without_a_gpu_identity(tmp_path, cap
             b'DCGM_FI_DEV_GPU_UTIL{Hostname="n1",gpu="1",modelName="NVIDIA H100 80GB HBM3"} 70\n'
             b'DCGM_FI_DEV_FB_USED{Hostname="n1",gpu="1",modelName="NVIDIA H100 80GB HBM3"} 1000\n'
             b'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-c",gpu="2",modelName="NVIDIA H100 80GB HBM3"} 10\n')
-
-    def exposition(handler) -> None:
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/plain")
-        handler.send_header("Content-Length", str(len(page)))
-        handler.end_headers()
-        handler.wfile.write(page)
-
-    server = Scripted(exposition)
+    server = Scripted(body_answer(page, "text/plain"))
     try:
         scraper = Scraper([server.url + "/metrics"], LocalStore(tmp_path / "s"))
         with caplog.at_level("WARNING", logger="gpuwarden.store.scraper"):
