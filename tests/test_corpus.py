@@ -31,6 +31,10 @@ def make_file(path: Path, spec) -> None:
         path.write_bytes(bytes.fromhex(spec["hex"].replace(" ", "")))
     elif spec.get("dir"):
         path.mkdir()
+    elif "symlink" in spec:  # e.g. /dev/zero: an input that never ends
+        path.symlink_to(spec["symlink"])
+    elif spec.get("fifo"):  # a named pipe: a read that never starts
+        os.mkfifo(path)
     elif "store" in spec:
         LocalStore(path).append(make_samples("2026-11-01T00:00:00Z", steps=spec["store"]))
     elif "samples" in spec:

@@ -37,6 +37,7 @@ USER_ERRORS = {
     "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
     "gpuwarden.cli.actuator_cmd.SchedulingMoved", "gpuwarden.actuator.submit.PortalError",
     "gpuwarden.cli.queue_cmd.SchedulerUnreachable",
+    "gpuwarden.fleet.inputs.InputFileError", "gpuwarden.cli.storemark.StorePathError",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
@@ -46,6 +47,8 @@ NOT_USER_ERRORS = {
     "gpuwarden.actuator.kube.api.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
     "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
+    "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",
+    "gpuwarden.store.http_fetch.AnswerTooLarge": "a server's answer too large; each client says which (PrometheusError, a failed scrape)",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from collections.abc import Iterable, Iterator, Mapping
 
 from gpuwarden.fleet import Action, Finding
+from gpuwarden.fleet.inputs import MAX_AUDIT_FILE_BYTES, checked_input
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -124,7 +125,8 @@ class AuditLog:
         self._memory: list[Record] = []  # without a path, records live here
         self._cache: tuple[tuple[int, int], list[Record]] | None = None  # (size, mtime) -> records
         self._lock = threading.Lock()
-        if self.path:
+        if self.path:  # a directory, a FIFO or a link to /dev/null here would lose every record: refused
+            checked_input(self.path, "the audit log", MAX_AUDIT_FILE_BYTES, missing_ok=True)
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def record(self, entry: AuditEntry) -> None:
@@ -153,7 +155,8 @@ class AuditLog:
 
     @staticmethod
     def read(path: str | Path) -> list[Record]:
-        out = []
+        out: list[Record] = []
+        checked_input(path, "the audit log", MAX_AUDIT_FILE_BYTES)  # a link to /dev/zero would read for ever
         with Path(path).open(encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle, 1):
                 if not line.strip():

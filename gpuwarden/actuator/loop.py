@@ -62,16 +62,18 @@ class Reconciler:
                      self.actuator.mode.value)
             return report
 
-    def run_round(self) -> None:
-        """One round as a runner job: a failed round is one line, retried at the next fire time."""
+    def run_round(self) -> bool:
+        """One round as a runner job: a failed round is one line, retried at the next fire time.
+        Whether it succeeded (a command that runs a set number of rounds exits non-zero when none did)."""
         try:
             report = self.reconcile_once()
         except Exception as error:  # noqa: BLE001 (a failed round never ends the job)
             log.error("reconcile round failed: %s: %s; retrying next interval", type(error).__name__, error)
             log.debug("reconcile round failed", exc_info=True)
-            return
+            return False
         if self.on_round is not None:
             self.on_round(report)
+        return True
 
     def register(self, runner: Runner, *, at_once: bool = True) -> Job:
         """Add the round to ``runner``: every interval on its clock, the first at once or one

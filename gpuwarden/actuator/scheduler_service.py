@@ -55,12 +55,13 @@ class SchedulerService:
         self.failures = 0
         self._lock = threading.Lock()
 
-    def run_once(self) -> bool:
-        """One round if this replica leads; False when it did not run or failed (logged, one line)."""
+    def run_once(self) -> bool | None:
+        """One round if this replica leads: True when it ran, False when it failed (logged, one
+        line), None when another replica leads (a standby's wait is no failure)."""
         with self._lock:
             if self.leader is not None and not self.leader():
                 log.info("scheduler: not the leader; this replica waits")
-                return False
+                return None
             try:
                 results = self.round.run_round()
             except Exception as error:  # noqa: BLE001 (a failed round never ends the loop)

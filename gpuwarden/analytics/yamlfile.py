@@ -7,13 +7,16 @@ from pathlib import Path
 
 import yaml
 
+from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, checked_input
+
 
 def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
     """The parsed document of ``path`` (an empty file is ``{}``); ``error`` names the file and
     what is wrong with it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise error(f"{path}: {what} file not found")
+    checked_input(path, f"the {what} file", MAX_CONFIG_FILE_BYTES, raising=error)
     try:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as problem:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from gpuwarden.fleet.runner import Runner
 
 from .args import host_port, non_negative_int, positive_float, positive_int, ratio
+from .source_notes import rejected_rows_note
 from .sources import add_source_options, open_window
 
 DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
@@ -187,6 +188,8 @@ def _finder(args: argparse.Namespace):
     def find(snapshot):
         window = open_window(args)
         frame = window.source.read(window.start, window.end)
+        for note in rejected_rows_note(window.source):  # rows the source dropped are said, every round
+            log.warning("%s", note)
         return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding)
     return find
 
@@ -257,7 +260,9 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
-    run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds)
+    done, succeeded = run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds)
+    if done and not succeeded:  # e.g. --rounds 1 on an unreadable source: not a success
+        return _fail(f"every reconcile round failed ({done} of {done}); see the errors above", 1)
     return 0
 
 
@@ -276,17 +281,19 @@ def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runne
 
 
 def run_until_stopped(runner: Runner, name: str, work: Callable[[], object], interval_seconds: float,
-                      rounds: int | None) -> None:
+                      rounds: int | None) -> tuple[int, int]:
     """Run ``work`` on ``runner`` every ``interval_seconds`` (the first at once; a failed one is
-    the work's to log) until SIGTERM, Ctrl-C or ``rounds`` rounds."""
+    the work's to log, and returns False) until SIGTERM, Ctrl-C or ``rounds`` rounds; the rounds
+    run, and those that did not fail."""
     from gpuwarden.fleet.triggers import every
 
     stop = threading.Event()
     done = [0]
+    succeeded = [0]
 
     def round_job() -> None:
         try:
-            work()
+            succeeded[0] += work() is not False
         finally:
             done[0] += 1
             if rounds and done[0] >= rounds:
@@ -302,6 +309,7 @@ def run_until_stopped(runner: Runner, name: str, work: Callable[[], object], int
     finally:
         runner.stop()
         signal.signal(signal.SIGTERM, previous)
+    return done[0], succeeded[0]
 
 
 def _summary(report) -> None:

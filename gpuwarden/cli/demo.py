@@ -44,10 +44,12 @@ from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .storemark import (
     DEFAULT_STORE,
     STORE_PARTS,
+    checked_store,
     demo_running_on,
     is_demo_store,
     mark_demo_store,
     store_has_data,
+    store_path,
 )
 
 if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when it parses
@@ -74,7 +76,7 @@ def add_parser(subparsers) -> None:
                         help="seconds to run live after the backfill, 0..604800 (default: until Ctrl-C; 60 with --headless)")
     parser.add_argument("--days", type=number(float, 0, 31), default=7.0,
                         help="days of history to backfill, 0..31 (default 7)")
-    parser.add_argument("--store", type=Path, default=DEFAULT_STORE,
+    parser.add_argument("--store", type=store_path, default=DEFAULT_STORE,
                         help=f"embedded store directory (default {DEFAULT_STORE}); a store the demo made is "
                              "started afresh, one holding other samples is refused unless --reset")
     parser.add_argument("--reset", action="store_true",
@@ -135,8 +137,7 @@ def preflight(args: argparse.Namespace) -> None:
                         "choose another (port 0 picks a free one)")
     if not args.headless and not port_free("127.0.0.1", args.dashboard_port):
         raise DemoError(f"--dashboard-port {args.dashboard_port}: the port is in use; choose another")
-    if args.store.exists() and not args.store.is_dir():
-        raise DemoError(f"--store {args.store}: is a file; expected a directory")
+    checked_store(args.store)
     running = demo_running_on(args.store) if is_demo_store(args.store) else None
     if running is not None:
         raise DemoError(f"--store {args.store}: another demo (pid {running}) is using it; give this one another --store")

@@ -136,9 +136,12 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     if webhook is not None:
         webhook.start()
     try:
-        run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
+        done, succeeded = run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
     finally:
         server.stop()
         if webhook is not None:
             webhook.stop()
+    if done and not succeeded:  # e.g. --rounds 1 against an API server that does not answer
+        print(f"gpuwarden scheduler: error: every round failed ({done} of {done}); see the errors above", file=sys.stderr)
+        return 1
     return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from .args import number
 from .simconfig import add_sim_options, recording_ends_at, sim_config_from
 from .sources import timestamp
-from .storemark import adopt_store
+from .storemark import adopt_store, checked_store, store_path
 
 MAX_DAYS = 366
 
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
                           help=f"simulated days to record, up to {MAX_DAYS} (default 1)")
     target = generate.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", type=Path, help="samples file (.csv, .csv.gz or .parquet)")
-    target.add_argument("--store", type=Path, help="append into this embedded store directory")
+    target.add_argument("--store", type=store_path, help="append into this embedded store directory")
     generate.add_argument("--ground-truth", type=Path, help="write the injected faults here (.csv or .parquet)")
     generate.add_argument("--start", type=timestamp,
                           help="where the recorded days begin, ISO-8601 UTC; the first sample is one step later "
@@ -63,7 +63,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.store:
         from gpuwarden.fleet.clock import ModelClock
 
-        store = LocalStore(args.store, clock=ModelClock(lambda: simulation.now))  # simulated samples, simulated clock
+        store = LocalStore(checked_store(args.store), clock=ModelClock(lambda: simulation.now))  # simulated samples, simulated clock
         for frame in simulation.iter_chunks(steps):
             rows += store.append(frame)
         adopt_store(args.store)

@@ -136,6 +136,9 @@ def run_queue(args: argparse.Namespace) -> int:
     policies = args.policies
     started = time.perf_counter()
     if args.trace:
+        from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+
+        checked_input(args.trace, "--trace", MAX_SAMPLES_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
         results = run_queue_replay_file(args.trace, data_dir, spec, policies)
     else:
         results = run_queue_replay(data_dir, spec, policies)
@@ -215,6 +218,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     from gpuwarden.analytics import Inventory, PriceBook
     from gpuwarden.scheduling.whatif import WhatIfError, whatif_report
 
+    from .source_notes import rejected_rows_note
     from .sources import open_window
 
     window = open_window(args)
@@ -234,6 +238,7 @@ def run_whatif(args: argparse.Namespace) -> int:
               "label)" + "".join(f"; {note}" for note in report.history.notes), file=sys.stderr)
         return 2
     seconds = time.perf_counter() - started
+    report.notes.extend(rejected_rows_note(window.source))  # rows the source dropped are said here too
     emit(args, render_whatif(report, args.format, args.table, args.wide, seconds))
     if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
         sys.stdout.flush()

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.durations import DurationError, parse_duration_seconds
+from gpuwarden.fleet.inputs import MAX_SECRET_FILE_BYTES, checked_input
 from gpuwarden.fleet.semantics import to_utc
 
 from .args import number
-from .storemark import DEFAULT_STORE
+from .storemark import DEFAULT_STORE, checked_store, store_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +74,7 @@ def add_source_options(parser: argparse.ArgumentParser, since_default: str = "7d
     group = parser.add_argument_group("fleet samples source")
     group.add_argument("--source", choices=["local", "file", "prometheus"], default="local",
                        help="where samples come from (default local: the embedded store)")
-    group.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"embedded store directory (default {DEFAULT_STORE})")
+    group.add_argument("--store", type=store_path, default=DEFAULT_STORE, help=f"embedded store directory (default {DEFAULT_STORE})")
     group.add_argument("--file", type=Path, help="samples file for --source file (.csv, .csv.gz, .parquet)")
     group.add_argument("--prometheus-url", type=prometheus_url,
                        help="Prometheus base URL for --source prometheus (e.g. http://prometheus:9090)")
@@ -102,8 +103,8 @@ def open_prometheus(args: argparse.Namespace):
     if not args.prometheus_url:
         raise SamplesError("--source prometheus needs --prometheus-url URL (e.g. http://prometheus:9090)")
     for flag, path in (("--prometheus-token-file", args.prometheus_token_file), ("--prometheus-ca-file", args.prometheus_ca_file)):
-        if path is not None and not Path(path).is_file():
-            raise SamplesError(f"{flag} {path}: " + ("is a directory; expected a file" if Path(path).is_dir() else "no such file"))
+        if path is not None:
+            checked_input(path, flag, MAX_SECRET_FILE_BYTES)  # a FIFO would block the TLS set-up for ever
     return validated_prometheus(
         args.prometheus_url,
         step=args.prometheus_step.total_seconds(),
@@ -129,9 +130,7 @@ def open_source(args: argparse.Namespace) -> SamplesSource:
     from gpuwarden.store.sources import FileSource
 
     if args.source == "local":
-        if args.store.exists() and not args.store.is_dir():
-            raise SamplesError(f"--store {args.store}: is a file; expected a store directory")
-        store = LocalStore(args.store)
+        store = LocalStore(checked_store(args.store))
         if store.row_count() == 0:
             raise SamplesError(f"{args.store}: the store is empty or missing; fill it with 'gpuwarden demo' or 'gpuwarden store load'")
         return store

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from .output import add_output_options, emit, render_record, render_rows
 from .sources import timestamp
-from .storemark import DEFAULT_STORE, adopt_store
+from .storemark import DEFAULT_STORE, adopt_store, checked_store, store_path
 
 
 def _store_command(commands: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int], *,
                    output: bool, help: str, description: str) -> argparse.ArgumentParser:
     """A subcommand over one store: ``--store``, the output options where it prints a report, and its ``run``."""
     parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
-    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
+    parser.add_argument("--store", type=store_path, default=DEFAULT_STORE, help=f"store directory (default {DEFAULT_STORE})")
     if output:
         add_output_options(parser)
     parser.set_defaults(run=run)
@@ -64,11 +64,9 @@ def add_parser(subparsers) -> None:
 
 
 def _existing_store(path: Path):
-    from gpuwarden.store import LocalStore, SamplesError
+    from gpuwarden.store import LocalStore
 
-    if path.exists() and not path.is_dir():
-        raise SamplesError(f"{path}: is a file; expected a store directory")
-    return LocalStore(path)
+    return LocalStore(checked_store(path))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -108,8 +106,8 @@ def run_load(args: argparse.Namespace) -> int:
         first = next(r for r in reports if r.rejected)
         raise SamplesError(f"--strict: {rejected:,} row(s) rejected, nothing was loaded; {first.summary()}")
     for report in reports:
-        if report.rejected:
-            print(f"gpuwarden: warning: {report.summary()}", file=sys.stderr)
+        for note in report.notes():
+            print(f"gpuwarden: warning: {note}", file=sys.stderr)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     written = store.append(frame, validate=len(frames) > 1, source="the files together")  # one operation: all or nothing
     adopt_store(args.store)  # the store now holds data the demo did not make

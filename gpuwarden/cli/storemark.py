@@ -7,15 +7,46 @@ data the demo did not make, and the demo refuses to delete it without ``--reset`
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 from pathlib import Path
 
+from gpuwarden.fleet.errors import UserError
+
 DEFAULT_STORE = Path(".gpuwarden/demo-store")
 MARKER = ".gpuwarden-demo"
 # What a store consists of (the demo deletes these and nothing else in the folder).
-STORE_PARTS = ("samples", "ops", "quarantine", "actuator", ".lock", MARKER)
+STORE_PARTS = ("samples", "ops", "quarantine", "actuator", ".lock", ".readlock", MARKER)
+
+
+class StorePathError(UserError, ValueError):
+    """A --store path that is not a store: a file, or a folder holding other things."""
+
+
+def store_path(text: str) -> Path:
+    """The ``--store`` argument: a folder name, never empty (``Path("")`` is the working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a store folder; name one (default {DEFAULT_STORE})")
+    return Path(text)
+
+
+def checked_store(root: Path, flag: str = "--store") -> Path:
+    """``root`` if it can be a store: absent (a new one), an empty folder, or a folder holding any
+    of a store's parts. A file, or a folder of other things (a home folder, a checkout), is refused
+    with the reason: a store there would mix its parts with them, and the demo deletes its parts."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise StorePathError(f"{flag} {root}: is a file; expected a store directory")
+    if not root.is_dir():
+        return root
+    entries = sorted(entry.name for entry in root.iterdir())
+    if entries and not any(name in STORE_PARTS for name in entries):
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise StorePathError(f"{flag} {root}: is not a gpuwarden store (it holds {shown}, and no samples/); name an "
+                             "existing store, an empty folder or a new one")
+    return root
 
 
 def store_has_data(root: Path) -> bool:

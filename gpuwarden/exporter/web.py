@@ -233,8 +233,13 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        if not self.busy:
-            self._next_request()
+        if self.busy or self.writing:
+            # A client pipelining faster than it reads: stop reading until the answer drains, so
+            # neither its requests nor our answers pile up in memory, and the write timer holds.
+            if len(self.buffer) > _MAX_HEAD_BYTES and self.transport is not None:
+                self.transport.pause_reading()
+            return
+        self._next_request()
 
     def eof_received(self) -> bool:
         if self.busy:  # answer the request in flight, then close
@@ -244,6 +249,8 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writing = True
+        if self.transport is not None:
+            self.transport.pause_reading()  # no new request is read (nor answered) until this one drains
         self._arm(self.limits.write_timeout, "answer not read in time")
 
     def resume_writing(self) -> None:
@@ -309,6 +316,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()  # flushes what is left, then connection_lost
             return
         self._arm(self.limits.idle_timeout, "idle")
+        if self.transport.is_closing():
+            return
+        self.transport.resume_reading()
         if self.buffer:
             self._next_request()  # a pipelined request
 

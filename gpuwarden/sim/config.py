@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 import yaml
 
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, checked_input
 
 LLAMA3_GPU_DAYS = 54 * 16384
 # Llama 3 paper, Table 5 (GPU-related root causes), interruptions in 54 days.
@@ -123,10 +124,11 @@ class SimConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimConfig:
         path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: no such config file")
+        checked_input(path, "the sim config", MAX_CONFIG_FILE_BYTES, raising=ConfigError)  # a FIFO would block for ever
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML ({error})") from None
         if not isinstance(loaded, dict):

@@ -24,14 +24,18 @@ import pandas as pd
 
 log = logging.getLogger("gpuwarden.store")
 
-# Test seam: ``GPUWARDEN_STORE_CRASH_AT=<step>`` makes this process SIGKILL itself at that step of
-# an operation, so tests can kill -9 a real writer at an exact point (see tests/test_store_crash.py).
+# Test seams: ``GPUWARDEN_STORE_CRASH_AT=<step>`` makes this process SIGKILL itself at that step of
+# an operation, so tests can kill -9 a real writer at an exact point (see tests/test_store_crash.py);
+# ``GPUWARDEN_STORE_STOP_AT=<step>`` SIGSTOPs it there (a writer caught mid-swap, for read races).
 _CRASH_ENV = "GPUWARDEN_STORE_CRASH_AT"
+_STOP_ENV = "GPUWARDEN_STORE_STOP_AT"
 
 
 def crash_point(step: str) -> None:
     if os.environ.get(_CRASH_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(_STOP_ENV) == step:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Journal:
@@ -42,6 +46,7 @@ class Journal:
         self.samples_dir = root / "samples"
         self.ops_dir = root / "ops"
         self.lock_path = root / ".lock"
+        self.read_lock_path = root / ".readlock"
 
     @contextmanager
     def locked(self, blocking: bool = True) -> Iterator[bool]:
@@ -58,6 +63,33 @@ class Journal:
             try:
                 self.recover()
                 yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the read lock shared while listing and reading files: an operation's swap (its
+        renames and deletions, :meth:`apply`) holds it exclusively, so a read sees the store
+        before or after an operation, never a compaction's new file beside the files it replaces
+        (rows counted twice). Readers never wait for a whole load or compaction, only a swap."""
+        try:
+            handle = open(self.read_lock_path, "a+")  # noqa: SIM115 - closed below
+        except OSError:  # a read-only store: nobody can be swapping files in it
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _swapping(self) -> Iterator[None]:
+        with open(self.read_lock_path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -93,13 +125,15 @@ class Journal:
                 pass
 
     def apply(self, operation: dict) -> None:
-        for temporary, final in operation.get("add", []):
-            source, target = self.root / temporary, self.root / final
-            if source.exists():
-                os.replace(source, target)
-                crash_point(f"{operation['kind']}-renamed")
-        for old in operation.get("remove", []):
-            (self.root / old).unlink(missing_ok=True)
+        """The operation's renames and deletions, as one step for readers (:meth:`reading`)."""
+        with self._swapping():
+            for temporary, final in operation.get("add", []):
+                source, target = self.root / temporary, self.root / final
+                if source.exists():
+                    os.replace(source, target)
+                    crash_point(f"{operation['kind']}-renamed")
+            for old in operation.get("remove", []):
+                (self.root / old).unlink(missing_ok=True)
 
     def commit(self, kind: str, op_id: str, add: list[tuple[Path, Path]], remove: Sequence[Path] = ()) -> None:
         """Journal, then apply, one operation (see the module doc)."""

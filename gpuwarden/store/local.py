@@ -8,7 +8,9 @@ feed writes one per step) into one.
 Crash safety, at the level of a whole operation (a load, a compaction):
 
 - every writer takes ``ROOT/.lock`` (``fcntl.flock``), so writes and compactions are serialised
-  across processes; readers take no lock;
+  across processes; readers hold ``ROOT/.readlock`` shared while they list and read, and an
+  operation's swap (its renames and deletions) holds it exclusively, so a read never sees a
+  compaction's new file beside the files it replaces (:meth:`.journal.Journal.reading`);
 - an operation is journalled, and replayed or undone after a crash (:mod:`.journal`), so a load
   is all or nothing;
 - a load drops rows the store already holds (same GPU, MIG instance and timestamp), so loading
@@ -300,11 +302,12 @@ class LocalStore:
         self.journal.recover_if_needed()
         quarantined_here = 0
         for attempt in range(5):
-            dataset = self._dataset()
-            if dataset is None:
+            if not self.samples_dir.exists():
                 return None
             try:
-                return work(dataset)
+                with self.journal.reading():  # no operation swaps files between listing and reading
+                    dataset = self._dataset()
+                    return work(dataset) if dataset is not None else None
             except FileNotFoundError:
                 if attempt == 4:
                     raise

@@ -7,9 +7,9 @@ The columns themselves are declared in :mod:`gpuwarden.fleet.samples` (and docum
 - string columns: ``category`` (a fleet has few nodes, models, teams; millions of rows);
 - int columns: nullable ``Int64``; float columns: ``float64`` with NaN for "not measured".
 
-``coerce`` turns any frame that has the columns into that shape; ``load_samples`` reads a user's
-file and rejects a bad one with the file name, the line (CSV) or row (Parquet), the column, and
-what was expected.
+``coerce`` turns any frame that has the columns into that shape; ``load_samples``
+(:mod:`.samples_files`) reads a user's file and rejects a bad one with the file name, the line
+(CSV) or row (Parquet), the column, and what was expected.
 
 Beyond the types, ``coerce`` checks that each row is plausible and rejects the rows that are not,
 counting each by reason in a :class:`ValidationReport` (never kept silently, never dropped
@@ -23,12 +23,9 @@ rejected whole, naming the line.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -80,6 +77,7 @@ class ValidationReport:
     rows_in: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     first_at: dict[str, str] = field(default_factory=dict)
+    ignored_columns: list[str] = field(default_factory=list)  # columns read that are not samples columns
 
     @property
     def rejected_total(self) -> int:
@@ -95,8 +93,19 @@ class ValidationReport:
 
     def merge(self, other: ValidationReport) -> None:
         self.rows_in += other.rows_in
+        self.ignore(other.ignored_columns)
         for reason, count in other.rejected.items():
             self.add(reason, count, other.first_at[reason])
+
+    def ignore(self, columns: list[str]) -> None:
+        self.ignored_columns += [c for c in columns if c not in self.ignored_columns]
+
+    def notes(self) -> list[str]:
+        """What a reader must be told: the rows rejected, and columns ignored (a misspelt or
+        unknown column would otherwise vanish without a word)."""
+        ignored = ([f"{self.source}: column(s) {', '.join(map(repr, self.ignored_columns))} are not fleet samples "
+                    "columns and were ignored (the names: docs/schema.md)"] if self.ignored_columns else [])
+        return [*([self.summary()] if self.rejected else []), *ignored]
 
     def summary(self) -> str:
         """One line: how many rows were rejected and why (empty when none were)."""
@@ -108,7 +117,8 @@ class ValidationReport:
 
     def as_dict(self) -> dict:
         return {"source": self.source, "rows_in": self.rows_in, "rows_kept": self.rows_kept,
-                "rejected": dict(self.rejected), "first_at": dict(self.first_at)}
+                "rejected": dict(self.rejected), "first_at": dict(self.first_at),
+                "ignored_columns": list(self.ignored_columns)}
 
 
 class SamplesError(UserError, ValueError):
@@ -137,6 +147,7 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
     """
     rejections = _Rejections(frame, source, line_offset, report)
     reject = rejections.reject
+    rejections.report.ignore([str(c) for c in frame.columns if c not in _KIND])
 
     # A nullable column a file does not carry was not measured: it reads as null, not as an error.
     missing = [name for name in SAMPLE_COLUMN_NAMES if name not in frame.columns and not _NULLABLE[name]]
@@ -165,9 +176,30 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
             raise SamplesError(f"{_where(source, position, line_offset)}: column {name!r} is empty; it is required")
         out[name] = values
     result = pd.DataFrame(out)
+    _refuse_percent_ratios(result, source, line_offset)
     if len(result):
         _validate_rows(result, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
     return rejections.kept(result)
+
+
+def _refuse_percent_ratios(frame: pd.DataFrame, source: str, line_offset: int | None) -> None:
+    """A ``_ratio`` column written in percent (0-100) is refused whole: its rows above 1 would be
+    rejected and the rest kept as ratios (1 % read as 100 %). It looks like percent when at least
+    two values lie in (1, 100] and they are 5 % of the column or every value is a whole number;
+    a stray value above 1 stays a rejected row."""
+    for name in _RATIOS:
+        values = frame[name].to_numpy(dtype="float64", na_value=np.nan)
+        values = values[np.isfinite(values)]
+        above = values > 1.0 + 1e-9
+        count = int(above.sum())
+        if count < 2 or values.max() > 100.0:
+            continue
+        if count >= 0.05 * len(values) or bool((values % 1 == 0).all()):
+            first = int(np.flatnonzero(frame[name].to_numpy(dtype="float64", na_value=np.nan) > 1.0 + 1e-9)[0])
+            raise SamplesError(
+                f"{_where(source, first, line_offset)}: column {name!r} holds values above 1 in {count:,} of "
+                f"{len(values):,} rows (largest {values.max():g}): it looks like percent (0-100), and a _ratio "
+                "column is 0..1; divide the column by 100 (nothing was loaded)")
 
 
 class _Rejections:
@@ -189,11 +221,10 @@ class _Rejections:
             self.rejected |= new
 
     def kept(self, frame: pd.DataFrame) -> pd.DataFrame:
-        if not self.rejected.any():
-            return frame
         if self.own_report:
-            log.warning("%s", self.report.summary())
-        return frame[~self.rejected]
+            for note in self.report.notes():
+                log.warning("%s", note)
+        return frame[~self.rejected] if self.rejected.any() else frame
 
 
 def _flag(values: pd.Series) -> np.ndarray:
@@ -290,65 +321,6 @@ def _parse(raw: pd.Series, name: str, source: str, line_offset: int | None) -> p
             f"{_where(source, position, line_offset)}: column {name!r}: {raw.iloc[position]!r} is not {expected}"
         )
     return values.astype(PANDAS_DTYPES[name])
-
-
-def load_samples(path: str | Path, report: ValidationReport | None = None, now: pd.Timestamp | None = None) -> pd.DataFrame:
-    """Read fleet samples from a ``.csv`` (optionally ``.gz``) or ``.parquet`` file.
-
-    Every way a file can be unreadable (missing, a directory, empty, binary, not really gzip, not
-    really Parquet) is one :class:`SamplesError` naming the file. Rows that fail validation are
-    counted in ``report`` (see :func:`coerce`)."""
-    path = Path(path)
-    if not path.exists():
-        raise SamplesError(f"{path}: no such file")
-    if path.is_dir():
-        raise SamplesError(f"{path}: is a directory; expected a .csv, .csv.gz or .parquet file")
-    suffixes = "".join(path.suffixes[-2:]).lower()
-    report = ValidationReport(str(path)) if report is None else report
-    if path.suffix.lower() == ".parquet":
-        try:
-            frame = pd.read_parquet(path)
-        except Exception as error:  # noqa: BLE001 pyarrow raises several types for a corrupt file
-            raise SamplesError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
-        return _checked(coerce(frame, source=str(path), report=report, now=now), report)
-    if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):
-        try:
-            frame = pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
-        except pd.errors.EmptyDataError:
-            raise SamplesError(f"{path}: the file is empty; expected a header line and fleet samples rows") from None
-        except UnicodeDecodeError as error:
-            raise SamplesError(f"{path}: not a text CSV file (byte {error.start} is not UTF-8)") from None
-        except (gzip.BadGzipFile, zlib.error, EOFError) as error:
-            raise SamplesError(f"{path}: not a readable gzip file ({_first_line(error)})") from None
-        except (pd.errors.ParserError, ValueError) as error:
-            raise SamplesError(f"{path}: not a readable CSV file ({_first_line(error)})") from None
-        except OSError as error:
-            raise SamplesError(f"{path}: cannot read ({error.strerror or _first_line(error)})") from None
-        return _checked(coerce(frame, source=str(path), line_offset=2, report=report, now=now), report)
-    raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:200]
-
-
-def _checked(frame: pd.DataFrame, report: ValidationReport) -> pd.DataFrame:
-    if report.rows_in and frame.empty and report.rejected:
-        raise SamplesError(f"every row was rejected - {report.summary()}")
-    return frame
-
-
-def write_samples(frame: pd.DataFrame, path: str | Path) -> None:
-    """Write fleet samples as CSV (ISO-8601 UTC timestamps) or Parquet, by the file's suffix."""
-    path = Path(path)
-    frame = coerce(frame)
-    if path.suffix.lower() == ".parquet":
-        frame.to_parquet(path, index=False)
-    elif path.name.lower().endswith((".csv", ".csv.gz")):
-        frame.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
-    else:
-        raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
 
 
 def schema_markdown() -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,10 +25,14 @@ from gpuwarden.fleet.runner import Job, Runner
 from gpuwarden.fleet.semantics import to_utc
 from gpuwarden.fleet.triggers import every
 
+from .http_fetch import fetch
 from .local import LocalStore
+from .prometheus.series_checks import ReadNotes, series_name, unusable_identity
 from .series import Attribution, FrameAssembler, SeriesMapper, namespace_is_team
 
 log = logging.getLogger("gpuwarden.store.scraper")
+# The largest exposition read (a node of 8 GPUs with MIG serves well under 1 MiB).
+MAX_EXPOSITION_BYTES = 64 << 20
 
 SampleTime = Callable[[], "float | datetime | pd.Timestamp"]  # the time scraped rows carry
 
@@ -57,12 +59,14 @@ def _labels(body: str | None, line: str) -> dict[str, str]:
     return labels
 
 
-def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -> pd.DataFrame:
+def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp,
+                     notes: ReadNotes | None = None) -> pd.DataFrame:
     """One ``/metrics`` page (Prometheus text format) -> fleet-samples rows at ``timestamp``.
 
     Lines are parsed with two regular expressions, only those of series the catalogue names, and
     each distinct label set once (a GPU's series share theirs): prometheus_client's parser reads
-    labels a character at a time. A malformed line is a ValueError naming it."""
+    labels a character at a time. A malformed line is a ValueError naming it. Series that name no
+    GPU (no ``UUID``, no node, a ``gpu`` that is not a number) are skipped and counted in ``notes``."""
     assembler = FrameAssembler(mapper)
     stamp = np.array([pd.Timestamp(timestamp).value], dtype=np.int64)
     label_sets: dict[str | None, dict[str, str]] = {}
@@ -79,6 +83,10 @@ def parse_exposition(text: str, mapper: SeriesMapper, timestamp: pd.Timestamp) -
         labels = label_sets.get(body)
         if labels is None:
             labels = label_sets[body] = _labels(body, line)
+        if notes is not None and mapper.identity(labels) is None:
+            notes.add(f"{series_name('', labels)}: {unusable_identity(labels) or 'no GPU identity'}")
+            notes.skip(1)
+            continue
         assembler.add(name, labels, when, np.array([float(value)], dtype=np.float64))
     return assembler.frame()
 
@@ -89,6 +97,7 @@ class ScrapeResult:
     ok: bool
     rows: int
     error: str | None = None
+    skipped_series: int = 0  # series without a GPU identity (logged when the count changes)
 
 
 class Scraper:
@@ -132,15 +141,19 @@ class Scraper:
         self.scrapes = 0
         self.rows_written = 0
         self.last_results: tuple[ScrapeResult, ...] = ()
+        self._skipped: dict[str, int] = {}  # per target: series skipped at its last scrape
 
     def _now(self) -> pd.Timestamp:
         value = self._sample_time()
         return to_utc(pd.Timestamp(value, unit="s") if isinstance(value, (int, float)) else value)
 
     def fetch(self, url: str) -> str:
-        request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-        with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:  # noqa: S310 (http(s) URLs only)
-            body: bytes = response.read()
+        """The target's exposition text, all of it within ``timeout_seconds`` (a target that trickles
+        its answer fails the scrape there) and at most ``MAX_EXPOSITION_BYTES``."""
+        status, body = fetch(url, timeout_s=self.timeout_seconds, max_bytes=MAX_EXPOSITION_BYTES,
+                             headers={"Accept": "text/plain;version=0.0.4"})
+        if status != 200:
+            raise ConnectionError(f"HTTP {status}")
         return body.decode("utf-8")
 
     def scrape_once(self) -> tuple[ScrapeResult, ...]:
@@ -149,12 +162,19 @@ class Scraper:
             results = []
             for url in self.targets:
                 stamp = self._now()
+                notes = ReadNotes()
                 try:
-                    frame = parse_exposition(self.fetch(url), self.mapper, stamp)
+                    frame = parse_exposition(self.fetch(url), self.mapper, stamp, notes)
                     rows = self.store.append(frame) if len(frame) else 0
-                    results.append(ScrapeResult(url, True, rows))
+                    report = self.store.last_append.report
+                    if report is not None and report.rejected:  # never dropped without a word
+                        log.warning("scrape of %s: %s", url, report.summary())
+                    results.append(ScrapeResult(url, True, rows, skipped_series=notes.skipped_series))
+                    if notes.skipped_series != self._skipped.get(url, 0):  # said when it changes, not every scrape
+                        log.warning("scrape of %s: %s", url, "; ".join(notes.lines()[:3]))
+                    self._skipped[url] = notes.skipped_series
                     log.debug("scrape url=%s rows=%d", url, rows)
-                except (OSError, urllib.error.URLError, ValueError) as error:
+                except (OSError, ValueError) as error:  # refused, too slow (deadline), too large, bad text
                     message = f"{type(error).__name__}: {error}"
                     results.append(ScrapeResult(url, False, 0, message))
                     log.warning("scrape of %s failed: %s", url, message)

@@ -16,7 +16,8 @@ import pandas as pd
 from gpuwarden.fleet.semantics import to_utc_or_none
 
 from .local import LocalStore, TimeBound
-from .schema import ValidationReport, load_samples, validate_rows
+from .samples_files import load_samples
+from .schema import ValidationReport, validate_rows
 
 
 @runtime_checkable
@@ -28,11 +29,13 @@ class SamplesSource(Protocol):
 
 
 class FileSource:
-    """Fleet samples from one CSV / Parquet file, validated once when opened."""
+    """Fleet samples from one CSV / Parquet file, validated once when opened; ``validation``
+    counts the rows rejected, by reason (every report says them: ``cli.source_notes``)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._frame = load_samples(self.path)
+        self.validation = ValidationReport(str(self.path))
+        self._frame = load_samples(self.path, report=self.validation)
 
     def read(self, start=None, end=None, columns=None) -> pd.DataFrame:
         frame = self._frame

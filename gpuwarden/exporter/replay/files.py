@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, MAX_SAMPLES_FILE_BYTES, checked_input
 
 # Columns of phase_trace.csv the recorded NVML answers from; every other column but `phase` must
 # be numeric too. NaN is allowed only in GPM columns (the first GPM window has no value).
@@ -39,6 +40,7 @@ class TraceRow:
 def load_trace(path: str | Path) -> tuple[TraceRow, ...]:
     """Read and check a phase trace; a bad row raises :class:`ReplayError` with its line number."""
     path = Path(path)
+    checked_input(path, "the replay trace", MAX_SAMPLES_FILE_BYTES, raising=ReplayError)
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as error:
@@ -82,6 +84,7 @@ def load_trace(path: str | Path) -> tuple[TraceRow, ...]:
 def load_probe(path: str | Path) -> dict[str, Any]:
     """Read ``nvml_probe.json``: ``driver`` and ``device0`` answers are required."""
     path = Path(path)
+    checked_input(path, "the NVML probe", MAX_CONFIG_FILE_BYTES, raising=ReplayError)
     try:
         probe = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:

@@ -1,8 +1,11 @@
 """The HTTP query client of Prometheus' API (also Thanos, Mimir, VictoriaMetrics): requests,
 retries, errors, durations and grid-aligned range chunks. Knows nothing of fleet samples.
 
-Errors: Prometheus unreachable, timing out or answering 5xx / 429 is retried ``retries`` times
-with exponential backoff, then raises :class:`PrometheusUnavailable`; a query Prometheus rejects
+Errors: Prometheus unreachable or answering 5xx / 429 is retried ``retries`` times with
+exponential backoff, then raises :class:`PrometheusUnavailable`, as does no whole answer within
+``timeout`` (at once: the deadline covers the request, not each socket read); an answer of the
+wrong shape (valid JSON, not what the query API gives) is a :class:`PrometheusError` naming what
+was expected; a query Prometheus rejects
 (bad PromQL, too many samples) raises :class:`PrometheusQueryError` with Prometheus' own message.
 Both are :class:`~gpuwarden.store.schema.SamplesError`, which the CLI prints as one line.
 """
@@ -15,9 +18,7 @@ import math
 import random
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -25,13 +26,17 @@ from typing import Any, TypeAlias
 import pandas as pd
 
 from gpuwarden.fleet.durations import DurationError, parse_duration_seconds
+from gpuwarden.fleet.inputs import MAX_SECRET_FILE_BYTES, checked_input
 from gpuwarden.fleet.semantics import to_utc
+from ..http_fetch import AnswerTooLarge, DeadlineExceeded, fetch
 from ..schema import SamplesError
 
 log = logging.getLogger("gpuwarden.store.prometheus")
 
 # Prometheus refuses query_range results of more than 11,000 points per series.
 MAX_POINTS_PER_SERIES = 11_000
+# The largest answer read (a day of 1,000 GPUs' series at 60 s is ~150 MB of JSON).
+MAX_ANSWER_BYTES = 1 << 30
 
 Moment: TypeAlias = datetime | str | float | pd.Timestamp
 
@@ -90,7 +95,8 @@ class PrometheusClient:
     at 11,000 points). ``selector``: extra label matchers added to every series, e.g.
     ``'cluster="prod"'``. ``bearer_token`` / ``bearer_token_file``, ``ca_file``, ``cert_file`` +
     ``key_file`` (mutual TLS), ``insecure_skip_verify``: how to reach a secured server.
-    ``timeout``: seconds per request; ``retries``: extra attempts after the first for connection
+    ``timeout``: seconds per request, the whole of it (a server that trickles its answer is cut off
+    there, :mod:`..http_fetch`); ``retries``: extra attempts after the first for connection
     errors, timeouts, 429 and 5xx, waiting ``backoff * 2**attempt`` seconds (capped at
     ``max_backoff``, with jitter). ``concurrency``: requests in flight at once.
     """
@@ -120,13 +126,15 @@ class PrometheusClient:
         if self.chunk <= 0:
             raise PrometheusError("step and chunk must be positive durations")
         self.selector = selector.strip().strip("{}")
-        self.timeout = float(timeout)
+        self.timeout = float(timeout)  # seconds for the whole of one request (head and body), not per read
+        self.max_answer_bytes = MAX_ANSWER_BYTES
         self.retries = max(0, int(retries))
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.concurrency = max(1, int(concurrency))
         self._headers = {"Accept": "application/json", "User-Agent": "gpuwarden"}
         if bearer_token_file is not None:
+            checked_input(bearer_token_file, "the bearer token file", MAX_SECRET_FILE_BYTES)
             try:
                 bearer_token = Path(bearer_token_file).read_text().strip()
             except OSError as error:
@@ -160,17 +168,20 @@ class PrometheusClient:
                 delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.8 + 0.4 * random.random())  # noqa: S311
                 log.info("retrying %s in %.2fs (attempt %d/%d): %s", endpoint, delay, attempt + 1, self.retries + 1, last)
                 time.sleep(delay)
-            request = urllib.request.Request(endpoint, data=body, method="POST", headers={
-                **self._headers, "Content-Type": "application/x-www-form-urlencoded"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout, context=self._ssl) as response:  # noqa: S310
-                    payload = response.read()
-                status = 200
-            except urllib.error.HTTPError as error:
-                status, payload = error.code, error.read()
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
-                reason = getattr(error, "reason", error)
-                last = f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+                status, payload = fetch(endpoint, timeout_s=self.timeout, max_bytes=self.max_answer_bytes, method="POST",
+                                        body=body, ssl_context=self._ssl,
+                                        headers={**self._headers, "Content-Type": "application/x-www-form-urlencoded"})
+            except AnswerTooLarge as error:
+                raise PrometheusError(f"Prometheus at {self.url}: {error} for {query!r}; ask for a shorter window, "
+                                      "a coarser --prometheus-step or a narrower --prometheus-selector") from None
+            except DeadlineExceeded:
+                # Not retried: a server this slow holds the report for timeout x attempts otherwise.
+                raise PrometheusUnavailable(
+                    f"Prometheus at {self.url} gave no whole answer within {self.timeout:g} s (--prometheus-timeout) "
+                    f"for {query or path!r}; raise --prometheus-timeout or ask for a shorter window") from None
+            except OSError as error:  # refused, reset, TLS
+                last = f"{type(error).__name__}: {error}"
                 continue
             answer = self._decode(payload)
             if status == 200 and answer.get("status") == "success":
@@ -207,13 +218,15 @@ class PrometheusClient:
         if at is not None:
             params["time"] = f"{epoch_seconds(at):.3f}"
         data = self._request("/api/v1/query", params)
-        return data.get("result", []) if isinstance(data, dict) else []
+        return self._result(data, ("vector", "matrix"), promql)
 
     def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
         """The label sets of the series ``match`` selects within [start, end] (Prometheus' series
         API: the index only, no samples read)."""
         data = self._request("/api/v1/series", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
-        return [labels for labels in data if isinstance(labels, dict)] if isinstance(data, list) else []
+        if not isinstance(data, list) or not all(_is_labels(labels) for labels in data):
+            raise self._unexpected(f"the series of {match!r}", "a list of label sets ({name: value})", data)
+        return data
 
     def query_range(self, promql: str, start: Moment, end: Moment, step: float | str = 60.0) -> list[dict[str, Any]]:
         """A range query, split into chunks of at most ``chunk`` and 11,000 points; the series
@@ -246,17 +259,42 @@ class PrometheusClient:
         """One range request evaluated at ``first, first + step, ..., last``; its series."""
         data = self._request("/api/v1/query_range", {
             "query": promql, "start": f"{first:.3f}", "end": f"{last:.3f}", "step": promql_duration(step)})
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            return []
-        result = data.get("result", [])
-        return result if isinstance(result, list) else []
+        return self._result(data, ("matrix",), promql)
+
+    def _result(self, data: Any, result_types: tuple[str, ...], promql: str) -> list[dict[str, Any]]:
+        """The ``result`` of a query answer, checked before use: each series a ``metric`` label set
+        and its ``value`` ([time, "number"], a vector) or ``values`` (a list of them, a matrix).
+        Anything else is an unexpected answer naming what was expected (a proxy or another API on
+        the URL, mostly)."""
+        if not isinstance(data, dict) or not isinstance(data.get("result"), (list, type(None))):
+            raise self._unexpected(promql, f'{{"resultType": "{result_types[0]}", "result": [...]}}', data)
+        kind = data.get("resultType")
+        if kind in ("scalar", "string") or not data.get("result"):
+            return []  # a query of a constant, or nothing at all
+        if kind not in result_types:
+            raise self._unexpected(promql, " or ".join(f'resultType "{t}"' for t in result_types), kind)
+        points = "value" if kind == "vector" else "values"
+        expected = ('{"metric": {labels}, "value": [time, "number"]}' if points == "value"
+                    else '{"metric": {labels}, "values": [[time, "number"], ...]}')
+        for position, series in enumerate(data["result"]):
+            if not (isinstance(series, dict) and _is_labels(series.get("metric"))):
+                raise self._unexpected(promql, f"result[{position}] as {expected}", series)
+            pairs = [series.get("value")] if points == "value" else series.get("values")
+            if not isinstance(pairs, list) or not all(_is_point(pair) for pair in pairs):
+                raise self._unexpected(promql, f"result[{position}] as {expected}", series)
+        return list(data["result"])
+
+    def _unexpected(self, what: str, expected: str, got: Any) -> PrometheusError:
+        shown = json.dumps(got, default=str)[:120]
+        return PrometheusError(f"unexpected answer from Prometheus at {self.url} for {what}: expected {expected}, "
+                               f"got {shown} (is --prometheus-url a Prometheus query API?)")
 
     def scalar(self, promql: str, at: float) -> float | None:
         """The first value of an instant query; None when there is none (or NaN)."""
         result = self.query(promql, at)
         if not result:
             return None
-        value = float(result[0]["value"][1])
+        value = float(result[0]["value"][1])  # checked by query(): a number in a string
         return None if math.isnan(value) else value
 
     def range_values(self, promql: str, start: float, end: float, step: float) -> list[float]:
@@ -270,3 +308,19 @@ class PrometheusClient:
     def selected(self, metric: str) -> str:
         """``metric`` with the client's extra label matchers."""
         return f"{metric}{{{self.selector}}}" if self.selector else metric
+
+
+def _is_labels(labels: Any) -> bool:
+    return isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())
+
+
+def _is_point(pair: Any) -> bool:
+    """``[time, "number"]`` as Prometheus writes a sample ("NaN", "+Inf" included)."""
+    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], (int, float))
+            and not isinstance(pair[0], bool) and isinstance(pair[1], str)):
+        return False
+    try:
+        float(pair[1])
+    except ValueError:
+        return False
+    return True

@@ -31,6 +31,8 @@ class ReadNotes:
     def __init__(self) -> None:
         self._notes: dict[str, None] = {}
         self.dropped = 0
+        self.skipped_series = 0  # series read and skipped: they named no GPU
+        self.skipped_points = 0
 
     def add(self, text: str) -> None:
         if text in self._notes:
@@ -40,9 +42,17 @@ class ReadNotes:
             return
         self._notes[text] = None
 
+    def skip(self, points: int) -> None:
+        self.skipped_series += 1
+        self.skipped_points += points
+
     def lines(self) -> list[str]:
+        """The count of series skipped (first: it says how much of the read was lost), then each note."""
+        skipped = ([f"{self.skipped_series:,} series ({self.skipped_points:,} samples) without a GPU identity (a UUID, "
+                    "a Hostname or node, a numeric gpu label) were skipped: they are in no figure of this report"]
+                   if self.skipped_series else [])
         more = [f"... and {self.dropped} more note(s) like these"] if self.dropped else []
-        return [*self._notes, *more]
+        return [*skipped, *self._notes, *more]
 
 
 def series_name(metric: str, labels: Mapping[str, str]) -> str:
@@ -72,6 +82,7 @@ def check_series(metric: str, labels: Mapping[str, str], values: np.ndarray, cou
     reason = unusable_identity(labels)
     if reason is not None:  # one note per device, not per metric: the label is wrong on all of them
         notes.add(f"{series_name('', labels)}: {reason}")
+        notes.skip(int(values.size))
         return False
     model = labels.get("modelName", "")
     if gpu_catalogue().resolve(model) is None:
