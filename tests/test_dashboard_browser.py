@@ -2,8 +2,8 @@
 driven over the DevTools protocol (:mod:`gpuwarden.dashboards.cdp`).
 
 Every page is loaded on a full simulated store (samples, cluster snapshot, an action awaiting
-approval; the Queue and Request pages fed by a stand-in of the scheduler's live queue, the demo's
-portal templates) and on an empty one, and must show its own content and no exception text. Then an approval is clicked in the browser and the actuator applies it.
+approval; the Queue and Request pages fed by the demo's own scheduling loop, as `gpuwarden demo`
+serves it, and the demo's portal templates) and on an empty one, and must show its own content and no exception text. Then an approval is clicked in the browser and the actuator applies it.
 
 Needs the ``chromium`` binary (Debian package ``chromium``, installed by ``.ci/run``) and the
 shared traces the simulator reads: skipped with a reason when absent, failed under ``CI=true``.
@@ -31,7 +31,9 @@ from gpuwarden.actuator import (
 )
 from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH
 from gpuwarden.dashboards.cdp import EXCEPTION_MARKERS, Chromium, find_chromium
-from queue_server_stand_in import QueueServerStandIn, queue, team, waiting
+from gpuwarden.actuator.kube.gates import REQUESTED_BY_ANNOTATION
+from gpuwarden.actuator.queue_server import QueueServer
+from gpuwarden.cli.demo_live import portal_submitter
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
@@ -45,7 +47,7 @@ FULL_CONTENT = {
     "idle": ("Idle GPUs and why", "Idle GPU-hours", "GPU-hours by state over time", "Pods hoarding GPU memory"),
     "cost": ("Cost and chargeback", "Fleet cost", "Cost over time", "Chargeback", "Buy vs rent"),
     "health": ("GPU health", "Critical", "XID / ECC / row-remap events per node"),
-    "queue": ("Queue & quotas", "Per team (GPUs)", "Pending workloads, in queue order", "round 42"),
+    "queue": ("Queue & quotas", "Per team (GPUs)", "Pending workloads, in queue order", "round "),
     "portal": ("Request GPUs", "Submit request", "Your requests in the queue", "Team priorities (team leads)"),
     "actions": ("Actuator actions", "Awaiting approval", "Approve", "Limits:"),
 }
@@ -87,11 +89,13 @@ def serve(store: Path, **env):
 
 @pytest.fixture(scope="module")
 def scheduler(full_store):
-    """The scheduler's live queue, contract-shaped (the demo's own loop serves it at integration). Its
-    tables are drawn on a canvas, so the page is checked by its caption naming the round."""
-    teams = [t.name for t in full_store[1]["cluster"].snapshot().teams]
-    server = QueueServerStandIn(queue([team(t, 4, 8, 4) for t in teams], [
-        waiting(1, teams[0], "portal-job", teams[0], 2.0, f"team {teams[0]} at its guarantee of 4 GPUs")])).start()
+    """The demo's own scheduling loop serving its live queue and taking portal submissions, as
+    ``gpuwarden demo`` serves them: the round the simulated fleet was scheduled by. Its tables are
+    drawn on a canvas, so the page is checked by its caption naming the round."""
+    simulation = full_store[1]["simulation"]
+    assert simulation.scheduling.rounds > 0  # the simulated fleet ran its rounds while the store filled
+    server = QueueServer(lambda: simulation.scheduling.queue, submit=portal_submitter(simulation, REQUESTED_BY_ANNOTATION),
+                         port=0).start()
     yield server
     server.stop()
 
@@ -198,7 +202,6 @@ def test_submit_from_the_portal_in_the_browser(full, chrome, scheduler):
     url, _root, _built = full
     load(chrome, f"{url}/portal", ("Submit request", f"Signed in as {APPROVER}"))
     assert chrome.click("Submit request")
-    chrome.settle(("applied-ml/my-job-1 queued",), timeout_s=60)
-    [posted] = scheduler.posted
-    assert posted["identity"] == APPROVER
-    assert posted["request"]["team"] == "applied-ml" and posted["request"]["priorityClass"] == "normal"
+    chrome.settle(("applied-ml/my-job-1 submitted by",), timeout_s=60)
+    (state,) = [w for w in _built["cluster"].snapshot().workloads if w.workload.key == "applied-ml/my-job-1"]
+    assert state.annotations[REQUESTED_BY_ANNOTATION] == APPROVER and state.workload.priority_class.value == "normal"
