@@ -47,6 +47,9 @@ def test_every_alert_has_a_firing_and_a_must_not_fire_case():
 def test_alerts_read_metrics_gpuwarden_serves():
     served = {PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _, _) in METRICS.items()}
     served |= {"gpuwarden_actuator_circuit_open"}  # the actuator process's own gauge (actuator/apply.py)
+    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics  # the scheduler process's own /metrics
+
+    served |= {sample.name for family in SchedulerMetrics().registry.collect() for sample in family.samples}
     for name, rule in _alerts().items():
         for metric in re.findall(r"\bgpuwarden_\w+", rule["expr"]):
             assert metric in served, f"{name} reads {metric}, which nothing serves"

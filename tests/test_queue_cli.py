@@ -142,7 +142,7 @@ def test_gpuwarden_queue_says_in_one_line_when_the_scheduler_is_unreachable(caps
     server.httpd.server_close()  # the port is closed: nothing answers
     assert main(["queue", "--scheduler-url", url]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"gpuwarden: error: cannot read the queue from {url}/queue")
+    assert len(err.splitlines()) == 1 and err.startswith(f"gpuwarden: error: cannot read the queue: {url}/queue: no answer")
 
 
 # -- the demo --------------------------------------------------------------------------------------

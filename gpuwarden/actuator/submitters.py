@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+from gpuwarden.store.http_fetch import fetch
 
 from .kube.api import MERGE_PATCH, KubeApi, KubeFailure, load_client
 from .kube.gates import ADMISSION_GATE, PRIORITY_CLASS_ANNOTATION
@@ -100,21 +102,24 @@ class SchedulerEndpoint:
                           f"(set {SUBMIT_ENV}=kubernetes)")
 
 
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a queue of tens of thousands of workloads is a few MiB
+
+
 def http_json(url: str, body: Mapping[str, Any] | None = None,
               timeout_seconds: float = HTTP_TIMEOUT_SECONDS) -> tuple[int, Any]:
-    """GET ``url`` (or POST ``body`` as JSON): (HTTP status, parsed JSON answer). PortalError, one
-    line, when nothing answers or the answer is not JSON."""
+    """GET ``url`` (or POST ``body`` as JSON): (HTTP status, parsed JSON answer), the whole request
+    within ``timeout_seconds`` and the answer within :data:`MAX_ANSWER_BYTES`. PortalError, one
+    line, when the URL is not http(s), nothing answers in time or the answer is not JSON."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise PortalError(f"{url}: not an http:// or https:// URL")
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:  # noqa: S310 - an operator's URL
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise PortalError(f"{url}: no answer ({reason})") from None
+        status, raw = fetch(url, timeout_s=timeout_seconds, max_bytes=MAX_ANSWER_BYTES,
+                            method="GET" if body is None else "POST", body=data,
+                            headers={"Content-Type": "application/json", "Accept": "application/json"})
+    except (OSError, http.client.HTTPException) as error:  # refused, reset, TLS, DeadlineExceeded, AnswerTooLarge
+        raise PortalError(f"{url}: no answer ({error or type(error).__name__})") from None
     try:
         return status, json.loads(raw) if raw else None
     except ValueError:

@@ -48,23 +48,24 @@ def add_parser(subparsers) -> None:
 
 
 def fetch_queue(url: str, namespace: str | None = None, timeout_seconds: float = 10.0) -> dict:
-    """The scheduler's queue document; SchedulerUnreachable (one line) when it cannot be read."""
+    """The scheduler's queue document; SchedulerUnreachable (one line) when it cannot be read, the
+    whole request within ``timeout_seconds``."""
+    from gpuwarden.actuator.submit import PortalError
+    from gpuwarden.actuator.submitters import http_json
+
     query = "?" + urllib.parse.urlencode({"namespace": namespace}) if namespace else ""
     target = url.rstrip("/") + "/queue" + query
     try:
-        with urllib.request.urlopen(target, timeout=timeout_seconds) as response:  # noqa: S310 (a URL the user gave)
-            return dict(json.loads(response.read()))
-    except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")
-        try:
-            detail = json.loads(detail).get("error", detail)
-        except (ValueError, AttributeError):
-            pass
-        raise SchedulerUnreachable(f"{target}: HTTP {error.code}: {' '.join(str(detail).split())}") from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        why = getattr(error, "reason", None) or error
-        raise SchedulerUnreachable(f"cannot read the queue from {target} ({why}); is 'gpuwarden scheduler run' (or "
-                                   f"the demo) serving there? Set --scheduler-url or ${SCHEDULER_URL_ENV}") from None
+        status, document = http_json(target, timeout_seconds=timeout_seconds)
+    except PortalError as error:
+        raise SchedulerUnreachable(f"cannot read the queue: {error}; is 'gpuwarden scheduler run' (or the demo) "
+                                   f"serving there? Set --scheduler-url or ${SCHEDULER_URL_ENV}") from None
+    if status != 200:
+        detail = document.get("error") if isinstance(document, dict) else None
+        raise SchedulerUnreachable(f"{target}: HTTP {status}" + (f": {' '.join(str(detail).split())}" if detail else ""))
+    if not isinstance(document, dict) or not isinstance(document.get("workloads"), list):
+        raise SchedulerUnreachable(f"{target}: not a scheduler's queue (expected a JSON object with a 'workloads' list)")
+    return document
 
 
 def _waiting(seconds: float) -> str:

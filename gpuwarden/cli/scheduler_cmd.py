@@ -35,7 +35,8 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser("scheduler", help="gpuwarden's scheduling loop on a Kubernetes cluster",
                                    description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=type(parser))
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True,
+                                     parser_class=type(parser))
     run = commands.add_parser("run", help="admit, place and preempt every --interval-seconds; serve /queue")
     cluster_options(run)
     add_source_options(run, since_default="7d")
@@ -65,7 +66,6 @@ def add_parser(subparsers) -> None:
     run.add_argument("--lease-duration", type=positive_int, default=15, help="Lease seconds (default 15)")
     run.add_argument("--identity", default=socket.gethostname(), help="this replica's name in the Lease (default: hostname)")
     run.set_defaults(run=run_scheduler)
-    parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 
 def _attained(args: argparse.Namespace):
