@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fake_job_controller import RUN_SECONDS_ANNOTATION
 from fake_kube_api import CORE, FakeKubeAPI
 from gated_scenario import START_SECONDS, FakeCluster, job_manifest, submit
 from kube_fleet import namespace, priority_class
@@ -68,6 +67,7 @@ class Played:
     """What one side did: each round's admissions ``(round seconds, kind, workload, nodes)``, and its time."""
 
     admissions: list[tuple[int, str, str, tuple[str, ...]]] = field(default_factory=list)
+    stops: list[tuple[int, str, str]] = field(default_factory=list)  # (round seconds, kind, workload): suspends, preemptions
     seconds: float = 0.0
     rounds: int = 0
 
@@ -113,6 +113,8 @@ def _recorder(played: Played, origin: datetime) -> Callable[[RoundOutcome], None
             if result.ok and action.kind in (ActionKind.BIND, ActionKind.RESUME):
                 nodes = tuple(sorted(str(p["node"]) for p in action.params.get("placements") or ()))
                 played.admissions.append((at, action.kind.value, action.target, nodes))
+            elif result.ok and action.kind in (ActionKind.SUSPEND, ActionKind.PREEMPT, ActionKind.EVICT):
+                played.stops.append((at, action.kind.value, action.target))
     return observe
 
 
