@@ -81,20 +81,24 @@ def config(nodes: int, max_job_hours: float, training_load: float = 0.95, seed: 
                      scheduling_interval_seconds=ROUND_SECONDS)
 
 
-def record_slice(cfg: SimConfig, hours: float, jobs: int | None = None, speedup: float = 1.0) -> list[SliceJob]:
+def record_slice(cfg: SimConfig, hours: float, jobs: int | None = None, speedup: float = 1.0,
+                 checkpointable: bool | None = None) -> list[SliceJob]:
     """The simulator's Philly training arrivals of the first ``hours`` (at most ``jobs`` of them),
     submitted ``speedup`` times as fast (a small fleet sees a queue, preemptions and resumes),
     as the live cluster can state them: project = namespace = team (the live reader's project),
     pools any (a pool constraint is not read from a live Job), a checkpoint interval of 600 s
-    (what the live reader assumes of a checkpointable Job); times whole rounds / seconds."""
+    (what the live reader assumes of a checkpointable Job); times whole rounds / seconds.
+    ``checkpointable`` True / False overrides the trace's flag (False: no job is ever suspended,
+    so none is resumed; a preempted one is evicted and waits again)."""
     sim = Simulation(cfg, scheduling=lambda cluster: _NoRound())
     out = []
     for spec in sim.arrivals.arrivals(hours * 3600):
         w = spec.workload
         if w.kind not in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNING):
             continue
-        workload = replace(w, project=w.namespace, pools=(),
-                           checkpoint_interval_seconds=600.0 if w.checkpointable else None)
+        saves = w.checkpointable if checkpointable is None else checkpointable
+        workload = replace(w, project=w.namespace, pools=(), checkpointable=saves,
+                           checkpoint_interval_seconds=600.0 if saves else None)
         out.append(SliceJob(workload, int(spec.submit_s / speedup // ROUND_SECONDS) * ROUND_SECONDS, max(1, math.ceil(spec.duration_s))))
     return out[:jobs] if jobs else out
 
