@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -146,16 +147,21 @@ def _by_round(jobs: list[SliceJob]) -> dict[int, list[SliceJob]]:
 
 
 def install(api: FakeKubeAPI, sim: Simulation) -> None:
-    """The simulated fleet's nodes, teams and priority classes as a cluster administrator sets them up."""
+    """The simulated fleet's nodes, teams and priority classes as a cluster administrator sets them up
+    (a MIG node as the device plugin's mixed strategy publishes it: its instances, no whole GPU)."""
     for team in sim.teams:
         namespace(api, team.name, {QUEUE_LABEL: team.name},
                   {GUARANTEE_ANNOTATION: str(team.guaranteed_gpus), BURST_ANNOTATION: str(team.burst_limit_gpus),
                    WEIGHT_ANNOTATION: str(team.weight)})
     for priority, value in PRIORITY_VALUES.items():
         priority_class(api, priority.value, value)
+    mig: dict[str, Counter[str]] = {}  # node -> MIG instances it offers, by profile
+    for gpu in sim.gpus:
+        mig.setdefault(gpu.node, Counter()).update(i.profile for i in gpu.mig_instances)
     for node in sim.nodes:
-        resources = {"cpu": str(node.cpu_milli // 1000), "memory": str(node.memory_bytes), "pods": "110",
-                     "nvidia.com/gpu": str(node.gpu_count)}
+        offers = ({f"nvidia.com/mig-{p}": str(n) for p, n in mig[node.name].items()} | {"nvidia.com/gpu": "0"}
+                  if mig.get(node.name) else {"nvidia.com/gpu": str(node.gpu_count)})  # the device plugin's mixed strategy
+        resources = {"cpu": str(node.cpu_milli // 1000), "memory": str(node.memory_bytes), "pods": "110", **offers}
         api.add(CORE, "nodes", {
             "metadata": {"name": node.name, "labels": {
                 "kubernetes.io/hostname": node.name, "nvidia.com/gpu.product": node.gpu_model,
