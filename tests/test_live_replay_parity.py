@@ -29,12 +29,19 @@ simulator (the first admission went to different nodes): ``SimCluster`` lists th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from fake_kube_api import FakeKubeAPI
+from kube_fleet import namespace
 from parity_harness import START, config, first_divergence, install, play_live, play_sim, record_slice
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.actuator.kube.gates import QUEUE_LABEL
+from gpuwarden.actuator.kube.inventory import WEIGHT_ANNOTATION
+from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet.clock import ModelClock
+from gpuwarden.sim import ConfigError
 
 HORIZON_SECONDS = 3 * 3600
 
@@ -98,3 +105,30 @@ def test_with_preemptions_they_agree_up_to_the_first_resume_which_a_queue_namesp
     later = [(when, kind) for when, kind, key, _ in live.admissions[first + 1:] if key == resumed]
     assert later and later[0] == (at + 60, "bind"), later  # live: admitted in the next round
     assert all(key != resumed for when, _, key, _ in sim.admissions[first + 1:] if when == at + 60)  # sim: running
+
+
+def test_with_arrivals_off_only_submitted_work_arrives():
+    cfg = config(nodes=2, max_job_hours=2, training_load=3.0)
+    job = record_slice(cfg, hours=12, jobs=1)[0]
+    on, off = simulated_fleet(cfg), simulated_fleet(replace(cfg, arrivals=False))
+    for sim in (on, off):
+        sim.run(60)
+    assert on.counts["submitted"] > 0 and off.counts["submitted"] == 0
+    assert off.submit(job.workload, job.run_s) == job.workload.key and off.counts["submitted"] == 1
+    with pytest.raises(ConfigError, match="arrivals: 'no' is not allowed; expected true or false"):
+        replace(cfg, arrivals="no")
+
+
+def test_a_team_weight_that_is_not_a_positive_number_is_named_and_read_as_1(tmp_path, caplog):
+    api = FakeKubeAPI().start()
+    try:
+        namespace(api, "research", {QUEUE_LABEL: "research"}, {WEIGHT_ANNOTATION: "heavy"})
+        namespace(api, "vision", {QUEUE_LABEL: "vision"}, {WEIGHT_ANNOTATION: "0"})
+        namespace(api, "speech", {QUEUE_LABEL: "speech"}, {WEIGHT_ANNOTATION: "2.5"})
+        clock = ModelClock(lambda: START)
+        snapshot = KubeCluster(KubeApi(load_client(api.kubeconfig(tmp_path / "kc.json")), clock=clock), clock=clock).snapshot()
+    finally:
+        api.stop()
+    weights = {t.name: t.weight for t in snapshot.teams}
+    assert (weights["research"], weights["vision"], weights["speech"]) == (1.0, 1.0, 2.5)
+    assert "gpuwarden.io/weight='heavy' is not a number > 0" in caplog.text
