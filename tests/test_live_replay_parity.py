@@ -30,10 +30,12 @@ simulator (the first admission went to different nodes): ``SimCluster`` lists th
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
-from fake_kube_api import FakeKubeAPI
-from kube_fleet import namespace
+from fake_kube_api import CORE, FakeKubeAPI
+from gated_scenario import FakeCluster, job_manifest, submit
+from kube_fleet import namespace, priority_class
 from parity_harness import START, config, first_divergence, install, play_live, play_sim, record_slice
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
@@ -132,3 +134,27 @@ def test_a_team_weight_that_is_not_a_positive_number_is_named_and_read_as_1(tmp_
     weights = {t.name: t.weight for t in snapshot.teams}
     assert (weights["research"], weights["vision"], weights["speech"]) == (1.0, 1.0, 2.5)
     assert "gpuwarden.io/weight='heavy' is not a number > 0" in caplog.text
+
+
+def test_a_workload_whose_pods_were_made_again_keeps_its_jobs_submission_time(tmp_path):
+    """The simulator keeps a requeued job's submission time; live, an evicted pod is replaced by a new
+    one (a new creationTimestamp), so the reader takes the Job's creation as the workload's."""
+    api = FakeKubeAPI().start()
+    try:
+        namespace(api, "research", {QUEUE_LABEL: "research"})
+        priority_class(api, "normal", 1000)
+        fake = FakeCluster(api)
+        assert submit(api, job_manifest("train", "research", count=1, grace_seconds=0))[0] == 201
+        fake.step(0)
+        (first,) = api.objects(CORE, "pods")
+        fake.step(600)
+        api.handle("DELETE", f"/api/v1/namespaces/research/pods/{first['metadata']['name']}", "application/json", b"{}")
+        fake.step(0)  # the Job controller replaces it
+        (again,) = api.objects(CORE, "pods")
+        assert again["metadata"]["creationTimestamp"] != first["metadata"]["creationTimestamp"]
+        clock = ModelClock(lambda: datetime.fromtimestamp(fake.clock.now, UTC))
+        snapshot = KubeCluster(KubeApi(load_client(api.kubeconfig(tmp_path / "kc.json")), clock=clock), clock=clock).snapshot()
+    finally:
+        api.stop()
+    (state,) = [ws for ws in snapshot.workloads if ws.workload.key == "research/train"]
+    assert state.submitted_at == START
