@@ -25,6 +25,10 @@ Found by this comparison and fixed: a live team had no fair-share weight (every 
 the simulator's weigh 0.91-2.73): the reader now takes ``gpuwarden.io/weight``; the planner broke
 ties in the order nodes were listed, which is name order from the API and pool order in the
 simulator (the first admission went to different nodes): ``SimCluster`` lists them by name.
+An evicted live workload's pods are made again, and it was read as submitted then (to the back of
+the queue; the simulator keeps a requeued job's submission): the reader counts the Job's creation.
+The harness mirrors the simulator's MIG nodes as MIG nodes (as whole GPUs, the first admission on
+an 8-node fleet went to a MIG node live).
 """
 
 from __future__ import annotations
