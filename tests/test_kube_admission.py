@@ -68,7 +68,8 @@ def gated_job(api: FakeKubeAPI, ns: str, name: str, pods: int, gpus: int = 1, pr
     ``running`` of them already ungated and bound to ``running_on``."""
     template: dict = {"containers": [{"name": "main", "image": "trainer",
                                       "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
-    api.add(BATCH, "jobs", {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+    api.add(BATCH, "jobs", {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {},
+                                         "creationTimestamp": created},  # a Job is created with its first pods
                             "spec": {"parallelism": pods, "completions": pods, "template": {"spec": template}},
                             "status": {}})
     for i in range(pods):

@@ -37,6 +37,11 @@ UNREACHABLE_TAINT = "node.kubernetes.io/unreachable=:NoExecute"  # what Kubernet
 class SimCluster:
     def __init__(self, simulation: Simulation) -> None:
         self.sim = simulation
+        # nodes and their GPUs in name order, as a Kubernetes API lists them: the planner breaks ties
+        # in the order it is given, so a live cluster and its simulation must give the same one
+        self._nodes = tuple(sorted(simulation.nodes, key=lambda n: n.name))
+        rank = {node.name: i for i, node in enumerate(self._nodes)}
+        self._gpus = tuple(sorted(simulation.gpus, key=lambda g: (rank[g.node], g.index)))
         self._placements: dict[int, tuple[np.ndarray, tuple[Placement, ...]]] = {}  # by job, while its devices stay
         # by job: its state and what it was built from; a waiting job's is reused from round to round
         self._states: dict[int, tuple[tuple[object, ...], WorkloadState]] = {}
@@ -58,8 +63,8 @@ class SimCluster:
                 taints[sim.nodes[i].name] = (*taints.get(sim.nodes[i].name, ()), UNREACHABLE_TAINT)
             return ClusterSnapshot(
                 taken_at=now,
-                nodes=sim.nodes,
-                gpus=sim.gpus,
+                nodes=self._nodes,
+                gpus=self._gpus,
                 workloads=workloads,
                 teams=sim.teams,
                 cordoned=frozenset(sim.nodes[i].name for i in np.flatnonzero(sim.node_cordoned)),

@@ -71,6 +71,9 @@ class SimConfig:
     # triggers a round at the next step).
     scheduler_policy: str = "gpuwarden"
     scheduling_interval_seconds: int = 300
+    # False: the trace's arrivals never come; only work given to ``Simulation.submit`` arrives (a replay
+    # of a recorded slice, e.g. the live-versus-simulator parity check)
+    arrivals: bool = True
 
     def __post_init__(self) -> None:
         positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus", "scheduling_interval_seconds")
@@ -91,8 +94,9 @@ class SimConfig:
             raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
         if not isinstance(self.scheduler_policy, str) or not self.scheduler_policy:
             raise ConfigError(f"scheduler_policy: {self.scheduler_policy!r} is not allowed; expected a policy name")
-        if not isinstance(self.background_noise, bool):
-            raise ConfigError(f"background_noise: {self.background_noise!r} is not allowed; expected true or false")
+        for name in ("background_noise", "arrivals"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:
             object.__setattr__(self, "start", self.start.replace(tzinfo=UTC))
 

@@ -245,6 +245,8 @@ class Simulation(HardwareSteps, Renderer):
         return frame
 
     def _arrive(self, now: float) -> None:
+        if not self.config.arrivals:
+            return
         for spec in self.arrivals.arrivals(now):
             self._add_job(spec)
 

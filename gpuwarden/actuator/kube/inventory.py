@@ -9,7 +9,8 @@ in order; findings reach pods through their node, namespace and pod name.
 
 Teams: a namespace's ``gpuwarden.io/queue`` label (gpuwarden's queue), else ``gpuwarden.io/team``,
 else the namespace's name; its guarantee and burst from the ``gpuwarden.io/guaranteed-gpus`` and
-``gpuwarden.io/burst-gpus`` annotations, or a Kueue ClusterQueue's GPU quota.
+``gpuwarden.io/burst-gpus`` annotations, or a Kueue ClusterQueue's GPU quota; its fair-share weight
+from ``gpuwarden.io/weight`` (default 1, as the simulator's teams carry theirs).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ log = logging.getLogger("gpuwarden.actuator.kube")
 TEAM_LABEL = "gpuwarden.io/team"
 GUARANTEE_ANNOTATION = "gpuwarden.io/guaranteed-gpus"
 BURST_ANNOTATION = "gpuwarden.io/burst-gpus"
+WEIGHT_ANNOTATION = "gpuwarden.io/weight"
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"
 ADMISSION_TIMEOUT_SECONDS = 300.0  # an admitted pod not bound by then releases its capacity
@@ -64,6 +66,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
     namespace_labels: dict[str, dict[str, str]] = {}
     teams_by_ns: dict[str, str] = {}
     team_quota: dict[str, tuple[float, float]] = {}  # guaranteed, burst GPUs
+    team_weight: dict[str, float] = {}
     for item in api.list_all(api.core.list_namespace, resource="namespaces", page_size=page_size):
         meta = item["metadata"]
         ns_labels = dict(meta.get("labels") or {})
@@ -80,6 +83,15 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             except ValueError:
                 log.warning("namespace %s: %s=%r is not a number; ignored", meta["name"], GUARANTEE_ANNOTATION,
                             notes[GUARANTEE_ANNOTATION])
+        if WEIGHT_ANNOTATION in notes:
+            try:
+                team_weight[team] = float(notes[WEIGHT_ANNOTATION])
+                if not team_weight[team] > 0:
+                    raise ValueError
+            except ValueError:
+                team_weight.pop(team, None)
+                log.warning("namespace %s: %s=%r is not a number > 0; weight 1 used", meta["name"], WEIGHT_ANNOTATION,
+                            notes[WEIGHT_ANNOTATION])
 
     inventory.pdbs = len(api.list_all(api.policy.list_pod_disruption_budget_for_all_namespaces,
                                       resource="poddisruptionbudgets", page_size=page_size))
@@ -134,7 +146,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
 
     workloads = reader.build(teams_by_ns, offers, kueue_of)
     teams = set(teams_by_ns.values()) | set(team_quota)
-    team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9))) for t in sorted(teams))
+    team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9)), weight=team_weight.get(t, 1.0)) for t in sorted(teams))
     snapshot = ClusterSnapshot(
         taken_at=taken_at, nodes=tuple(o.node for o in offers.values()),
         gpus=tuple(g for o in offers.values() for g in o.gpus), workloads=tuple(workloads), teams=team_objects,

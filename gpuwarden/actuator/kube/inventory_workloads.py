@@ -252,6 +252,9 @@ class WorkloadReader:
         group = self.groups.get(key)
         if group is not None:
             group.annotations.update(notes)
+            created = parse_time(meta.get("creationTimestamp"))
+            if created:  # submitted with its Job: pods made again after an eviction keep its place
+                group.created.append(created)
             group.objects[("Job", meta["name"])] = notes
             group.suspended = bool(spec.get("suspend"))  # its pods are being terminated by the Job controller
             if group.controller == "Job":
