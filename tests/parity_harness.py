@@ -69,6 +69,8 @@ class Played:
 
     admissions: list[tuple[int, str, str, tuple[str, ...]]] = field(default_factory=list)
     stops: list[tuple[int, str, str]] = field(default_factory=list)  # (round seconds, kind, workload): suspends, preemptions
+    # BINDs carrying out a RESUME (a live Job's new pods onto the nodes held for them): not decisions
+    carried_out: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
     seconds: float = 0.0
     rounds: int = 0
 
@@ -115,7 +117,10 @@ def _recorder(played: Played, origin: datetime) -> Callable[[RoundOutcome], None
         at = int((outcome.snapshot.taken_at - origin).total_seconds())
         for result in outcome.results:
             action = result.action
-            if result.ok and action.kind in (ActionKind.BIND, ActionKind.RESUME):
+            if result.ok and action.kind == ActionKind.BIND and action.params.get("reserved"):
+                nodes = tuple(sorted(str(p["node"]) for p in action.params.get("placements") or ()))
+                played.carried_out.append((at, action.target, nodes))
+            elif result.ok and action.kind in (ActionKind.BIND, ActionKind.RESUME):
                 nodes = tuple(sorted(str(p["node"]) for p in action.params.get("placements") or ()))
                 played.admissions.append((at, action.kind.value, action.target, nodes))
             elif result.ok and action.kind in (ActionKind.SUSPEND, ActionKind.PREEMPT, ActionKind.EVICT):

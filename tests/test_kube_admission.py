@@ -12,7 +12,7 @@ from fake_kube_api import BATCH, CORE, SCHEDULING, FakeKubeAPI
 from kube_fleet import namespace, node
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import (ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION,
+from gpuwarden.actuator.kube.gates import (ADMISSION_GATE, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION,
                                            GANG_LABEL, GANG_SIZE_LABEL, PRIORITY_CLASS_ANNOTATION,
                                            QUEUE_POSITION_ANNOTATION, QUEUE_LABEL, SUSPENDED_BY_ANNOTATION)
 from gpuwarden.actuator.kube.inventory import NodeLabels
@@ -268,11 +268,24 @@ def test_resume_in_a_queue_namespace_only_unsuspends_and_suspend_says_who(api, t
     assert states_of(cluster.snapshot())["ml/held"].annotations[SUSPENDED_BY_ANNOTATION] == "scheduler"
     placements = ({"node": "n0", "gpu_uuid": "n0/gpu-0", "milli": 1000},)
     assert cluster.apply(Action(ActionKind.RESUME, "ml/held", "test", {"placements": placements})).ok
-    assert api.calls("PATCH", "/jobs/held$")[-1].body == {"metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: None}},
-                                                          "spec": {"suspend": False}}
+    # unsuspended, and the planned node held for its pods until they are admitted there
+    assert api.calls("PATCH", "/jobs/held$")[-1].body == {
+        "metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: None, RESERVED_NODES_ANNOTATION: "n0",
+                                     RESERVED_AT_ANNOTATION: "2026-11-30T12:00:00Z"}}, "spec": {"suspend": False}}
+    held = states_of(cluster.snapshot())["ml/held"]  # no pod yet: the GPU is held, nothing to admit
+    assert (held.phase, [p.node for p in held.placements], held.reserved) == (WorkloadPhase.RUNNING, ["n0"], ())
+    gpu_pod(api, "ml", "held-abc", owner="held")  # the Job controller makes it, gated
+    held = states_of(cluster.snapshot())["ml/held"]
+    assert [p.node for p in held.reserved] == ["n0"]
+    (admit,) = [r for r in SchedulingRound(cluster).run_round() if r.action.params.get("reserved")]
+    assert admit.ok and api.get(CORE, "pods", "held-abc", "ml")["metadata"]["annotations"][ADMITTED_NODE_ANNOTATION] == "n0"
     assert cluster.apply(Action(ActionKind.SUSPEND, "ml/run", "test", {"by": "idle-reclaim"})).ok
     assert api.calls("PATCH", "/jobs/run$")[-1].body == {
         "metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: "idle-reclaim"}}, "spec": {"suspend": True}}
+    cluster.snapshot()  # a suspend drops a reservation
+    assert cluster.apply(Action(ActionKind.SUSPEND, "ml/held", "test", {"by": "scheduler"})).ok
+    assert api.calls("PATCH", "/jobs/held$")[-1].body["metadata"]["annotations"] == {
+        SUSPENDED_BY_ANNOTATION: "scheduler", RESERVED_NODES_ANNOTATION: None, RESERVED_AT_ANNOTATION: None}
 
 
 def test_queue_annotations_patch_only_what_changed_and_events_go_to_the_job(api, tmp_path):

@@ -117,7 +117,8 @@ class SchedulingRound:
         self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
         actions = actions_for(decisions, state, scheduler.policy.name)
         mig = mig_change(planned) if self.mig_manager else None
-        results = tuple(self._apply(actions + self._priority_changes(planned) + ((mig,) if mig else ())))
+        results = tuple(self._apply(_reserved_admissions(planned) + actions + self._priority_changes(planned)
+                                    + ((mig,) if mig else ())))
         schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
         latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)
@@ -237,3 +238,15 @@ class SchedulingRound:
             elif result.action.kind in STARTS:
                 self.suspended.discard(result.action.target)
             yield result
+
+
+def _reserved_admissions(snapshot: ClusterSnapshot) -> tuple[Action, ...]:
+    """BINDs that carry out earlier resumes: a resumed workload's pods admitted onto the nodes held
+    for them (``WorkloadState.reserved``: a live Job's new pods, gated, a round after its RESUME;
+    the simulator starts a resumed job at once and has none). ``params['reserved']`` marks them:
+    the decision was the RESUME."""
+    return tuple(Action(ActionKind.BIND, ws.workload.key, "admitted onto the GPUs held for it since its resume",
+                        {"placements": tuple({"node": p.node, "gpu_uuid": p.gpu_uuid} for p in ws.reserved),
+                         "reserved": True})
+                 for ws in snapshot.workloads if ws.reserved and ws.phase == WorkloadPhase.RUNNING)
+

@@ -93,6 +93,10 @@ class WorkloadState:
     # Its pods are on their way out (a suspend or preemption their controller is carrying out): they
     # hold their GPUs until gone, as kube-scheduler counts them, and cannot be stopped again.
     stopping: bool = False
+    # Placements held for pods of this RUNNING workload that still wait to be admitted onto them (a
+    # resumed Job's new pods on a live cluster); the scheduling round admits them there. Also in
+    # ``placements``, so the GPUs count as taken. Empty in the simulator (a resume binds at once).
+    reserved: tuple[Placement, ...] = ()
 
 
 @dataclass(frozen=True)

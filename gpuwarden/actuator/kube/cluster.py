@@ -42,9 +42,10 @@ from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from . import conditions, drain
 from .admission import admit_pods, pod_nodes
 from .drain import drain_labels
-from .gates import CHECKPOINT_ANNOTATION, SUSPENDED_BY_ANNOTATION
+from .gates import CHECKPOINT_ANNOTATION, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, SUSPENDED_BY_ANNOTATION
 from .inventory import ADMISSION_TIMEOUT_SECONDS, KUEUE, Inventory, read_snapshot
 from .inventory_nodes import DEFAULT_LABELS, NodeLabels
+from .kueue_priority import set_kueue_priority
 from .mig_config import set_mig_config
 from .ownership import DRAINING_ANNOTATION, cordon_patch, parse_since, taint_patch, uncordon_patch, untaint_patch
 from .pinning import pinned_nodes, resume_pinned_patch
@@ -245,12 +246,17 @@ class KubeCluster(WorkloadNotes):
             raise LookupError("not found in the last snapshot (already gone?)")
         return namespace, self.inventory.names.get(target, name), controller
 
-    def _set_suspended(self, target: str, suspended: bool, by: str | None = None) -> str:
-        """Suspend or resume; ``by`` (suspending) is written as who suspended it, which resuming clears."""
+    def _set_suspended(self, target: str, suspended: bool, by: str | None = None,
+                       notes: Mapping[str, str | None] | None = None) -> str:
+        """Suspend or resume; ``by`` (suspending) is written as who suspended it, which resuming
+        clears; ``notes``: more annotations in the same PATCH. A suspend drops a resume's reservation."""
         namespace, name, controller = self._workload(target)
         kueue = self.inventory.kueue_workload.get(target)
-        who = {SUSPENDED_BY_ANNOTATION: by} if suspended and by else \
+        who: dict[str, str | None] = {SUSPENDED_BY_ANNOTATION: by} if suspended and by else \
             {SUSPENDED_BY_ANNOTATION: None} if not suspended and target in self.inventory.suspended_by else {}
+        if suspended and target in self.inventory.reserved:
+            who.update({RESERVED_NODES_ANNOTATION: None, RESERVED_AT_ANNOTATION: None})
+        who.update(notes or {})
         meta = {"metadata": {"annotations": who}} if who else {}
         if kueue:
             self.api.call(self.api.custom.patch_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
@@ -300,9 +306,17 @@ class KubeCluster(WorkloadNotes):
         if (not nodes or controller != "Job" or action.target in self.inventory.kueue_workload
                 or namespace in self.inventory.queue_namespaces):
             # Kueue and the JobSet controller place their own pods; a queue namespace's new pods come
-            # gated and are admitted, placed, in a later round.
-            return f"resumed {action.target} ({self._set_suspended(action.target, False)})", None
+            # gated, and the nodes the plan chose are held for them until they are admitted there.
+            reserve = self._reservation_notes(action) if namespace in self.inventory.queue_namespaces else None
+            return f"resumed {action.target} ({self._set_suspended(action.target, False, notes=reserve)})", None
         return self._resume_pinned(action.target, namespace, name, nodes), None
+
+    def _reservation_notes(self, action: Action) -> dict[str, str | None] | None:
+        placements = action.params.get("placements", ())
+        if not placements:
+            return None
+        nodes = pod_nodes(placements, self.inventory.gang_size.get(action.target, len(placements)))
+        return {RESERVED_NODES_ANNOTATION: ",".join(nodes), RESERVED_AT_ANNOTATION: self._now_iso()}
 
     def _resume_pinned(self, target: str, namespace: str, name: str, nodes: list[str]) -> str:
         job = self.api.call(self.api.batch.read_namespaced_job, name, namespace, verb="get", resource="jobs")
@@ -358,25 +372,8 @@ class KubeCluster(WorkloadNotes):
         return self._evict_workload(action) + " (preempted; its controller or owner recreates it)", None
 
     def _do_set_priority(self, action: Action) -> Done:
-        namespace, name, controller = self._workload(action.target)
-        wanted = action.params.get("priority_class")
-        kueue = self.inventory.kueue_workload.get(action.target)
-        if not kueue:
-            raise ValueError(f"Kubernetes fixes a pod's priority at creation (spec.priority is immutable) and this "
-                             f"{controller} has no Kueue Workload; recreate it with priorityClassName {wanted!r}")
-        if wanted not in self.inventory.workload_priority_classes:
-            known = ", ".join(sorted(self.inventory.workload_priority_classes)) or "none"
-            raise ValueError(f"WorkloadPriorityClass {wanted!r} does not exist; known: {known}")
-        current = self.api.call(self.api.custom.get_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
-                                verb="get", resource="workloads.kueue.x-k8s.io")
-        previous = (current.get("spec") or {}).get("priorityClassName")
-        self.api.call(self.api.custom.patch_namespaced_custom_object, *KUEUE, namespace, "workloads", kueue,
-                      {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                       "spec": {"priorityClassName": wanted, "priorityClassSource": "kueue.x-k8s.io/workloadpriorityclass",
-                                "priority": self.inventory.workload_priority_classes[wanted]}},
-                      verb="patch", resource="workloads.kueue.x-k8s.io", _content_type=MERGE_PATCH)
-        undo = Action(ActionKind.SET_PRIORITY, action.target, "undo set-priority", {"priority_class": previous}) if previous else None
-        return f"{action.target}: Kueue Workload {kueue} priority {previous} -> {wanted}", undo
+        namespace, _, controller = self._workload(action.target)
+        return set_kueue_priority(self.api, self.inventory, action, namespace, controller)
 
     def _do_notify(self, action: Action) -> Done:
         namespace, _, _ = self._workload(action.target)

@@ -28,6 +28,10 @@ ADMITTED_AT_ANNOTATION = "gpuwarden.io/admitted-at"  # when (ISO-8601 UTC)
 QUEUE_POSITION_ANNOTATION = "gpuwarden.io/queue-position"
 QUEUE_REASON_ANNOTATION = "gpuwarden.io/queue-reason"
 ESTIMATED_START_ANNOTATION = "gpuwarden.io/estimated-start"  # ISO-8601 UTC, absent when unknown
+# Written with a resume: the node of each pod the plan placed it on (comma-separated, pod order) and
+# when. Until those pods are admitted there (or RESERVATION lapses) the snapshot holds the GPUs for them.
+RESERVED_NODES_ANNOTATION = "gpuwarden.io/reserved-nodes"
+RESERVED_AT_ANNOTATION = "gpuwarden.io/reserved-at"
 SUSPENDED_BY_ANNOTATION = "gpuwarden.io/suspended-by"  # "scheduler" or "idle-reclaim": who may resume it
 RESUME_REQUESTED_ANNOTATION = "gpuwarden.io/resume-requested"  # the owner's notice: resume what idle reclaim held
 REQUESTED_BY_ANNOTATION = "gpuwarden.io/requested-by"  # the portal user who submitted the Job

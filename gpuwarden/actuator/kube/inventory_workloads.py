@@ -36,7 +36,7 @@ from gpuwarden.scheduling.errors import UnknownMigProfile
 from gpuwarden.scheduling.mig import check_profile
 
 from .admission import PodView, pod_view
-from .gates import (CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
+from .gates import (RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, Layout, NodeOffer, PodRequest, quantity
 
@@ -63,6 +63,7 @@ class Inventory:
     refused: dict[str, str] = field(default_factory=dict)  # left out: why its request cannot be read
     queue_namespaces: set[str] = field(default_factory=set)
     suspended_by: dict[str, str] = field(default_factory=dict)  # key -> gpuwarden.io/suspended-by
+    reserved: dict[str, list[str]] = field(default_factory=dict)  # key -> nodes held for its pods since a resume
     kueue_workload: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Kueue Workload name
     pdbs: int = 0
     priority_classes: dict[str, int] = field(default_factory=dict)
@@ -260,8 +261,8 @@ class WorkloadReader:
             if group.controller == "Job":
                 group.size = max(1, parallelism)
             return
-        if not spec.get("suspend"):
-            return
+        if not spec.get("suspend") and not notes.get(RESERVED_NODES_ANNOTATION):
+            return  # a running Job's pods say all; a resumed one holds its reservation before its pods exist
         template = spec.get("template") or {}
         try:
             request = gpu_request(template.get("spec") or {})
@@ -274,7 +275,7 @@ class WorkloadReader:
         self.groups[key] = Group("Job", str(meta.get("namespace", "")), str(meta["name"]), request,
                                  annotations=notes, objects={("Job", meta["name"]): notes},
                                  created=[created] if created else [], priority=(template.get("spec") or {}).get(
-                                     "priorityClassName"), size=max(1, parallelism), suspended=True)
+                                     "priorityClassName"), size=max(1, parallelism), suspended=bool(spec.get("suspend")))
 
     def add_kueue_annotations(self, key: str, notes: Mapping[str, str]) -> None:
         if key in self.groups:
@@ -302,12 +303,23 @@ class WorkloadReader:
             milli = 1000 // min(shared_replicas) if group.request.shares else 1000
             suspended = group.suspended or (w is not None and (w.get("spec") or {}).get("active") is False)
             if suspended:
+                self.inventory.gang_size[key] = group.size or max(1, len(group.held) + len(group.gated))
                 out.append(self._state(key, group, w, WorkloadPhase.SUSPENDED, group.size or max(
                     1, len(group.held) + len(group.gated)), (), pools, milli))
                 if group.held:  # its pods are still stopping: their GPUs stay taken until they are gone
                     placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
                     out.append(self._state(key + HELD_SUFFIX, group, w, WorkloadPhase.RUNNING, len(group.held),
                                            placements, pools, milli, stopping=True))
+                continue
+            waiting_for = self._reservation(group)
+            if waiting_for:  # resumed: its pods are admitted onto the nodes the plan held for them
+                held = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                reserved = tuple(p for node in waiting_for for p in layout.lay(node, group.request))
+                self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
+                self.inventory.gang_size[key] = len(waiting_for)
+                ready = len(group.gated) >= len(waiting_for)  # its controller made every pod: admit them now
+                out.append(self._state(key, group, w, WorkloadPhase.RUNNING, len(group.held) + len(waiting_for),
+                                       held + reserved, pools, milli, reserved=reserved if ready else ()))
                 continue
             held_key = key + HELD_SUFFIX if group.gated else key
             if group.held:
@@ -321,9 +333,23 @@ class WorkloadReader:
                 out.append(self._state(key, group, w, WorkloadPhase.PENDING, need, (), pools, milli))
         return out
 
+    def _reservation(self, group: Group) -> list[str]:
+        """The nodes still held for a resumed workload's pods that are not admitted yet (its
+        ``gpuwarden.io/reserved-nodes`` less the nodes its admitted pods hold); [] when it has none,
+        every pod is admitted, or the reservation is older than the admission timeout."""
+        nodes = [n for n in (group.annotations.get(RESERVED_NODES_ANNOTATION) or "").split(",") if n]
+        at = parse_time(group.annotations.get(RESERVED_AT_ANNOTATION))
+        if not nodes or at is None or (self.now - at).total_seconds() >= self.timeout_seconds:
+            return []
+        self.inventory.reserved[group.key] = list(nodes)
+        for pod, node in group.held:  # pods admitted from it; a pod still stopping from before holds its own GPUs
+            if node in nodes and not pod["metadata"].get("deletionTimestamp"):
+                nodes.remove(node)
+        return nodes
+
     def _state(self, key: str, group: Group, w: Json | None, phase: WorkloadPhase, gang_size: int,
                placements: tuple[Placement, ...], pools: tuple[str, ...], milli: int,
-               stopping: bool = False) -> WorkloadState:
+               stopping: bool = False, reserved: tuple[Placement, ...] = ()) -> WorkloadState:
         inventory = self.inventory
         inventory.controller[key] = group.controller
         inventory.pods[key] = list(group.pod_names)
@@ -357,7 +383,7 @@ class WorkloadReader:
             workload=workload, phase=phase, submitted_at=min(group.created) if group.created else self.now,
             started_at=min(started) if started else None, placements=placements, controller=group.controller,
             pods=tuple(group.pod_names), annotations=notes,
-            priority_override=self._override(key, notes, priority_name), stopping=stopping,
+            priority_override=self._override(key, notes, priority_name), stopping=stopping, reserved=reserved,
         )  # attained_gpu_seconds stays 0: the scheduler loop fills it from metrics
 
     def _override(self, key: str, notes: Mapping[str, str], priority_name: str | None) -> str | None:
