@@ -15,10 +15,9 @@ live resumes were carried out (their pods admitted onto the nodes held for them)
     PYTHONPATH=. .venv/bin/python bench/bench_live_replay_parity.py [--nodes 8] [--jobs 400]
 
 A resume is carried out in two steps live (the Job unsuspended with its nodes held, its new gated
-pods admitted there a round later) and decided the same. Known difference of the harness (see
-``tests/test_live_replay_parity.py``): the simulator credits a resumed job the progress it
-checkpointed; the fake Job controller runs its new pods their whole run time again, so once a
-resumed job would have ended the fleets free GPUs at different times.
+pods admitted there a round later) and decided the same; its pods start a round later, so it ends a
+round later than in the simulator, and from its end the two fleets free GPUs at different times (see
+``tests/test_live_replay_parity.py``): the first divergence is where that lag first changes a choice.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ mutating webhooks and every API rule), with ``user`` the Job controller's servic
 ``step(now)`` on a virtual clock (seconds since the epoch), for each Job in (namespace, name) order:
 - a running pod completes (phase Succeeded) once it has run ``fake.gpuwarden.io/run-seconds``
   (a pod-template annotation; without it a pod runs until deleted) since its ``status.startTime``;
-- a suspended Job's active pods are deleted; once none is left (terminating ones count until the
+- a suspended Job's active pods are deleted (a checkpointable Job's run so far is kept: its next
+  pods run only the rest of ``run-seconds``); once none is left (terminating ones count until the
   kubelet stand-in removes them), ``status.startTime`` is cleared
   (what lets gpuwarden change a suspended Job's template, KEP-2926) and ``Suspended=True``;
 - an unsuspended, incomplete Job gets pods up to ``parallelism`` (never more than the completions
@@ -23,13 +24,14 @@ TerminatingOrFailed), as the real controller does. JobSets: see
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fake_kube_api import BATCH, CORE, JOBSET, FakeKubeAPI, epoch_seconds, iso
 
 JOB_CONTROLLER_USER = "system:serviceaccount:kube-system:job-controller"
 JOBSET_CONTROLLER_USER = "system:serviceaccount:jobset-system:jobset-controller-manager"
 RUN_SECONDS_ANNOTATION = "fake.gpuwarden.io/run-seconds"
+CHECKPOINT_ANNOTATION = "gpuwarden.io/checkpointable"  # a user's word that the workload checkpoints
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -71,6 +73,9 @@ class _Client:
 class FakeJobController:
     api: FakeKubeAPI
     user: str = JOB_CONTROLLER_USER
+    # the workload inside a checkpointable Job (``gpuwarden.io/checkpointable: "true"``): the run time
+    # it has checkpointed by each suspend, which its next pods need not run again
+    checkpointed_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def step(self, now: float) -> None:
         client = _Client(self.api, self.user)
@@ -110,6 +115,11 @@ class FakeJobController:
         completions = int(spec.get("completions") or parallelism)
         stamp = iso(now)
         if spec.get("suspend"):
+            started = [epoch_seconds(p["status"]["startTime"]) for p in active
+                       if (p.get("status") or {}).get("phase") == "Running" and p["status"].get("startTime")]
+            if started and (meta.get("annotations") or {}).get(CHECKPOINT_ANNOTATION) == "true":
+                key = (meta["namespace"], meta["name"])  # it saves in its grace period: all its run is kept
+                self.checkpointed_seconds[key] = self.checkpointed_seconds.get(key, 0.0) + now - max(started)
             for pod in active:
                 client.call("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{pod['metadata']['name']}")
             left = [p for p in live if self.api.get(CORE, "pods", p["metadata"]["name"], meta["namespace"])]
@@ -133,14 +143,16 @@ class FakeJobController:
         client.patch_status(path, job, {"active": len(active), "terminating": terminating, "succeeded": succeeded,
                                         "startTime": status.get("startTime") or stamp, "conditions": conditions})
 
-    @staticmethod
-    def _pod(job: dict, index: int) -> dict:
+    def _pod(self, job: dict, index: int) -> dict:
         meta, template = job["metadata"], (job.get("spec") or {}).get("template") or {}
         indexed = (job.get("spec") or {}).get("completionMode") == "Indexed"
         uid, name = meta.get("uid", ""), meta["name"]
         labels = {**((template.get("metadata") or {}).get("labels") or {}), JOB_NAME_LABEL: name, "job-name": name,
                   "batch.kubernetes.io/controller-uid": uid, "controller-uid": uid}
         annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+        kept = self.checkpointed_seconds.get((meta["namespace"], name), 0.0)
+        if kept and RUN_SECONDS_ANNOTATION in annotations:  # resumed from its checkpoint: the rest of its run
+            annotations[RUN_SECONDS_ANNOTATION] = str(max(0, int(float(annotations[RUN_SECONDS_ANNOTATION]) - kept)))
         if indexed:
             labels[INDEX_LABEL] = str(index)
             annotations[INDEX_LABEL] = str(index)

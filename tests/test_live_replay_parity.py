@@ -100,10 +100,11 @@ def test_with_preemptions_and_resumes_they_still_make_the_same_admissions(tmp_pa
     The decisions (admissions, resumes, stops) are the same on both sides; the live side's BINDs
     that carry a resume out land on the nodes that RESUME named.
 
-    The horizon stops before the first end of a resumed job: the simulator credits a resumed job the
-    progress it checkpointed, while the fake Job controller runs a resumed Job's new pods their whole
-    run time again (it models no checkpoint), so from there the two fleets free GPUs at different
-    times (at 1740 s here), a difference of the harness, not of a decision."""
+    The horizon stops before the first end of a resumed job: its pods start one round later live (the
+    Job controller makes them after the resume, the next round admits them), so it ends one round
+    later, and from there the two fleets free GPUs at different times (at 1740 s here). That lag is
+    the interval of the live loop (10 s by default; 60 s here), a difference of timing, not of a
+    decision; the fake Job controller credits a checkpointable Job the run it kept, as the simulator does."""
     cfg = config(nodes=4, max_job_hours=2, training_load=3.0)
     jobs = record_slice(cfg, hours=48, jobs=400, speedup=16)
     horizon = 1680  # past it a resumed job ends at different times: see below
