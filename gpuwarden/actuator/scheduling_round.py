@@ -115,7 +115,7 @@ class SchedulingRound:
         decisions = scheduler.schedule(state, now)
         reasons = self._note_preemptions(state, decisions)
         self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
-        actions = actions_for(decisions, state, scheduler.policy.name)
+        actions = _after_stops(actions_for(decisions, state, scheduler.policy.name), decisions, workloads)
         mig = mig_change(planned) if self.mig_manager else None
         results = tuple(self._apply(_reserved_admissions(planned) + actions + self._priority_changes(planned)
                                     + ((mig,) if mig else ())))
@@ -249,4 +249,19 @@ def _reserved_admissions(snapshot: ClusterSnapshot) -> tuple[Action, ...]:
                         {"placements": tuple({"node": p.node, "gpu_uuid": p.gpu_uuid} for p in ws.reserved),
                          "reserved": True})
                  for ws in snapshot.workloads if ws.reserved and ws.phase == WorkloadPhase.RUNNING)
+
+
+def _after_stops(actions: tuple[Action, ...], decisions: Iterable[Decision],
+                 workloads: Mapping[str, WorkloadState]) -> tuple[Action, ...]:
+    """Starts onto nodes this round's victims run on, marked ``params['after_stops']``: a cluster
+    whose pods take a grace period to stop holds the GPUs for the start and admits it once they
+    have (kube-scheduler would otherwise make room itself, evicting other pods); the simulator's
+    stops are immediate and it binds at once."""
+    stopped = {p.node for d in decisions if d.kind in (DecisionKind.SUSPEND, DecisionKind.PREEMPT)
+               for p in (workloads[d.job].placements if d.job in workloads else ())}
+    if not stopped:
+        return actions
+    return tuple(dataclasses.replace(a, params={**a.params, "after_stops": True})
+                 if a.kind == ActionKind.BIND and stopped & {p["node"] for p in a.params.get("placements", ())} else a
+                 for a in actions)
 

@@ -49,7 +49,7 @@ from .kueue_priority import set_kueue_priority
 from .mig_config import set_mig_config
 from .ownership import DRAINING_ANNOTATION, cordon_patch, parse_since, taint_patch, uncordon_patch, untaint_patch
 from .pinning import pinned_nodes, resume_pinned_patch
-from .queue_notes import JOBSET, WorkloadNotes
+from .queue_notes import JOBSET, WorkloadNotes, annotate_objects
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -292,9 +292,14 @@ class KubeCluster(WorkloadNotes):
         if len(pods) < need:
             raise KubeFailure(None, f"{len(pods)} of its {need} pod(s) are present and gated: none admitted (a gang "
                                     "is admitted whole; it waits for the rest)", True)
+        where = ", ".join(sorted(set(nodes)))
+        if action.params.get("after_stops") and any(self.inventory.stop_seconds.get(n, 0.0) > 0 for n in nodes):
+            # its GPUs are held by pods it preempted, which take their grace period: admit once they stopped
+            notes = {RESERVED_NODES_ANNOTATION: ",".join(nodes), RESERVED_AT_ANNOTATION: self._now_iso()}
+            annotate_objects(self.api, namespace, {("Pod", p.name): p.annotations for p in pods[:need]}, notes)
+            return f"{action.target}: {need} pod(s) held for {where}; admitted once the pods it preempted stop", None
         admitted = admit_pods(self.api, namespace, pods[:need], nodes, self._now_iso())
         self.inventory.gated[action.target] = pods[need:]
-        where = ", ".join(sorted(set(nodes)))
         return f"admitted {action.target}: {len(admitted)} pod(s) to {where}", None
 
     def _now_iso(self) -> str:

@@ -45,6 +45,7 @@ log = logging.getLogger("gpuwarden.actuator.kube")
 Json = dict[str, Any]
 KIND_LABEL = "gpuwarden.io/workload-kind"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it states none
 HELD_SUFFIX = "~held"  # the running part of a workload that also waits for admission
 TRAINING_CONTROLLERS = ("Job", "JobSet", "Workload", "PyTorchJob", "Gang")
 
@@ -64,6 +65,7 @@ class Inventory:
     queue_namespaces: set[str] = field(default_factory=set)
     suspended_by: dict[str, str] = field(default_factory=dict)  # key -> gpuwarden.io/suspended-by
     reserved: dict[str, list[str]] = field(default_factory=dict)  # key -> nodes held for its pods since a resume
+    stop_seconds: dict[str, float] = field(default_factory=dict)  # node -> the longest grace period of its GPU pods
     kueue_workload: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Kueue Workload name
     pdbs: int = 0
     priority_classes: dict[str, int] = field(default_factory=dict)
@@ -228,6 +230,9 @@ class WorkloadReader:
             group.gated.append(pod_view(pod))
         else:
             group.held.append((pod, str(node)))
+            grace = spec.get("terminationGracePeriodSeconds")
+            grace_seconds = DEFAULT_GRACE_SECONDS if grace is None else float(grace)
+            self.inventory.stop_seconds[str(node)] = max(self.inventory.stop_seconds.get(str(node), 0.0), grace_seconds)
 
     def _gang_size(self, key: str, labels: Mapping[str, str]) -> int | None:
         text = labels.get(GANG_SIZE_LABEL)
@@ -289,6 +294,10 @@ class WorkloadReader:
         shared_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas > 1}))
         whole_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas == 1}))
         layout = Layout(offers)
+        # nodes where pods are still stopping (a suspended Job's, or being deleted): a reservation
+        # there is admitted only once they are gone, or kube-scheduler would make room itself
+        stopping = {node for g in self.groups.values() for pod, node in g.held
+                    if g.suspended or pod["metadata"].get("deletionTimestamp")}
         out = []
         for key, group in sorted(self.groups.items()):
             if key in self.inventory.refused:
@@ -317,7 +326,8 @@ class WorkloadReader:
                 reserved = tuple(p for node in waiting_for for p in layout.lay(node, group.request))
                 self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
                 self.inventory.gang_size[key] = len(waiting_for)
-                ready = len(group.gated) >= len(waiting_for)  # its controller made every pod: admit them now
+                # every pod made by its controller, and nothing of others still stopping there: admit them now
+                ready = len(group.gated) >= len(waiting_for) and not stopping & set(waiting_for)
                 out.append(self._state(key, group, w, WorkloadPhase.RUNNING, len(group.held) + len(waiting_for),
                                        held + reserved, pools, milli, reserved=reserved if ready else ()))
                 continue
