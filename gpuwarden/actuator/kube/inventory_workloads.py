@@ -33,12 +33,12 @@ from typing import Any
 from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, Workload, WorkloadKind, WorkloadPhase,
                              WorkloadState, workload_key)
 from gpuwarden.scheduling.errors import UnknownMigProfile
-from gpuwarden.scheduling.mig import check_profile
 
 from .admission import PodView, pod_view
 from .gates import (RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
-from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, Layout, NodeOffer, PodRequest, quantity
+from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest
+from .inventory_pods import _tolerations, _unscheduled_reason, gpu_request, parse_time, priority_of
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -71,61 +71,6 @@ class Inventory:
     priority_classes: dict[str, int] = field(default_factory=dict)
     workload_priority_classes: dict[str, int] = field(default_factory=dict)
     kueue: bool = False
-
-
-def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:
-    """What a pod spec asks of GPUs; ValueError naming the resource and value it cannot take."""
-    count, shares, mig = 0, 0, None
-    for container in pod_spec.get("containers") or ():
-        resources = container.get("resources") or {}
-        for key, value in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.items():
-            if key == GPU:
-                count += int(quantity(value, f"resource {key}"))
-            elif key == SHARED_GPU:
-                shares += int(quantity(value, f"resource {key}"))
-            elif key.startswith(MIG_PREFIX) and quantity(value, f"resource {key}") > 0:
-                mig = key[len(MIG_PREFIX):]
-                check_profile(mig)
-    if sum(bool(x) for x in (count, shares, mig)) > 1:
-        raise ValueError(f"asks for more than one of {GPU}, {SHARED_GPU} and {MIG_PREFIX}<profile>; one kind per pod")
-    if shares > 1:
-        raise ValueError(f"asks for {shares} of {SHARED_GPU}; one share per pod is supported (the device plugin "
-                         "may hand several from different GPUs)")
-    return PodRequest(count, mig, shares)
-
-
-def _tolerations(pod: Json) -> tuple[str, ...]:
-    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.taints.taint_blocks``):
-    operator Exists names no value; an empty key tolerates every taint."""
-    out = []
-    for entry in (pod.get("spec") or {}).get("tolerations") or ():
-        value = None if entry.get("operator") == "Exists" else str(entry.get("value") or "")
-        out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
-                   + (f":{entry['effect']}" if entry.get("effect") else ""))
-    return tuple(out)
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def priority_of(name: str | None) -> PriorityClass:
-    for member in PriorityClass:
-        if name and member.value in name.lower():
-            return member
-    return PriorityClass.NORMAL
-
-
-def _unscheduled_reason(pod: Json) -> str:
-    for condition in (pod.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return str(condition.get("message") or condition.get("reason") or "Unschedulable")
-    return "no reason given by kube-scheduler"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from gpuwarden.fleet import Action, ActionKind
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
-from .inventory_workloads import gpu_request
+from .inventory_pods import gpu_request
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"

@@ -1,0 +1,70 @@
+"""What one pod (or a Job's pod template) says, read for the snapshot: its GPU request, its
+tolerations, times, priority class and kube-scheduler's reason for leaving it Pending."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from gpuwarden.fleet import PriorityClass
+from gpuwarden.scheduling.mig import check_profile
+
+from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, PodRequest, quantity
+
+Json = dict[str, Any]
+
+
+def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:
+    """What a pod spec asks of GPUs; ValueError naming the resource and value it cannot take."""
+    count, shares, mig = 0, 0, None
+    for container in pod_spec.get("containers") or ():
+        resources = container.get("resources") or {}
+        for key, value in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.items():
+            if key == GPU:
+                count += int(quantity(value, f"resource {key}"))
+            elif key == SHARED_GPU:
+                shares += int(quantity(value, f"resource {key}"))
+            elif key.startswith(MIG_PREFIX) and quantity(value, f"resource {key}") > 0:
+                mig = key[len(MIG_PREFIX):]
+                check_profile(mig)
+    if sum(bool(x) for x in (count, shares, mig)) > 1:
+        raise ValueError(f"asks for more than one of {GPU}, {SHARED_GPU} and {MIG_PREFIX}<profile>; one kind per pod")
+    if shares > 1:
+        raise ValueError(f"asks for {shares} of {SHARED_GPU}; one share per pod is supported (the device plugin "
+                         "may hand several from different GPUs)")
+    return PodRequest(count, mig, shares)
+
+
+def _tolerations(pod: Json) -> tuple[str, ...]:
+    """``spec.tolerations`` as ``Workload.tolerations`` (``fleet.taints.taint_blocks``):
+    operator Exists names no value; an empty key tolerates every taint."""
+    out = []
+    for entry in (pod.get("spec") or {}).get("tolerations") or ():
+        value = None if entry.get("operator") == "Exists" else str(entry.get("value") or "")
+        out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
+                   + (f":{entry['effect']}" if entry.get("effect") else ""))
+    return tuple(out)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def priority_of(name: str | None) -> PriorityClass:
+    for member in PriorityClass:
+        if name and member.value in name.lower():
+            return member
+    return PriorityClass.NORMAL
+
+
+def _unscheduled_reason(pod: Json) -> str:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or "Unschedulable")
+    return "no reason given by kube-scheduler"
