@@ -24,12 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import MERGE_PATCH, KubeApi, KubeFailure
+from .api import Json, KubeApi, KubeFailure, MERGE_PATCH
 from .gates import ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, gated_by_gpuwarden, scheduling_gates
 
 CONFLICT_RETRIES = 3
 
-Json = dict[str, Any]
 
 
 @dataclass

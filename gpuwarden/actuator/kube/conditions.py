@@ -22,7 +22,7 @@ from gpuwarden.fleet import Finding
 from gpuwarden.fleet.clock import Clock
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
-from .inventory_nodes import GPU
+from .inventory_nodes import GPU, MIG_PREFIX
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -44,7 +44,7 @@ def condition_for(findings: Sequence[Finding]) -> tuple[str, str, str]:
 def _is_gpu_node(node: Json) -> bool:
     status = node.get("status") or {}
     capacity = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
-    return any(k == GPU or k.startswith("nvidia.com/mig-") for k in capacity)
+    return any(k == GPU or k.startswith(MIG_PREFIX) for k in capacity)
 
 
 def _wanted(node: Json, findings: Sequence[Finding], now: str) -> list[Json] | None:

@@ -10,9 +10,9 @@ from typing import Any
 from gpuwarden.fleet import PriorityClass
 from gpuwarden.scheduling.mig import check_profile
 
+from .api import Json
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, PodRequest, quantity
 
-Json = dict[str, Any]
 
 
 def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:

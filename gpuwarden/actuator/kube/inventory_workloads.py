@@ -34,6 +34,7 @@ from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, Workload, Wor
                              WorkloadState, workload_key)
 from gpuwarden.scheduling.errors import UnknownMigProfile
 
+from .api import Json
 from .admission import PodView, pod_view
 from .gates import (RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
@@ -42,7 +43,6 @@ from .inventory_pods import _tolerations, _unscheduled_reason, gpu_request, pars
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
-Json = dict[str, Any]
 KIND_LABEL = "gpuwarden.io/workload-kind"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it states none

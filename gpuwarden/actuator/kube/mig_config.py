@@ -11,10 +11,10 @@ from __future__ import annotations
 from gpuwarden.fleet import Action, ActionKind
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from .inventory import ACTIVE_PHASES
 from .inventory_pods import gpu_request
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _uses_gpus(pod: Json) -> bool:

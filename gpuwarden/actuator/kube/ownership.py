@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from .api import Json
+
 OWNER = "gpuwarden"
 CORDON_ANNOTATION = "gpuwarden.io/cordoned"
 TAINTS_ANNOTATION = "gpuwarden.io/tainted"
 DRAINING_ANNOTATION = "gpuwarden.io/draining-since"  # when a drain first cordoned it: allow-completion counts from here
 
-Json = dict[str, Any]
 
 
 def _annotations(node: Mapping[str, Any]) -> Mapping[str, str]:

@@ -34,22 +34,21 @@ from typing import Any
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
-from .api import KubeFailure
+from .api import Json, KubeFailure
+from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU
 from .gates import ADMISSION_GATE, KUEUE_QUEUE_LABEL, scheduling_gates
 
 log = logging.getLogger("gpuwarden.actuator.kube.webhook")
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
-GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+GPU_RESOURCES = (GPU, SHARED_GPU)
+MIG_RESOURCE_PREFIX = MIG_PREFIX
 KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"  # Kueue's admission gate and its topology gate
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"  # the kubelet's copy of a static pod
 DEFAULT_SCHEDULER = "default-scheduler"
 MUTATE_PATH = "/mutate-pods"
 HEALTH_PATH = "/healthz"
 CERT_FILE, KEY_FILE = "tls.crt", "tls.key"  # the keys of a kubernetes.io/tls Secret, mounted as files
-
-Json = dict[str, Any]
 
 
 # -- the decision ------------------------------------------------------------------------------------
