@@ -213,3 +213,50 @@ def test_a_repair_not_proven_in_time_is_a_failure_and_a_not_ready_node_is_never_
     reasons = {e.params["node"]: e.reason for e in late if e.outcome == Outcome.PACED}
     assert reasons == {"n0": "n0 not proven within 3600 s (1 finding(s) still open)",
                        "n1": "n1 not proven within 3600 s (not Ready)"}
+
+
+def test_approve_mode_is_paced_like_auto_a_person_approving_a_fleet_wide_event_gets_the_slow_start(api, tmp_path):
+    """Approve mode on the fake API server: four cordons wait for a person; all four are approved in
+    one go, yet the pace lets one go, holds the rest approved (recorded once, applied later), and
+    the next ones start only after the first is proven, the window doubled."""
+    fleet = Fleet(api, tmp_path, SafetyLimits(max_actions_per_hour=100, max_cordoned_node_ratio=1.0))
+    fleet.actuator = Actuator(fleet.cluster, Mode.APPROVE, fleet.limits, AuditLog(fleet.path), clock=fleet.clock,
+                              pacing=PACE)
+    event = [f"n{i}" for i in range(4)]
+    queued = fleet.round([fleet.finding(n, EVENT) for n in event])
+    assert [e.outcome for e in queued] == [Outcome.AWAITING_APPROVAL] * 4 and fleet.cordoned() == []
+
+    # A person approves all four at once: the first goes at once, the others are held by the pace.
+    answers = [fleet.actuator.approve(e.approval_id, by="alice") for e in queued]
+    assert [a.outcome for a in answers] == [Outcome.APPLIED, Outcome.HELD, Outcome.HELD, Outcome.HELD]
+    assert answers[1].message.startswith("approved; pace: 1 of 1 in flight") and answers[1].by == "alice"
+    assert fleet.cordoned() == ["n0"]
+    assert fleet.actuator.awaiting == {}  # decided: nobody is asked again
+
+    # Rounds while n0 proves itself: nothing more starts, and the holds are not written again.
+    for _ in range(2):
+        quiet = fleet.round([fleet.finding(n, EVENT) for n in event[1:]], 120)
+        assert applied(quiet) == [] and held(quiet) == []
+    assert fleet.cordoned() == ["n0"]
+
+    # n0 quiet for 300 s since the first round that saw it (t=120 s): proven, the window doubles and
+    # two approved cordons go, carrying their approver.
+    proven = fleet.round([fleet.finding(n, EVENT) for n in event[1:]], 200)
+    assert verdicts(proven)[0] == ("n0", "proven", 2)
+    assert applied(proven) == ["n1", "n2"]
+    assert {e.by for e in proven if e.outcome == Outcome.APPLIED} == {"alice"}
+    assert [e.approval_id for e in proven if e.outcome == Outcome.APPLIED] == [queued[1].approval_id,
+                                                                               queued[2].approval_id]
+    assert fleet.cordoned() == ["n0", "n1", "n2"]
+    assert pace_metric(EVENT) == 2.0
+
+    # A restart keeps n3 approved and held (the proving time starts again after a restart): it is
+    # applied once n1 and n2 are proven, and nobody is asked again.
+    fleet.actuator = Actuator(fleet.cluster, Mode.APPROVE, fleet.limits, AuditLog(fleet.path), clock=fleet.clock,
+                              pacing=PACE)
+    waiting = fleet.round([fleet.finding("n3", EVENT)], 60)
+    assert applied(waiting) == [] and held(waiting) == ["n3"]
+    later = fleet.round([fleet.finding("n3", EVENT)], 300)
+    assert verdicts(later)[:2] == [("n1", "proven", 4), ("n2", "proven", 8)]  # doubled after each
+    assert applied(later) == ["n3"]
+    assert not any(e.outcome == Outcome.AWAITING_APPROVAL for e in later)

@@ -31,7 +31,7 @@ from typing import TypedDict, Unpack
 
 from prometheus_client import Gauge
 
-from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
+from gpuwarden.fleet import Action, Cluster, ClusterSnapshot
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.protocols import EventSink
 
@@ -44,6 +44,7 @@ from .node_health import publish_health
 from .pacing import Pacer, PacingPolicy, Verdict
 from .plan import Plan, PlannedAction
 from .repair import Repair
+from .undo import inverse, undo_applied
 
 log = logging.getLogger("gpuwarden.actuator")
 
@@ -67,18 +68,6 @@ class Mode(str, enum.Enum):
     AUTO = "auto"
 
 
-def inverse(action: Action) -> Action | None:
-    """The action that takes ``action`` back, where a generic one exists."""
-    why = f"undo {action.kind.value}"
-    if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
-        return Action(ActionKind.UNCORDON, action.target, why)
-    if action.kind == ActionKind.TAINT:
-        return Action(ActionKind.UNTAINT, action.target, why, {"taint": action.params.get("taint")})
-    if action.kind == ActionKind.SUSPEND:
-        return Action(ActionKind.RESUME, action.target, why)
-    return None
-
-
 class Actuator:
     """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
@@ -87,7 +76,7 @@ class Actuator:
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
                  window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
                  repair_after_healthy_seconds: float | None = None, node_conditions: bool = False) -> None:
-        """``pacing`` (auto mode; None: only the limits), ``repair_after_healthy_seconds`` (None:
+        """``pacing`` (auto and approve modes; None: only the limits), ``repair_after_healthy_seconds`` (None:
         never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default."""
         self.cluster = cluster
         self.mode = Mode(mode)
@@ -148,6 +137,7 @@ class Actuator:
                 return self._observe(plan, budget)
             out: list[AuditEntry] = []
             if self.mode == Mode.APPROVE:
+                out += self._observe_pace(plan, budget)
                 out += self._apply_approved(budget)
                 done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
                 return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
@@ -246,10 +236,16 @@ class Actuator:
         self.audit.record(entry := verdict.entry(self.clock.now(), self.mode, self.name))
         return entry
 
+    def _observe_pace(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
+        """Pace verdicts on what is in flight (proven, failed) on this round's snapshot."""
+        if self.pacer is None:
+            return []
+        return [self._pace_entry(v) for v in self.pacer.observe(budget.current(), plan.health, self.clock.now())]
+
     def _judge(self, plan: Plan, budget: Budget, breaker: bool) -> list[AuditEntry]:
         """Pace verdicts on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
         now, current = self.clock.now(), budget.current()
-        out = [self._pace_entry(v) for v in self.pacer.observe(current, plan.health, now)] if self.pacer else []
+        out = self._observe_pace(plan, budget)
         if self.repair is not None and not breaker:
             out += [self._apply(a, budget, by="repair") for a in self.repair.actions(self.audit.records(), current,
                                                                                      plan.health, now)]
@@ -284,8 +280,32 @@ class Actuator:
                 continue
             if self._held_back(action):
                 continue  # it stays approved and is applied at the first round inside the window
-            out.append(self._guarded_apply(action, budget, **kwargs))
+            paced = self._pace_holds_approved(action, kwargs, budget)
+            if paced:  # recorded once, without its approval id: it stays approved and waits for the pace
+                if (action.kind.value, action.target) not in self._paced:
+                    self._paced.add((action.kind.value, action.target))
+                    out.append(self._entry(Outcome.HELD, action, f"approved; {paced}", by=kwargs.get("by"),
+                                           findings=kwargs.get("findings", ()), snapshot_at=kwargs.get("snapshot_at")))
+                continue
+            self._paced.discard((action.kind.value, action.target))
+            entry = self._guarded_apply(action, budget, **kwargs)
+            out += [entry, *self._approved_pace_outcome(action, kwargs, entry, budget)]
         return out
+
+    def _pace_holds_approved(self, action: Action, context: _EntryContext, budget: Budget) -> str | None:
+        """The pace over an approved action (approve mode is paced like auto: a person approving
+        fifty cordons at once still gets the slow start); its findings are the awaiting entry's."""
+        if self.pacer is None:
+            return None
+        return self.pacer.holds(action, context.get("findings", ()), budget.current(), self.clock.now())
+
+    def _approved_pace_outcome(self, action: Action, context: _EntryContext, entry: AuditEntry,
+                               budget: Budget) -> list[AuditEntry]:
+        if self.pacer is None or entry.outcome == Outcome.BLOCKED:
+            return []
+        verdict = self.pacer.outcome(action, context.get("findings", ()), budget.current(), self.clock.now(),
+                                     entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
+        return [self._pace_entry(verdict)] if verdict is not None else []
 
     def _guarded_apply(self, action: Action, budget: Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
         if self.breaker_open:
@@ -341,9 +361,18 @@ class Actuator:
             if held:  # recorded without its approval id, so the approval stays waiting to be applied
                 return self._entry(Outcome.BLOCKED, action, f"approved; {held} (applied at the first round inside it)",
                                    by=by)
-            return self._guarded_apply(action, Budget(self, None), approval_id=str(approval_id), by=by,
-                                       findings=tuple(awaiting.get("findings") or ()),
-                                       snapshot_at=parse_at(awaiting.get("snapshot_at")))
+            context: _EntryContext = {"approval_id": str(approval_id), "by": by,
+                                      "findings": tuple(awaiting.get("findings") or ()),
+                                      "snapshot_at": parse_at(awaiting.get("snapshot_at"))}
+            budget = Budget(self, None)
+            paced = self._pace_holds_approved(action, context, budget)
+            if paced:  # as with the window: it stays approved and goes at a round the pace allows
+                self._paced.add((action.kind.value, action.target))
+                return self._entry(Outcome.HELD, action, f"approved; {paced} (applied at a later round once the "
+                                   "pace allows)", by=by, findings=context["findings"])
+            entry = self._guarded_apply(action, budget, **context)
+            self._approved_pace_outcome(action, context, entry, budget)  # in the audit log; the answer is the action's
+            return entry
 
     def reject(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
         with self._lock:
@@ -366,23 +395,4 @@ class Actuator:
     def undo(self, entry_id: str, by: str = "operator") -> AuditEntry:
         """Apply the inverse of an applied action (uncordon, untaint, resume). ValueError if it cannot be."""
         with self._lock:
-            records = self.audit.records()
-            applied = next((r for r in records if r.get("entry_id") == entry_id), None)
-            if applied is None or applied.get("outcome") != Outcome.APPLIED.value:
-                raise ValueError(f"no applied action with id {entry_id} in the audit log")
-            done = next((r for r in records if r.get("undo_of") == entry_id and r.get("outcome") == Outcome.UNDONE.value), None)
-            if done is not None:
-                raise ValueError(f"action {entry_id} was already undone at {done.get('at')} by {done.get('by')}")
-            if not applied.get("undo"):
-                raise ValueError(f"{applied.get('kind')} {applied.get('target')} cannot be undone (no inverse: "
-                                 f"an evicted pod is recreated by its controller, a notice stays)")
-            action = action_from_record(applied["undo"])
-            try:
-                result = self.cluster.apply(action)
-            except Exception as error:  # noqa: BLE001 as in _apply: a failed undo is recorded, never raised
-                return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", by=by, undo_of=entry_id)
-            if not result.ok:
-                outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED
-                return self._entry(outcome, action, result.message, by=by, undo_of=entry_id)
-            return self._entry(Outcome.UNDONE, action, result.message, by=by, undo_of=entry_id,
-                               findings=tuple(applied.get("findings") or ()))
+            return undo_applied(self, entry_id, by)

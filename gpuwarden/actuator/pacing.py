@@ -119,13 +119,24 @@ def pace_from_records(records: Iterable[Mapping[str, Any]]) -> PaceState:
     return state
 
 
-def pace_key(kind: ActionKind, findings: Sequence[Finding], target: str, snapshot: ClusterSnapshot) -> tuple[Key, str]:
+FindingLike = Finding | Mapping[str, Any]  # a finding, or its audit record (approve mode reads those back)
+
+
+def _first(findings: Sequence[FindingLike], field_name: str) -> str | None:
+    if not findings:
+        return None
+    first = findings[0]
+    value = first.get(field_name) if isinstance(first, Mapping) else getattr(first, field_name)
+    return None if value is None else str(value)
+
+
+def pace_key(kind: ActionKind, findings: Sequence[FindingLike], target: str,
+             snapshot: ClusterSnapshot) -> tuple[Key, str]:
     """(pool, detector) and the node an action disrupts: the first finding is the one that chose
     the action (the plan puts the strongest first)."""
-    node = findings[0].node if findings and kind == ActionKind.EVICT else target
+    node = (_first(findings, "node") or target) if kind == ActionKind.EVICT else target
     pools = {n.name: n.pool for n in snapshot.nodes}
-    detector = str(findings[0].kind) if findings else "unknown"
-    return (pools.get(node, "default"), detector), node
+    return (pools.get(node, "default"), _first(findings, "kind") or "unknown"), node
 
 
 def ready(snapshot: ClusterSnapshot, node: str) -> bool:
@@ -233,7 +244,7 @@ class Pacer:
             return f"pace: cooldown for {detector} in pool {pool} until {until.isoformat()}"
         return None
 
-    def holds(self, action: Action, findings: Sequence[Finding], snapshot: ClusterSnapshot, now: datetime,
+    def holds(self, action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
               starts: dict[Key, int] | None = None) -> str | None:
         """Why the pace holds ``action`` back now; ``starts`` counts observe mode's would-be starts."""
         if action.kind not in DISRUPTIVE:
@@ -245,7 +256,7 @@ class Pacer:
             starts[key] = extra + 1
         return why
 
-    def outcome(self, action: Action, findings: Sequence[Finding], snapshot: ClusterSnapshot, now: datetime,
+    def outcome(self, action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
                 took: bool, what: str) -> Verdict | None:
         """A disruptive action's start (``took``: applied, or a drain left cordoned to retry) or failure."""
         if action.kind not in DISRUPTIVE:
