@@ -33,7 +33,7 @@ the way the API server does for what gpuwarden uses:
   JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed);
-- injectable faults per method and path: any HTTP status, or a hang longer than the client's
+- injectable faults per method and path: any HTTP status, a JSON answer that is not an object, or a hang longer than the client's
   timeout.
 Every request is recorded (method, path, query, content type, body, and ``user``: "" for HTTP
 clients, the actor's name for the in-process stand-ins of kube-scheduler and the Job controller,
@@ -103,7 +103,7 @@ class _Server(ThreadingHTTPServer):
 class Fault:
     method: str
     path: re.Pattern
-    status: int | str  # an HTTP status, or "timeout" (hang for ``hang_seconds``)
+    status: int | str  # an HTTP status, "timeout" (hang for ``hang_seconds``) or "not-an-object" (200, a JSON list)
     times: int = 1
     hang_seconds: float = 3.0
 
@@ -261,6 +261,8 @@ class FakeKubeAPI:
         if fault and fault.status == "timeout":
             time.sleep(fault.hang_seconds)
             return self._status(504, "Timeout", "hung")
+        if fault and fault.status == "not-an-object":  # valid JSON of the wrong shape (a broken proxy, say)
+            return 200, ["not", "an", "object"]  # type: ignore[return-value]
         if fault:
             reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
             return self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),

@@ -16,7 +16,6 @@ import json
 import logging
 import random
 import threading
-from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
@@ -26,29 +25,14 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
+from .answers import list_items, parse_object
+from .failure import KubeFailure as KubeFailure  # re-exported: callers import it from here
+
 log = logging.getLogger("gpuwarden.actuator.kube")
 
 MERGE_PATCH = "application/merge-patch+json"  # the client would otherwise send json-patch for a PATCH
 
 Json = dict[str, Any]  # a Kubernetes object, list or patch as parsed JSON
-
-
-@dataclass
-class KubeFailure(Exception):
-    status: int | None  # HTTP status; None for a timeout or a connection error
-    message: str
-    temporary: bool
-
-    def __str__(self) -> str:
-        return self.message
-
-    @property
-    def gone(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
 
 
 class TimedApiClient(client.ApiClient):
@@ -104,7 +88,7 @@ class KubeApi:
             try:
                 response = method(*args, **kwargs)
                 data = response.data if hasattr(response, "data") else response
-                return json.loads(data) if data else {}
+                return parse_object(data, verb, resource)
             except ApiException as error:
                 failure = classify(error, verb, resource)
                 retry_after = _retry_after(error)
@@ -130,7 +114,7 @@ class KubeApi:
         while True:
             page = self.call(method, *args, verb="list", resource=resource, limit=page_size,
                              **({"_continue": token} if token else {}), **kwargs)
-            items.extend(page.get("items") or ())
+            items.extend(list_items(page, resource))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items

@@ -22,6 +22,7 @@ from kubernetes.utils import parse_quantity
 from gpuwarden.fleet import ClusterSnapshot, Team
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
+from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .gates import QUEUE_LABEL
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
@@ -50,53 +51,56 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
     offers: dict[str, NodeOffer] = {}
     cordoned, taints, node_labels = set(), {}, {}
     for item in api.list_all(api.core.list_node, resource="nodes", page_size=page_size):
-        offer = read_node(item, labels)
-        if offer is None:
-            continue
-        name = offer.node.name
-        offers[name] = offer
-        spec = item.get("spec") or {}
-        if spec.get("unschedulable"):
-            cordoned.add(name)
-        own = tuple(f"{t['key']}={t.get('value', '')}:{t.get('effect', '')}" for t in spec.get("taints") or ())
-        if own:
-            taints[name] = own
-        node_labels[name] = dict(item["metadata"].get("labels") or {})
+        with reading("node", item):
+            offer = read_node(item, labels)
+            if offer is None:
+                continue
+            name = offer.node.name
+            offers[name] = offer
+            spec = item.get("spec") or {}
+            if spec.get("unschedulable"):
+                cordoned.add(name)
+            own = tuple(f"{t['key']}={t.get('value', '')}:{t.get('effect', '')}" for t in spec.get("taints") or ())
+            if own:
+                taints[name] = own
+            node_labels[name] = dict(item["metadata"].get("labels") or {})
 
     namespace_labels: dict[str, dict[str, str]] = {}
     teams_by_ns: dict[str, str] = {}
     team_quota: dict[str, tuple[float, float]] = {}  # guaranteed, burst GPUs
     team_weight: dict[str, float] = {}
     for item in api.list_all(api.core.list_namespace, resource="namespaces", page_size=page_size):
-        meta = item["metadata"]
-        ns_labels = dict(meta.get("labels") or {})
-        namespace_labels[meta["name"]] = ns_labels
-        if ns_labels.get(QUEUE_LABEL):
-            inventory.queue_namespaces.add(meta["name"])
-        team = ns_labels.get(QUEUE_LABEL) or ns_labels.get(TEAM_LABEL) or meta["name"]
-        teams_by_ns[meta["name"]] = team
-        notes = meta.get("annotations") or {}
-        if GUARANTEE_ANNOTATION in notes:
-            try:
-                guaranteed = float(notes[GUARANTEE_ANNOTATION])
-                team_quota[team] = (guaranteed, max(guaranteed, float(notes.get(BURST_ANNOTATION, guaranteed))))
-            except ValueError:
-                log.warning("namespace %s: %s=%r is not a number; ignored", meta["name"], GUARANTEE_ANNOTATION,
-                            notes[GUARANTEE_ANNOTATION])
-        if WEIGHT_ANNOTATION in notes:
-            try:
-                team_weight[team] = float(notes[WEIGHT_ANNOTATION])
-                if not team_weight[team] > 0:
-                    raise ValueError
-            except ValueError:
-                team_weight.pop(team, None)
-                log.warning("namespace %s: %s=%r is not a number > 0; weight 1 used", meta["name"], WEIGHT_ANNOTATION,
-                            notes[WEIGHT_ANNOTATION])
+        with reading("namespace", item):
+            meta = item["metadata"]
+            ns_labels = dict(meta.get("labels") or {})
+            namespace_labels[meta["name"]] = ns_labels
+            if ns_labels.get(QUEUE_LABEL):
+                inventory.queue_namespaces.add(meta["name"])
+            team = ns_labels.get(QUEUE_LABEL) or ns_labels.get(TEAM_LABEL) or meta["name"]
+            teams_by_ns[meta["name"]] = team
+            notes = meta.get("annotations") or {}
+            if GUARANTEE_ANNOTATION in notes:
+                try:
+                    guaranteed = float(notes[GUARANTEE_ANNOTATION])
+                    team_quota[team] = (guaranteed, max(guaranteed, float(notes.get(BURST_ANNOTATION, guaranteed))))
+                except ValueError:
+                    log.warning("namespace %s: %s=%r is not a number; ignored", meta["name"], GUARANTEE_ANNOTATION,
+                                notes[GUARANTEE_ANNOTATION])
+            if WEIGHT_ANNOTATION in notes:
+                try:
+                    team_weight[team] = float(notes[WEIGHT_ANNOTATION])
+                    if not team_weight[team] > 0:
+                        raise ValueError
+                except ValueError:
+                    team_weight.pop(team, None)
+                    log.warning("namespace %s: %s=%r is not a number > 0; weight 1 used", meta["name"], WEIGHT_ANNOTATION,
+                                notes[WEIGHT_ANNOTATION])
 
     inventory.pdbs = len(api.list_all(api.policy.list_pod_disruption_budget_for_all_namespaces,
                                       resource="poddisruptionbudgets", page_size=page_size))
-    inventory.priority_classes = {p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
-        api.scheduling.list_priority_class, resource="priorityclasses", page_size=page_size)}
+    with reading("priorityclasses"):
+        inventory.priority_classes = {p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
+            api.scheduling.list_priority_class, resource="priorityclasses", page_size=page_size)}
 
     kueue_owner: dict[tuple[str, str, str], Json] = {}  # (namespace, owner kind, owner name) -> Workload
     kueue_workloads: list[Json] = []
@@ -106,19 +110,21 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         inventory.kueue = True
         for queue in api.list_all(api.custom.list_cluster_custom_object, *KUEUE, "clusterqueues",
                                   resource="clusterqueues.kueue.x-k8s.io", page_size=page_size):
-            nominal, borrow = 0.0, None
-            for group in (queue.get("spec") or {}).get("resourceGroups") or ():
-                for flavor in group.get("flavors") or ():
-                    for resource in flavor.get("resources") or ():
-                        if resource.get("name") == GPU:
-                            nominal += float(parse_quantity(resource.get("nominalQuota", "0")))
-                            if resource.get("borrowingLimit") is not None:
-                                borrow = (borrow or 0.0) + float(parse_quantity(resource["borrowingLimit"]))
-            team_quota[queue["metadata"]["name"]] = (nominal, nominal + borrow if borrow is not None else 1e9)
-        inventory.workload_priority_classes = {
-            p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
-                api.custom.list_cluster_custom_object, *KUEUE, "workloadpriorityclasses",
-                resource="workloadpriorityclasses.kueue.x-k8s.io", page_size=page_size)}
+            with reading("clusterqueue", queue):
+                nominal, borrow = 0.0, None
+                for group in (queue.get("spec") or {}).get("resourceGroups") or ():
+                    for flavor in group.get("flavors") or ():
+                        for resource in flavor.get("resources") or ():
+                            if resource.get("name") == GPU:
+                                nominal += float(parse_quantity(resource.get("nominalQuota", "0")))
+                                if resource.get("borrowingLimit") is not None:
+                                    borrow = (borrow or 0.0) + float(parse_quantity(resource["borrowingLimit"]))
+                team_quota[queue["metadata"]["name"]] = (nominal, nominal + borrow if borrow is not None else 1e9)
+        with reading("workloadpriorityclasses"):
+            inventory.workload_priority_classes = {
+                p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
+                    api.custom.list_cluster_custom_object, *KUEUE, "workloadpriorityclasses",
+                    resource="workloadpriorityclasses.kueue.x-k8s.io", page_size=page_size)}
     except KubeFailure as failure:
         if failure.status == 403:  # installed, but the chart did not grant Kueue (remediation.kueue=false)
             log.warning("Kueue: %s; planning without Kueue", failure.message)
@@ -126,25 +132,31 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         elif not failure.gone:
             raise
     for kueue_workload in kueue_workloads:
-        meta = kueue_workload["metadata"]
-        for owner in meta.get("ownerReferences") or ():
-            kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
+        with reading("workload", kueue_workload):
+            meta = kueue_workload["metadata"]
+            for owner in meta.get("ownerReferences") or ():
+                kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
 
     reader = WorkloadReader(inventory, taken_at, admission_timeout_seconds,
                             {w.workload.key: w.workload for w in previous.workloads} if previous else None)
     for pod in api.list_all(api.core.list_pod_for_all_namespaces, resource="pods", page_size=page_size,
                             field_selector=ACTIVE_PHASES):
-        reader.add_pod(pod)
+        with reading("pod", pod):
+            reader.add_pod(pod)
     # Suspended Jobs have no pods: the jobs list shows them (and lets a resume be planned).
     for job in api.list_all(api.batch.list_job_for_all_namespaces, resource="jobs", page_size=page_size):
-        reader.add_job(job)
+        with reading("job", job):
+            reader.add_job(job)
     for (namespace, _, owner_name), kueue_workload in kueue_owner.items():  # suspended-by, where Kueue suspends
-        reader.add_kueue_annotations(f"{namespace}/{owner_name}", kueue_workload["metadata"].get("annotations") or {})
+        with reading("workload", kueue_workload):
+            reader.add_kueue_annotations(f"{namespace}/{owner_name}",
+                                         kueue_workload["metadata"].get("annotations") or {})
 
     def kueue_of(group: Group) -> Json | None:
         return kueue_owner.get((group.namespace, group.controller, group.name))
 
-    workloads = reader.build(teams_by_ns, offers, kueue_of)
+    with reading("pods and jobs"):
+        workloads = reader.build(teams_by_ns, offers, kueue_of)
     teams = set(teams_by_ns.values()) | set(team_quota)
     team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9)), weight=team_weight.get(t, 1.0)) for t in sorted(teams))
     snapshot = ClusterSnapshot(
