@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from .errors import UserError
 from .gpu_catalogue import gpu_catalogue
+from .node_selection import NodeSelection
 from .semantics_scalar import request_gpu_equivalents
 
 
@@ -300,6 +301,9 @@ class Workload:
     # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
     # ``key`` (any value): see :func:`gpuwarden.fleet.taints.taint_blocks`.
     tolerations: tuple[str, ...] = ()
+    # The nodes it may run on by their labels (nodeSelector and required node affinity):
+    # :mod:`gpuwarden.fleet.node_selection`; empty: any node.
+    node_selection: NodeSelection = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _choice(WorkloadKind, self.kind, "Workload.kind"))

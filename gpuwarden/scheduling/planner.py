@@ -25,6 +25,7 @@ from typing import Any
 from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Gpu, PriorityClass, Workload, WorkloadPhase, WorkloadState
+from gpuwarden.fleet.node_selection import selects
 from gpuwarden.fleet.taints import taint_blocks
 
 from .mig import check_profile
@@ -96,9 +97,13 @@ def _book_gpus(state: State, placements: list[Slot]) -> None:
 
 
 def _blocked_nodes(snapshot: ClusterSnapshot, workload: Workload) -> frozenset[str]:
-    """Nodes kube-scheduler keeps ``workload`` off: a NoSchedule / NoExecute taint it does not tolerate."""
-    return frozenset(node for node, taints in snapshot.taints.items()
-                     if any(taint_blocks(t, workload.tolerations) for t in taints))
+    """Nodes kube-scheduler keeps ``workload`` off: a NoSchedule / NoExecute taint it does not
+    tolerate, or labels its node selection does not select."""
+    tainted = {node for node, taints in snapshot.taints.items() if any(taint_blocks(t, workload.tolerations) for t in taints)}
+    if workload.node_selection:
+        tainted.update(n.name for n in snapshot.nodes
+                       if not selects(workload.node_selection, snapshot.node_labels.get(n.name, {})))
+    return frozenset(tainted)
 
 
 def shares_gpus(snapshot: ClusterSnapshot) -> bool:
@@ -167,7 +172,7 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     by_key: dict[str, WorkloadState] = {}
     for ws in snapshot.workloads:
         job = _job_of(ws, origin, known)
-        if tolerating:
+        if tolerating or ws.workload.node_selection:
             job.avoid_nodes = _blocked_nodes(snapshot, ws.workload)
         by_key[job.name] = ws
         if ws.phase == WorkloadPhase.RUNNING:

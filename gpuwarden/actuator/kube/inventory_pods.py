@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuwarden.fleet import PriorityClass
+from gpuwarden.fleet.node_selection import LabelRequirement, NodeSelection, selection_of
 from gpuwarden.scheduling.mig import check_profile
 
 from .api import Json
@@ -45,6 +46,18 @@ def _tolerations(pod: Json) -> tuple[str, ...]:
         out.append(str(entry.get("key") or "") + ("" if value is None else f"={value}")
                    + (f":{entry['effect']}" if entry.get("effect") else ""))
     return tuple(out)
+
+
+def node_selection(pod: Json) -> NodeSelection:
+    """``spec.nodeSelector`` and the required node-affinity terms' ``matchExpressions``
+    (:mod:`gpuwarden.fleet.node_selection`)."""
+    spec = pod.get("spec") or {}
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [[LabelRequirement(str(e["key"]), str(e["operator"]), tuple(str(v) for v in e.get("values") or ()))
+              for e in term.get("matchExpressions") or ()]
+             for term in required.get("nodeSelectorTerms") or ()]
+    return selection_of(spec.get("nodeSelector") or {}, [t for t in terms if t])
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpuwarden.fleet.node_selection import NodeSelection
 from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, Workload, WorkloadKind, WorkloadPhase,
                              WorkloadState, workload_key)
 from gpuwarden.scheduling.errors import UnknownMigProfile
@@ -39,7 +40,7 @@ from .admission import PodView, pod_view
 from .gates import (RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
 from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest
-from .inventory_pods import _tolerations, _unscheduled_reason, gpu_request, parse_time, priority_of
+from .inventory_pods import _tolerations, _unscheduled_reason, gpu_request, node_selection, parse_time, priority_of
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -91,6 +92,7 @@ class Group:
     priority: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()
+    node_selection: NodeSelection = ()
     size: int | None = None  # the pods it will have, where its owner says
     suspended: bool = False
 
@@ -158,7 +160,7 @@ class WorkloadReader:
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(controller, namespace, name, request, labels=labels,
-                                             tolerations=_tolerations(pod))
+                                             tolerations=_tolerations(pod), node_selection=node_selection(pod))
             if controller == "Gang":
                 group.size = self._gang_size(key, labels)
         group.pod_names.append(str(meta["name"]))
@@ -225,7 +227,8 @@ class WorkloadReader:
         self.groups[key] = Group("Job", str(meta.get("namespace", "")), str(meta["name"]), request,
                                  annotations=notes, objects={("Job", meta["name"]): notes},
                                  created=[created] if created else [], priority=(template.get("spec") or {}).get(
-                                     "priorityClassName"), size=max(1, parallelism), suspended=bool(spec.get("suspend")))
+                                     "priorityClassName"), size=max(1, parallelism), suspended=bool(spec.get("suspend")),
+                                 tolerations=_tolerations(template), node_selection=node_selection(template))
 
     def add_kueue_annotations(self, key: str, notes: Mapping[str, str]) -> None:
         if key in self.groups:
@@ -330,7 +333,7 @@ class WorkloadReader:
             name=name, namespace=namespace, kind=kind, team=self.teams_by_ns.get(namespace, namespace),
             project=namespace, priority_class=priority_of(priority_name), gpus=gpus, gang_size=gang_size,
             checkpointable=checkpointable, checkpoint_interval_seconds=600.0 if checkpointable else None,
-            tolerations=group.tolerations, pools=pools)
+            tolerations=group.tolerations, pools=pools, node_selection=group.node_selection)
         kept = self.previous.get(key)
         workload = kept if kept == workload and kept is not None else workload
         started = group.started if phase != WorkloadPhase.PENDING else []
