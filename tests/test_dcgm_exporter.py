@@ -39,6 +39,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Price-tier labels as kube-state-metrics serves them (only the labels its allowlist names).
+NODE_TIER_LABELS = {"dgx-a": {"label_karpenter_sh_capacity_type": "spot"}, "dgx-b": {"label_gpuwarden_io_price_tier": "owned"}}
+
+
+def node_labels(fleet) -> str:
+    """kube_node_labels of the scenario's nodes (two with a tier label), every 5 minutes."""
+    lines = ["# TYPE kube_node_labels gauge"]
+    for node in sorted({d.node for d in fleet.devices}):
+        labels = ",".join(f'{k}="{v}"' for k, v in {"node": node, "job": "kube-state-metrics",
+                                                   **NODE_TIER_LABELS.get(node, {})}.items())
+        lines += [f"kube_node_labels{{{labels}}} 1 {t}" for t in range(fleet.start_s, fleet.end_s, 300)]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory):
     prometheus, promtool = binary("prometheus", "prometheus"), binary("promtool", "prometheus")
@@ -47,7 +61,7 @@ def backfilled(tmp_path_factory):
     end_s = (int(time.time()) // 3600 - 1) * 3600
     fleet = scenario(end_s - 6 * 3600)
     assert fleet.end_s == end_s
-    (tmp / "scenario.om").write_text(openmetrics(fleet))
+    (tmp / "scenario.om").write_text(openmetrics(fleet).replace("# EOF\n", node_labels(fleet) + "# EOF\n"))
     done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"), str(tmp / "tsdb")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -170,3 +184,15 @@ def test_the_user_overrides_the_attribution_rule(backfilled, price_book):
     report = gpuwarden(backfilled, "report", "idle", "--price-book", str(price_book), "--pod-attribution", "on")
     assert report["summary"]["unattributed_gpu_hours"] == 0
     assert any(n.startswith("pod attribution: --pod-attribution on") for n in report["notes"])
+
+
+def test_node_tier_labels_from_kube_state_metrics_price_the_cost_report(backfilled, price_book):
+    report = gpuwarden(backfilled, "report", "cost", "--price-book", str(price_book))
+    tiers = {(row["pool"], row["model"]): row["tier"] for row in report["tables"]["by_pool"]}
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert tiers[("dgx-a", h100)] == "spot" and tiers[("dgx-b", h100)] == "owned"
+    assert tiers[("dgx-c", h100)] == "on-demand"  # no label, no inventory rule: the default, said
+    (note,) = [n for n in report["notes"] if n.startswith("price tiers: ")]
+    assert "1 node(s) from label gpuwarden.io/price-tier" in note and "1 node(s) from label karpenter.sh/capacity-type" in note
+    assert "at the default tier on-demand" in note
+    assert any(n.startswith(f"price book: {price_book} (sha256 ") for n in report["notes"])

@@ -3,6 +3,8 @@ the file is missing or not YAML."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import yaml
@@ -21,3 +23,9 @@ def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as problem:
         raise error(f"{path}: not valid YAML ({problem})") from None
+
+
+def content_digest(data: object) -> str:
+    """sha256 of a parsed document's content (keys sorted): the same book or inventory written as
+    another file (a ConfigMap's ``toYaml``) has the same digest."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -81,6 +81,10 @@ UID 0 only while pod attribution or pod memory reads root-only host files, else 
 {{- toYaml $context -}}
 {{- end -}}
 
+{{- define "gpuwarden.pricing.fullname" -}}
+{{- printf "%s-pricing" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "gpuwarden.dashboard.fullname" -}}
 {{- printf "%s-dashboard" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
