@@ -165,3 +165,20 @@ def test_the_dashboards_cost_data_uses_the_given_book(monkeypatch, files):
     assert priced["price_tiers"].startswith("price tiers: 2 from the inventory")
     # Bundles priced by other files are kept apart from the bundled book's.
     assert bundle_variant(*dashboard_pricing()) != "" == bundle_variant(PriceBook.default(), Inventory.default())
+
+
+def test_the_metrics_name_the_environments_book_with_its_version_and_hash(capsys, monkeypatch, files):
+    monkeypatch.setenv(PRICE_BOOK_ENV, str(files / "book.yaml"))
+    monkeypatch.setenv(INVENTORY_ENV, str(files / "inventory.yaml"))
+    until = (START + pd.Timedelta(hours=HOURS)).isoformat()
+    code = main(["metrics", "show", "--source", "file", "--file", str(files / "samples.parquet"), "--since", f"{HOURS}h",
+                 "--until", until])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    book = PriceBook.from_yaml(files / "book.yaml")
+    info = [line for line in out.splitlines() if line.startswith("gpuwarden_price_book_info{")]
+    assert len(info) == 1 and f'sha256="{book.digest}"' in info[0] and 'version="q1-2026"' in info[0]
+    assert f'price_book="{files / "book.yaml"}"' in info[0] and f'inventory="{files / "inventory.yaml"} (sha256 ' in info[0]
+    (cost,) = [line for line in out.splitlines() if line.startswith("gpuwarden_fleet_cost_usd ")]
+    owned = 35040 / (4 * 8760) + WATTS / 1000 * 0.2 * 1.25
+    assert float(cost.split()[1]) == pytest.approx((8.0 + 3.0 + owned) * HOURS, rel=1e-6)
