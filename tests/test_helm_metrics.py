@@ -187,3 +187,9 @@ def test_a_bad_tier_in_the_pricing_values_names_the_allowed_tiers(helm, tmp_path
     result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
     assert result.returncode != 0
     assert "pricing.inventory.rules.0.tier" in result.stderr.replace("/", ".") and "on-demand" in result.stderr
+    # A price under a tier the book does not know (committed is reserved's other name, and allowed).
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {"priceBook": {"models": {
+        "NVIDIA H100 80GB HBM3": {"committed": 4.0, "preemptible": 2.0}}}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode != 0 and "preemptible" in result.stderr and "committed" not in result.stderr

@@ -182,3 +182,10 @@ def test_the_metrics_name_the_environments_book_with_its_version_and_hash(capsys
     (cost,) = [line for line in out.splitlines() if line.startswith("gpuwarden_fleet_cost_usd ")]
     owned = 35040 / (4 * 8760) + WATTS / 1000 * 0.2 * 1.25
     assert float(cost.split()[1]) == pytest.approx((8.0 + 3.0 + owned) * HOURS, rel=1e-6)
+
+
+def test_a_book_may_call_reserved_committed():
+    book = PriceBook.from_mapping({"models": {H100: {"committed": 4.5, "on-demand": 8.0}}}, "gcp.yaml")
+    assert book.hourly(H100, PriceTier.RESERVED) == 4.5
+    with pytest.raises(AnalyticsError, match=r"unknown key\(s\) preemptible; allowed: aliases, committed, on-demand"):
+        PriceBook.from_mapping({"models": {H100: {"preemptible": 2.0}}}, "gcp.yaml")

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import PriceTier
 from gpuwarden.fleet.gpu_catalogue import gpu_catalogue, name_key
+from gpuwarden.fleet.price_tiers import TIER_ALIASES
 
 from .params import AnalyticsError
 from .yamlfile import content_digest, read_yaml
@@ -162,12 +163,13 @@ class PriceBook:
             raise PriceBookError(f"{source}: power.pue {pue} must be >= 1")
         default_lifetime = _number((data.get("owned_defaults") or {}).get("lifetime_years", 4), f"{source}: owned_defaults.lifetime_years")
         tiers = {t.value for t in PriceTier} - {PriceTier.OWNED.value}
-        allowed_keys = tiers | {"owned", "aliases", "tdp_watts", "typical_watts"}
+        allowed_keys = tiers | set(TIER_ALIASES) | {"owned", "aliases", "tdp_watts", "typical_watts"}
         models = {}
         for name, entry in data["models"].items():
             where = f"{source}: models[{name!r}]"
             if not isinstance(entry, Mapping):
                 raise PriceBookError(f"{where}: expected a mapping of tier prices")
+            entry = {TIER_ALIASES[k].value if k in TIER_ALIASES else k: v for k, v in entry.items()}  # committed: reserved
             unknown = set(entry) - allowed_keys
             if unknown:
                 raise PriceBookError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
