@@ -193,3 +193,25 @@ def test_a_bad_tier_in_the_pricing_values_names_the_allowed_tiers(helm, tmp_path
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
     result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
     assert result.returncode != 0 and "preemptible" in result.stderr and "committed" not in result.stderr
+
+
+def test_the_bundled_book_and_inventory_pass_the_schema_and_keep_their_hash_through_the_config_map(helm, tmp_path):
+    """Copying the bundled files into the values is how a user starts: the schema accepts them, and
+    the ConfigMap's copy is the same book (same content hash) as the bundled one."""
+    from test_helm import CHART, NAMESPACE, RELEASE, run_helm
+
+    from gpuwarden.analytics import Inventory, PriceBook
+    from gpuwarden.analytics.inventory import DEFAULT_INVENTORY_PATH
+    from gpuwarden.analytics.pricebook import DEFAULT_PRICE_BOOK_PATH
+
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {
+        "priceBook": yaml.safe_load(DEFAULT_PRICE_BOOK_PATH.read_text()),
+        "inventory": yaml.safe_load(DEFAULT_INVENTORY_PATH.read_text())}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode == 0, result.stderr
+    data = _named([d for d in yaml.safe_load_all(result.stdout) if d], "ConfigMap")["gw-gpuwarden-pricing"]["data"]
+    (tmp_path / "pricebook.yaml").write_text(data["pricebook.yaml"])
+    (tmp_path / "inventory.yaml").write_text(data["inventory.yaml"])
+    assert PriceBook.from_yaml(tmp_path / "pricebook.yaml").digest == PriceBook.default().digest
+    assert Inventory.from_yaml(tmp_path / "inventory.yaml").digest == Inventory.default().digest

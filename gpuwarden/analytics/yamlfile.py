@@ -26,6 +26,16 @@ def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
 
 
 def content_digest(data: object) -> str:
-    """sha256 of a parsed document's content (keys sorted): the same book or inventory written as
-    another file (a ConfigMap's ``toYaml``) has the same digest."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    """sha256 of a parsed document's content (keys sorted, every number as a float): the same book
+    or inventory written as another file has the same digest (a chart's ``toYaml`` writes 11.00 as 11)."""
+    return hashlib.sha256(json.dumps(_numbers_as_floats(data), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _numbers_as_floats(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(k): _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
