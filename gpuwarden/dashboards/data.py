@@ -269,6 +269,11 @@ def bundle(kind: str, info: StoreInfo, window: Window, wait: bool = True) -> Bun
         return board().get(kind, info.path, window, info.version, BUILDERS[kind], wait=wait, variant=variant)
 
 
+def price_book_name(ledger: Bundle) -> str:
+    """Which price book priced a ledger bundle (one stored before books were named: the bundled one)."""
+    return str(ledger.values.get("price_book", "built-in"))
+
+
 def clear_caches() -> None:
     """Forget every cached read and report held in memory (the bench's uncached path); bundles
     written beside the store stay (``report_bundle.remove_all`` forgets those)."""

@@ -14,8 +14,7 @@ window = data.current_window(info)
 ledger = data.bundle("ledger", info, window)
 head = ledger["cost_headline"]
 currency = head["currency"]
-book = ledger.values.get("price_book", "built-in")  # a bundle stored before books were named: the bundled one
-data.window_caption(info, window, f" · price book {book} ({currency})", bundles=(ledger,))
+data.window_caption(info, window, f" · price book {data.price_book_name(ledger)} ({currency})", bundles=(ledger,))
 tiers = ledger.values.get("price_tiers")
 if tiers:
     st.caption(tiers[0].upper() + tiers[1:])
