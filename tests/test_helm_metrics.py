@@ -132,15 +132,16 @@ def test_pricing_values_become_the_endpoints_price_book_and_inventory(helm, tmp_
     assert Inventory.from_yaml(tmp_path / "inventory.yaml").lookup("gpu-007")[1] == "owned"
     deployment = _named(docs, "Deployment")["gw-gpuwarden-metrics"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
-    assert (str(args.price_book), str(args.inventory)) == ("/etc/gpuwarden/pricing/pricebook.yaml",
-                                                          "/etc/gpuwarden/pricing/inventory.yaml")
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["GPUWARDEN_PRICE_BOOK"], env["GPUWARDEN_INVENTORY"]) == ("/etc/gpuwarden/pricing/pricebook.yaml",
+                                                                        "/etc/gpuwarden/pricing/inventory.yaml")
+    assert env["GPUWARDEN_PRICING_SOURCE"] == f"ConfigMap {NAMESPACE}/gw-gpuwarden-pricing"
     assert {"name": "pricing", "mountPath": "/etc/gpuwarden/pricing", "readOnly": True} in container["volumeMounts"]
-    # Without pricing values: the bundled book and inventory, no ConfigMap, no flag.
+    # Without pricing values: the bundled book and inventory, no ConfigMap, no pricing environment.
     bundled = render(helm, "metricsEndpoint.enabled=true", "metricsEndpoint.grafanaDashboards=false")
     assert not _named(bundled, "ConfigMap")
     (plain,) = _named(bundled, "Deployment")["gw-gpuwarden-metrics"]["spec"]["template"]["spec"]["containers"]
-    assert not [a for a in plain["args"] if a.startswith(("--price-book", "--inventory"))]
+    assert not [e for e in plain.get("env", []) if e["name"].startswith("GPUWARDEN_PRIC")]
 
 
 def test_the_dashboard_prices_with_the_charts_price_book_and_inventory(helm, tmp_path):
