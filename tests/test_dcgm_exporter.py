@@ -17,13 +17,14 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from dcgm_scenario import A100, UNKNOWN_MODEL, scenario, openmetrics
+from dcgm_scenario import A100, UNKNOWN_MODEL, Device, Scenario, openmetrics, scenario
 from polling import wait_for
 from servers import ServerProcess, binary
 
@@ -39,15 +40,25 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def backfilled(tmp_path_factory):
+# Price-tier labels as kube-state-metrics serves them (only the labels its allowlist names).
+NODE_TIER_LABELS = {"dgx-a": {"label_karpenter_sh_capacity_type": "spot"}, "dgx-b": {"label_gpuwarden_io_price_tier": "owned"}}
+
+
+def node_labels(fleet) -> str:
+    """kube_node_labels of the scenario's nodes (two with a tier label), every 5 minutes."""
+    lines = ["# TYPE kube_node_labels gauge"]
+    for node in sorted({d.node for d in fleet.devices}):
+        labels = ",".join(f'{k}="{v}"' for k, v in {"node": node, "job": "kube-state-metrics",
+                                                   **NODE_TIER_LABELS.get(node, {})}.items())
+        lines += [f"kube_node_labels{{{labels}}} 1 {t}" for t in range(fleet.start_s, fleet.end_s, 300)]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def serving(tmp: Path, text: str):
+    """A real Prometheus over ``text`` (OpenMetrics with timestamps) backfilled into a TSDB."""
     prometheus, promtool = binary("prometheus", "prometheus"), binary("promtool", "prometheus")
-    tmp = tmp_path_factory.mktemp("dcgm")
-    # Whole hours, ending an hour ago: in the past, so Prometheus' head never overlaps the blocks.
-    end_s = (int(time.time()) // 3600 - 1) * 3600
-    fleet = scenario(end_s - 6 * 3600)
-    assert fleet.end_s == end_s
-    (tmp / "scenario.om").write_text(openmetrics(fleet))
+    (tmp / "scenario.om").write_text(text)
     done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"), str(tmp / "tsdb")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -58,9 +69,24 @@ def backfilled(tmp_path_factory):
                            tmp / "prometheus.log", f"http://127.0.0.1:{port}/-/ready")
     try:
         wait_for(server.ready, 60, "prometheus /-/ready over the backfilled blocks", interval=0.2)
-        yield {"fleet": fleet, "url": f"http://127.0.0.1:{port}", "tmp": tmp}
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+def past_hours_end_s() -> int:
+    """Whole hours, ending an hour ago: in the past, so Prometheus' head never overlaps the blocks."""
+    return (int(time.time()) // 3600 - 1) * 3600
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dcgm")
+    end_s = past_hours_end_s()
+    fleet = scenario(end_s - 6 * 3600)
+    assert fleet.end_s == end_s
+    with serving(tmp, openmetrics(fleet).replace("# EOF\n", node_labels(fleet) + "# EOF\n")) as url:
+        yield {"fleet": fleet, "url": url, "tmp": tmp}
 
 
 def gpuwarden(backfilled, *argv: str) -> dict:
@@ -68,7 +94,7 @@ def gpuwarden(backfilled, *argv: str) -> dict:
     fleet = backfilled["fleet"]
     until = pd.Timestamp(fleet.end_s, unit="s", tz="UTC").isoformat()
     command = [sys.executable, "-m", "gpuwarden.cli", *argv, "--source", "prometheus", "--prometheus-url", backfilled["url"],
-               "--since", "6h", "--until", until, "--format", "json"]
+               "--since", f"{fleet.hours:g}h", "--until", until, "--format", "json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr[-3000:]}"
@@ -170,3 +196,45 @@ def test_the_user_overrides_the_attribution_rule(backfilled, price_book):
     report = gpuwarden(backfilled, "report", "idle", "--price-book", str(price_book), "--pod-attribution", "on")
     assert report["summary"]["unattributed_gpu_hours"] == 0
     assert any(n.startswith("pod attribution: --pod-attribution on") for n in report["notes"])
+
+
+def test_node_tier_labels_from_kube_state_metrics_price_the_cost_report(backfilled, price_book):
+    report = gpuwarden(backfilled, "report", "cost", "--price-book", str(price_book))
+    tiers = {(row["pool"], row["model"]): row["tier"] for row in report["tables"]["by_pool"]}
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert tiers[("dgx-a", h100)] == "spot" and tiers[("dgx-b", h100)] == "owned"
+    assert tiers[("dgx-c", h100)] == "on-demand"  # no label, no inventory rule: the default, said
+    (note,) = [n for n in report["notes"] if n.startswith("price tiers: ")]
+    assert "1 node(s) from label gpuwarden.io/price-tier" in note and "1 node(s) from label karpenter.sh/capacity-type" in note
+    assert "at the default tier on-demand" in note
+    assert any(n.startswith(f"price book: {price_book} (sha256 ") for n in report["notes"])
+
+
+XID_74_AT_H = (0.5, 1.2)  # two NVLink XIDs of one code: the last-XID gauge shows only the first
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    """Two hours of one node whose dcgm-exporter also serves DCGM_EXP_XID_ERRORS_COUNT (XIDs per
+    code over its 5-minute window; a code's series only while its window holds one)."""
+    end_s = past_hours_end_s()
+    fleet = Scenario([Device("dgx-x", "0", "GPU-counted-0000", pod="train-x-0", xids=[(h, 74) for h in XID_74_AT_H]),
+                      Device("dgx-x", "1", "GPU-quiet-0001", pod="train-x-1")], {}, end_s - 2 * 3600, hours=2)
+    device = fleet.devices[0]
+    labels = ",".join(f'{k}="{v}"' for k, v in {**device.labels("10.0.0.10:9400"), "xid": "74",
+                                                 "window_size_in_ms": "300000"}.items())
+    lines = ["# TYPE DCGM_EXP_XID_ERRORS_COUNT gauge"]
+    for t in range(fleet.start_s, fleet.end_s, 30):
+        count = sum(0 <= t - (fleet.start_s + h * 3600) < 300 for h in XID_74_AT_H)
+        lines += [f"DCGM_EXP_XID_ERRORS_COUNT{{{labels}}} {count} {t}"] if count else []
+    text = openmetrics(fleet).replace("# EOF\n", "\n".join(lines) + "\n# EOF\n")
+    with serving(tmp_path_factory.mktemp("xid-count"), text) as url:
+        yield {"fleet": fleet, "url": url}
+
+
+def test_the_windowed_xid_count_sees_a_code_twice(counted):
+    scan = gpuwarden(counted, "health", "scan", "--all")
+    (finding,) = [f for f in scan["findings"] if f["gpu_uuid"] == "GPU-counted-0000" and f["evidence"].get("xid") == 74]
+    assert finding["evidence"]["events"] == len(XID_74_AT_H), scan["notes"]
+    assert not [f for f in scan["findings"] if f["gpu_uuid"] == "GPU-quiet-0001"]
+    assert any("DCGM_EXP_XID_ERRORS_COUNT" in n and "1 GPU(s)" in n for n in scan["notes"])

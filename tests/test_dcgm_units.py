@@ -106,7 +106,8 @@ def test_pod_attribution_rule_per_exporter_and_its_overrides():
     frame = samples({"mapped": 2, "plain": 2}, 2, pods={("mapped", 0): "train-0"})
     frame["attribution"] = pd.Categorical([None] * len(frame))
     rule = PodAttribution("auto")
-    rule.mapping_nodes.add("mapped")
+    rule.learn([{"instance": f"10.0.0.{i}:9400", "Hostname": node, "UUID": f"GPU-{node}-{gpu}"}
+                for i, node in enumerate(("mapped", "plain")) for gpu in range(2)], {"10.0.0.0:9400"})
     out = rule.apply(frame).assign(node=frame["node"], gpu=frame["gpu_index"])
     states = out.groupby(["node", "gpu"])["attribution"].first().astype(object)
     assert states[("mapped", 1)] == "known" and pd.isna(states[("plain", 0)])
@@ -163,10 +164,12 @@ def test_dcgm_exporters_throttle_bitmask_becomes_the_throttle_reasons_column():
 def test_the_rule_applies_to_the_recording_rules_states_too():
     """The rules call a pod-less GPU unallocated only where the exporter serves its attribution
     state; under the rule, the recorded states agree with the raw read."""
-    frame = pd.DataFrame({"node": ["mapped", "mapped", "plain", "stated"], "pod": [None, "rollup-pod", None, None],
+    frame = pd.DataFrame({"node": ["mapped", "mapped", "plain", "stated"], "gpu_uuid": ["GPU-m", "GPU-m", "GPU-p", "GPU-s"],
+                          "pod": [None, "rollup-pod", None, None],
                           "state": ["underutilized", "busy", "idle_unattributed", "busy"]})
     rule = PodAttribution("auto")
-    rule.mapping_nodes |= {"mapped", "stated"}
+    rule.learn([{"instance": node, "node": node, "UUID": uuid} for node, uuid in
+                (("mapped", "GPU-m"), ("plain", "GPU-p"), ("stated", "GPU-s"))], {"mapped", "stated"})
     rule.state_nodes.add("stated")  # gpuwarden's exporter: its own state decided already
     assert rule.apply_states(frame)["state"].astype(object).tolist() == ["unallocated", "busy", "idle_unattributed", "busy"]
     assert "plain" in rule.note()

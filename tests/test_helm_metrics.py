@@ -124,7 +124,7 @@ def test_pricing_values_become_the_endpoints_price_book_and_inventory(helm, tmp_
     result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    pricing = _named(docs, "ConfigMap")["gw-gpuwarden-metrics-pricing"]["data"]
+    pricing = _named(docs, "ConfigMap")["gw-gpuwarden-pricing"]["data"]
     for file_name, text in pricing.items():
         (tmp_path / file_name).write_text(text)
     book = PriceBook.from_yaml(tmp_path / "pricebook.yaml")
@@ -132,12 +132,87 @@ def test_pricing_values_become_the_endpoints_price_book_and_inventory(helm, tmp_
     assert Inventory.from_yaml(tmp_path / "inventory.yaml").lookup("gpu-007")[1] == "owned"
     deployment = _named(docs, "Deployment")["gw-gpuwarden-metrics"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    args = build_parser().parse_args(container["args"])
-    assert (str(args.price_book), str(args.inventory)) == ("/etc/gpuwarden/pricing/pricebook.yaml",
-                                                          "/etc/gpuwarden/pricing/inventory.yaml")
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["GPUWARDEN_PRICE_BOOK"], env["GPUWARDEN_INVENTORY"]) == ("/etc/gpuwarden/pricing/pricebook.yaml",
+                                                                        "/etc/gpuwarden/pricing/inventory.yaml")
+    assert env["GPUWARDEN_PRICING_SOURCE"] == f"ConfigMap {NAMESPACE}/gw-gpuwarden-pricing"
     assert {"name": "pricing", "mountPath": "/etc/gpuwarden/pricing", "readOnly": True} in container["volumeMounts"]
-    # Without pricing values: the bundled book and inventory, no ConfigMap, no flag.
+    # Without pricing values: the bundled book and inventory, no ConfigMap, no pricing environment.
     bundled = render(helm, "metricsEndpoint.enabled=true", "metricsEndpoint.grafanaDashboards=false")
     assert not _named(bundled, "ConfigMap")
     (plain,) = _named(bundled, "Deployment")["gw-gpuwarden-metrics"]["spec"]["template"]["spec"]["containers"]
-    assert not [a for a in plain["args"] if a.startswith(("--price-book", "--inventory"))]
+    assert not [e for e in plain.get("env", []) if e["name"].startswith("GPUWARDEN_PRIC")]
+
+
+def test_the_dashboard_prices_with_the_charts_price_book_and_inventory(helm, tmp_path):
+    """The dashboard mounts the same ConfigMap the metrics endpoint reads, and the files its
+    environment names load as the book and inventory the values hold, named by the ConfigMap."""
+    from test_helm import CHART, NAMESPACE, RELEASE, run_helm
+
+    from gpuwarden.analytics.pricing_files import load_pricing
+
+    values = {"dashboard": {"enabled": True, "auth": {"public": True}}, "pricing": {
+        "priceBook": {"version": "v7", "models": {"NVIDIA H100 80GB HBM3": {"on-demand": 5.0, "spot": 2.0}}},
+        "inventory": {"rules": [{"pattern": "gpu-*", "pool": "gpu", "tier": "spot"}]}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    config_map = _named(docs, "ConfigMap")["gw-gpuwarden-pricing"]
+    pod = _named(docs, "Deployment")["gw-gpuwarden-dashboard"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "pricing"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "pricing"]
+    assert volume["configMap"]["name"] == "gw-gpuwarden-pricing" and mount["readOnly"] is True
+    assert "checksum/pricing" in pod["metadata"]["annotations"]  # new values restart the pod
+    # Lay the ConfigMap's files where the pod would see them and load them as the dashboard does.
+    root = tmp_path / mount["mountPath"].lstrip("/")
+    root.mkdir(parents=True)
+    for file_name, text in config_map["data"].items():
+        (root / file_name).write_text(text)
+    env = {k: str(tmp_path / v.lstrip("/")) if k in ("GPUWARDEN_PRICE_BOOK", "GPUWARDEN_INVENTORY") else v
+           for k, v in env.items()}
+    book, inventory = load_pricing(environ=env)
+    assert book.version == "v7" and book.hourly("H100", "spot") == 2.0
+    assert book.source.startswith(f"ConfigMap {NAMESPACE}/gw-gpuwarden-pricing (")
+    assert inventory.lookup("gpu-3")[1] == "spot"
+
+
+def test_a_bad_tier_in_the_pricing_values_names_the_allowed_tiers(helm, tmp_path):
+    from test_helm import CHART, NAMESPACE, RELEASE, run_helm
+
+    values = {"metricsEndpoint": {"enabled": True},
+              "pricing": {"inventory": {"rules": [{"pattern": "gpu-*", "pool": "gpu", "tier": "cheap"}]}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode != 0
+    assert "pricing.inventory.rules.0.tier" in result.stderr.replace("/", ".") and "on-demand" in result.stderr
+    # A price under a tier the book does not know (committed is reserved's other name, and allowed).
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {"priceBook": {"models": {
+        "NVIDIA H100 80GB HBM3": {"committed": 4.0, "preemptible": 2.0}}}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode != 0 and "preemptible" in result.stderr and "committed" not in result.stderr
+
+
+def test_the_bundled_book_and_inventory_pass_the_schema_and_keep_their_hash_through_the_config_map(helm, tmp_path):
+    """Copying the bundled files into the values is how a user starts: the schema accepts them, and
+    the ConfigMap's copy is the same book (same content hash) as the bundled one."""
+    from test_helm import CHART, NAMESPACE, RELEASE, run_helm
+
+    from gpuwarden.analytics import Inventory, PriceBook
+    from gpuwarden.analytics.inventory import DEFAULT_INVENTORY_PATH
+    from gpuwarden.analytics.pricebook import DEFAULT_PRICE_BOOK_PATH
+
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {
+        "priceBook": yaml.safe_load(DEFAULT_PRICE_BOOK_PATH.read_text()),
+        "inventory": yaml.safe_load(DEFAULT_INVENTORY_PATH.read_text())}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode == 0, result.stderr
+    data = _named([d for d in yaml.safe_load_all(result.stdout) if d], "ConfigMap")["gw-gpuwarden-pricing"]["data"]
+    (tmp_path / "pricebook.yaml").write_text(data["pricebook.yaml"])
+    (tmp_path / "inventory.yaml").write_text(data["inventory.yaml"])
+    assert PriceBook.from_yaml(tmp_path / "pricebook.yaml").digest == PriceBook.default().digest
+    assert Inventory.from_yaml(tmp_path / "inventory.yaml").digest == Inventory.default().digest

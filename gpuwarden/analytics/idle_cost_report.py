@@ -16,6 +16,8 @@ import pandas as pd
 
 from .engine import COLUMNS as ANALYTICS_COLUMNS
 from .engine import Ledger, build_ledger
+from .inventory import TIER_NOTE_PREFIX, Inventory
+from .pricebook import PriceBook
 from .params import IDLE_STATES
 from .report_bundle import Bundle
 from .cost_report import cost_report, reclaim_whatif
@@ -149,10 +151,19 @@ def used_gpus_by_team(ledger: Ledger) -> pd.DataFrame:
                          "used_gpus": by_team["used_gpu_hours"].astype("float64").to_numpy() / hours})
 
 
-def ledger_bundle(source: Any, window: Window, version: float = 0.0) -> Bundle:
+def pricing_names(ledger: Ledger) -> dict[str, str]:
+    """Which price book and inventory priced ``ledger`` and where each node's tier came from (the
+    Cost page prints them)."""
+    return {"price_book": ledger.price_book.identity,
+            "price_tiers": next((note for note in ledger.notes if note.startswith(TIER_NOTE_PREFIX)), "")}
+
+
+def ledger_bundle(source: Any, window: Window, version: float = 0.0, price_book: PriceBook | None = None,
+                  inventory: Inventory | None = None) -> Bundle:
     """One ledger over ``window`` and, from it, everything the Idle, Cost and Queue pages show.
-    ``source``: a store or a fleet-samples frame (as :func:`build_ledger` takes)."""
-    ledger = build_ledger(source, window.start, window.end)
+    ``source``: a store or a fleet-samples frame (as :func:`build_ledger` takes); ``price_book``
+    and ``inventory``: the bundled ones unless given."""
+    ledger = build_ledger(source, window.start, window.end, price_book=price_book, inventory=inventory)
     idle = idle_report(ledger)
     cost = cost_report(ledger)
     reclaim_table = reclaim_whatif(ledger, RECLAIM_STEPS)
@@ -173,5 +184,6 @@ def ledger_bundle(source: Any, window: Window, version: float = 0.0) -> Bundle:
         "reclaim": reclaim_table,
         "buy_vs_rent": buy_vs_rent(cost),
         "used_by_team": used_gpus_by_team(ledger),
+        **pricing_names(ledger),
     }
     return Bundle(values, window.start, window.end, version)

@@ -357,6 +357,8 @@ class LedgerBuilder:
                          "(the default interval); widen the window (--since) for a measured one")
         start, end, trimmed = reported_window(instances, start, end, step)
         notes += [trimmed] if trimmed else []
+        if self.price:  # every report names the book and where each node's tier came from
+            notes += [f"price book: {self.price_book.identity}", self.inventory.tier_note(instances["node"].dropna().unique())]
         energy_price = self.price_book.energy_price_per_kwh()
         rows = ledger_rows(self._parts, instances, self.instances, self._holders.values, energy_price)
         series = series_table(self._series, self.instances, energy_price)

@@ -50,6 +50,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "metrics_compute_errors": ("gauge", "Parts of the figures that could not be computed in the last round, by part",
                                ("part",)),
     "metrics_info": ("gauge", "1, labelled with the price book that priced the cost figures", ("price_book",)),
+    "price_book_info": ("gauge", "1, labelled with the price book's version and content hash and the inventory",
+                        ("price_book", "version", "sha256", "inventory")),
 }
 
 
@@ -84,6 +86,8 @@ class SnapshotCollector(Collector):
         add("metrics_computed_timestamp_seconds", snapshot.computed_at_seconds)
         add("metrics_compute_duration_seconds", snapshot.compute_duration_seconds)
         add("metrics_info", 1.0, (snapshot.price_book,))
+        if snapshot.pricing is not None:
+            add("price_book_info", 1.0, (snapshot.price_book, *snapshot.pricing))
         for part in snapshot.errors:
             add("metrics_compute_errors", 1.0, (part,))
         fleet = snapshot.fleet

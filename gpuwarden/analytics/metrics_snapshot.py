@@ -90,6 +90,8 @@ class MetricsSnapshot:
     queue: tuple[QueueFigure, ...] | None = None  # None: no cluster snapshot was given
     cluster_snapshot_timestamp_seconds: float | None = None  # when the queue's cluster snapshot was taken
     errors: tuple[str, ...] = field(default=())  # parts that could not be computed this round
+    # (version, sha256 of the book's content, the inventory's identity): which copy of the book
+    pricing: tuple[str, str, str] | None = None
 
 
 def _ratio(value: float) -> float | None:

@@ -15,6 +15,9 @@ A model name resolves as the GPU catalogue resolves it (``H100``, ``NVIDIA-H100-
 ``tdp_watts`` defaults to the catalogue's; an entry's ``aliases`` are other products billed at its
 prices.
 
+Reports name the book they used by :attr:`PriceBook.identity`: its file (or ``built-in``), its
+optional ``version:`` and a hash of its content.
+
 A model the book does not know raises :class:`PriceBookError` naming the model (and the tier).
 """
 
@@ -27,9 +30,10 @@ from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import PriceTier
 from gpuwarden.fleet.gpu_catalogue import gpu_catalogue, name_key
+from gpuwarden.fleet.price_tiers import TIER_ALIASES
 
 from .params import AnalyticsError
-from .yamlfile import read_yaml
+from .yamlfile import content_digest, read_yaml
 
 DEFAULT_PRICE_BOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 HOURS_PER_YEAR = 8760.0
@@ -62,7 +66,9 @@ class PriceBook:
     kwh_price: float = 0.12
     pue: float = 1.5
     currency: str = "USD"
-    source: str = "built-in"
+    source: str = "built-in"  # the file, or "built-in"
+    version: str | None = None  # the book's own ``version:``, where it sets one
+    digest: str = ""  # sha256 of the content: the same book in another file reads the same
     _by_alias: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -125,9 +131,15 @@ class PriceBook:
         watts = prices.typical_watts if watts is None else watts
         return self.hourly(model, PriceTier.OWNED) + watts / 1000.0 * self.energy_price_per_kwh()
 
+    @property
+    def identity(self) -> str:
+        """What every report prints: the source, the book's version and a short content hash."""
+        version = f"version {self.version}, " if self.version else ""
+        return f"{self.source} ({version}sha256 {self.digest[:12]})" if self.digest else self.source
+
     def to_dict(self) -> dict:
-        return {"source": self.source, "currency": self.currency, "kwh_price": self.kwh_price, "pue": self.pue,
-                "models": sorted(self.models)}
+        return {"source": self.source, "version": self.version, "sha256": self.digest, "currency": self.currency,
+                "kwh_price": self.kwh_price, "pue": self.pue, "models": sorted(self.models)}
 
     # -- constructors ------------------------------------------------------------------------------
     @classmethod
@@ -136,6 +148,7 @@ class PriceBook:
 
     @classmethod
     def from_yaml(cls, path: str | Path, source: str | None = None) -> PriceBook:
+        """``source``: what reports call the book (default the path)."""
         data = read_yaml(path, "price book", PriceBookError)
         return cls.from_mapping(data, source or str(path))
 
@@ -150,12 +163,13 @@ class PriceBook:
             raise PriceBookError(f"{source}: power.pue {pue} must be >= 1")
         default_lifetime = _number((data.get("owned_defaults") or {}).get("lifetime_years", 4), f"{source}: owned_defaults.lifetime_years")
         tiers = {t.value for t in PriceTier} - {PriceTier.OWNED.value}
-        allowed_keys = tiers | {"owned", "aliases", "tdp_watts", "typical_watts"}
+        allowed_keys = tiers | set(TIER_ALIASES) | {"owned", "aliases", "tdp_watts", "typical_watts"}
         models = {}
         for name, entry in data["models"].items():
             where = f"{source}: models[{name!r}]"
             if not isinstance(entry, Mapping):
                 raise PriceBookError(f"{where}: expected a mapping of tier prices")
+            entry = {TIER_ALIASES[k].value if k in TIER_ALIASES else k: v for k, v in entry.items()}  # committed: reserved
             unknown = set(entry) - allowed_keys
             if unknown:
                 raise PriceBookError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
@@ -172,7 +186,9 @@ class PriceBook:
             typical = _number(entry.get("typical_watts", 0.6 * tdp), f"{where}.typical_watts")
             models[str(name)] = ModelPrices(str(name), hourly, capex, lifetime, tdp, typical,
                                             tuple(str(a) for a in entry.get("aliases") or ()))
-        return cls(models, kwh_price, pue, str(data.get("currency", "USD")), source)
+        version = data.get("version")
+        return cls(models, kwh_price, pue, str(data.get("currency", "USD")), source,
+                   None if version is None else str(version), content_digest(data))
 
 
 def _number(value, where: str) -> float:

@@ -72,6 +72,21 @@ def _ledger_from_rollups(source: Any, builder: LedgerBuilder, start: pd.Timestam
     return ledger
 
 
+def with_source_labels(inventory: Inventory, data: Any, start: pd.Timestamp | None,
+                       end: pd.Timestamp | None) -> Inventory:
+    """``inventory`` with the price tiers the source's node labels give (a Prometheus source reads
+    kube-state-metrics' ``kube_node_labels``); as it is for a source without node labels."""
+    read = getattr(data, "node_labels", None)
+    if not callable(read):
+        return inventory
+    if start is None or end is None:
+        span = data.time_range()
+        if span is None:
+            return inventory
+        start, end = start or span[0], end or span[1]
+    return inventory.with_labels(read(start, end), "kube_node_labels")
+
+
 def build_ledger(data: Any, start: object = None, end: object = None, price_book: PriceBook | None = None, inventory: Inventory | None = None,
                  params: IdleParams | None = None, bucket: str | pd.Timedelta = "1h",
                  chunk: str | pd.Timedelta = "1D", keep_rows: bool = False, price: bool = True) -> Ledger:
@@ -87,8 +102,9 @@ def build_ledger(data: Any, start: object = None, end: object = None, price_book
     interval = getattr(data, "sample_interval", None)  # a source that knows its grid (Prometheus) says so
     if params.step is None and interval is not None:
         params = replace(params, step=pd.Timedelta(interval))
-    builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     start, end = to_utc_or_none(start), to_utc_or_none(end)
+    inventory = with_source_labels(inventory or Inventory.default(), data, start, end)
+    builder = LedgerBuilder(price_book, inventory, params, bucket, keep_rows, price)
     bounds: tuple[pd.Timestamp, pd.Timestamp] | None = None  # a source's read window, asked for once
     if not isinstance(data, pd.DataFrame) and not keep_rows and getattr(data, "rollups", False) \
             and callable(getattr(data, "read_state_rollup", None)):

@@ -3,6 +3,8 @@ the file is missing or not YAML."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import yaml
@@ -21,3 +23,19 @@ def read_yaml(path: str | Path, what: str, error: type[Exception]) -> object:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as problem:
         raise error(f"{path}: not valid YAML ({problem})") from None
+
+
+def content_digest(data: object) -> str:
+    """sha256 of a parsed document's content (keys sorted, every number as a float): the same book
+    or inventory written as another file has the same digest (a chart's ``toYaml`` writes 11.00 as 11)."""
+    return hashlib.sha256(json.dumps(_numbers_as_floats(data), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _numbers_as_floats(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(k): _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value

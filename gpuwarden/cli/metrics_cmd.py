@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .args import host_port
+from .report_cmd import add_pricing_options
 from .sources import add_source_options, duration
 
 if TYPE_CHECKING:
@@ -57,8 +58,7 @@ def add_parser(subparsers) -> None:
                           help=f"the actuator's audit log (default {DEFAULT_AUDIT}; absent: no actuator metrics)")
         each.add_argument("--cluster-state", type=Path,
                           help="folder holding a cluster snapshot.json (absent: no queue metrics)")
-        each.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
-        each.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the bundled one)")
+        add_pricing_options(each)
         each.set_defaults(run=run)
 
 
@@ -68,8 +68,9 @@ def compute(args: argparse.Namespace, now: float | None = None, strict: bool = F
     (``metrics show``) its error goes to the caller."""
     import pandas as pd
 
-    from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger
+    from gpuwarden.analytics import IdleParams, build_ledger
     from gpuwarden.analytics.metrics_snapshot import MetricsSnapshot, fleet_figures, finding_figures, idle_figures
+    from gpuwarden.analytics.pricing_files import load_pricing
     from gpuwarden.fleet.cluster_state import read_snapshot
 
     from .health_cmd import APP_KINDS, scan_source
@@ -91,8 +92,7 @@ def compute(args: argparse.Namespace, now: float | None = None, strict: bool = F
             return None
 
     window = _part(errors, "source", lambda: open_window(args, now=pd.Timestamp(now, unit="s", tz="UTC")))
-    book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
-    inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
+    book, inventory = load_pricing(args.price_book, args.inventory)
     fleet, idle, findings = None, (), ()
     if window is not None:
         ledger = _part(errors, "ledger", lambda: build_ledger(window.source, window.start, window.end, price_book=book,
@@ -113,9 +113,9 @@ def compute(args: argparse.Namespace, now: float | None = None, strict: bool = F
             queue, taken_at = _part(errors, "queue", lambda: queue_figures(snapshot)), snapshot.taken_at.timestamp()
     return MetricsSnapshot(
         computed_at_seconds=now, compute_duration_seconds=time.perf_counter() - started,
-        price_book=str(args.price_book) if args.price_book else "bundled", fleet=fleet, idle=idle,
+        price_book="bundled" if book.source == "built-in" else book.source, fleet=fleet, idle=idle,
         findings=findings, actuator=actuator, queue=queue, cluster_snapshot_timestamp_seconds=taken_at,
-        errors=tuple(dict.fromkeys(errors)))
+        errors=tuple(dict.fromkeys(errors)), pricing=(book.version or "", book.digest, inventory.identity))
 
 
 def run(args: argparse.Namespace) -> int:

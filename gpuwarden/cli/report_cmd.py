@@ -52,8 +52,7 @@ def add_parser(subparsers) -> None:
     output.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     output.add_argument("--wide", action="store_true", help="table format: every column, not only those that fit 120 columns")
     pricing = parser.add_argument_group("pricing and classification")
-    pricing.add_argument("--price-book", type=Path, help="price book YAML (default: the bundled one)")
-    pricing.add_argument("--inventory", type=Path, help="node -> pool/tier YAML (default: the simulated fleet's naming)")
+    add_pricing_options(pricing)
     output.add_argument("--bucket", type=_bucket,
                         help="over-time tables: bucket length, a multiple of 5m (default: 1h up to a 2-day window, "
                              "6h up to 14 days, 1d beyond)")
@@ -67,6 +66,16 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
+def add_pricing_options(parser) -> None:
+    """--price-book and --inventory (the environment's files, else the bundled ones, where not given:
+    gpuwarden.analytics.pricing_files)."""
+    parser.add_argument("--price-book", type=Path,
+                        help="price book YAML (default: $GPUWARDEN_PRICE_BOOK, else the bundled one)")
+    parser.add_argument("--inventory", type=Path,
+                        help="node -> pool/tier YAML (default: $GPUWARDEN_INVENTORY, else the bundled one, which "
+                             "follows the simulated fleet's naming); a node's price-tier label wins over it")
+
+
 def _bucket(text: str) -> pd.Timedelta:
     """A bucket the 5-minute recording-rule rollups tile exactly (and at most 31 days)."""
     value = duration(text)
@@ -76,20 +85,14 @@ def _bucket(text: str) -> pd.Timedelta:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwarden.analytics import (
-        IdleParams,
-        Inventory,
-        PriceBook,
-        build_ledger,
-        build_report,
-    )
+    from gpuwarden.analytics import IdleParams, build_ledger, build_report
     from gpuwarden.analytics.params import AnalyticsError
+    from gpuwarden.analytics.pricing_files import load_pricing
     from gpuwarden.analytics.render import render
 
     window = open_window(args)
     apply_attribution(window.source, args.pod_attribution)
-    price_book = PriceBook.from_yaml(args.price_book) if args.price_book else PriceBook.default()
-    inventory = Inventory.from_yaml(args.inventory) if args.inventory else Inventory.default()
+    price_book, inventory = load_pricing(args.price_book, args.inventory)
     from gpuwarden.analytics.windows import report_bucket_for
 
     bucket = args.bucket if args.bucket is not None else report_bucket_for(window.end - window.start)
@@ -109,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(text)
     else:
         sys.stdout.write(text)
-    if window.note:  # after the results, on stderr: JSON and CSV on stdout stay clean
+    # After the results, on stderr: JSON and CSV on stdout stay clean. A CSV table has no room
+    # for notes, so it names its price book there.
+    after = [window.note] if window.note else []
+    after += [f"note: price book {price_book.identity}"] if args.format == "csv" else []
+    if after:
         sys.stdout.flush()
-        print(window.note, file=sys.stderr)
+        print("\n".join(after), file=sys.stderr)
     return 0

@@ -44,10 +44,11 @@ class Board:
         self.computed: Counter[str] = Counter()  # kind -> bundles computed (tests, bench)
 
     def get(self, kind: str, path: str, window: Window, version: float, build: BundleBuilder,
-            wait: bool = True) -> Bundle | None:
+            wait: bool = True, variant: str = "") -> Bundle | None:
         """The bundle (see the class doc); with ``wait=False``, None instead of computing now (the
-        computation is queued, and a later page run finds it)."""
-        key = (kind, path, window.key)
+        computation is queued, and a later page run finds it). ``variant`` sets apart bundles of
+        one window built with other inputs (another price book)."""
+        key = (kind, path, window.key + variant)
         with self._lock:
             bundle = self._entries.get(key)
             if bundle is not None:
@@ -135,7 +136,9 @@ def _fleet_builder(source: SamplesReader, window: Window, version: float) -> Bun
 def _ledger_builder(source: SamplesReader, window: Window, version: float) -> Bundle:
     from gpuwarden.analytics.idle_cost_report import ledger_bundle
 
-    return ledger_bundle(source, window, version)
+    from .pricing import dashboard_pricing
+
+    return ledger_bundle(source, window, version, *dashboard_pricing())
 
 
 def _health_builder(source: SamplesReader, window: Window, version: float) -> Bundle:

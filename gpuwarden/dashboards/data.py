@@ -35,9 +35,11 @@ from gpuwarden.analytics import report_bundle
 from gpuwarden.analytics.report_bundle import Bundle
 from gpuwarden.analytics.windows import DEFAULT_PRESET, PRESET_LABELS, PRESETS, Window, bucket_for, window_for
 from gpuwarden.dashboards import PROMETHEUS_URL_ENV, STORE_ENV
+from gpuwarden.fleet.errors import UserError
 from gpuwarden.store import LocalStore
 
 from .board import BUILDERS, SPINNERS, Board, board
+from .pricing import bundle_variant, dashboard_pricing
 from .sources import (
     PrometheusSettings,
     SourceMisconfigured,
@@ -257,8 +259,19 @@ def bundle(kind: str, info: StoreInfo, window: Window, wait: bool) -> Bundle | N
 def bundle(kind: str, info: StoreInfo, window: Window, wait: bool = True) -> Bundle | None:
     """The ``kind`` bundle (fleet, ledger, health, gpus) of ``window``: see :class:`Board`. With
     ``wait=False``: None while it is first computed in the background."""
+    variant = ""
+    if kind == "ledger":  # priced: a bundle per price book and inventory
+        try:
+            variant = bundle_variant(*dashboard_pricing())
+        except UserError as error:
+            misconfigured(f"the price book or inventory cannot be read: {error}")
     with st.spinner(SPINNERS[kind]):
-        return board().get(kind, info.path, window, info.version, BUILDERS[kind], wait=wait)
+        return board().get(kind, info.path, window, info.version, BUILDERS[kind], wait=wait, variant=variant)
+
+
+def price_book_name(ledger: Bundle) -> str:
+    """Which price book priced a ledger bundle (one stored before books were named: the bundled one)."""
+    return str(ledger.values.get("price_book", "built-in"))
 
 
 def clear_caches() -> None:

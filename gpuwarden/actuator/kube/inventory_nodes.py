@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from kubernetes.utils import parse_quantity
 
 from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology
+from gpuwarden.fleet.price_tiers import tier_from_labels
 from gpuwarden.scheduling.mig import compute_slices, fits, mig_table
 
 log = logging.getLogger("gpuwarden.actuator.kube")
@@ -99,6 +100,13 @@ def _label(enum_type: type[E], labels: Mapping[str, str], key: str, default: str
     except ValueError:
         allowed = ", ".join(str(member.value) for member in enum_type)
         raise FleetValueError(f"label {key}={value!r} is not one of: {allowed}") from None
+
+
+def _tier(labels: Mapping[str, str]) -> PriceTier:
+    """The price tier the node's labels give (gpuwarden.io/price-tier, else a cloud's capacity
+    label: :mod:`gpuwarden.fleet.price_tiers`); on-demand where none says."""
+    found = tier_from_labels(labels)
+    return PriceTier.ON_DEMAND if found is None else found[0]
 
 
 def _whole_number(labels: Mapping[str, str], key: str, name: str) -> int:
@@ -178,7 +186,7 @@ def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS) -> No
             name=name, pool=pool,
             location=_label(Location, labels, "gpuwarden.io/location",
                             "cloud" if (item.get("spec") or {}).get("providerID") else "on-prem"),
-            price_tier=_label(PriceTier, labels, "gpuwarden.io/price-tier", "on-demand"),
+            price_tier=_tier(labels),
             topology=topology, gpu_model=model, gpu_count=physical, cpu_milli=cpu_milli, memory_bytes=memory,
             shares_gpus=shared,
         )

@@ -14,8 +14,10 @@ window = data.current_window(info)
 ledger = data.bundle("ledger", info, window)
 head = ledger["cost_headline"]
 currency = head["currency"]
-data.window_caption(info, window, f" · built-in price book ({currency}); nodes priced by the default inventory patterns",
-                    bundles=(ledger,))
+data.window_caption(info, window, f" · price book {data.price_book_name(ledger)} ({currency})", bundles=(ledger,))
+tiers = ledger.values.get("price_tiers")
+if tiers:
+    st.caption(tiers[0].upper() + tiers[1:])
 
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Fleet cost", fmt.money(head["fleet_cost"], currency, 0))

@@ -18,7 +18,7 @@ currency = head["currency"]
 data.window_caption(info, window, f" · {fmt.gpu_hours(head['gpu_hours'])} in the window", bundles=(ledger,))
 
 c1, c2, c3, c4 = st.columns(4)
-c1.metric("Idle cost", fmt.money(head["idle_cost"], currency))
+c1.metric("Idle cost", fmt.money(head["idle_cost"], currency), help=f"Priced by {data.price_book_name(ledger)}.")
 c2.metric("Idle GPU-hours", fmt.gpu_hours(head["idle_gpu_hours"]),
           help="Unallocated plus allocated-idle, hoarded, fake busy and starved.")
 c3.metric("Idle share", fmt.percent(head["idle_share"]))

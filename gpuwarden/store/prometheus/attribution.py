@@ -1,10 +1,13 @@
 """Whether a GPU without a pod label is free or merely unseen, for exporters that do not say.
 
 gpuwarden's exporter serves ``gpuwarden_pod_attribution_state``; dcgm-exporter does not. Its pod
-mapping (``--kubernetes``) is on or off for the whole exporter, so the rule is per exporter (one
-per node, a DaemonSet): when any of its series carried a ``pod`` label within ``lookback`` of the
-read, its mapping is on, and its GPUs without a pod label are unallocated ("known"); otherwise
-nobody could see who holds them (attribution unknown). The user can override the rule:
+mapping (``--kubernetes``) is on or off for the whole exporter process, so the rule is per exporter
+``instance`` (the scrape target; a node may have two exporters, one mapping pods and one not): when
+any series of an instance carried a ``pod`` label within ``lookback`` of the read, its mapping is on,
+and the GPUs it serves without a pod label are unallocated ("known"); otherwise nobody could see who
+holds them (attribution unknown). A GPU served by a mapping instance is decided by it. Series
+without an ``instance`` label (federated or remote-written without it) fall back to their node.
+The user can override the rule:
 
 - ``auto``: the rule above;
 - ``on``: every exporter's mapping is on (a pod-less GPU is unallocated);
@@ -15,6 +18,9 @@ Rows whose exporter served a state keep it; a row with a pod label is "known" wh
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
+import numpy as np
 import pandas as pd
 
 from .client import PrometheusClient, log
@@ -38,23 +44,42 @@ class PodAttribution:
     def __init__(self, rule: str = "auto", lookback_s: float = DEFAULT_LOOKBACK_S) -> None:
         self.rule = check_rule(rule)
         self.lookback_s = float(lookback_s)
-        self.mapping_nodes: set[str] = set()
-        self.silent_nodes: set[str] = set()  # read, but no pod label seen: attribution unknown
+        self.mapped_gpus: set[tuple[str, str]] = set()  # (node, UUID) served by an instance that maps pods
+        self.mapping_instances: set[str] = set()
+        self.silent_instances: dict[str, str] = {}  # instance -> its node: read, no pod label seen
         self.state_nodes: set[str] = set()  # their exporter serves gpuwarden_pod_attribution_state
         self.applied = False  # a read asked for the attribution column
 
     def refresh(self, client: PrometheusClient, anchor: str, end_s: float, state_metrics: list[str]) -> None:
-        """Find the nodes whose exporter maps pods (``auto``) and those that say so themselves."""
-        def nodes(selector: str) -> set[str]:
-            found = (labels.get("node") or labels.get("Hostname") for labels in
-                     client.series(selector, end_s - self.lookback_s, end_s))
-            return {node for node in found if node}
+        """Find the instances that map pods and the GPUs they serve (``auto``), and the nodes whose
+        exporter says so itself."""
+        def series(selector: str) -> list[dict[str, str]]:
+            return client.series(selector, end_s - self.lookback_s, end_s)
 
         for metric in state_metrics:
-            self.state_nodes |= nodes(metric)
+            self.state_nodes |= {node for node in map(_node, series(metric)) if node}
         if self.rule == "auto":
-            self.mapping_nodes |= nodes(anchor[:-1] + ',pod!=""}' if anchor.endswith("}") else anchor + '{pod!=""}')
-        log.info("pod attribution: %d node(s) whose exporter maps pods", len(self.mapping_nodes))
+            with_pod = anchor[:-1] + ',pod!=""}' if anchor.endswith("}") else anchor + '{pod!=""}'
+            self.learn(series(anchor), {_instance(labels) for labels in series(with_pod)})
+        log.info("pod attribution: %d exporter instance(s) map pods, serving %d GPU(s)", len(self.mapping_instances),
+                 len(self.mapped_gpus))
+
+    def learn(self, series: Iterable[Mapping[str, str]], mapping: set[str]) -> None:
+        """Label sets of the anchor's series, and the instances (:func:`_instance`) seen mapping pods."""
+        for labels in series:
+            instance, gpu = _instance(labels), (_node(labels), labels.get("UUID", ""))
+            if instance in mapping:
+                self.mapping_instances.add(instance)
+                self.mapped_gpus.add(gpu)
+            else:
+                self.silent_instances[instance] = gpu[0]
+
+    def _mapped(self, frame: pd.DataFrame) -> np.ndarray:
+        """Per row: is its GPU served by an instance that maps pods."""
+        if not self.mapped_gpus or "gpu_uuid" not in frame.columns:
+            return np.zeros(len(frame), dtype=bool)
+        keys = pd.MultiIndex.from_arrays([frame["node"].astype(object), frame["gpu_uuid"].astype(object)])
+        return np.asarray(keys.isin(list(self.mapped_gpus)), dtype=bool)
 
     def apply_states(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The recording rules' states (``read_state_rollup``) under the rule: the rules call a
@@ -67,9 +92,7 @@ class PodAttribution:
         podless = frame["pod"].isna().to_numpy() & ~nodes.isin(self.state_nodes).to_numpy()
         if self.rule == "off":
             return frame
-        mapped = podless & (True if self.rule == "on" else nodes.isin(self.mapping_nodes).to_numpy())
-        if self.rule == "auto":
-            self.silent_nodes.update(set(nodes[podless & ~mapped]))
+        mapped = podless & (True if self.rule == "on" else self._mapped(frame))
         states = frame["state"].astype(object).where(~mapped, "unallocated")
         frame = frame.copy()
         frame["state"] = pd.Categorical(states)
@@ -84,14 +107,12 @@ class PodAttribution:
         unset = state.isna().to_numpy()
         if not unset.any():
             return frame
-        nodes = frame["node"].astype(object)
         if self.rule == "on":
             known = unset
         elif self.rule == "off":
             known = unset & frame["pod"].notna().to_numpy()
         else:
-            known = unset & nodes.isin(self.mapping_nodes).to_numpy()
-            self.silent_nodes.update(set(nodes[unset & ~known]) - self.mapping_nodes)
+            known = unset & self._mapped(frame)
         state = state.where(~known, "known")
         frame = frame.copy()
         frame["attribution"] = pd.Categorical(state, categories=sorted(set(state.dropna()) | {"known"}))
@@ -107,9 +128,19 @@ class PodAttribution:
         if self.rule == "off":
             return ("pod attribution: --pod-attribution off: a GPU without a pod label is unattributed (owner unknown) "
                     "wherever the exporter did not serve gpuwarden_pod_attribution_state")
-        silent = sorted(self.silent_nodes)
-        return (f"pod attribution: auto: an exporter whose series carried a pod label within "
-                f"{self.lookback_s / 86400:g} day(s) maps pods, so its GPUs without one are unallocated "
-                f"({len(self.mapping_nodes)} node(s)); on {len(silent)} node(s) no series ever carried one, so their GPUs' "
-                f"owner is unknown{': ' + ', '.join(silent[:10]) if silent else ''}"
+        silent = sorted(f"{instance} ({node})" if node and node not in instance else instance
+                        for instance, node in self.silent_instances.items() if instance not in self.mapping_instances)
+        return (f"pod attribution: auto: an exporter instance whose series carried a pod label within "
+                f"{self.lookback_s / 86400:g} day(s) maps pods, so the GPUs it serves without one are unallocated "
+                f"({len(self.mapping_instances)} instance(s), {len(self.mapped_gpus)} GPU(s)); on {len(silent)} instance(s) "
+                f"no series ever carried one, so their GPUs' owner is unknown{': ' + ', '.join(silent[:10]) if silent else ''}"
                 f"{' ...' if len(silent) > 10 else ''}; override with --pod-attribution on|off")
+
+
+def _node(labels: Mapping[str, str]) -> str:
+    return labels.get("node") or labels.get("Hostname", "")
+
+
+def _instance(labels: Mapping[str, str]) -> str:
+    """The exporter that served a series: its scrape target, else (no ``instance`` label) its node."""
+    return labels.get("instance") or f"node {_node(labels)}"

@@ -23,6 +23,7 @@ from ..series import FrameAssembler, SeriesMapper
 from .client import PrometheusClient, log, promql_duration
 from .series_checks import ReadNotes, check_series
 from .throttle_gauge import THROTTLE_GAUGES, bits_spec, reason_series
+from .xid_count import XID_COUNT
 from .xid_gauge import XID_GAUGE, XidGauges
 
 
@@ -45,7 +46,7 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
     counter_metric = _xid_counter(mapper) if any(c in XID_COLUMN_NAMES for c in wanted) else None
     if counter_metric is not None:
         # One step before each chunk: the value a change at the chunk's first point is a change from.
-        jobs += [(XID_GAUGE, first - step, last) for first, last in chunks]
+        jobs += [(metric, first - step, last) for first, last in chunks for metric in (XID_GAUGE, XID_COUNT)]
     bits = bits_spec(mapper.catalogue) if "throttle_reasons_bitmask" in wanted else None
     if bits is not None:  # dcgm-exporter's bitmask gauge, where its configuration enables it
         jobs += [(metric, first, last) for first, last in chunks for metric in THROTTLE_GAUGES]
@@ -74,8 +75,8 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
                 if not check_series(metric, labels, numbers, metric in counters, notes):
                     continue
                 times_ns = np.round(stamps * 1000).astype(np.int64) * 1_000_000
-                if metric == XID_GAUGE:
-                    gauges.add(labels, times_ns, numbers)
+                if metric in (XID_GAUGE, XID_COUNT):
+                    gauges.add(labels, times_ns, numbers, window_count=metric == XID_COUNT)
                     continue
                 if metric == counter_metric:
                     gauges.counted.add(gauges.gpu(labels))
@@ -86,7 +87,7 @@ def read_samples(client: PrometheusClient, mapper: SeriesMapper, start_s: float,
                 assembler.add(metric, labels, times_ns, numbers)
                 points += len(values)
     if counter_metric is not None:
-        _add_gauge_events(assembler, gauges, counter_metric, start_s, notes)
+        _add_gauge_events(assembler, gauges, counter_metric, start_s, step, notes)
     frame = assembler.frame(wanted)
     log.info("prometheus read %d metric(s) x %d chunk(s): %d points -> %d rows in %.2fs",
              len(metrics), len(chunks), points, len(frame), time.perf_counter() - started)
@@ -99,11 +100,16 @@ def _xid_counter(mapper: SeriesMapper) -> str | None:
 
 
 def _add_gauge_events(assembler: FrameAssembler, gauges: XidGauges, counter_metric: str, start_s: float,
-                      notes: ReadNotes) -> None:
-    """The gauge's XID events, added as the per-code counter gpuwarden's exporter would serve."""
+                      step: float, notes: ReadNotes) -> None:
+    """The gauge's (or windowed count's) XID events, added as the per-code counter gpuwarden's
+    exporter would serve."""
     start_ns = int(round(start_s * 1000)) * 1_000_000
-    for labels, xid, times_ns, counts in gauges.events(start_ns):
+    for labels, xid, times_ns, counts in gauges.events(start_ns, int(round(step * 1e9))):
         assembler.add(counter_metric, {**labels, "xid": xid}, times_ns, counts)
+    if gauges.windowed:
+        notes.add(f"XID events of {len(gauges.windowed)} GPU(s) come from dcgm-exporter's {XID_COUNT} (XIDs per code "
+                  "over its window): each rise of the count is that many new XIDs; an XID replacing an older one of "
+                  "the same code leaving the window within one step is not visible")
     if gauges.gauge_gpus():
         notes.add(f"XID events of {gauges.gauge_gpus()} GPU(s) come from dcgm-exporter's {XID_GAUGE} (the last XID, a "
                   "gauge): a change of its value is one event; the same code again, or two XIDs within one step, is "

@@ -14,6 +14,7 @@ from gpuwarden.fleet.catalogue import MetricSpec
 from ..schema import PANDAS_DTYPES, empty_samples
 from ..series import Attribution, SeriesMapper, namespace_is_team
 from . import rollups, samples, timerange
+from .node_labels import read_node_labels
 from .attribution import PodAttribution
 from .series_checks import ReadNotes
 from .client import Moment, PrometheusClient, PrometheusError, duration_seconds, epoch_seconds
@@ -143,6 +144,11 @@ class PrometheusSource(PrometheusClient):
         if span is None and self.rollups:
             span = timerange.sample_span(self, self.selected(STATE_ROLLUPS["seconds"]), self.history)
         return span
+
+    def node_labels(self, start: datetime | str, end: datetime | str) -> dict[str, dict[str, str]]:
+        """node -> its labels as kube-state-metrics' ``kube_node_labels`` spells them (the price
+        tier labels: :mod:`gpuwarden.fleet.price_tiers`); empty without kube-state-metrics."""
+        return read_node_labels(self, epoch_seconds(start), epoch_seconds(end))
 
     def _anchor(self) -> str | None:
         """A metric every GPU has (FB_USED: memory is measured even where activity is not)."""

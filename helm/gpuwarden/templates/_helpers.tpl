@@ -81,6 +81,27 @@ UID 0 only while pod attribution or pod memory reads root-only host files, else 
 {{- toYaml $context -}}
 {{- end -}}
 
+{{- define "gpuwarden.pricing.fullname" -}}
+{{- printf "%s-pricing" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* The environment naming the pricing ConfigMap's files (gpuwarden.analytics.pricing_files). */ -}}
+{{- define "gpuwarden.pricing.env" -}}
+{{- $p := .Values.pricing -}}
+{{- if or $p.priceBook $p.inventory }}
+- name: GPUWARDEN_PRICING_SOURCE
+  value: {{ printf "ConfigMap %s/%s" .Release.Namespace (include "gpuwarden.pricing.fullname" .) | quote }}
+{{- end }}
+{{- if $p.priceBook }}
+- name: GPUWARDEN_PRICE_BOOK
+  value: /etc/gpuwarden/pricing/pricebook.yaml
+{{- end }}
+{{- if $p.inventory }}
+- name: GPUWARDEN_INVENTORY
+  value: /etc/gpuwarden/pricing/inventory.yaml
+{{- end }}
+{{- end -}}
+
 {{- define "gpuwarden.dashboard.fullname" -}}
 {{- printf "%s-dashboard" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
