@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scenarios_independent import FATAL_XID, FAULTS, _cumulative, _uuid, score
+from scenarios_independent import FATAL_XID, FAULTS, _apply, _cumulative, _uuid, score
 
 # model -> (node prefix, busy clock MHz, idle clock MHz, TDP W, idle W, temperature at 0 W C,
 #           C per W, has NVLink)
@@ -46,6 +46,8 @@ COUNTER_NAMES = ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_r
                  "remapped_rows_uncorrectable_total", "pcie_replay_total", "nvlink_crc_flit_errors_total",
                  "nvlink_crc_data_errors_total", "nvlink_replay_errors_total", "nvlink_recovery_errors_total")
 FATAL_CODES = (48, 64, 74, 79, 95)
+# Gentle precursors: PCIe replays at a seventh of today's climb, NVLink errors at a fifth (scenarios_independent.RAMPS).
+GENTLE_RAMPS = {"pcie": (0.05, 4.0), "nvlink": (0.02, 1.5, 0.3, 0.2)}
 
 
 def generate_harder(seed: int = 0, nodes: int = 16, days: float = 2.0, step_s: int = 30, faults_per_kind: int = 2):
@@ -222,47 +224,18 @@ def _node_condition(kind, gpus, start, end, rng, busy, util, power, clock, temp,
 
 def _fault(kind, g, onset, fatal, steps, rng, scale, counters, xids, gauges, util, sm, power, clock, temp,
            throttle, tdp, busy_clk, per_w) -> None:
-    span = max(fatal - onset, 1)
-    progress = np.clip((np.arange(steps) - onset) / span, 0, 1) * (np.arange(steps) >= onset)
-    pre = (np.arange(steps) >= onset) & (np.arange(steps) < fatal)
-    if kind == "hbm_degrading":
-        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * (0.02 + 0.6 * progress ** 2) * scale)
-        counters["ecc_dbe_volatile_total"][g, fatal] += 1
-        xids[48][g, fatal] += 1
-    elif kind == "row_remap_failure":
-        counters["remapped_rows_correctable_total"][g] += rng.random(steps) < pre * (0.005 + 0.05 * progress) * scale
-        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * 0.1 * progress * scale)
-        counters["remapped_rows_uncorrectable_total"][g, fatal] += 1
-        gauges["remapped_rows_failure"][g, fatal:] = 1
-        xids[64][g, fatal] += 1
-    elif kind == "cooling_failure":
-        temp[g] += 25 * progress
-        after = np.arange(steps) >= fatal
-        throttle[g] = np.where(after, throttle[g] | 0x40 | 0x20, throttle[g])
-        clock[g] = np.where(after, clock[g] * 0.6, clock[g])
-    elif kind == "pcie_degrading":  # gentle: a fraction of today's ramp, over hours
-        counters["pcie_replay_total"][g] += rng.poisson(pre * (0.05 + 4 * progress ** 2) * scale)
-        xids[79][g, fatal] += 1
-    elif kind == "nvlink_degrading":  # gentle: a fifth of today's ramp, over 4-12 h
-        counters["nvlink_crc_flit_errors_total"][g] += rng.poisson(pre * (0.02 + 1.5 * progress ** 2) * scale)
-        counters["nvlink_crc_data_errors_total"][g] += rng.poisson(pre * 0.3 * progress ** 2 * scale)
-        counters["nvlink_replay_errors_total"][g] += rng.poisson(pre * 0.2 * progress ** 3 * scale)
-        counters["nvlink_recovery_errors_total"][g, fatal] += 1
-        xids[74][g, fatal] += 1
-    elif kind == "clock_straggler":
-        n = steps - onset
-        util[g, onset:] = np.clip(rng.normal(0.97, 0.02, n), 0, 1)
-        sm[g, onset:] = util[g, onset:] * 0.85
-        before = power[g, onset:].copy()
-        power[g, onset:] = tdp * 0.93 + rng.normal(0, 0.017 * tdp, n)
-        temp[g, onset:] += per_w * (power[g, onset:] - before)  # busy from the onset: as warm as its load
-        clock[g, onset:] = busy_clk * 0.78
-        throttle[g, onset:] = 0
-    elif kind == "off_the_bus":
-        xids[79][g, fatal] += 1
-    elif kind == "uncontained_ecc":
-        counters["ecc_dbe_volatile_total"][g, fatal] += 1
-        xids[95][g, fatal] += 1
+    if kind != "clock_straggler":  # as today's, per step, with the gentle ramps
+        _apply(kind, g, onset, fatal, steps, rng, counters, xids, gauges, util, sm, power, clock, temp, throttle, None,
+               scale=scale, ramps=GENTLE_RAMPS)
+        return
+    n = steps - onset  # a straggler at its own model's clock and power
+    util[g, onset:] = np.clip(rng.normal(0.97, 0.02, n), 0, 1)
+    sm[g, onset:] = util[g, onset:] * 0.85
+    before = power[g, onset:].copy()
+    power[g, onset:] = tdp * 0.93 + rng.normal(0, 0.017 * tdp, n)
+    temp[g, onset:] += per_w * (power[g, onset:] - before)  # busy from the onset: as warm as its load
+    clock[g, onset:] = busy_clk * 0.78
+    throttle[g, onset:] = 0
 
 
 def _gaps(rng, nodes: int, steps: int, step_s: int) -> np.ndarray:
@@ -282,23 +255,17 @@ def score_harder(findings: list[dict], truth: pd.DataFrame, healthy: list[str], 
     """:func:`scenarios_independent.score` over the GPU findings, plus the node level: node-wide
     conditions reported as node findings (``node_conditions_found``, of ``node_conditions``), node
     findings on nodes with no condition (``false_node_findings``), and per-GPU findings on the GPUs of
-    a node-wide condition (``per_gpu_on_node_conditions``: must be 0; they count as false positives
-    in the GPU score too)."""
+    a node-wide condition that is not faulty itself (``per_gpu_on_node_conditions``: must be 0; they
+    count as false positives in the GPU score too)."""
     per_gpu = [f for f in findings if f.get("gpu_uuid")]
     on_node = [f for f in findings if not f.get("gpu_uuid")]
     result = score(per_gpu, truth, healthy, all_gpus)
     condition_nodes = set(conditions["node"])
     reported = {f["node"] for f in on_node}
     result.update(
-        node_conditions=len(condition_nodes - _reload_only(conditions)),
-        node_conditions_found=len((condition_nodes - _reload_only(conditions)) & reported),
-        driver_reloads_reported=len(_reload_only(conditions) & reported),
+        node_conditions=len(condition_nodes), node_conditions_found=len(condition_nodes & reported),
         false_node_findings=len(reported - condition_nodes),
-        per_gpu_on_node_conditions=sum(1 for f in per_gpu if f["node"] in condition_nodes),
+        per_gpu_on_node_conditions=sum(1 for f in per_gpu if f["node"] in condition_nodes
+                                       and f["gpu_uuid"] not in set(truth["gpu_uuid"])),
     )
     return result
-
-
-def _reload_only(conditions: pd.DataFrame) -> set[str]:
-    """Nodes whose only condition is a driver reload (reported as information, not judged as a miss)."""
-    return set(conditions.loc[conditions["kind"] == "driver_reload", "node"])

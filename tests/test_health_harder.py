@@ -108,3 +108,27 @@ def test_a_node_power_cap_is_a_node_condition_not_eight_stragglers():
     assert [(f.kind, f.node, f.gpu_uuid, f.recommended_action) for f in findings] == [
         (FindingKind.NODE_WIDE_SLOWDOWN, "h100-002", None, None)]
     assert findings[0].evidence["gpus_affected"] == 8
+
+
+def test_the_simulator_draws_node_conditions_apart_and_renders_them(data_dir):
+    from gpuwarden.cli.simfleet import simulated_fleet
+    from gpuwarden.sim import SimConfig
+    from gpuwarden.sim.config import ConfigError
+
+    base = dict(seed=5, nodes=2, warmup_days=0.0, data_dir=data_dir, fault_rate_scale=0.0)
+    plain = simulated_fleet(SimConfig(**base))
+    conditioned = simulated_fleet(SimConfig(**base, node_conditions_per_node_day=40.0))
+    quiet, busy = plain.run(90), conditioned.run(90)
+    truth = conditioned.node_condition_truth()
+    assert plain.node_condition_truth().empty and not truth.empty
+    assert set(truth["kind"]) <= {"power_cap", "clock_policy", "hot_inlet", "driver_reload"}
+    # Their own random stream: the jobs are the same.
+    assert (quiet["gpu_util_ratio"].to_numpy() == busy["gpu_util_ratio"].to_numpy()).all()
+    # A power cap or clock policy slows every GPU of its node against the same GPU without it.
+    slowing = truth[truth["kind"].isin(["power_cap", "clock_policy"])]
+    assert len(slowing), truth
+    row = slowing.iloc[0]
+    at = ((busy["node"] == row["node"]) & (busy["timestamp"] > row["start"]) & (busy["timestamp"] < row["end"])).to_numpy()
+    assert at.any() and (busy.loc[at, "sm_clock_mhz"] < quiet.loc[at, "sm_clock_mhz"]).all()
+    with pytest.raises(ConfigError, match="node_conditions_per_node_day"):
+        SimConfig(node_conditions_per_node_day=-1)
