@@ -282,13 +282,18 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     pool_clock, _ = s.window_mean(np.where(active, s["log_clock_vs_pool"], np.nan), window)
     node_pool_clock = node_median(b, pool_clock, eligible, c.node_wide_min_gpus)
     node_wide = eligible & (node_share(b, slow, eligible & ~errors) | (node_pool_clock <= -c.node_slow_margin))
+    # Slower than its node-mates too, and alone in that: several GPUs of one node slower than the rest
+    # together (one job's GPUs under a policy, with a faster job beside them) are the node's too. With
+    # no node-mate to compare with, not while its window still holds a node-wide slowdown.
+    mates = node_median(b, clock, eligible & ~errors)
+    below = slow & (clock - mates <= -c.straggler_node_margin)
+    several = node_share(b, below, below, min_gpus=2)
+    node_wide |= several
+    after_node_wide = s.window_count(node_wide, window) > 0
+    after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
+    flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
     shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
         ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's", node_wide))
-    # Slower than its node-mates too; with none to compare with (they went idle), not while its window
-    # still holds a node-wide slowdown.
-    mates = node_median(b, clock, eligible & ~errors)
-    after_node_wide = s.window_count(node_wide, window) > 0
-    flag = slow & np.where(np.isfinite(mates), clock - mates <= -c.straggler_node_margin, ~after_node_wide)
     recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.STRAGGLER]
     b.emit(FindingKind.STRAGGLER, flag, severity, action,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
