@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scenarios_independent import FATAL_XID, FAULTS, _apply, _cumulative, _uuid, score
+from scenarios_independent import ACTIVITY, FATAL_XID, FAULTS, _apply, _cumulative, _uuid, score
 
 # model -> (node prefix, busy clock MHz, idle clock MHz, TDP W, idle W, temperature at 0 W C,
 #           C per W, has NVLink)
@@ -166,12 +166,7 @@ def generate_harder(seed: int = 0, nodes: int = 16, days: float = 2.0, step_s: i
     rows["gpu_uuid"] = np.array([_uuid(seed, g) for g in range(gpus)])[g_index.ravel()]
     rows["gpu_index"] = (g_index % 8).ravel()
     rows["model"] = np.array(node_model)[g_index.ravel() // 8]
-    rows["gpu_util_ratio"] = util.ravel()
-    rows["sm_active_ratio"] = sm.ravel()
-    rows["power_watts"] = power.ravel()
-    rows["temperature_celsius"] = temp.ravel()
-    rows["sm_clock_mhz"] = clock.ravel()
-    rows["throttle_reasons_bitmask"] = throttle.ravel()
+    rows.update(zip(ACTIVITY, (a.ravel() for a in (util, sm, power, temp, clock, throttle))))
     for name, values in counters.items():
         readings = _cumulative(values, [], rng) + lifetime[name][:, None]
         for g, at in reloads:  # the driver reload: every counter of the node starts again from 0
@@ -190,9 +185,7 @@ def generate_harder(seed: int = 0, nodes: int = 16, days: float = 2.0, step_s: i
         if row["kind"] in ("off_the_bus", "pcie_degrading"):
             g = next(g for g in range(gpus) if _uuid(seed, g) == row["gpu_uuid"])
             lost[g, int((row["fatal_at"] - t0).total_seconds() // step_s) + 1:] = True
-    for name in ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
-                 "throttle_reasons_bitmask"):
-        frame.loc[lost.ravel(), name] = np.nan
+    frame.loc[lost.ravel(), list(ACTIVITY)] = np.nan
     frame = frame[keep.ravel()].sort_values(["timestamp", "gpu_uuid"], kind="stable", ignore_index=True)
     return (frame, pd.DataFrame(truth), sorted(_uuid(seed, g) for g in healthy_gpus),
             [_uuid(seed, g) for g in range(gpus)], pd.DataFrame(conditions))

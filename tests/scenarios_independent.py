@@ -32,6 +32,9 @@ FAULTS = ("hbm_degrading", "row_remap_failure", "cooling_failure", "pcie_degradi
           "clock_straggler", "off_the_bus", "uncontained_ecc")
 PRECURSOR_H = {"hbm_degrading": (3, 10), "row_remap_failure": (2, 8), "cooling_failure": (2, 6),
                "pcie_degrading": (1, 4), "nvlink_degrading": (2, 8)}
+# The device columns, in the order the frame carries them (a GPU off the bus reports none of them).
+ACTIVITY = ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
+            "throttle_reasons_bitmask")
 FATAL_XID = {"hbm_degrading": 48, "row_remap_failure": 64, "pcie_degrading": 79, "nvlink_degrading": 74,
              "off_the_bus": 79, "uncontained_ecc": 95, "cooling_failure": None, "clock_straggler": None}
 
@@ -123,12 +126,7 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
     rows["model"] = MODEL
     rows["mem_total_bytes"] = 85e9
     rows["mem_used_bytes"] = np.where(busy, 7e10, 5e8).ravel()
-    rows["gpu_util_ratio"] = util.ravel()
-    rows["sm_active_ratio"] = sm.ravel()
-    rows["power_watts"] = power.ravel()
-    rows["temperature_celsius"] = temp.ravel()
-    rows["sm_clock_mhz"] = clock.ravel()
-    rows["throttle_reasons_bitmask"] = throttle.ravel()
+    rows.update(zip(ACTIVITY, (a.ravel() for a in (util, sm, power, temp, clock, throttle))))
     for name, values in counters.items():
         rows[name] = _cumulative(values, reloads, rng).ravel()
     for name, values in gauges.items():
@@ -141,9 +139,7 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
         if row["kind"] in ("off_the_bus", "pcie_degrading"):
             g = _gpu_of(row["gpu_uuid"], seed, gpus)
             lost[g, int((row["fatal_at"] - t0) / pd.Timedelta(minutes=1)) + 1:] = True
-    for name in ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
-                 "throttle_reasons_bitmask"):
-        frame.loc[lost.ravel(), name] = np.nan
+    frame.loc[lost.ravel(), list(ACTIVITY)] = np.nan  # a GPU off the bus reports nothing
     frame = frame.sort_values(["timestamp", "gpu_uuid"], kind="stable", ignore_index=True)
     return frame, pd.DataFrame(truth), sorted(_uuid(seed, g) for g in healthy_set), [_uuid(seed, g) for g in range(gpus)]
 
