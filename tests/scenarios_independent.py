@@ -32,11 +32,16 @@ FAULTS = ("hbm_degrading", "row_remap_failure", "cooling_failure", "pcie_degradi
           "clock_straggler", "off_the_bus", "uncontained_ecc")
 PRECURSOR_H = {"hbm_degrading": (3, 10), "row_remap_failure": (2, 8), "cooling_failure": (2, 6),
                "pcie_degrading": (1, 4), "nvlink_degrading": (2, 8)}
+# The device columns, in the order the frame carries them (a GPU off the bus reports none of them).
+ACTIVITY = ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
+            "throttle_reasons_bitmask")
 FATAL_XID = {"hbm_degrading": 48, "row_remap_failure": 64, "pcie_degrading": 79, "nvlink_degrading": 74,
              "off_the_bus": 79, "uncontained_ecc": 95, "cooling_failure": None, "clock_straggler": None}
 
 
-def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind: int = 3):
+def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind: int = 3,
+             conditions: list[dict] | None = None):
+    """``conditions``: where given, the node-wide condition (the hot node) is appended to it."""
     rng = np.random.default_rng(seed)
     gpus = nodes * 8
     steps = int(days * 86400 / STEP_S)
@@ -106,6 +111,9 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
     start = int(rng.integers(0, steps // 2))
     ramp = np.clip((np.arange(steps) - start) / 60.0, 0, 1) * (np.arange(steps) < start + 10 * 60)
     temp[hot_node * 8:hot_node * 8 + 8] += 14 * ramp
+    if conditions is not None:
+        conditions.append({"kind": "hot_node", "node": f"h100-{hot_node:03d}", "start": t0 + pd.Timedelta(minutes=start),
+                           "end": t0 + pd.Timedelta(minutes=start + 10 * 60)})
     healthy_set = set(int(h) for h in healthy) - set(range(hot_node * 8, hot_node * 8 + 8))
 
     rows = {}
@@ -118,12 +126,7 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
     rows["model"] = MODEL
     rows["mem_total_bytes"] = 85e9
     rows["mem_used_bytes"] = np.where(busy, 7e10, 5e8).ravel()
-    rows["gpu_util_ratio"] = util.ravel()
-    rows["sm_active_ratio"] = sm.ravel()
-    rows["power_watts"] = power.ravel()
-    rows["temperature_celsius"] = temp.ravel()
-    rows["sm_clock_mhz"] = clock.ravel()
-    rows["throttle_reasons_bitmask"] = throttle.ravel()
+    rows.update(zip(ACTIVITY, (a.ravel() for a in (util, sm, power, temp, clock, throttle))))
     for name, values in counters.items():
         rows[name] = _cumulative(values, reloads, rng).ravel()
     for name, values in gauges.items():
@@ -136,9 +139,7 @@ def generate(seed: int = 0, nodes: int = 32, days: float = 3.0, faults_per_kind:
         if row["kind"] in ("off_the_bus", "pcie_degrading"):
             g = _gpu_of(row["gpu_uuid"], seed, gpus)
             lost[g, int((row["fatal_at"] - t0) / pd.Timedelta(minutes=1)) + 1:] = True
-    for name in ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
-                 "throttle_reasons_bitmask"):
-        frame.loc[lost.ravel(), name] = np.nan
+    frame.loc[lost.ravel(), list(ACTIVITY)] = np.nan  # a GPU off the bus reports nothing
     frame = frame.sort_values(["timestamp", "gpu_uuid"], kind="stable", ignore_index=True)
     return frame, pd.DataFrame(truth), sorted(_uuid(seed, g) for g in healthy_set), [_uuid(seed, g) for g in range(gpus)]
 
@@ -161,17 +162,24 @@ def _gpu_of(uuid: str, seed: int, gpus: int) -> int:
     return next(g for g in range(gpus) if _uuid(seed, g) == uuid)
 
 
-def _apply(kind, g, onset, fatal, steps, rng, counters, xids, gauges, util, sm, power, clock, temp, throttle, busy):
+# PCIe (base, climb) and NVLink (flit base, flit climb, data, replay) per-minute ramps of the precursors.
+RAMPS = {"pcie": (0.2, 30.0), "nvlink": (0.05, 8.0, 2.0, 1.0)}
+
+
+def _apply(kind, g, onset, fatal, steps, rng, counters, xids, gauges, util, sm, power, clock, temp, throttle, busy,
+           scale=1.0, ramps=RAMPS):
+    """One fault on GPU ``g``; ``scale`` turns per-minute rates into per-step ones, ``ramps`` sets how
+    steeply PCIe and NVLink errors climb."""
     span = max(fatal - onset, 1)
     progress = np.clip((np.arange(steps) - onset) / span, 0, 1) * (np.arange(steps) >= onset)
     pre = (np.arange(steps) >= onset) & (np.arange(steps) < fatal)
     if kind == "hbm_degrading":
-        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * (0.02 + 0.6 * progress ** 2))
+        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * (0.02 + 0.6 * progress ** 2) * scale)
         counters["ecc_dbe_volatile_total"][g, fatal] += 1
         xids[48][g, fatal] += 1
     elif kind == "row_remap_failure":
-        counters["remapped_rows_correctable_total"][g] += rng.random(steps) < pre * (0.005 + 0.05 * progress)
-        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * 0.1 * progress)
+        counters["remapped_rows_correctable_total"][g] += rng.random(steps) < pre * (0.005 + 0.05 * progress) * scale
+        counters["ecc_sbe_volatile_total"][g] += rng.poisson(pre * 0.1 * progress * scale)
         counters["remapped_rows_uncorrectable_total"][g, fatal] += 1
         gauges["remapped_rows_failure"][g, fatal:] = 1
         xids[64][g, fatal] += 1
@@ -181,12 +189,14 @@ def _apply(kind, g, onset, fatal, steps, rng, counters, xids, gauges, util, sm, 
         throttle[g] = np.where(after, throttle[g] | 0x40 | 0x20, throttle[g])
         clock[g] = np.where(after, clock[g] * 0.6, clock[g])
     elif kind == "pcie_degrading":
-        counters["pcie_replay_total"][g] += rng.poisson(pre * (0.2 + 30 * progress ** 2))
+        base, climb = ramps["pcie"]
+        counters["pcie_replay_total"][g] += rng.poisson(pre * (base + climb * progress ** 2) * scale)
         xids[79][g, fatal] += 1
     elif kind == "nvlink_degrading":
-        counters["nvlink_crc_flit_errors_total"][g] += rng.poisson(pre * (0.05 + 8 * progress ** 2))
-        counters["nvlink_crc_data_errors_total"][g] += rng.poisson(pre * 2 * progress ** 2)
-        counters["nvlink_replay_errors_total"][g] += rng.poisson(pre * 1 * progress ** 3)
+        base, climb, data, replay = ramps["nvlink"]
+        counters["nvlink_crc_flit_errors_total"][g] += rng.poisson(pre * (base + climb * progress ** 2) * scale)
+        counters["nvlink_crc_data_errors_total"][g] += rng.poisson(pre * data * progress ** 2 * scale)
+        counters["nvlink_replay_errors_total"][g] += rng.poisson(pre * replay * progress ** 3 * scale)
         counters["nvlink_recovery_errors_total"][g, fatal] += 1
         xids[74][g, fatal] += 1
     elif kind == "clock_straggler":

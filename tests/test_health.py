@@ -387,10 +387,11 @@ def test_a_finding_of_an_unknown_kind_cannot_be_made():
 
 
 def test_every_health_kind_has_one_rule_in_the_catalogue():
-    from gpuwarden.analytics.health.catalogue import EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES
+    from gpuwarden.analytics.health.catalogue import EARLY_WARNING_KINDS, NODE_KINDS, NVML_RECOVERY, XID_RULES
     from gpuwarden.fleet import FindingKind
 
-    ruled = [rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()] + list(EARLY_WARNING_KINDS)
+    ruled = ([rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()] + list(EARLY_WARNING_KINDS)
+             + list(NODE_KINDS))
     assert len(ruled) == len(set(ruled))
     not_health = {FindingKind.XID_OTHER, FindingKind.HOARDED, FindingKind.QUOTA_RECLAIM, FindingKind.QUEUE_ORDER}
     assert set(ruled) == set(FindingKind) - not_health

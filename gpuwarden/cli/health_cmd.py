@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import pandas as pd
@@ -253,8 +254,17 @@ def format_findings(findings: list[Finding], start, end, rows: int) -> str:
 def simulate_and_score(seed: int, days: float, nodes: int = 64, rate: float = DEFAULT_RATE, data_dir: Path | None = None,
                        config=None, progress=None, noise: bool = True, attribution: str = "mixed") -> EvalReport:
     """One harness run: simulate, scan day by day (with context), score against the ground truth."""
+    return simulate_and_scan(seed, days, nodes, rate, data_dir, config, progress, background_noise=noise,
+                             attribution=attribution)[0]
+
+
+def simulate_and_scan(seed: int, days: float, nodes: int = 64, rate: float = DEFAULT_RATE, data_dir: Path | None = None,
+                      config=None, progress=None, **sim_options) -> tuple[EvalReport, list[Finding], Any]:
+    """:func:`simulate_and_score`, also returning the findings and the simulation (its node-condition
+    truth, say); ``sim_options`` go to :class:`SimConfig` (``background_noise``, ``attribution``,
+    ``node_conditions``, ``step_seconds``)."""
     sim_config = SimConfig(seed=seed, nodes=nodes, data_dir=data_dir, counts_overrides={kind: rate for kind in KINDS},
-                           background_noise=noise, attribution=attribution)
+                           **sim_options)
     simulation = simulated_fleet(sim_config)
     scanner = StreamingScanner(config)
     start = simulation.now + pd.Timedelta(seconds=sim_config.step_seconds)
@@ -264,7 +274,8 @@ def simulate_and_score(seed: int, days: float, nodes: int = 64, rate: float = DE
         if progress:
             progress(f"seed {seed}: day {index + 1} scanned, {len(scanner.log)} findings")
     end = simulation.now + pd.Timedelta(seconds=sim_config.step_seconds)
-    return evaluate(scanner.findings(), simulation.ground_truth(), start, end, len(simulation.gpus))
+    findings = scanner.findings()
+    return evaluate(findings, simulation.ground_truth(), start, end, len(simulation.gpus)), findings, simulation
 
 
 def run_eval(args: argparse.Namespace) -> int:

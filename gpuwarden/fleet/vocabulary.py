@@ -138,6 +138,11 @@ class FindingKind(enum.StrEnum):
     POWER_BRAKE_THROTTLE = "power-brake-throttle"
     HW_SLOWDOWN = "hw-slowdown"
     NVLINK_DEGRADING = "nvlink-degrading"
+    # Node conditions: every GPU of the node changed together (a power or clock policy, inlet air, a
+    # driver reload). One finding for the node, ``gpu_uuid`` None: no GPU is at fault.
+    NODE_WIDE_SLOWDOWN = "node-wide-slowdown"
+    NODE_WIDE_THERMAL = "node-wide-thermal"
+    NODE_WIDE_COUNTER_RESET = "node-wide-counter-reset"
     COOLING_DEGRADING = "cooling-degrading"
     STRAGGLER = "straggler"
     # the idle ledger

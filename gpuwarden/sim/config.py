@@ -62,6 +62,10 @@ class SimConfig:
     # errors, per-slot and per-node temperature spread, hot-but-healthy nodes, driver reloads that
     # reset counters). Drawn from their own random stream: jobs and faults stay the same either way.
     background_noise: bool = False
+    # Node-wide conditions on healthy nodes (sim.node_conditions: a power cap, a clock policy, hot
+    # inlet air, a driver reload of the whole node), each kind at this rate per node-day (0: none),
+    # from their own random stream; truth apart.
+    node_conditions_per_node_day: float = 0.0
     # Pod attribution: "on" (the kubelet answers everywhere), "off" (no pod labels anywhere: pod,
     # namespace, team, project null, attribution 'off'), "mixed" (a third of the nodes without).
     attribution: str = "on"
@@ -86,7 +90,7 @@ class SimConfig:
         if self.gpus_per_node > 8:
             raise ConfigError(f"gpus_per_node: {self.gpus_per_node} is not allowed; expected 1..8 (one HGX board)")
         for name in ("training_load", "inference_load", "notebooks_per_100_gpus", "fault_rate_scale",
-                     "spot_reclaims_per_node_day", "warmup_days", "max_job_days"):
+                     "spot_reclaims_per_node_day", "warmup_days", "max_job_days", "node_conditions_per_node_day"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")

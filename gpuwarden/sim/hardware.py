@@ -9,10 +9,11 @@ import numpy as np
 from gpuwarden.fleet import XID_COLUMN_NAMES, xid_column
 
 from .faults import APPLICATION_XID_RATE_PER_GPU_DAY, APPLICATION_XIDS, NVLINK_COUNTERS, FaultEvent
+from .node_conditions import NodeConditions
 
 
-class HardwareSteps:
-    """One step of noise, faults and reclaims (mixed into ``Simulation``)."""
+class HardwareSteps(NodeConditions):
+    """One step of noise, faults, node-wide conditions and reclaims (mixed into ``Simulation``)."""
 
     def _build_noise(self) -> None:
         """Background noise of healthy GPUs, from its own random stream (jobs and faults do not
@@ -36,6 +37,7 @@ class HardwareSteps:
             self.node_attributed = (np.arange(n_node) % 3) != 1
         else:
             self.node_attributed = np.ones(n_node, dtype=bool)
+        self._build_node_conditions()
 
     def _background(self, now: float) -> None:
         """One step of noise on every GPU, and the confounders: hot-but-healthy nodes, driver
@@ -53,6 +55,8 @@ class HardwareSteps:
             self.hot_node_start[node] = now
             self.hot_node_end[node] = now + float(rng.uniform(2, 10)) * 3600.0
             self.hot_node_celsius[node] = float(rng.uniform(8, 15))
+            self.node_condition_log.append({"kind": "hot_node", "node": self.nodes[node].name, "start_s": now,
+                                            "end_s": float(self.hot_node_end[node])})
         faulty = self.faults.busy_until > now
         reload = np.flatnonzero((rng.random(len(self.gpus)) < 0.01 * per_step) & ~faulty)
         for gpu in reload:
@@ -71,6 +75,8 @@ class HardwareSteps:
             self._apply_fault(event, now, step)
         if self.config.background_noise:
             self._background(now)
+        if self.config.node_conditions_per_node_day:
+            self._node_conditions(now)
         # Application XIDs (13/31/43/45) on allocated GPUs: the job dies, the GPU is fine.
         allocated = np.unique(self.dev_gpu[self.dev_job >= 0])
         if allocated.size:

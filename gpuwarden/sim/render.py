@@ -76,6 +76,8 @@ class Renderer:
             node = self.dev_node
             warm = np.clip((now - self.hot_node_start) / 1800.0, 0.0, 1.0) * (now < self.hot_node_end)
             temp = temp + self.node_temp_offset[node] + (self.hot_node_celsius * warm)[node]
+        if self.config.node_conditions_per_node_day:
+            self._render_node_conditions(now, util, power, temp, clock, throttle)
         mem = np.minimum(mem, self.dev_mem_total)
         self._render_faults(power, temp, clock, throttle)
         for event in self.active_faults:

@@ -108,5 +108,18 @@ EARLY_WARNING_KINDS: dict[FindingKind, tuple[str, Severity, ActionKind | None]] 
 }
 
 
+# Node conditions (node_rules): every GPU of a node changed together. No GPU is at fault, so nothing
+# recommends a cordon: a power or clock policy is someone's decision (information), inlet air is the
+# facility's (a warning for a person, not a repair).
+NODE_KINDS: dict[FindingKind, tuple[Severity, str]] = {
+    FindingKind.NODE_WIDE_SLOWDOWN: (Severity.INFO, "every busy GPU of the node is slower than its peers together: a "
+                                                    "node power cap or clock policy, not a slow GPU"),
+    FindingKind.NODE_WIDE_THERMAL: (Severity.WARNING, "every GPU of the node runs hotter (or thermal-throttles) together: "
+                                                      "inlet air or rack cooling, not one GPU"),
+    FindingKind.NODE_WIDE_COUNTER_RESET: (Severity.INFO, "every counter of the node's GPUs reset at once: a driver reload "
+                                                         "or reboot (counts go on from zero)"),
+}
+
+
 def action_for(recovery: str) -> ActionKind | None:
     return RECOVERY_ACTION_KIND[recovery]

@@ -15,7 +15,8 @@ fault's [onset, ends at] widened by ``grace_s`` on both sides.
 - **Precision**: a finding that meets no fault at all is a false positive of the fault kind it
   names first; a finding that meets some fault on its GPU is explained (a pending-remap finding
   during a double-bit error is a consequence, not a false alarm). Application-XID findings are
-  information for the workload owner, not fault claims, and are left out.
+  information for the workload owner, not fault claims, and are left out; so are node conditions
+  (``node_rules``: a node's GPUs changing together names no GPU), counted in a note instead.
 - **Lead time** (faults with precursors whose fatal event falls in the window): the fatal event's
   time minus the first sighting of a finding that names the fault; 0 when only the event was seen.
 - **False cordons**: findings recommending cordon or drain on a GPU with no fault that needs the
@@ -36,7 +37,7 @@ import pandas as pd
 from gpuwarden.fleet import Finding, FindingKind
 from gpuwarden.fleet.semantics import to_utc
 
-from .catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, FATAL_XIDS, XID_RULES
+from .catalogue import APPLICATION_XIDS, CORDONING_ACTIONS, FATAL_XIDS, NODE_KINDS, XID_RULES
 
 # Simulator seeds the thresholds were tuned on; reported figures must use other seeds.
 TUNING_SEEDS: tuple[int, ...] = (1, 2, 3)
@@ -70,6 +71,7 @@ FINDING_FAULTS: dict[FindingKind, tuple[str, ...]] = {
 }
 OUT_OF_SERVICE = ("reset-gpu", "drain-and-reset", "reboot", "replace")
 APP_KINDS = frozenset(XID_RULES[code].kind for code in APPLICATION_XIDS)
+NODE_CONDITION_KINDS = frozenset(NODE_KINDS)  # name no GPU: counted apart, never a GPU fault claim
 
 TARGETS = {"f1": 0.93, "median_lead_minutes": 30.0, "false_cordons_per_10k_gpu_days": 1.0, "missed_fatal_xids": 0}
 
@@ -192,7 +194,7 @@ def evaluate(findings: Iterable[Finding] | pd.DataFrame, truth: pd.DataFrame, st
     scored["lead_minutes"] = np.where(lead_ok, np.clip(lead.fillna(0.0), 0.0, None), np.nan)
 
     # Findings that meet no fault: false positives of the kind they name first.
-    fault_claims = found[~found["kind"].isin(APP_KINDS)]
+    fault_claims = found[~found["kind"].isin(APP_KINDS | NODE_CONDITION_KINDS)]
     explained = fault_claims["fid"].isin(pairs["fid"])
     in_window = (fault_claims["last_seen"] >= start) & (fault_claims["first_seen"] < end)
     false_pos = fault_claims[~explained & in_window].copy()
@@ -223,6 +225,10 @@ def evaluate(findings: Iterable[Finding] | pd.DataFrame, truth: pd.DataFrame, st
     table = pd.DataFrame.from_dict(rows, orient="index")
     gpu_days = gpu_count * (end - start).total_seconds() / 86400.0
     notes = []
+    node_findings = int((found["kind"].isin(NODE_CONDITION_KINDS) & (found["last_seen"] >= start) & (found["first_seen"] < end)).sum())
+    if node_findings:
+        notes.append(f"({node_findings} node condition finding(s): a whole node's GPUs changed together; "
+                     "they name no GPU and are not scored as GPU faults)")
     unscored = int((~truth["scored"]).sum())
     if unscored:
         notes.append(f"({unscored} injected faults started before the window, had their event after "

@@ -220,8 +220,11 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.log(device[column] / reference)
         device[f"log_{name}_ratio"] = np.where(np.isfinite(ratio), ratio, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pool_ratio = np.log(device["sm_clock_mhz"] / ids.pool_median(device["sm_clock_mhz"]))
+    device["log_clock_vs_pool"] = np.where(np.isfinite(pool_ratio), pool_ratio, np.nan)
     device["temp_excess"] = device["temperature_celsius"] - ids.peer_median(device["temperature_celsius"])
-    device["temp_residual"] = temperature_residual(ts, model, pool, node, device["temperature_celsius"],
+    device["temp_residual"], device["node_temp_excess"] = temperature_residual(ts, model, pool, node, device["temperature_celsius"],
                                                    device["power_watts"], profile)
     # Sort by (gpu, time) and collapse rows that share both (the MIG instances of one GPU).
     order = np.lexsort((ts, gpu))
@@ -251,7 +254,8 @@ def gpu_series(frame: pd.DataFrame, pools: Mapping[str, str] | None = None) -> G
 _REDUCE = {
     "gpu_util_ratio": "mean", "sm_active_ratio": "mean", "tensor_active_ratio": "mean", "dram_active_ratio": "mean",
     "sm_clock_mhz": "mean", "power_watts": "sum", "log_clock_ratio": "mean", "log_power_ratio": "mean",
-    "allocated": "max", "active": "max", "temp_residual": "mean",
+    "allocated": "max", "active": "max", "temp_residual": "mean", "node_temp_excess": "mean",
+    "log_clock_vs_pool": "mean",
 }
 
 

@@ -32,30 +32,39 @@ class FindingBuilder:
         n_pools = max(len(s.pools), 1)
         return s["model"] * n_pools + s["pool"]
 
+    def min_samples(self, seconds: float) -> int:
+        """Samples that cover ``seconds`` at this series' step (``fleet.sampling``'s rule): thresholds
+        are durations, so a 15 s fleet needs four times the samples of a 60 s one."""
+        return max(1, int(np.ceil(seconds / self.s.step_s - 1e-9)))
+
     def group_label(self, code: int) -> str:
         s = self.s
         n_pools = max(len(s.pools), 1)
         return f"{s.models[code // n_pools]} / {s.pools[code % n_pools]}"
 
-    def episodes(self, flag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows where ``flag`` holds, and the start (into those rows) of each episode."""
+    def episodes(self, flag: np.ndarray, unit: str = "gpu") -> tuple[np.ndarray, np.ndarray]:
+        """Rows where ``flag`` holds, and the start (into those rows) of each episode of one ``unit``
+        (``"gpu"``, or ``"node"``: the rows of all its GPUs in time order)."""
         idx = np.flatnonzero(flag)
         if self.report_from_ns is not None and idx.size:
             idx = idx[self.s["ts"][idx] >= self.report_from_ns]
         if idx.size == 0:
             return idx, idx
-        ts, gpu = self.s["ts"][idx], self.s["gpu"][idx]
+        if unit == "node":
+            idx = idx[np.lexsort((self.s["ts"][idx], self.s["node"][idx]))]
+        ts, of = self.s["ts"][idx], self.s[unit][idx]
         gap = int(self.config.episode_gap_s * _NS)
-        new = np.r_[True, (gpu[1:] != gpu[:-1]) | ((ts[1:] - ts[:-1]) > gap)]
+        new = np.r_[True, (of[1:] != of[:-1]) | ((ts[1:] - ts[:-1]) > gap)]
         return idx, np.flatnonzero(new)
 
     def emit(self, kind: FindingKind, flag: np.ndarray, severity: Severity, action: ActionKind | None,
              evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float],
-             sustain_s: float = 0.0) -> None:
+             sustain_s: float = 0.0, unit: str = "gpu") -> None:
         """One finding per episode of ``flag``; ``evidence`` and ``confidence`` see the episode's rows.
         With ``sustain_s``, a cordon is recommended only once the episode has lasted that long; a
-        shorter one only taints (noise is brief, wear persists)."""
-        idx, starts = self.episodes(flag)
+        shorter one only taints (noise is brief, wear persists). ``unit="node"``: one finding per
+        episode of the node (``gpu_uuid`` None), for conditions its GPUs share."""
+        idx, starts = self.episodes(flag, unit)
         if idx.size == 0:
             return
         ends = np.r_[starts[1:], idx.size] - 1
@@ -72,7 +81,7 @@ class FindingBuilder:
                     recommended = ActionKind.TAINT
             self.findings.append(Finding(
                 kind=kind, severity=severity, node=str(s.nodes[s["node"][rows[-1]]]),
-                gpu_uuid=str(s.gpus[s["gpu"][rows[0]]]), evidence=details, recommended_action=recommended,
+                gpu_uuid=str(s.gpus[s["gpu"][rows[0]]]) if unit == "gpu" else None, evidence=details, recommended_action=recommended,
                 confidence=float(np.clip(confidence(rows), 0.0, 1.0)),
                 first_seen=pd.Timestamp(first, tz="UTC").to_pydatetime(),
                 last_seen=pd.Timestamp(last, tz="UTC").to_pydatetime(),

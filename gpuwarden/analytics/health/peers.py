@@ -57,18 +57,19 @@ def _group_median(values: np.ndarray, key: np.ndarray, min_count: int = 1) -> np
     return median
 
 
-def temperature_residual(ts, model, pool, node, temperature, power, profile) -> np.ndarray:
+def temperature_residual(ts, model, pool, node, temperature, power, profile) -> tuple[np.ndarray, np.ndarray]:
     """Temperature no load, ambient or node explains: minus the model's temperature at this power
     (a robust fit over the window), minus the fleet-wide drift of that model and pool at this time,
     minus what the GPU's node-mates show at this time (a node running warm together is its cooling
     or its rack, not one GPU). What is left is the GPU's own: a slot offset (removed later against
-    its own history) or a GPU warming alone."""
+    its own history) or a GPU warming alone. Also returns what the node-mates share (the node's own
+    excess over its model and pool, NaN with fewer than 3 GPUs measured): a node running warm."""
     temperature = np.asarray(temperature, dtype=float)
     power = np.asarray(power, dtype=float)
     out = np.full(temperature.size, np.nan)
     ok = np.isfinite(temperature) & np.isfinite(power) & (profile == 0)
     if ok.sum() < 10:
-        return out
+        return out, out
     expected = np.full(temperature.size, np.nan)
     for m in np.unique(model[ok]):
         rows = ok & (model == m)
@@ -82,7 +83,7 @@ def temperature_residual(ts, model, pool, node, temperature, power, profile) -> 
     fleet = _group_median(residual, (ts_code * (int(model.max(initial=0)) + 1) + model) * n_pools + pool)
     residual = residual - fleet
     node_mates = _group_median(residual, ts_code * (int(node.max(initial=0)) + 1) + node, min_count=3)
-    return residual - np.where(np.isfinite(node_mates), node_mates, 0.0)
+    return residual - np.where(np.isfinite(node_mates), node_mates, 0.0), node_mates
 
 
 class DeviceIds:
@@ -108,6 +109,14 @@ class DeviceIds:
         self.coarse_key = ((ts_code * n_models + model) * n_pools + pool) * (10 * n_profiles) + coarse
         self.has_pod = pod >= 0
         self.pod_key = np.where(self.has_pod, ts_code * (int(pod.max(initial=0)) + 2) + pod, -1)
+
+    def pool_median(self, values: np.ndarray) -> np.ndarray:
+        """Median over the devices of the same model, pool and activity (active or not) at this time,
+        whatever their power: the reference a node power cap cannot move (its GPUs draw less power, so
+        at the same power band they would be each other's peers)."""
+        series = pd.Series(np.asarray(values, dtype=float)).groupby(self.coarse_key, sort=False)
+        median = series.transform("median").to_numpy(dtype=float)
+        return np.where(series.transform("count").to_numpy() >= self.MIN_GROUP, median, np.nan)
 
     def peer_median(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype=float)

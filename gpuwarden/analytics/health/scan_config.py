@@ -44,21 +44,29 @@ class HealthConfig:
     cooling_history_hours: int = 6
     cooling_excess_celsius: float = 8.0
     cooling_excess_no_history_celsius: float = 18.0
-    cooling_min_samples: int = 10
+    cooling_min_s: float = 600.0  # of samples in the window (10 at 60 s steps, 40 at 15 s)
     # throttle share (hardware thermal / power brake / hardware slowdown)
     throttle_window_s: float = 600.0
     throttle_share: float = 0.5
-    throttle_min_samples: int = 3
+    throttle_min_s: float = 180.0  # of measured samples in the window
     # temperature above peers at the same load
     hot_window_s: float = 1800.0
     # straggler: clock and power below peers at the same load, no throttle, no error
     straggler_window_s: float = 3600.0
-    straggler_min_samples: int = 30
+    straggler_min_active_s: float = 1800.0  # of active samples in the window
+    # ...and slower than its node-mates by this much (log clock): a node slower as a whole is a node
+    # condition (node_rules), not eight stragglers
+    straggler_node_margin: float = 0.05
     # robust scales below peers: clock must be clearly low; power at least somewhat low (a heavier
     # phase runs a lower clock at higher power: that is load, not a slow GPU)
     straggler_threshold: float = 4.0
     straggler_min_scale: float = 0.025
     straggler_max_power_excess: float = 0.05  # log power vs peers: a slower clock at more power is load
+    # Node conditions (node_rules): this share of a node's GPUs (and at least this many) show it at once
+    node_wide_share: float = 0.75
+    node_wide_min_gpus: int = 4
+    node_slow_margin: float = 0.1  # log clock: a node's busy GPUs this much below their model and pool's
+    node_hot_celsius: float = 8.0  # a node's GPUs together this much above their model and pool's
     dbe_explained_within_s: float = 300.0
     # A GPU with no sample this long while its node-mates report lost its series (one missed
     # scrape is jitter; a GPU off the bus stays gone until the node reboots).

@@ -15,16 +15,25 @@ from .catalogue import EARLY_WARNING_KINDS, XID_RULES
 from .detectors import CounterBurstDetector, PeerDeviationDetector
 from .features import NVLINK_COUNTERS, GpuSeries
 from .finding_builder import _NS, FindingBuilder, nanmax
+from .node_rules import node_condition_findings, node_median, node_share, node_warm
+
+# Throttle kinds whose node-wide rows are a node condition of this kind.
+_NODE_THROTTLE = {FindingKind.THERMAL_THROTTLE: FindingKind.NODE_WIDE_THERMAL,
+                  FindingKind.POWER_BRAKE_THROTTLE: FindingKind.NODE_WIDE_SLOWDOWN,
+                  FindingKind.HW_SLOWDOWN: FindingKind.NODE_WIDE_SLOWDOWN}
 
 
 def early_warning_findings(b: FindingBuilder) -> None:
-    """Every early-warning detector over ``b``'s series; findings go to ``b.findings``."""
+    """Every early-warning detector over ``b``'s series; findings go to ``b.findings``. What the
+    GPUs of a node show together goes to one node finding instead (``node_rules``)."""
     _hbm(b)
     _pcie(b)
     _nvlink(b)
-    _throttle(b)
+    shared: dict[FindingKind, list[tuple[str, np.ndarray]]] = {}
+    _throttle(b, shared)
     _cooling(b)
-    _straggler(b)
+    _straggler(b, shared)
+    node_condition_findings(b, shared)
 
 
 def _burst(b: FindingBuilder, events: np.ndarray, windows: tuple[float, ...], alpha: float, min_rate: float,
@@ -162,10 +171,10 @@ def _window_max(s: GpuSeries, values: np.ndarray, seconds: float) -> np.ndarray:
     return out
 
 
-def _throttle(b: FindingBuilder) -> None:
+def _throttle(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.ndarray]]]) -> None:
     s, c = b.s, b.config
     measured = s.window_count(s["throttle_measured"] > 0, c.throttle_window_s)
-    enough = measured >= c.throttle_min_samples
+    enough = measured >= b.min_samples(c.throttle_min_s)
     excess, _ = s.window_mean(s["temp_excess"], c.hot_window_s)
     clock, _ = s.window_mean(s["log_clock_ratio"], c.throttle_window_s)
     any_throttle = np.zeros(len(s), dtype=bool)
@@ -176,6 +185,14 @@ def _throttle(b: FindingBuilder) -> None:
         flag = enough & (share >= c.throttle_share)
         if not flag.any():
             continue
+        # Most of the node's busy GPUs throttling for this reason at all (idle GPUs have no say):
+        # the node's (inlet air, a power brake on the node's supply), not its GPUs'.
+        node_wide = node_share(b, hits > 0, (hits > 0) | (s["active"] > 0), min_gpus=2)  # two failing at once: rare
+        if kind == FindingKind.THERMAL_THROTTLE:  # on a node running warm as a whole, whatever its load
+            node_wide |= node_warm(b)
+        shared.setdefault(_NODE_THROTTLE[kind], []).append(
+            (f"throttle_reasons_bitmask ({column.replace('_', ' ')})", flag & node_wide))
+        flag &= ~node_wide
         recovery, severity, action = EARLY_WARNING_KINDS[kind]
         b.emit(kind, flag, severity, action,
                lambda rows, share=share, recovery=recovery, column=column: {
@@ -197,10 +214,10 @@ def _cooling(b: FindingBuilder) -> None:
     if not np.isfinite(residual).any():
         return
     recent, n_recent = s.window_mean(residual, c.cooling_window_s)
-    baseline = _own_hourly_baseline(s, residual, c.cooling_history_hours)
+    baseline = _own_hourly_baseline(s, residual, c.cooling_history_hours, b.min_samples(600.0))
     excess = recent - np.where(np.isfinite(baseline), baseline, 0.0)
     limit = np.where(np.isfinite(baseline), c.cooling_excess_celsius, c.cooling_excess_no_history_celsius)
-    flag = (n_recent >= c.cooling_min_samples) & np.isfinite(excess) & (excess >= limit)
+    flag = (n_recent >= b.min_samples(c.cooling_min_s)) & np.isfinite(excess) & (excess >= limit)
     recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.COOLING_DEGRADING]
     temperature = s["temperature_celsius"]
     b.emit(FindingKind.COOLING_DEGRADING, flag, severity, action,
@@ -214,9 +231,10 @@ def _cooling(b: FindingBuilder) -> None:
            lambda rows: 0.6 + 0.02 * float(np.nanmax(excess[rows]) - c.cooling_excess_celsius))
 
 
-def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int) -> np.ndarray:
-    """Per row: the median of the GPU's hourly means over the ``history_hours`` hours before the
-    current hour (at least 3 of them; NaN otherwise). Causal: the current hour is never included."""
+def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int, min_per_hour: int) -> np.ndarray:
+    """Per row: the median of the GPU's hourly means (of at least ``min_per_hour`` samples) over the
+    ``history_hours`` hours before the current hour (at least 3 of them; NaN otherwise). Causal: the
+    current hour is never included."""
     ts, gpu = s["ts"], s["gpu"]
     hour = ts // (3600 * _NS) - ts.min() // (3600 * _NS)  # clock hours: chunked scans see the same cells
     n_gpu, n_hour = int(gpu.max()) + 1, int(hour.max()) + 1
@@ -225,15 +243,18 @@ def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int) -
     total = np.bincount(cell[valid], weights=values[valid], minlength=n_gpu * n_hour)
     count = np.bincount(cell[valid], minlength=n_gpu * n_hour)
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(count >= 10, total / np.maximum(count, 1), np.nan).reshape(n_gpu, n_hour)
+        means = np.where(count >= min_per_hour, total / np.maximum(count, 1), np.nan).reshape(n_gpu, n_hour)
     table = pd.DataFrame(means.T).rolling(history_hours, min_periods=3).median().shift(1)
     return table.to_numpy().T.reshape(-1)[cell]
 
 
-def _straggler(b: FindingBuilder) -> None:
+def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.ndarray]]]) -> None:
     """Slower than its peers at the same operating point, whether or not its power drops (a GPU
     whose clock sags at unchanged power is as slow as one that also draws less). Only active samples
-    count (an idle GPU's clock says nothing), and a slower clock at higher power is a heavier load."""
+    count (an idle GPU's clock says nothing), and a slower clock at higher power is a heavier load.
+    Slower than its node-mates too: when most of a node is slow together, that is the node's
+    (a power cap, a clock policy: ``node_rules``), and a GPU there is a straggler only when it is
+    slower than its node-mates as well."""
     s, c = b.s, b.config
     window = c.straggler_window_s
     active = s["active"] > 0
@@ -241,7 +262,7 @@ def _straggler(b: FindingBuilder) -> None:
     power, _ = s.window_mean(np.where(active, np.clip(s["log_power_ratio"], -0.7, 0.7), np.nan), window)
     throttled = s.window_count((s["thermal"] + s["power_brake"] + s["hw_slowdown"]) > 0, window) > 0
     errors = s.window_sum(sum(s[f"inc_xid_{code}_total"] for code in XID_RULES) + s["inc_xid_other_total"], window) > 0
-    eligible = n_clock >= c.straggler_min_samples
+    eligible = n_clock >= b.min_samples(c.straggler_min_active_s)
     if not eligible.any():
         return
     X = clock[:, None]
@@ -254,13 +275,33 @@ def _straggler(b: FindingBuilder) -> None:
     score = np.zeros(len(s))
     if rows.size:
         score[rows] = detector.score_samples(X[rows], groups[rows])
-    flag = score < detector.offset_
+    slow = score < detector.offset_
+    # The node as a whole: most of its GPUs slow together (a clock policy), or its busy GPUs' clock
+    # well below their model and pool's whatever the power (a node power cap: at their lower power
+    # they are each other's peers).
+    pool_clock, _ = s.window_mean(np.where(active, s["log_clock_vs_pool"], np.nan), window)
+    node_pool_clock = node_median(b, pool_clock, eligible, c.node_wide_min_gpus)
+    node_wide = eligible & (node_share(b, slow, eligible & ~errors) | (node_pool_clock <= -c.node_slow_margin))
+    # Slower than its node-mates too, and alone in that: several GPUs of one node slower than the rest
+    # together (one job's GPUs under a policy, with a faster job beside them) are the node's too. With
+    # no node-mate to compare with, not while its window still holds a node-wide slowdown.
+    mates = node_median(b, clock, eligible & ~errors)
+    below = slow & (clock - mates <= -c.straggler_node_margin)
+    several = node_share(b, below, below, min_gpus=2)
+    node_wide |= several
+    after_node_wide = s.window_count(node_wide, window) > 0
+    after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
+    flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
+    shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
+        ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's", node_wide))
     recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.STRAGGLER]
     b.emit(FindingKind.STRAGGLER, flag, severity, action,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
                          f"clock_vs_peers_{int(window // 60)}m": float(np.exp(clock[rows].min())),
                          f"power_vs_peers_{int(window // 60)}m": (float(np.exp(np.nanmin(power[rows])))
                                                                   if np.isfinite(power[rows]).any() else None),
+                         "clock_vs_node_mates": (float(np.exp(np.nanmin(clock[rows] - mates[rows])))
+                                                 if np.isfinite(mates[rows]).any() else None),
                          "deviation_in_thresholds": -score[rows].min(), "peer_group": b.group_label(int(groups[rows[0]])),
                          "recovery": recovery,
                          "note": "slower than its peers with no throttle reason and no XID: it slows every gang it joins"},
