@@ -17,12 +17,14 @@ of the best score; otherwise the tightest); whole GPUs go tightest first, keepin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import SchedulingError
+from .nodearrays import NodeKey
 from .packing import TargetWorkload, fgd_score, whole_gpus
 from .state import MILLI, Shape
 
@@ -44,7 +46,7 @@ class Scorer:
         raise NotImplementedError
 
     def _gpus_on(self, node: int, shape: Shape) -> tuple[int, ...]:
-        return whole_gpus(self.state.arrays.free[node], shape.gpus, shape.milli) if shape.gpus else ()
+        return whole_gpus(self.state.arrays.free[node].tolist(), shape.gpus, shape.milli) if shape.gpus else ()
 
 
 class FirstFit(Scorer):
@@ -81,17 +83,24 @@ class RandomFit(Scorer):
 
 @dataclass
 class _Scores:
-    """One pod shape's cached scores per node, valid while the node's version is ``version``."""
+    """One pod shape's scores by node state id (``NodeArrays.state_id``); NaN: not scored yet."""
 
     score: np.ndarray
     best_gpu: np.ndarray
-    version: np.ndarray
+
+    def grow(self, states: int) -> None:
+        if len(self.score) < states:
+            size = max(states, 2 * len(self.score))
+            self.score = np.concatenate([self.score, np.full(size - len(self.score), np.nan)])
+            self.best_gpu = np.concatenate([self.best_gpu, np.zeros(size - len(self.best_gpu), dtype=np.int16)])
 
 
-# A node's score depends only on its kind, its free CPU, memory and GPUs, the pod shape and the target:
-# memoised by those (bytes of one row), so identical node states are scored once, in this state and in
-# the next one with the same target (replays of the same list). Bounded: one target's memo at a time.
-_MEMOS: dict[object, dict[object, dict[bytes, tuple[float, int]]]] = {}
+# A node's score depends only on its state (kind, free CPU, memory and GPUs), the pod shape and the
+# target: memoised by those, so a state is scored once in this state and in the next one with the same
+# target (replays of the same list, whose target keeps its own memo of F). Bounded: one target's memo.
+_FgdPart = tuple[float, frozenset[int]]
+_MEMOS: dict[object, tuple[TargetWorkload, dict[Shape, dict[NodeKey, tuple[float, int]]],
+                           dict[Shape, dict[tuple[object, ...], _FgdPart]]]] = {}
 
 
 class Fgd(Scorer):
@@ -116,20 +125,23 @@ class Fgd(Scorer):
         self.ties = ties
         self._demand_version = -1
         self._fallback: Shape | None = None
+        # what a node's kind fixes (model, GPUs, CPU and memory capacity), by kind, for scoring node states
+        a = state.arrays
+        first = np.unique(a.kind, return_index=True)[1]
+        self._model, self._gpus = a.model[first].tolist(), a.gpu_count[first].tolist()
+        self._cpu_cap, self._mem_cap = a.cpu_cap[first].tolist(), a.mem_cap[first].tolist()
 
     def _target_for(self, shape: Shape) -> None:
         """The expected shapes: the state's demand, or this pod's own shape when the state knows none."""
         demand = self.state.demand()
         fallback = None if demand else shape
         if self._demand_version != self.state.demand_version or fallback != self._fallback:
-            a = self.state.arrays
             wanted = demand or {shape: 1.0}
-            self.target = TargetWorkload.from_demand(wanted, a.models)
-            key = (tuple(wanted.items()), a.models, self.cpu_weight)
+            key = (tuple(wanted.items()), self.state.arrays.models, self.cpu_weight)
             if key not in _MEMOS:
                 _MEMOS.clear()
-                _MEMOS[key] = {}
-            self.memo = _MEMOS[key]
+                _MEMOS[key] = (TargetWorkload.from_demand(wanted, self.state.arrays.models), {}, {})
+            self.target, self.memo, self.fgd_memo = _MEMOS[key]
             self.cache: dict[Shape, _Scores] = {}
             self._demand_version, self._fallback = self.state.demand_version, fallback
 
@@ -138,88 +150,94 @@ class Fgd(Scorer):
         self._target_for(shape)
         cached = self.cache.get(shape)
         if cached is None:
-            n = len(a)
-            cached = self.cache[shape] = _Scores(np.zeros(n), np.zeros(n, dtype=np.int16), np.full(n, -1, dtype=np.int64))
-        stale = nodes[cached.version[nodes] != a.version[nodes]]
-        if len(stale):
-            self._score(stale, shape, cached)
-        score = cached.score[nodes]
+            cached = self.cache[shape] = _Scores(np.full(0, np.nan), np.zeros(0, dtype=np.int16))
+        cached.grow(len(a.state_keys))
+        states = a.state_id[nodes]
+        score = cached.score[states]
+        low = score.min()
+        if math.isnan(low):  # some nodes are in states not scored yet (NaN wins min)
+            self._score(set(states[np.isnan(score)].tolist()), shape, cached)
+            score = cached.score[states]
+            low = score.min()
         if self.ties == "random":
-            best = np.flatnonzero(score == score.min())
+            best = np.flatnonzero(score == low)
             rng = self.state.rng()
             node = int(nodes[best[rng.integers(len(best))]] if len(best) > 1 else nodes[best[0]])
         elif self.ties == "tightest_cpu":
-            best = nodes[score == score.min()]
-            cpu_share_left = (a.cpu_free[best] - shape.cpu_milli) / a.cpu_cap[best]
-            node = int(best[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
+            tied = nodes[score == low]
+            if len(tied) == 1:
+                node = int(tied[0])
+            else:
+                cpu_share_left = (a.cpu_free[tied] - shape.cpu_milli) / a.cpu_cap[tied]
+                node = int(tied[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
         else:
             node = int(nodes[np.argmin(score)])
         if shape.gpus == 1 and shape.milli < MILLI:
-            return node, (int(cached.best_gpu[node]),)
+            return node, (int(cached.best_gpu[a.state_id[node]]),)
         return node, self._gpus_on(node, shape)
 
-    def _score(self, nodes: np.ndarray, shape: Shape, cached: _Scores) -> None:
-        a = self.state.arrays
+    def _score(self, states: set[int], shape: Shape, cached: _Scores) -> None:
+        """Score node states never scored for ``shape`` in this state (most were, in an earlier one)."""
+        keys = self.state.arrays.state_keys
         memo = self.memo.setdefault(shape, {})
-        rows = np.column_stack([a.kind[nodes], a.cpu_free[nodes], a.mem_free[nodes], a.free[nodes]])
-        keys = [row.tobytes() for row in rows]
-        missing: dict[bytes, int] = {}
-        for key, node in zip(keys, nodes.tolist()):
-            if key not in memo and key not in missing:
-                missing[key] = node
-        if missing:
-            rep = np.fromiter(missing.values(), dtype=np.int64, count=len(missing))
-            score, best = self._compute(rep, shape)
-            for key, value, gpu in zip(missing, score.tolist(), best.tolist()):
-                memo[key] = (value, gpu)
-        found = [memo[key] for key in keys]
-        cached.score[nodes] = [value for value, _ in found]
-        cached.best_gpu[nodes] = [gpu for _, gpu in found]
-        cached.version[nodes] = a.version[nodes]
+        found = []
+        for state in states:
+            key = keys[state]
+            value = memo.get(key)
+            if value is None:
+                value = memo[key] = self._node_score(key, shape)
+            found.append(value)
+        rows = list(states)
+        cached.score[rows] = [value for value, _ in found]
+        cached.best_gpu[rows] = [gpu for _, gpu in found]
 
-    def _compute(self, rep: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
-        """Scores and best GPUs (fractions) of nodes ``rep`` for ``shape``."""
-        a, target = self.state.arrays, self.target
+    def _node_score(self, key: NodeKey, shape: Shape) -> tuple[float, int]:
+        """The score of a node state (kind, CPU and memory free, milli free per GPU) for ``shape``, and
+        the GPU a fraction takes there: the lowest-index one of the best score (0 when none fits)."""
+        kind, cpu, mem, free = key
         k, milli = shape.gpus, shape.milli
-        cpu = a.cpu_free[rep] - shape.cpu_milli
-        mem = a.mem_free[rep] - shape.mem_bytes
-        free = a.free[rep]
-        model = a.model[rep]
-        if k == 1 and milli < MILLI:
-            width = a.width
-            cand = np.repeat(free[:, None, :], width, axis=1)  # (U, G, G): candidate g takes the pod
-            idx = np.arange(width)
-            cand[:, idx, idx] -= milli
-            after = cand.reshape(-1, width)
-            after_cpu, after_mem, after_model = np.repeat(cpu, width), np.repeat(mem, width), np.repeat(model, width)
-        else:
-            after = free.copy()
-            if k:
-                for row in range(len(rep)):
-                    for g in whole_gpus(free[row], k, milli):
-                        after[row, g] -= milli
-            after_cpu, after_mem, after_model = cpu, mem, model
-        # the nodes before and after in one pass (one call's overhead, not two)
-        frag = target.fragmentation(np.concatenate([free, after]), np.concatenate([a.cpu_free[rep], after_cpu]),
-                                    np.concatenate([a.mem_free[rep], after_mem]), np.concatenate([model, after_model]))
-        base, grown = frag[: len(rep)], frag[len(rep):]
-        if k == 1 and milli < MILLI:
-            scores = np.where(free >= milli, fgd_score(grown.reshape(-1, a.width) - base[:, None]), np.inf)
-            best = np.argmin(scores, axis=1)
-            score = scores[np.arange(len(rep)), best]
-        else:
-            best = np.zeros(len(rep), dtype=np.int64)
-            score = fgd_score(grown - base)
+        cpu_after, mem_after = cpu - shape.cpu_milli, mem - shape.mem_bytes
+        model, target = self._model[kind], self.target
+        score, best_free = self._fgd_part(shape, target.host_key(model, cpu, mem),
+                                          target.host_key(model, cpu_after, mem_after), tuple(sorted(free)))
+        best = next((gpu for gpu, left in enumerate(free) if left in best_free), 0)
         if self.cpu_weight:
-            gpus = np.maximum(a.gpu_count[rep], 1) * MILLI
-            gpu_before = free.sum(axis=1) / gpus
-            gpu_after = (free.sum(axis=1) - k * milli) / gpus
-            cpu_cap, mem_cap = a.cpu_cap[rep], a.mem_cap[rep]
-            starved_before = (np.maximum(gpu_before - a.cpu_free[rep] / cpu_cap, 0)
-                              + np.maximum(gpu_before - a.mem_free[rep] / mem_cap, 0))
-            starved_after = np.maximum(gpu_after - cpu / cpu_cap, 0) + np.maximum(gpu_after - mem / mem_cap, 0)
+            gpus = max(self._gpus[kind], 1) * MILLI
+            gpu_before, gpu_after = sum(free) / gpus, (sum(free) - k * milli) / gpus
+            cpu_cap, mem_cap = self._cpu_cap[kind], self._mem_cap[kind]
+            starved_before = max(gpu_before - cpu / cpu_cap, 0) + max(gpu_before - mem / mem_cap, 0)
+            starved_after = max(gpu_after - cpu_after / cpu_cap, 0) + max(gpu_after - mem_after / mem_cap, 0)
             score = score + self.cpu_weight * (starved_after - starved_before)
         return score, best
+
+    def _fgd_part(self, shape: Shape, before: tuple[int, int, int], after: tuple[int, int, int],
+                  free: tuple[int, ...]) -> _FgdPart:
+        """FGD's score of a node (``host_key`` ``before`` and ``after`` the pod, ``free`` milli per GPU,
+        ascending) for ``shape``, and for a fraction the milli free of the GPUs that score it (the pod
+        takes the first such GPU). A function of these alone (F sees GPUs as a multiset), so memoised."""
+        memo = self.fgd_memo.setdefault(shape, {})
+        found = memo.get((before, after, free))
+        if found is not None:
+            return found
+        fragmentation = self.target.fragmentation_at
+        base = fragmentation(before, free)
+        k, milli = shape.gpus, shape.milli
+        if k == 1 and milli < MILLI:
+            scores = {}
+            for gpu, left in enumerate(free):
+                if left >= milli and left not in scores:  # GPUs with the same milli free score the same
+                    taken = list(free)
+                    taken[gpu] = left - milli
+                    scores[left] = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
+            low = min(scores.values(), default=math.inf)
+            found = (low, frozenset(left for left, value in scores.items() if value == low))
+        else:
+            taken = list(free)
+            for gpu in whole_gpus(free, k, milli):
+                taken[gpu] -= milli
+            found = (fgd_score(fragmentation(after, tuple(sorted(taken))) - base), frozenset())
+        memo[(before, after, free)] = found
+        return found
 
 
 SCORERS = ("fgd", "bestfit", "firstfit", "random")
