@@ -45,7 +45,8 @@ class NodeArrays:
         statics = np.column_stack([self.model, self.gpu_count, self.cpu_cap, self.mem_cap]).reshape(len(nodes), 4)
         self.kind = np.unique(statics, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
         self._masks: dict[Hashable, np.ndarray] = {}
-        self._largest: dict[Hashable, int] = {}
+        self._largest: dict[Hashable, int] = {}  # per static mask: the most GPUs on one node it admits
+        self._everywhere: dict[Hashable, bool] = {}  # per static mask: it admits every node
         # every distinct node state met (kind, CPU and memory free, milli free per GPU) gets an id, and
         # state_id[n] is node n's current one: scorers keep scores per state id, so a node is rescored
         # only in a state never met before (in a replay most changes lead to one met already)
@@ -99,12 +100,17 @@ class NodeArrays:
             self._masks[key] = mask
         return mask
 
+    def everywhere(self, key: Hashable) -> bool:
+        """Whether ``static_mask(key)`` admits every node; the mask must exist."""
+        return self.largest_gpu_count(key) >= 0 and self._everywhere[key]
+
     def largest_gpu_count(self, key: Hashable) -> int:
         """The most GPUs on one node of ``static_mask(key)`` (-1: no node); the mask must exist."""
         largest = self._largest.get(key)
         if largest is None:
             mask = self._masks[key]
             largest = self._largest[key] = int(self.gpu_count[mask].max()) if mask.any() else -1
+            self._everywhere[key] = bool(mask.all())
         return largest
 
     def model_mask(self, models: tuple[str, ...]) -> np.ndarray:

@@ -18,6 +18,7 @@ of the best score; otherwise the tightest); whole GPUs go tightest first, keepin
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,9 +99,8 @@ class _Scores:
 # A node's score depends only on its state (kind, free CPU, memory and GPUs), the pod shape and the
 # target: memoised by those, so a state is scored once in this state and in the next one with the same
 # target (replays of the same list, whose target keeps its own memo of F). Bounded: one target's memo.
-_FgdPart = tuple[float, frozenset[int]]
-_MEMOS: dict[object, tuple[TargetWorkload, dict[Shape, dict[NodeKey, tuple[float, int]]],
-                           dict[Shape, dict[tuple[object, ...], _FgdPart]]]] = {}
+_Facts = tuple[int, tuple[int, ...], float, int, float]  # see Fgd._facts
+_MEMOS: dict[object, tuple[TargetWorkload, dict[Shape, dict[NodeKey, tuple[float, int]]], dict[NodeKey, _Facts]]] = {}
 
 
 class Fgd(Scorer):
@@ -141,7 +141,7 @@ class Fgd(Scorer):
             if key not in _MEMOS:
                 _MEMOS.clear()
                 _MEMOS[key] = (TargetWorkload.from_demand(wanted, self.state.arrays.models), {}, {})
-            self.target, self.memo, self.fgd_memo = _MEMOS[key]
+            self.target, self.memo, self.facts = _MEMOS[key]
             self.cache: dict[Shape, _Scores] = {}
             self._demand_version, self._fallback = self.state.demand_version, fallback
 
@@ -180,64 +180,65 @@ class Fgd(Scorer):
         """Score node states never scored for ``shape`` in this state (most were, in an earlier one)."""
         keys = self.state.arrays.state_keys
         memo = self.memo.setdefault(shape, {})
-        found = []
         for state in states:
             key = keys[state]
             value = memo.get(key)
             if value is None:
                 value = memo[key] = self._node_score(key, shape)
-            found.append(value)
-        rows = list(states)
-        cached.score[rows] = [value for value, _ in found]
-        cached.best_gpu[rows] = [gpu for _, gpu in found]
+            cached.score[state], cached.best_gpu[state] = value
+
+    def _facts(self, key: NodeKey) -> _Facts:
+        """What scoring a node state for any shape starts from: its model, free GPUs ascending, F, free
+        milli in all, and its CPU/memory starvation (see the class)."""
+        facts = self.facts.get(key)
+        if facts is None:
+            kind, cpu, mem, free = key
+            model, ordered, total = self._model[kind], tuple(sorted(free)), sum(free)
+            share = total / (max(self._gpus[kind], 1) * MILLI)
+            starved = _over(share - cpu / self._cpu_cap[kind]) + _over(share - mem / self._mem_cap[kind])
+            base = self.target.fragmentation_at(self.target.host_key(model, cpu, mem), ordered)
+            facts = self.facts[key] = (model, ordered, base, total, starved)
+        return facts
 
     def _node_score(self, key: NodeKey, shape: Shape) -> tuple[float, int]:
         """The score of a node state (kind, CPU and memory free, milli free per GPU) for ``shape``, and
         the GPU a fraction takes there: the lowest-index one of the best score (0 when none fits)."""
         kind, cpu, mem, free = key
+        model, ordered, base, total, starved_before = self._facts(key)
         k, milli = shape.gpus, shape.milli
         cpu_after, mem_after = cpu - shape.cpu_milli, mem - shape.mem_bytes
-        model, target = self._model[kind], self.target
-        score, best_free = self._fgd_part(shape, target.host_key(model, cpu, mem),
-                                          target.host_key(model, cpu_after, mem_after), tuple(sorted(free)))
-        best = next((gpu for gpu, left in enumerate(free) if left in best_free), 0)
+        after, fragmentation = self.target.host_key(model, cpu_after, mem_after), self.target.fragmentation_at
+        score, best = math.inf, 0
+        if k == 1 and milli < MILLI:
+            tried: dict[int, float] = {}  # GPUs with the same milli free leave the same node state
+            for gpu, left in enumerate(free):
+                if left < milli:
+                    continue
+                value = tried.get(left)
+                if value is None:
+                    taken = list(ordered)
+                    taken[ordered.index(left)] = left - milli
+                    value = tried[left] = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
+                if value < score:
+                    score, best = value, gpu
+        else:
+            # whole GPUs take the tightest that fit (whole_gpus): on the ascending free, the first k that fit
+            taken = list(ordered)
+            first = bisect_left(ordered, milli) if k else len(ordered)
+            for gpu in range(first, min(first + k, len(ordered))):
+                taken[gpu] -= milli
+            score = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
         if self.cpu_weight:
-            gpus = max(self._gpus[kind], 1) * MILLI
-            gpu_before, gpu_after = sum(free) / gpus, (sum(free) - k * milli) / gpus
             cpu_cap, mem_cap = self._cpu_cap[kind], self._mem_cap[kind]
-            starved_before = max(gpu_before - cpu / cpu_cap, 0) + max(gpu_before - mem / mem_cap, 0)
-            starved_after = max(gpu_after - cpu_after / cpu_cap, 0) + max(gpu_after - mem_after / mem_cap, 0)
+            gpu_after = (total - k * milli) / (max(self._gpus[kind], 1) * MILLI)
+            starved_after = _over(gpu_after - cpu_after / cpu_cap) + _over(gpu_after - mem_after / mem_cap)
             score = score + self.cpu_weight * (starved_after - starved_before)
         return score, best
 
-    def _fgd_part(self, shape: Shape, before: tuple[int, int, int], after: tuple[int, int, int],
-                  free: tuple[int, ...]) -> _FgdPart:
-        """FGD's score of a node (``host_key`` ``before`` and ``after`` the pod, ``free`` milli per GPU,
-        ascending) for ``shape``, and for a fraction the milli free of the GPUs that score it (the pod
-        takes the first such GPU). A function of these alone (F sees GPUs as a multiset), so memoised."""
-        memo = self.fgd_memo.setdefault(shape, {})
-        found = memo.get((before, after, free))
-        if found is not None:
-            return found
-        fragmentation = self.target.fragmentation_at
-        base = fragmentation(before, free)
-        k, milli = shape.gpus, shape.milli
-        if k == 1 and milli < MILLI:
-            scores = {}
-            for gpu, left in enumerate(free):
-                if left >= milli and left not in scores:  # GPUs with the same milli free score the same
-                    taken = list(free)
-                    taken[gpu] = left - milli
-                    scores[left] = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
-            low = min(scores.values(), default=math.inf)
-            found = (low, frozenset(left for left, value in scores.items() if value == low))
-        else:
-            taken = list(free)
-            for gpu in whole_gpus(free, k, milli):
-                taken[gpu] -= milli
-            found = (fgd_score(fragmentation(after, tuple(sorted(taken))) - base), frozenset())
-        memo[(before, after, free)] = found
-        return found
+
+def _over(share: float) -> float:
+    """How far a share of GPU left free exceeds a share of CPU or memory left free (0 when it does not)."""
+    return share if share > 0 else 0.0
 
 
 SCORERS = ("fgd", "bestfit", "firstfit", "random")
