@@ -12,7 +12,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from gpuwarden.scheduling import State
+from gpuwarden.scheduling import Job, NodeState, State, find_placement
+from gpuwarden.scheduling.policy import policy_named
 from gpuwarden.scheduling.packing import TargetWorkload, fgd_score
 from gpuwarden.scheduling.replay_openb import place_all, prepare
 from gpuwarden.scheduling.state import Shape
@@ -62,3 +63,22 @@ def test_a_node_states_fragmentation_is_one_number_however_it_is_computed():
     i = next(i for i in range(40) if int(cpu[i]) not in asks)
     grown = target.node_fragmentation(int(model[i]), int(cpu[i]) - 1, int(mem[i]), free[i].tolist())
     assert fgd_score(grown - batch[i]) == -50.0
+
+
+def test_scores_learnt_on_one_fleet_are_not_reused_for_node_kinds_numbered_otherwise():
+    """Node kinds are numbered per state; a memo of scores shared across states (replays of one list)
+    must not hand a 40-core node the score a 200-core one earned under the same number."""
+    shipped = policy_named("gpuwarden").placement
+    demand = {Shape(1, 1000, 4000, 2**30): 1.0}
+
+    def place(*cpu_capacities: int) -> str:
+        state = State(NodeState(f"n{i}", "A100", 8, cpu_free=32000, mem_free=2**38, cpu_capacity=capacity)
+                      for i, capacity in enumerate(cpu_capacities))
+        state.expect(demand)
+        placements, reason = find_placement(state, Job("p", "t", cpu_milli=4000, mem_bytes=2**30), shipped)
+        assert placements is not None, reason
+        return placements[0][0]
+
+    place(200000)  # kind 0: a 200-core node, its starvation barely grows
+    # kind 0 is now the 40-core node: 4 cores are a tenth of its CPU, its starvation grows most
+    assert place(40000, 96000) == "n1"

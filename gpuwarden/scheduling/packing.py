@@ -66,6 +66,7 @@ class TargetWorkload:
     _mem_levels: list[int] = field(init=False, repr=False, compare=False)
     _cpu_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index of each ask in the levels
     _mem_rank: np.ndarray = field(init=False, repr=False, compare=False)
+    _mass: float = field(init=False, repr=False, compare=False)  # popularity in all (1 when none)
     # memos: F per node state, hosted popularity per (model, CPU rank, memory rank), usable milli per free GPUs
     _frag: dict[tuple[tuple[int, int, int], tuple[int, ...]], float] = field(init=False, repr=False, compare=False)
     _hosts: dict[tuple[int, int, int], np.ndarray] = field(init=False, repr=False, compare=False)
@@ -96,7 +97,7 @@ class TargetWorkload:
                             ("_gpu_shape", self.count > 0),
                             ("_cpu_levels", cpu_levels.tolist()), ("_cpu_rank", cpu_rank.reshape(-1)),
                             ("_mem_levels", mem_levels.tolist()), ("_mem_rank", mem_rank.reshape(-1)),
-                            ("_frag", {}), ("_hosts", {}), ("_usables", {})):
+                            ("_mass", float(self.popularity.sum()) or 1.0), ("_frag", {}), ("_hosts", {}), ("_usables", {})):
             object.__setattr__(self, name, value)
 
     @property
@@ -121,8 +122,7 @@ class TargetWorkload:
         key = (host, free)
         value = self._frag.get(key)
         if value is None:
-            mass = float(self.popularity.sum()) or 1.0
-            value = self._frag[key] = float(sum(free)) - float(self._hosted(host) @ self._usable(free)) / mass
+            value = self._frag[key] = sum(free) - float(self._hosted(host) @ self._usable(free)) / self._mass
         return value
 
     def fragmentation(self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray) -> np.ndarray:

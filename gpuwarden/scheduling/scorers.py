@@ -137,7 +137,9 @@ class Fgd(Scorer):
         fallback = None if demand else shape
         if self._demand_version != self.state.demand_version or fallback != self._fallback:
             wanted = demand or {shape: 1.0}
-            key = (tuple(wanted.items()), self.state.arrays.models, self.cpu_weight)
+            # node kinds are numbered per state: the memo holds for states whose kinds are the same
+            kinds = tuple(zip(self._model, self._gpus, self._cpu_cap, self._mem_cap))
+            key = (tuple(wanted.items()), self.state.arrays.models, kinds, self.cpu_weight)
             if key not in _MEMOS:
                 _MEMOS.clear()
                 _MEMOS[key] = (TargetWorkload.from_demand(wanted, self.state.arrays.models), {}, {})
