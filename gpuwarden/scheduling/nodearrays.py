@@ -63,7 +63,7 @@ class NodeArrays:
         self.free[i, gpu] -= milli
         row = self.nodes[i].gpu_free  # booked there first (State._book)
         self.max_free[i], self.whole_free[i] = max(row, default=0), row.count(MILLI)
-        self.state_id[i] = self._intern(i)
+        # the state id is renewed by take_host, which State._book calls for every node it books GPUs on
 
     def gpus_fit(self, k: int, milli: int) -> np.ndarray:
         """(nodes,) bool: which have ``k`` GPUs with ``milli`` free each."""
