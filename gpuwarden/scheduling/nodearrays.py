@@ -112,9 +112,3 @@ class NodeArrays:
             largest = self._largest[key] = int(self.gpu_count[mask].max()) if mask.any() else -1
             self._everywhere[key] = bool(mask.all())
         return largest
-
-    def model_mask(self, models: tuple[str, ...]) -> np.ndarray:
-        """(models of this fleet,) bool: which the allowed ``models`` name (empty: all)."""
-        if not models:
-            return np.ones(len(self.models), dtype=bool)
-        return np.array([m in models for m in self.models], dtype=bool)

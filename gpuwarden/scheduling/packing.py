@@ -61,7 +61,7 @@ class TargetWorkload:
     popularity: np.ndarray  # (T,) float, pods per shape (any scale)
     _need_levels: list[int] = field(init=False, repr=False, compare=False)  # (D,) distinct per-GPU needs
     _gpu_shape: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) asks for a GPU
-    _need_index: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index into _needs
+    _need_index: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index into _need_levels
     _cpu_levels: list[int] = field(init=False, repr=False, compare=False)  # distinct CPU asks, ascending
     _mem_levels: list[int] = field(init=False, repr=False, compare=False)
     _cpu_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index of each ask in the levels
@@ -99,12 +99,6 @@ class TargetWorkload:
                             ("_mem_levels", mem_levels.tolist()), ("_mem_rank", mem_rank.reshape(-1)),
                             ("_mass", float(self.popularity.sum()) or 1.0), ("_frag", {}), ("_hosts", {}), ("_usables", {})):
             object.__setattr__(self, name, value)
-
-    @property
-    def weight(self) -> np.ndarray:
-        """(T,) popularity as shares summing to 1."""
-        total = self.popularity.sum()
-        return self.popularity / total if total > 0 else self.popularity
 
     def node_fragmentation(self, model: int, cpu: int, mem: int, free: Sequence[int]) -> float:
         """``F`` of one node state (model index, CPU and memory free, milli free per GPU), in milli-GPU."""

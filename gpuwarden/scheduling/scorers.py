@@ -112,7 +112,7 @@ class Fgd(Scorer):
     best-scored nodes (kube-scheduler's selectHost, plain FGD); ``first`` takes the first in node
     order; ``tightest_cpu`` the one the pod leaves with the least CPU share free, then node order,
     so nodes with CPU to spare stay open for the CPU-heavy pods only they can take.
-    Scores are cached per (node, pod shape) and recomputed only for nodes changed since.
+    Scores are kept per (node state, pod shape): a node is scored only in a state not scored before.
     """
 
     name = "fgd"
