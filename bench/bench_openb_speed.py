@@ -56,8 +56,8 @@ def main() -> int:
             base = run(args.base, args.data_dir, pod_list, args.seeds)
             ours = run(ROOT, args.data_dir, pod_list, args.seeds)
             if (base["allocated"], base["placed"]) != (ours["allocated"], ours["placed"]):
-                print(f"{pod_list}: allocation differs: base {base['placed']} placed {base['allocated']} milli, "
-                      f"ours {ours['placed']} placed {ours['allocated']} milli")
+                print(f"{pod_list}: allocation differs (per seed): base placed {base['placed']} allocated "
+                      f"{base['allocated']} milli; ours placed {ours['placed']} allocated {ours['allocated']} milli")
             for name, figures in (("base", base), ("ours", ours)):
                 seconds = figures["cpu_seconds"]
                 assert isinstance(seconds, float)
