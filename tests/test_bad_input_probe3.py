@@ -11,6 +11,15 @@ from test_bad_input_probe2 import Scripted, body_answer, drip_headers, endless, 
 from test_schema_store import make_samples
 
 
+def against(answer, argv: list[str], capsys) -> tuple[int, str, str, float]:
+    """``gpuwarden argv`` with ``{url}`` replaced by a scripted server's URL that answers ``answer``."""
+    server = Scripted(answer)
+    try:
+        return run_cli([arg.replace("{url}", server.url) for arg in argv], capsys)
+    finally:
+        server.close()
+
+
 def one_line_error(code: int, err: str, want: str) -> None:
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "this is a bug" not in err, err
@@ -21,11 +30,7 @@ def one_line_error(code: int, err: str, want: str) -> None:
 @pytest.mark.parametrize("answer", [trickle, drip_headers, endless], ids=["trickled-body", "dripped-head", "endless"])
 def test_queue_gives_up_on_a_slow_or_endless_scheduler_at_its_timeout(answer, capsys):
     run_cli(["queue", "--scheduler-url", "http://127.0.0.1:1", "--timeout", "1"], capsys)  # imports, off the clock
-    server = Scripted(answer)
-    try:
-        code, _, err, elapsed_s = run_cli(["queue", "--scheduler-url", server.url, "--timeout", "1"], capsys)
-    finally:
-        server.close()
+    code, _, err, elapsed_s = against(answer, ["queue", "--scheduler-url", "{url}", "--timeout", "1"], capsys)
     one_line_error(code, err, "cannot read the queue")
     assert elapsed_s < 2.5, elapsed_s  # the one deadline plus a margin, not one per socket read
 
@@ -41,21 +46,14 @@ QUEUE_SHAPES = {
 
 @pytest.mark.parametrize("payload", QUEUE_SHAPES.values(), ids=QUEUE_SHAPES.keys())
 def test_queue_answer_of_the_wrong_shape_is_one_line_naming_what_was_expected(payload, capsys):
-    server = Scripted(json_answer(payload))
-    try:
-        code, _, err, _ = run_cli(["queue", "--scheduler-url", server.url, "--timeout", "5"], capsys)
-    finally:
-        server.close()
+    code, _, err, _ = against(json_answer(payload), ["queue", "--scheduler-url", "{url}", "--timeout", "5"], capsys)
     one_line_error(code, err, "not a scheduler's queue")
 
 
 def test_queue_answer_that_is_a_login_page_is_named(capsys):
-    server = Scripted(body_answer(b"<html><body>Sign in</body></html>", "text/html"))
-    try:
-        code, _, err, _ = run_cli(["queue", "--scheduler-url", server.url], capsys)
-    finally:
-        server.close()
-    one_line_error(code, err, server.url)
+    code, _, err, _ = against(body_answer(b"<html><body>Sign in</body></html>", "text/html"),
+                              ["queue", "--scheduler-url", "{url}"], capsys)
+    one_line_error(code, err, "http://127.0.0.1:")
 
 
 # -- Prometheus answers of the wrong shape, fresh ones --------------------------------------------
@@ -71,22 +69,14 @@ PROMETHEUS_SHAPES = {
 
 @pytest.mark.parametrize("payload", PROMETHEUS_SHAPES.values(), ids=PROMETHEUS_SHAPES.keys())
 def test_prometheus_answer_of_the_wrong_shape_is_one_line(payload, capsys):
-    server = Scripted(json_answer(payload))
-    try:
-        code, _, err, _ = run_cli(["health", "scan", "--source", "prometheus", "--prometheus-url", server.url,
-                                   "--prometheus-timeout", "5"], capsys)
-    finally:
-        server.close()
+    code, _, err, _ = against(json_answer(payload), ["health", "scan", "--source", "prometheus", "--prometheus-url",
+                                                      "{url}", "--prometheus-timeout", "5"], capsys)
     one_line_error(code, err, "Prometheus")
 
 
 def test_prometheus_behind_a_login_page_is_named(capsys):
-    server = Scripted(body_answer(b"<!doctype html><title>Sign in</title>", "text/html"))
-    try:
-        code, _, err, _ = run_cli(["report", "cost", "--source", "prometheus", "--prometheus-url", server.url,
-                                   "--prometheus-timeout", "5"], capsys)
-    finally:
-        server.close()
+    code, _, err, _ = against(body_answer(b"<!doctype html><title>Sign in</title>", "text/html"),
+                              ["report", "cost", "--source", "prometheus", "--prometheus-url", "{url}"], capsys)
     one_line_error(code, err, "Prometheus")
 
 
@@ -138,20 +128,14 @@ def test_a_parquet_file_with_a_duplicated_column_is_refused(tmp_path, capsys):
 
 
 # -- size bounds -----------------------------------------------------------------------------
-def test_a_samples_file_over_the_bound_is_refused_naming_both_sizes(tmp_path, capsys, monkeypatch):
-    path = tmp_path / "big.csv"
+@pytest.mark.parametrize(("bound", "said"), [("100", "more than the 100 allowed"),
+                                             ("10GB", "GPUWARDEN_MAX_INPUT_BYTES='10GB' is not a whole number of bytes")])
+def test_the_samples_file_bound_refuses_a_larger_file_and_names_a_bad_setting(bound, said, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "s.csv"
     make_samples(steps=3).to_csv(path, index=False)
-    monkeypatch.setenv("GPUWARDEN_MAX_INPUT_BYTES", "100")
+    monkeypatch.setenv("GPUWARDEN_MAX_INPUT_BYTES", bound)
     code, _, err, _ = run_cli(["store", "load", str(path), "--store", str(tmp_path / "s")], capsys)
-    one_line_error(code, err, "more than the 100 allowed")
-
-
-def test_a_bound_that_is_not_a_number_is_named(tmp_path, capsys, monkeypatch):
-    path = tmp_path / "ok.csv"
-    make_samples(steps=3).to_csv(path, index=False)
-    monkeypatch.setenv("GPUWARDEN_MAX_INPUT_BYTES", "10GB")
-    code, _, err, _ = run_cli(["store", "load", str(path), "--store", str(tmp_path / "s")], capsys)
-    one_line_error(code, err, "GPUWARDEN_MAX_INPUT_BYTES='10GB' is not a whole number of bytes")
+    one_line_error(code, err, said)
 
 
 @pytest.mark.parametrize("flag", ["--price-book", "--inventory"])
@@ -195,45 +179,3 @@ def test_scheduler_run_whose_only_round_got_a_wrong_shaped_answer_exits_non_zero
     assert code != 0, err
     assert "Traceback" not in err and "this is a bug" not in err, err
 
-
-# -- a store check racing a compaction ----------------------------------------------------------
-@pytest.mark.timeout(120)
-def test_a_store_check_racing_a_compaction_finds_no_duplicates_that_are_not_there(tmp_path):
-    """A real compaction in another process, stopped between putting its merged file in place and
-    removing the files it replaces: a check then waits for the swap, and never reports the rows
-    of both as duplicates (it used to: 'run store repair' for a store with nothing wrong)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from pathlib import Path
-
-    from polling import wait_for
-    from test_bad_input_probe2 import _state
-
-    from gpuwarden.store import LocalStore
-
-    store = LocalStore(tmp_path / "s")
-    for hour in range(3):
-        store.append(make_samples(f"2026-11-01T0{hour}:00:00Z", steps=5))
-    expected = store.row_count()
-    child = subprocess.Popen(
-        [sys.executable, "-c", f"from gpuwarden.store import LocalStore; LocalStore({str(tmp_path / 's')!r}).compact(min_files=1)"],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GPUWARDEN_STORE_STOP_AT": "compact-renamed"})
-    try:
-        wait_for(lambda: _state(child.pid) == "T", timeout=60, what="the compaction stopped mid-swap")
-        checked = []
-        reader = threading.Thread(target=lambda: checked.append(store.check()))
-        reader.start()
-        reader.join(0.5)
-        waited = reader.is_alive()
-        os.kill(child.pid, signal.SIGCONT)
-        reader.join(30)
-        assert child.wait(60) == 0
-    finally:
-        if child.poll() is None:
-            os.kill(child.pid, signal.SIGCONT)
-            child.kill()
-    (result,) = checked
-    assert waited and result.rows == expected and result.duplicate_rows == 0, (waited, result)
