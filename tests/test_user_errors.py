@@ -38,13 +38,14 @@ USER_ERRORS = {
     "gpuwarden.cli.actuator_cmd.SchedulingMoved", "gpuwarden.actuator.submit.PortalError",
     "gpuwarden.cli.queue_cmd.SchedulerUnreachable",
     "gpuwarden.fleet.inputs.InputFileError", "gpuwarden.cli.storemark.StorePathError",
+    "gpuwarden.fleet.cluster_state.ClusterStateError",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
     "gpuwarden.exporter.nvml.query.NvmlUnavailable": "the host has no NVML; the exporter turns it into an ExporterError naming --backend",
     "gpuwarden.exporter.nvml.query.GpuLost": "a GPU fell off the bus: the exporter marks it lost and carries on",
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",
-    "gpuwarden.actuator.kube.api.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
+    "gpuwarden.actuator.kube.failure.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
     "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
     "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",

@@ -353,7 +353,8 @@ def run_undo(args: argparse.Namespace) -> int:
     if not args.audit.exists():
         return _fail(f"{args.audit}: no audit log")
     try:
-        actuator = Actuator(kube_cluster(args), Mode.AUTO, audit=AuditLog(args.audit))
+        audit = AuditLog(args.audit)  # checked before the cluster is reached: a wrong path says so at once
+        actuator = Actuator(kube_cluster(args), Mode.AUTO, audit=audit)
         entry = actuator.undo(args.id, by=args.by)
     except ValueError as error:
         return _fail(str(error))

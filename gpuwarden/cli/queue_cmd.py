@@ -20,7 +20,7 @@ import urllib.request
 
 from gpuwarden.fleet.errors import UserError
 
-from .args import plain
+from .args import number, plain
 from .output import add_output_options, emit, render_rows
 
 SCHEDULER_URL_ENV = "GPUWARDEN_SCHEDULER_URL"
@@ -42,7 +42,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--scheduler-url", default=os.environ.get(SCHEDULER_URL_ENV) or DEFAULT_URL,
                         help=f"the scheduler's base URL (default ${SCHEDULER_URL_ENV} or {DEFAULT_URL})")
     parser.add_argument("--namespace", help="only this namespace's workloads")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler (default 10)")
+    parser.add_argument("--timeout", type=number(float, 0.1, 3600), default=10.0,
+                        help="seconds to wait for the whole answer, 0.1..3600 (default 10)")
     add_output_options(parser)
     parser.set_defaults(run=run)
 
@@ -63,9 +64,25 @@ def fetch_queue(url: str, namespace: str | None = None, timeout_seconds: float =
     if status != 200:
         detail = document.get("error") if isinstance(document, dict) else None
         raise SchedulerUnreachable(f"{target}: HTTP {status}" + (f": {' '.join(str(detail).split())}" if detail else ""))
-    if not isinstance(document, dict) or not isinstance(document.get("workloads"), list):
-        raise SchedulerUnreachable(f"{target}: not a scheduler's queue (expected a JSON object with a 'workloads' list)")
+    problem = _shape_problem(document)
+    if problem:
+        raise SchedulerUnreachable(f"{target}: not a scheduler's queue ({problem})")
     return document
+
+
+def _shape_problem(document: object) -> str | None:
+    """What is wrong with the shape of a /queue answer (checked before any field is used), or None."""
+    if not isinstance(document, dict) or not isinstance(document.get("workloads"), list):
+        return "expected a JSON object with a 'workloads' list"
+    for key in ("workloads", "teams"):
+        items = document.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            return f"expected '{key}' to be a list of JSON objects"
+    for item in document["workloads"]:
+        waiting = item.get("waiting_seconds")
+        if waiting is not None and (isinstance(waiting, bool) or not isinstance(waiting, int | float)):
+            return f"workload {str(item.get('workload'))[:80]!r}: waiting_seconds {str(waiting)[:40]!r} is not a number"
+    return None
 
 
 def _waiting(seconds: float) -> str:

@@ -49,6 +49,7 @@ def run_generate(args: argparse.Namespace) -> int:
             raise SamplesError(f"{flag} {path}: unknown file type; expected .csv, .csv.gz or .parquet")
         if path is not None and path.is_dir():
             raise SamplesError(f"{flag} {path}: is a directory; expected a file name")
+    store_root = checked_store(args.store) if args.store else None  # refused before minutes of simulation
     config = sim_config_from(args)
     if args.start is not None:
         config = config.replace(start=args.start.to_pydatetime())
@@ -60,10 +61,10 @@ def run_generate(args: argparse.Namespace) -> int:
     simulation = simulated_fleet(config)
     steps = int(round(args.days * 86400 / config.step_seconds))
     rows = 0
-    if args.store:
+    if store_root is not None:
         from gpuwarden.fleet.clock import ModelClock
 
-        store = LocalStore(checked_store(args.store), clock=ModelClock(lambda: simulation.now))  # simulated samples, simulated clock
+        store = LocalStore(store_root, clock=ModelClock(lambda: simulation.now))  # simulated samples, simulated clock
         for frame in simulation.iter_chunks(steps):
             rows += store.append(frame)
         adopt_store(args.store)

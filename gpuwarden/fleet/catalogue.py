@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from .errors import UserError
+from .inputs import MAX_CONFIG_FILE_BYTES, checked_input
 from .samples import METRIC_COLUMN_NAMES
 
 DEFAULT_CATALOGUE_PATH = Path(__file__).with_name("metric_catalogue.csv")
@@ -129,8 +130,12 @@ def _check(spec: MetricSpec) -> None:
 def data_rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     """(line number, row) of a CSV data file whose lines starting with '#' are comments and whose
     header must be ``columns``; values are stripped, missing trailing fields read as empty."""
-    with path.open(newline="", encoding="utf-8") as handle:
-        lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
+    checked_input(path, "", MAX_CONFIG_FILE_BYTES, raising=CatalogueError)  # a FIFO or /dev/zero would never end
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.lstrip().startswith("#")]
+    except UnicodeDecodeError as error:
+        raise CatalogueError(f"{path}: not a UTF-8 text CSV file (byte {error.start})") from None
     if not lines:
         raise CatalogueError(f"{path}: empty file")
     reader = csv.DictReader(line for _, line in lines)

@@ -26,6 +26,8 @@ from typing import Any
 
 from collections.abc import Mapping
 
+from .errors import UserError
+from .inputs import MAX_CONFIG_FILE_BYTES, checked_input
 from .protocols import ClusterSnapshot
 
 STATE_ENV = "GPUWARDEN_CLUSTER_STATE"
@@ -110,12 +112,21 @@ def write_snapshot(directory: str | os.PathLike[str], snapshot: ClusterSnapshot)
     return directory / "snapshot.json"
 
 
+class ClusterStateError(UserError, ValueError):
+    """A --cluster-state folder or snapshot.json that cannot be read: one line naming it."""
+
+
 def read_snapshot(directory: Path | None) -> ClusterSnapshot | None:
-    """The newest snapshot, or None when there is none. A damaged file raises ValueError (one line)."""
-    if directory is None or not (directory / "snapshot.json").exists():
+    """The newest snapshot, or None when there is none yet. A damaged file, or a path that is not a
+    folder (a file given where the folder of snapshot.json belongs), raises ClusterStateError (one line)."""
+    if directory is None or not directory.exists():
         return None
-    path = directory / "snapshot.json"
+    if not directory.is_dir():  # never silently "no snapshot": the user named the wrong thing
+        raise ClusterStateError(f"{directory}: is not a folder; expected the folder the scheduler writes snapshot.json into")
+    path = checked_input(directory / "snapshot.json", "", MAX_CONFIG_FILE_BYTES, missing_ok=True, raising=ClusterStateError)
+    if path is None:
+        return None
     try:
         return snapshot_from_dict(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path}: not a cluster snapshot this dashboard can read ({error})") from None
+        raise ClusterStateError(f"{path}: not a cluster snapshot this dashboard can read ({error})") from None

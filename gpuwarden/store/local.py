@@ -255,6 +255,10 @@ class LocalStore:
 
     def check(self) -> CheckResult:
         """Read-only health check: unreadable files, leftovers of an interrupted write, duplicates."""
+        with self.journal.reading():  # a compaction's swap is never half seen: its new file beside the old
+            return self._check()
+
+    def _check(self) -> CheckResult:
         result = CheckResult()
         result.pending_ops = sorted(self.ops_dir.glob("*.json")) if self.ops_dir.exists() else []
         if self.samples_dir.exists():

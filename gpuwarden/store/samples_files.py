@@ -29,13 +29,19 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
     report = ValidationReport(str(path)) if report is None else report
     if path.suffix.lower() == ".parquet":
         try:
+            import pyarrow.parquet as pq
+
+            _refuse_duplicate_columns(f"{path}", "schema", pq.read_schema(path).names)
             frame = pd.read_parquet(path)
+        except SamplesError:
+            raise
         except Exception as error:  # noqa: BLE001 pyarrow raises several types for a corrupt file
             raise SamplesError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
         return _checked(coerce(frame, source=str(path), report=report, now=now), report)
     if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):
         try:
-            _refuse_duplicate_columns(path, pd.read_csv(path, header=None, nrows=1, dtype=str, encoding="utf-8"))
+            header = pd.read_csv(path, header=None, nrows=1, dtype=str, encoding="utf-8")
+            _refuse_duplicate_columns(f"{path}:1", "header", [] if header.empty else header.iloc[0].tolist())
             frame = pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
         except SamplesError:
             raise
@@ -53,16 +59,14 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
     raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
 
 
-def _refuse_duplicate_columns(path: Path, header: pd.DataFrame) -> None:
-    """A column named twice in the header is refused, naming it: pandas would read the second as
-    ``name.1`` and drop it, and which of the two holds the data is the user's to say."""
-    if header.empty:
-        return
-    names = [str(name).strip() for name in header.iloc[0].tolist()]
+def _refuse_duplicate_columns(where: str, what: str, names: list) -> None:
+    """A column named twice in a CSV header or a Parquet schema is refused, naming it: pandas would
+    read the second as ``name.1`` and drop it (pyarrow fails on it), and which of the two holds the
+    data is the user's to say."""
     seen: dict[str, int] = {}
-    for position, name in enumerate(names, 1):
+    for position, name in enumerate((str(name).strip() for name in names), 1):
         if name in seen:
-            raise SamplesError(f"{path}:1: column {name!r} appears twice in the header (columns {seen[name]} and "
+            raise SamplesError(f"{where}: column {name!r} appears twice in the {what} (columns {seen[name]} and "
                                f"{position}); keep one")
         seen[name] = position
 

@@ -20,10 +20,12 @@ from typing import Any
 from collections.abc import Callable
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, checked_input
 
 from .answers import list_items, parse_object
 from .failure import KubeFailure as KubeFailure  # re-exported: callers import it from here
@@ -45,14 +47,17 @@ def load_client(kubeconfig: str | None = None, in_cluster: bool = False, context
                 timeout_seconds: float = 10.0) -> TimedApiClient:
     """An ApiClient from a kubeconfig or the pod's service account; one line on failure (ValueError)."""
     configuration = client.Configuration()
+    if kubeconfig and not in_cluster:  # a FIFO or a link to /dev/zero would hang the YAML reader
+        checked_input(kubeconfig, "cannot load the kubeconfig", MAX_CONFIG_FILE_BYTES, raising=ValueError)
     try:
         if in_cluster:
             config.load_incluster_config(client_configuration=configuration)
         else:
             config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    except (config.ConfigException, OSError, TypeError, ValueError) as error:
+    except (config.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError) as error:
         where = "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '~/.kube/config'}"
-        raise ValueError(f"cannot load the {where}: {error}") from None
+        said = " ".join(str(error).split())  # a YAML error spans lines; the CLI says one
+        raise ValueError(f"cannot load the {where}: {said}") from None
     configuration.retries = False  # KubeApi.call owns retries, so they are counted and jittered
     api_client = TimedApiClient(configuration)
     api_client.timeout_seconds = timeout_seconds
