@@ -82,7 +82,8 @@ def test_a_report_prices_spot_owned_and_on_demand_nodes_by_their_tier_and_names_
     table, _ = report(capsys, files)
     assert f"note: price book: {files / 'book.yaml'}" in table
     csv, err = report(capsys, files, "--format", "csv")  # the table stays a plain CSV; the book is named on stderr
-    assert csv.splitlines()[0].startswith("pool,") and f"price book {files / 'book.yaml'}" in err
+    assert csv.splitlines()[0].startswith("pool,") and f"note: price book: {files / 'book.yaml'}" in err
+    assert "note: price tiers: 2 from the inventory" in err  # every note of the report, as the table has them
 
 
 def test_a_node_label_wins_over_the_inventory(files):

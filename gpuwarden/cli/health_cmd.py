@@ -121,7 +121,10 @@ def run_scan(args: argparse.Namespace) -> int:
     app_events = [f for f in findings if f.kind in APP_KINDS]
     notes += source_notes(window.source, args.pod_attribution, reads_attribution=False)
     text = render_scan(args.format, gpu_findings, app_events, start, end, rows, notes)
-    return write_output(text, args.output)
+    code = write_output(text, args.output)
+    if args.format == "csv" and notes:  # a CSV has no room for notes: they go beside it, on stderr
+        print("\n".join(f"note: {note}" for note in notes), file=sys.stderr)
+    return code
 
 
 def scan_source(source, start: pd.Timestamp, end: pd.Timestamp) -> tuple[list[Finding], int, list[str]]:

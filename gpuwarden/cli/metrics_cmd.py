@@ -62,10 +62,12 @@ def add_parser(subparsers) -> None:
         each.set_defaults(run=run)
 
 
-def compute(args: argparse.Namespace, now: float | None = None, strict: bool = False) -> MetricsSnapshot:
+def compute(args: argparse.Namespace, now: float | None = None, strict: bool = False,
+            notes: list[str] | None = None) -> MetricsSnapshot:
     """One snapshot of every figure, over the window ``args`` names, ending now. A part that fails
     is left out and named in ``errors`` (one part never costs the others), or with ``strict``
-    (``metrics show``) its error goes to the caller."""
+    (``metrics show``) its error goes to the caller. ``notes`` gathers what the source says of
+    its reads (rows it rejected, and why)."""
     import pandas as pd
 
     from gpuwarden.analytics import IdleParams, build_ledger
@@ -75,6 +77,7 @@ def compute(args: argparse.Namespace, now: float | None = None, strict: bool = F
 
     from .health_cmd import APP_KINDS, scan_source
     from .metrics_inputs import queue_figures, read_actuator
+    from .source_notes import rejected_rows_note
     from .sources import open_window
 
     started = time.perf_counter()
@@ -105,6 +108,8 @@ def compute(args: argparse.Namespace, now: float | None = None, strict: bool = F
         scanned = _part(errors, "health", lambda: scan_source(window.source, window.start, window.end))
         if scanned is not None:
             findings = finding_figures(f for f in scanned[0] if f.kind not in APP_KINDS)
+        if notes is not None:
+            notes.extend(rejected_rows_note(window.source))
     actuator = _part(errors, "actuator", lambda: read_actuator(args.audit, now))
     queue, taken_at = None, None
     if args.cluster_state is not None:
@@ -126,9 +131,12 @@ def run(args: argparse.Namespace) -> int:
     latest: list[MetricsSnapshot] = []
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: latest[-1] if latest else None))
+    notes: list[str] = []
     if args.action == "show":
-        latest.append(compute(args, strict=True))
+        latest.append(compute(args, strict=True, notes=notes))
         sys.stdout.write(generate_latest(registry).decode())
+        for note in notes:  # beside the figures, never inside the exposition format
+            print(f"metrics: {note}", file=sys.stderr)
         return 0
     start_http_server(args.listen[1], addr=args.listen[0], registry=registry)
     print(f"metrics: serving http://{args.listen[0]}:{args.listen[1]}/metrics, recomputed every {args.interval:g} s",
@@ -137,8 +145,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while True:
-            snapshot = compute(args)
+            notes.clear()
+            snapshot = compute(args, notes=notes)
             latest[:] = [snapshot]  # scrapes switch to the new snapshot in one step
+            for note in notes:
+                log.warning("metrics: %s", note)
             log.info("metrics: computed in %.1f s (errors: %s)", snapshot.compute_duration_seconds,
                      ", ".join(snapshot.errors) or "none")
             if stop.wait(max(0.0, args.interval - snapshot.compute_duration_seconds)):

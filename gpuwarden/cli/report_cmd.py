@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     # After the results, on stderr: JSON and CSV on stdout stay clean. A CSV table has no room
     # for notes, so it names its price book there.
     after = [window.note] if window.note else []
-    after += [f"note: price book {price_book.identity}"] if args.format == "csv" else []
+    if args.format == "csv":  # the report's notes (rows rejected, the book, the tiers): no room in the table
+        named = any(n.startswith("price book: ") for n in report.notes)
+        after += [*([] if named else [f"note: price book: {price_book.identity}"]), *(f"note: {n}" for n in report.notes)]
     if after:
         sys.stdout.flush()
         print("\n".join(after), file=sys.stderr)

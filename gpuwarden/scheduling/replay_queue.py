@@ -24,7 +24,7 @@ import pandas as pd
 from gpuwarden.fleet.traces import load_philly_jobs, load_philly_vcs
 
 from .engine import POLICIES, DecisionKind, Job, NodeState, QueuePolicy, Quotas, QuotaSpec, Scheduler, State
-from .errors import TraceOrderError
+from .errors import SchedulingError, TraceOrderError
 from .replay import JobModel, Replay, ReplayMetrics, fresh_copy
 
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
@@ -59,7 +59,14 @@ def slice_jobs(data_dir: Path, spec: QueueSlice) -> tuple[pd.DataFrame, dict[str
     jobs = load_philly_jobs(data_dir)
     check_order(jobs)
     start, end = pd.Timestamp(spec.start, tz="UTC"), pd.Timestamp(spec.end, tz="UTC")
+    if start >= end:
+        raise SchedulingError(f"queue slice --start {spec.start} is not before --end {spec.end}")
+    everything = jobs
     jobs = jobs[(jobs["submitted_at"] >= start) & (jobs["submitted_at"] < end) & (jobs["gpus"] > 0)]
+    if jobs.empty:
+        first, last = everything["submitted_at"].min(), everything["submitted_at"].max()
+        raise SchedulingError(f"queue slice {spec.start}..{spec.end}: no GPU job was submitted in it; the trace "
+                              f"holds {first:%Y-%m-%d} to {last:%Y-%m-%d}")
     if spec.max_jobs:
         jobs = jobs.iloc[: spec.max_jobs]
     vcs = load_philly_vcs(data_dir)
@@ -189,7 +196,6 @@ def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(),
                      policies: Sequence[str] = QUEUE_POLICIES) -> list[QueueResult]:
     for policy in policies:
         if policy not in POLICIES:
-            from .errors import SchedulingError
             raise SchedulingError(f"unknown queue policy {policy!r}; choose from {', '.join(QUEUE_POLICIES)}")
     frame, guarantees = slice_jobs(data_dir, spec)
     origin = pd.Timestamp(spec.start, tz="UTC")
