@@ -27,6 +27,7 @@ as "unset"). The simulator calls :meth:`SchedulingRound.run_round` through
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -45,10 +46,10 @@ from gpuwarden.fleet import (
     WorkloadPhase,
     WorkloadState,
 )
-from gpuwarden.scheduling import JobState, Scheduler, State
+from gpuwarden.scheduling import WAITING, JobState, Scheduler, State
 from gpuwarden.scheduling.live_queue import queue_document
 from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
-from gpuwarden.scheduling.scheduler import Decision, DecisionKind, queue_positions
+from gpuwarden.scheduling.scheduler import Decision, DecisionKind, QueueEntry, queue_positions
 
 from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
 from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION
@@ -96,8 +97,9 @@ class SchedulingRound:
         self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
         self.priorities_asked: dict[str, str] = {}  # Kueue priority changes asked, by workload
         self.publisher = Publisher(cluster)
-        # the latest round's snapshot (every workload, held ones too), plan, held workloads, policy, number
-        self._latest: tuple[ClusterSnapshot, Schedule, dict[str, str], str, int] | None = None
+        # the latest round's snapshot (every workload, held ones too), actions, queue (as the
+        # positions or what gives them), held workloads, policy, number
+        self._latest: tuple[ClusterSnapshot, tuple[Action, ...], _Positions, dict[str, str], str, int] | None = None
         self._queue: dict[str, Any] | None = None
         self._queue_lock = threading.Lock()  # a server thread reads the queue while the next round runs
         self.rounds = 0
@@ -119,9 +121,9 @@ class SchedulingRound:
         mig = mig_change(planned) if self.mig_manager else None
         results = tuple(self._apply(_reserved_admissions(planned) + actions + self._priority_changes(planned)
                                     + ((mig,) if mig else ())))
-        schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
-        latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)
+        latest = (snapshot, actions, _Positions(scheduler, state, now), {**held, **self._held_suspended(snapshot)},
+                  scheduler.policy.name, self.rounds)
         with self._queue_lock:
             self._latest, self._queue = latest, None
         if self.publisher.can_publish:
@@ -140,7 +142,8 @@ class SchedulingRound:
             if self._queue is None:
                 if self._latest is None:
                     return {}
-                taken, schedule, refused, policy, number = self._latest
+                taken, actions, positions, refused, policy, number = self._latest
+                schedule = Schedule(actions, positions.entries())
                 self._queue = queue_document(taken, schedule, policy=policy, round_number=number,
                                              refused=refused, requested_by_annotation=REQUESTED_BY_ANNOTATION)
             return self._queue
@@ -238,6 +241,23 @@ class SchedulingRound:
             elif result.action.kind in STARTS:
                 self.suspended.discard(result.action.target)
             yield result
+
+
+class _Positions:
+    """A round's queue positions, worked out when first asked for (sorting the waiting work again
+    was a tenth of a simulated round, and nobody reads most rounds' queues). The round's waiting
+    jobs are copied as they stand: the next round refreshes the same job objects for its own pass."""
+
+    def __init__(self, scheduler: Scheduler, state: State, now: float) -> None:
+        waiting = copy.copy(state)
+        waiting.jobs = {key: copy.copy(job) for key, job in state.jobs.items() if job.state in WAITING}
+        self._args: tuple[Scheduler, State, float] | None = (scheduler, waiting, now)
+        self._entries: tuple[QueueEntry, ...] = ()
+
+    def entries(self) -> tuple[QueueEntry, ...]:
+        if self._args is not None:
+            self._entries, self._args = tuple(queue_positions(*self._args)), None
+        return self._entries
 
 
 def _reserved_admissions(snapshot: ClusterSnapshot) -> tuple[Action, ...]:
