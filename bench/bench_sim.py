@@ -53,11 +53,14 @@ def one_run(days: float, nodes: int, seed: int) -> dict[str, float]:
 
 def run_in(tree: Path, days: float, nodes: int, seed: int) -> dict[str, float]:
     """``one_run`` in a fresh process on ``tree``'s code (this file, run with ``--one``)."""
-    data = os.environ.get("GPUWARDEN_DATA") or str(HERE.parent / "shared" / "data")
-    env = {**os.environ, "PYTHONPATH": str(tree), "GPUWARDEN_DATA": data}
-    out = subprocess.run([sys.executable, __file__, "--one", str(seed), "--days", str(days), "--nodes", str(nodes)],
-                         cwd=tree, env=env, check=True, capture_output=True, text=True).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    from gpuwarden.fleet.paths import default_data_dir  # this tree's, found from where the bench was started
+
+    env = {**os.environ, "PYTHONPATH": str(tree), "GPUWARDEN_DATA": str(default_data_dir().resolve())}
+    done = subprocess.run([sys.executable, __file__, "--one", str(seed), "--days", str(days), "--nodes", str(nodes)],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the run on {tree} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 

@@ -27,7 +27,6 @@ as "unset"). The simulator calls :meth:`SchedulingRound.run_round` through
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import threading
@@ -46,7 +45,7 @@ from gpuwarden.fleet import (
     WorkloadPhase,
     WorkloadState,
 )
-from gpuwarden.scheduling import WAITING, JobState, Scheduler, State
+from gpuwarden.scheduling import JobState, Scheduler, State
 from gpuwarden.scheduling.live_queue import queue_document
 from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
 from gpuwarden.scheduling.scheduler import Decision, DecisionKind, QueueEntry, queue_positions
@@ -101,10 +100,31 @@ class SchedulingRound:
         # positions or what gives them), held workloads, policy, number
         self._latest: tuple[ClusterSnapshot, tuple[Action, ...], _Positions, dict[str, str], str, int] | None = None
         self._queue: dict[str, Any] | None = None
-        self._queue_lock = threading.Lock()  # a server thread reads the queue while the next round runs
+        # A server thread reads the queue while the next round runs. The latest round's positions
+        # are worked out from its jobs, which the next round refreshes for its own pass: it works
+        # them out first where the queue is read, else drops them (``_replacing``: a first reader
+        # meanwhile waits for the new round's).
+        self._queue_changed = threading.Condition()
+        self._queue_read = False
+        self._replacing = False
         self.rounds = 0
 
     def run_round(self) -> tuple[ActionResult, ...]:
+        with self._queue_changed:
+            if self._latest is not None and self._queue is None:
+                if self._queue_read:
+                    self._latest[2].entries()
+                else:
+                    self._replacing = True
+        try:
+            return self._round()
+        finally:
+            with self._queue_changed:
+                if self._replacing:  # the round failed before it replaced the queue it dropped
+                    self._latest, self._replacing = None, False
+                self._queue_changed.notify_all()
+
+    def _round(self) -> tuple[ActionResult, ...]:
         started = time.perf_counter()
         snapshot = self._with_attained(self.cluster.snapshot())
         held = screen(snapshot, self.cluster)  # workloads it can never place as they stand: key -> why
@@ -124,8 +144,8 @@ class SchedulingRound:
         self.rounds += 1
         latest = (snapshot, actions, _Positions(scheduler, state, now), {**held, **self._held_suspended(snapshot)},
                   scheduler.policy.name, self.rounds)
-        with self._queue_lock:
-            self._latest, self._queue = latest, None
+        with self._queue_changed:
+            self._latest, self._queue, self._replacing = latest, None, False
         if self.publisher.can_publish:
             self.publisher.publish(snapshot, self.queue, held, results)
         if self.on_round:
@@ -138,7 +158,9 @@ class SchedulingRound:
     def queue(self) -> dict[str, Any]:
         """The live queue after the latest round (the contract's JSON document; built when first
         asked for, so a simulation nobody watches does not pay for it); empty before the first round."""
-        with self._queue_lock:
+        with self._queue_changed:
+            self._queue_read = True
+            self._queue_changed.wait_for(lambda: not self._replacing)
             if self._queue is None:
                 if self._latest is None:
                     return {}
@@ -189,7 +211,7 @@ class SchedulingRound:
                 del state.jobs[key]  # suspended by someone else: theirs to resume
             elif key in self.preemptions:
                 job.preempted_at, job.protected_until = list(self.preemptions[key][0]), self.preemptions[key][1]
-            else:
+            elif job.preempted_at:
                 job.preempted_at = []  # preemptions it did not make do not count towards protection
 
     def _note_preemptions(self, state: State, decisions: Iterable[Decision]) -> dict[str, str]:
@@ -245,13 +267,10 @@ class SchedulingRound:
 
 class _Positions:
     """A round's queue positions, worked out when first asked for (sorting the waiting work again
-    was a tenth of a simulated round, and nobody reads most rounds' queues). The round's waiting
-    jobs are copied as they stand: the next round refreshes the same job objects for its own pass."""
+    was a tenth of a simulated round, and nobody reads most rounds' queues in a simulation)."""
 
     def __init__(self, scheduler: Scheduler, state: State, now: float) -> None:
-        waiting = copy.copy(state)
-        waiting.jobs = {key: copy.copy(job) for key, job in state.jobs.items() if job.state in WAITING}
-        self._args: tuple[Scheduler, State, float] | None = (scheduler, waiting, now)
+        self._args: tuple[Scheduler, State, float] | None = (scheduler, state, now)
         self._entries: tuple[QueueEntry, ...] = ()
 
     def entries(self) -> tuple[QueueEntry, ...]:
