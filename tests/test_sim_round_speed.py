@@ -47,7 +47,7 @@ def test_a_renewed_state_is_the_state_with_its_progress_moved_on():
 def test_the_snapshot_follows_jobs_that_finish_and_arrive(data_dir):
     sim = simulated_fleet(SimConfig(seed=3, data_dir=str(data_dir), **FLEET))
     cluster: SimCluster = sim.cluster
-    for _ in range(240):
+    for _ in range(120):
         sim.step()
         live = [j.spec.workload.key for j in sim.jobs if j.phase in (WorkloadPhase.PENDING, WorkloadPhase.RUNNING,
                                                                        WorkloadPhase.SUSPENDED)]
