@@ -48,7 +48,7 @@ from gpuwarden.fleet import (
 from gpuwarden.scheduling import JobState, Scheduler, State
 from gpuwarden.scheduling.live_queue import queue_document
 from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
-from gpuwarden.scheduling.scheduler import Decision, DecisionKind, queue_positions
+from gpuwarden.scheduling.scheduler import Decision, DecisionKind, QueueEntry, queue_positions
 
 from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
 from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION
@@ -96,13 +96,35 @@ class SchedulingRound:
         self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
         self.priorities_asked: dict[str, str] = {}  # Kueue priority changes asked, by workload
         self.publisher = Publisher(cluster)
-        # the latest round's snapshot (every workload, held ones too), plan, held workloads, policy, number
-        self._latest: tuple[ClusterSnapshot, Schedule, dict[str, str], str, int] | None = None
+        # the latest round's snapshot (every workload, held ones too), actions, queue (as the
+        # positions or what gives them), held workloads, policy, number
+        self._latest: tuple[ClusterSnapshot, tuple[Action, ...], _Positions, dict[str, str], str, int] | None = None
         self._queue: dict[str, Any] | None = None
-        self._queue_lock = threading.Lock()  # a server thread reads the queue while the next round runs
+        # A server thread reads the queue while the next round runs. The latest round's positions
+        # are worked out from its jobs, which the next round refreshes for its own pass: it works
+        # them out first where the queue is read, else drops them (``_replacing``: a first reader
+        # meanwhile waits for the new round's).
+        self._queue_changed = threading.Condition()
+        self._queue_read = False
+        self._replacing = False
         self.rounds = 0
 
     def run_round(self) -> tuple[ActionResult, ...]:
+        with self._queue_changed:
+            if self._latest is not None and self._queue is None:
+                if self._queue_read:
+                    self._latest[2].entries()
+                else:
+                    self._replacing = True
+        try:
+            return self._round()
+        finally:
+            with self._queue_changed:
+                if self._replacing:  # the round failed before it replaced the queue it dropped
+                    self._latest, self._replacing = None, False
+                self._queue_changed.notify_all()
+
+    def _round(self) -> tuple[ActionResult, ...]:
         started = time.perf_counter()
         snapshot = self._with_attained(self.cluster.snapshot())
         held = screen(snapshot, self.cluster)  # workloads it can never place as they stand: key -> why
@@ -119,11 +141,11 @@ class SchedulingRound:
         mig = mig_change(planned) if self.mig_manager else None
         results = tuple(self._apply(_reserved_admissions(planned) + actions + self._priority_changes(planned)
                                     + ((mig,) if mig else ())))
-        schedule = Schedule(actions, tuple(queue_positions(scheduler, state, now)))
         self.rounds += 1
-        latest = (snapshot, schedule, {**held, **self._held_suspended(snapshot)}, scheduler.policy.name, self.rounds)
-        with self._queue_lock:
-            self._latest, self._queue = latest, None
+        latest = (snapshot, actions, _Positions(scheduler, state, now), {**held, **self._held_suspended(snapshot)},
+                  scheduler.policy.name, self.rounds)
+        with self._queue_changed:
+            self._latest, self._queue, self._replacing = latest, None, False
         if self.publisher.can_publish:
             self.publisher.publish(snapshot, self.queue, held, results)
         if self.on_round:
@@ -136,11 +158,14 @@ class SchedulingRound:
     def queue(self) -> dict[str, Any]:
         """The live queue after the latest round (the contract's JSON document; built when first
         asked for, so a simulation nobody watches does not pay for it); empty before the first round."""
-        with self._queue_lock:
+        with self._queue_changed:
+            self._queue_read = True
+            self._queue_changed.wait_for(lambda: not self._replacing)
             if self._queue is None:
                 if self._latest is None:
                     return {}
-                taken, schedule, refused, policy, number = self._latest
+                taken, actions, positions, refused, policy, number = self._latest
+                schedule = Schedule(actions, positions.entries())
                 self._queue = queue_document(taken, schedule, policy=policy, round_number=number,
                                              refused=refused, requested_by_annotation=REQUESTED_BY_ANNOTATION)
             return self._queue
@@ -186,7 +211,7 @@ class SchedulingRound:
                 del state.jobs[key]  # suspended by someone else: theirs to resume
             elif key in self.preemptions:
                 job.preempted_at, job.protected_until = list(self.preemptions[key][0]), self.preemptions[key][1]
-            else:
+            elif job.preempted_at:
                 job.preempted_at = []  # preemptions it did not make do not count towards protection
 
     def _note_preemptions(self, state: State, decisions: Iterable[Decision]) -> dict[str, str]:
@@ -238,6 +263,20 @@ class SchedulingRound:
             elif result.action.kind in STARTS:
                 self.suspended.discard(result.action.target)
             yield result
+
+
+class _Positions:
+    """A round's queue positions, worked out when first asked for (sorting the waiting work again
+    was a tenth of a simulated round, and nobody reads most rounds' queues in a simulation)."""
+
+    def __init__(self, scheduler: Scheduler, state: State, now: float) -> None:
+        self._args: tuple[Scheduler, State, float] | None = (scheduler, state, now)
+        self._entries: tuple[QueueEntry, ...] = ()
+
+    def entries(self) -> tuple[QueueEntry, ...]:
+        if self._args is not None:
+            self._entries, self._args = tuple(queue_positions(*self._args)), None
+        return self._entries
 
 
 def _reserved_admissions(snapshot: ClusterSnapshot) -> tuple[Action, ...]:

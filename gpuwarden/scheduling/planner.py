@@ -24,7 +24,9 @@ from datetime import datetime
 from typing import Any
 from collections.abc import Iterable, Mapping
 
-from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Gpu, PriorityClass, Workload, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import (
+    Action, ActionKind, ClusterSnapshot, Gpu, Node, PriorityClass, Workload, WorkloadPhase, WorkloadState,
+)
 from gpuwarden.fleet.node_selection import selects
 from gpuwarden.fleet.taints import taint_blocks
 
@@ -40,6 +42,8 @@ ACTION_OF = {DecisionKind.BIND: ActionKind.BIND, DecisionKind.RESUME: ActionKind
 SUSPEND_GRACE_SECONDS = 120  # a checkpointable workload's time to save before it stops
 RANK = {p: p.rank for p in PriorityClass}
 PRIORITY_NAMES = {p.value: p for p in PriorityClass}
+_RAN = (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
+_NO_NODES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -54,29 +58,71 @@ class Schedule:
         return None
 
 
-def _node_states(snapshot: ClusterSnapshot) -> list[NodeState]:
+@dataclass(frozen=True)
+class _Layout:
+    """What a snapshot's nodes and GPUs say before anything runs: per node its ``NodeState`` fields
+    (free milli per GPU, MIG layouts, GPU ids), and where each GPU and MIG instance is."""
+
+    nodes: tuple[tuple[dict[str, Any], tuple[int, ...], tuple[tuple[str, ...] | None, ...], tuple[str, ...]], ...]
+    index: dict[tuple[str, str], int]  # (node, GPU uuid) -> GPU index on the node
+    instance_profile: dict[tuple[str, int], str]  # (GPU uuid, MIG instance id) -> profile
+
+
+def _layout_of(nodes: tuple[Node, ...], gpus: tuple[Gpu, ...]) -> _Layout:
+    by_node: dict[str, list[Gpu]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    rows = []
+    index: dict[tuple[str, str], int] = {}
+    for node in nodes:
+        on_node = sorted(by_node.get(node.name, []), key=lambda g: g.index)
+        index.update(((node.name, g.uuid), i) for i, g in enumerate(on_node))
+        fields = dict(name=node.name, model=node.gpu_model, gpu_count=len(on_node), cpu_free=node.cpu_milli,
+                      mem_free=node.memory_bytes, tier=node.price_tier, nvlink_domain=node.topology.nvlink_domain,
+                      leaf_switch=node.topology.leaf_switch, pool=node.pool)
+        rows.append((fields, tuple(0 if g.mig_enabled else MILLI for g in on_node),
+                     tuple(tuple(i.profile for i in g.mig_instances) if g.mig_enabled else None for g in on_node),
+                     tuple(g.uuid for g in on_node)))
+    profiles = {(g.uuid, i.gpu_instance_id): i.profile for g in gpus for i in g.mig_instances}
+    return _Layout(tuple(rows), index, profiles)
+
+
+# The latest snapshot's layout, with the node and GPU tuples it was read from: a cluster that hands
+# the same tuples every round (the simulator's never change) has them read once, not every round.
+_latest_layout: tuple[tuple[Node, ...], tuple[Gpu, ...], _Layout] | None = None
+
+
+def _layout(snapshot: ClusterSnapshot) -> _Layout:
+    global _latest_layout
+    kept = _latest_layout
+    if kept is not None and kept[0] is snapshot.nodes and kept[1] is snapshot.gpus:
+        return kept[2]
+    layout = _layout_of(snapshot.nodes, snapshot.gpus)
+    _latest_layout = (snapshot.nodes, snapshot.gpus, layout)
+    return layout
+
+
+def _node_states(snapshot: ClusterSnapshot, layout: _Layout) -> list[NodeState]:
     """Nodes as the engine sees them, before running work is booked: whole GPUs free unless
     unhealthy, MIG GPUs cut into their layouts, cordoned nodes unschedulable."""
-    gpus_by_node: dict[str, list[Gpu]] = {}
-    for gpu in snapshot.gpus:
-        gpus_by_node.setdefault(gpu.node, []).append(gpu)
+    unhealthy, cordoned = snapshot.unhealthy_gpus, snapshot.cordoned
     nodes = []
-    for node in snapshot.nodes:
-        gpus = sorted(gpus_by_node.get(node.name, []), key=lambda g: g.index)
-        layout = [tuple(i.profile for i in g.mig_instances) if g.mig_enabled else None for g in gpus]
-        free = [0 if (g.uuid in snapshot.unhealthy_gpus or g.mig_enabled) else MILLI for g in gpus]
-        nodes.append(NodeState(
-            name=node.name, model=node.gpu_model, gpu_count=len(gpus), cpu_free=node.cpu_milli,
-            mem_free=node.memory_bytes, tier=node.price_tier, nvlink_domain=node.topology.nvlink_domain,
-            leaf_switch=node.topology.leaf_switch, schedulable=node.name not in snapshot.cordoned,
-            gpu_free=free, mig_layout=layout, gpu_ids=[g.uuid for g in gpus], pool=node.pool,
-        ))
+    for fields, free, mig_layout, uuids in layout.nodes:
+        gpu_free = list(free)
+        if unhealthy:
+            for g, uuid in enumerate(uuids):
+                if uuid in unhealthy:
+                    gpu_free[g] = 0
+        nodes.append(NodeState(**fields, schedulable=fields["name"] not in cordoned, gpu_free=gpu_free,
+                               mig_layout=list(mig_layout), gpu_ids=list(uuids)))
     return nodes
 
 
 def _hold_unhealthy(snapshot: ClusterSnapshot, state: State) -> None:
     """An unhealthy GPU offers nothing, also where running work was booked on it: no whole GPU
     free, every MIG instance taken."""
+    if not snapshot.unhealthy_gpus:
+        return
     for node in state.nodes.values():
         for g, uuid in enumerate(node.gpu_ids):
             if uuid in snapshot.unhealthy_gpus:
@@ -140,13 +186,14 @@ def _job_of(ws: WorkloadState, origin: datetime, known: KnownJobs | None) -> Job
             mig_profile=w.gpus.mig_profile, gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
             submitted=(ws.submitted_at - origin).total_seconds(), pools=w.pools,
         )
-    job.priority, job.progress, job.attained = RANK[_priority_of(ws)], ws.progress_seconds, ws.attained_gpu_seconds
-    job.duration, job.placements, job.avoid_nodes = ws.duration_seconds, [], frozenset()
+    job.priority = RANK[_priority_of(ws)]
+    job.progress, job.attained, job.duration = ws.progress_seconds, ws.attained_gpu_seconds, ws.duration_seconds
+    job.placements, job.avoid_nodes = [], _NO_NODES
     job.preempted_at = [-1.0] * ws.preemptions
     job.protected_until = math.inf if ws.stopping else -math.inf  # a stopping workload is no victim
     # the latest (re)start; one that ran before (suspended) starts again as a RESUME
     job.started = (ws.started_at - origin).total_seconds() if ws.started_at is not None else \
-        0.0 if ws.phase in (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED) else None
+        0.0 if ws.phase in _RAN else None
     return job
 
 
@@ -157,12 +204,12 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     the jobs of its last round as ``known`` (building hundreds of jobs anew every round was most of
     a simulated round's cost)."""
     origin = origin or snapshot.taken_at
-    nodes = _node_states(snapshot)
+    layout = _layout(snapshot)
+    nodes = _node_states(snapshot, layout)
     if quotas is None:
         quotas = Quotas(QuotaSpec(t.name, t.guaranteed_gpus, t.burst_limit_gpus, weight=t.weight) for t in snapshot.teams)
     state = State(nodes, quotas)
-    index = {(n.name, uuid): i for n in nodes for i, uuid in enumerate(n.gpu_ids)}
-    instance_profile = {(g.uuid, i.gpu_instance_id): i.profile for g in snapshot.gpus for i in g.mig_instances}
+    index, instance_profile = layout.index, layout.instance_profile
     whole_amount_of_fraction = None if shares_gpus(snapshot) else MILLI  # an unshared GPU is held whole
     # With no tolerations anywhere, a tainted node is closed to everyone: one flag, no per-job sets.
     tolerating = any(ws.workload.tolerations for ws in snapshot.workloads)

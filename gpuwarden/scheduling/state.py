@@ -138,7 +138,7 @@ class Job:
     def key(self) -> str:
         return self.name
 
-    @property
+    @cached_property  # the request does not change once the job exists: counted every round
     def shape(self) -> Shape:
         return Shape(self.gpus_per_pod, self.milli, self.cpu_milli, self.mem_bytes,
                      self.gpu_models or ((self.gpu_model,) if self.gpu_model else ()))

@@ -34,6 +34,16 @@ _LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable=:NoExecute"  # what Kubernetes puts on a lost node
 
 
+def _progressed(state: WorkloadState, progress_s: float, attained: float) -> WorkloadState:
+    """``state`` with its progress and attained service moved on, every other field as it was: its
+    fields copied, as ``dataclasses.replace`` would give but without the frozen ``__init__`` setting
+    all of them one by one (a running job's state is renewed every round: that was a third of the
+    snapshot's time)."""
+    moved = object.__new__(WorkloadState)
+    moved.__dict__.update(state.__dict__, progress_seconds=progress_s, attained_gpu_seconds=attained)
+    return moved
+
+
 class SimCluster:
     def __init__(self, simulation: Simulation) -> None:
         self.sim = simulation
@@ -45,15 +55,21 @@ class SimCluster:
         self._placements: dict[int, tuple[np.ndarray, tuple[Placement, ...]]] = {}  # by job, while its devices stay
         # by job: its state and what it was built from; a waiting job's is reused from round to round
         self._states: dict[int, tuple[tuple[object, ...], WorkloadState]] = {}
+        # the jobs not yet finished as of the last snapshot, in submission order, and how many of
+        # the simulation's jobs it has seen (a finished job never runs again: none is looked at twice)
+        self._live: list[SimJob] = []
+        self._seen = 0
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
         sim = self.sim
         with sim.lock:
             now = sim.now
-            workloads = tuple(self._state(job) for job in sim.jobs if job.phase in _LIVE)
+            self._live = [job for job in (*self._live, *sim.jobs[self._seen:]) if job.phase in _LIVE]
+            self._seen = len(sim.jobs)
+            workloads = tuple(self._state(job) for job in self._live)
             if len(self._states) > 2 * len(workloads) + 64:  # forget finished jobs now and then
-                live = {job.index for job in sim.jobs if job.phase in _LIVE}
+                live = {job.index for job in self._live}
                 self._states = {index: kept for index, kept in self._states.items() if index in live}
             unhealthy = frozenset(
                 sim.gpus[g].uuid for g in np.flatnonzero((sim.gpu_down_until > sim.now_s) | sim.gpu_lost)
@@ -89,17 +105,22 @@ class SimCluster:
 
     def _state(self, job: SimJob) -> WorkloadState:
         attained = job.attained_gpu_seconds(self.sim.now_s)
-        facts = (job.phase, job.progress_s, attained, job.priority, job.preemptions,
-                 job.last_started_s, id(job.devices))
+        # what makes a new state (its progress and service move every round while it runs)
+        facts = (job.phase, job.priority, job.preemptions, job.last_started_s, id(job.devices))
         cached = self._states.get(job.index)
         if cached is not None and cached[0] == facts:
-            return cached[1]
+            last = cached[1]
+            if last.progress_seconds == job.progress_s and last.attained_gpu_seconds == attained:
+                return last
+            state = _progressed(last, job.progress_s, attained)
+            self._states[job.index] = (facts, state)
+            return state
         origin = self.sim.origin
         last = cached[1] if cached is not None else None  # its times are reused where they still hold
         submitted_at = last.submitted_at if last else origin + timedelta(seconds=float(job.spec.submit_s))
         if job.last_started_s is None:
             started_at = None
-        elif last is not None and cached is not None and cached[0][5] == job.last_started_s:
+        elif last is not None and cached is not None and cached[0][3] == job.last_started_s:
             started_at = last.started_at
         else:
             started_at = origin + timedelta(seconds=float(job.last_started_s))
