@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
+from operator import attrgetter
 
 from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy
 from .quotas import Admission
 from .state import MILLI, Job, JobState, NodeState, Slot, State, Statement
+
+_ATTAINED, _PRIORITY = attrgetter("attained"), attrgetter("priority")
 
 
 class VictimSearch:
@@ -30,10 +33,13 @@ class VictimSearch:
         # asked for. Bounds, not exact: an eviction does not lower them.
         self._running_bounds: tuple[int, int] | None = None
         self._running_jobs: list[Job] | None = None  # RUNNING at listing time, in state.jobs order
+        self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
+        self._allowed_for: tuple[Job | None, list[NodeState]] = (None, [])  # the latest job's usable nodes
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
-        self._running_jobs = None
+        self._running_jobs, self._found = None, {}
+        self._allowed_for = (None, [])
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
 
@@ -41,12 +47,19 @@ class VictimSearch:
         """Jobs running now, in ``state.jobs`` order (a superset once some are evicted: callers check
         the state). A start in the pass must call :meth:`_ran` so that its job is listed."""
         if self._running_jobs is None:
-            self._running_jobs = [j for j in state.jobs.values() if j.state == JobState.RUNNING]
+            running = JobState.RUNNING
+            self._running_jobs = [j for j in state.jobs.values() if j.state == running]
         return self._running_jobs
 
+    def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
+        """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
+        if self._allowed_for[0] is not job:
+            self._allowed_for = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
+        return self._allowed_for[1]
+
     def _ran(self, job: Job, now: float) -> None:
-        """``job`` started in this pass: list the running jobs again, raise the bounds."""
-        self._running_jobs = None
+        """``job`` started in this pass: list the running jobs again, forget the candidates found, raise the bounds."""
+        self._running_jobs, self._found = None, {}
         if self._running_bounds is not None:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
@@ -68,11 +81,11 @@ class VictimSearch:
     def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
         """False when no running job can be a victim of ``job``: none of a lower priority, none at
         ``las_floor`` or above, no other team borrowing (two numbers, not a scan of the running jobs)."""
-        if self._running_bounds is None:
-            running = [j for j in self._running(state) if j.state == JobState.RUNNING]
-            most = max((j.attained for j in running), default=None)  # levels only grow with attained service
+        if self._running_bounds is None:  # the running list may hold jobs evicted since: bounds all the same
+            running = self._running(state)
+            most = max(map(_ATTAINED, running), default=None)  # levels only grow with attained service
             self._running_bounds = (-1 if most is None else self._service_level(most),
-                                    min((j.priority for j in running), default=job.priority))
+                                    min(map(_PRIORITY, running), default=job.priority))
         top_level, lowest_priority = self._running_bounds
         return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
                 or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
@@ -84,10 +97,25 @@ class VictimSearch:
         las_mode = policy.preempt == PreemptMode.LAS
         # levels do not change within a pass: the job's once, not once per running job
         las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
-        reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-        if not self._may_have_victims(state, job, las_floor, reclaiming, now):
+        if not self._may_have_victims(state, job, las_floor, policy.reclaim and verdict == Admission.NOMINAL, now):
             return []
-        usable = self._usable_victim(state, job) if self._mixed_fleet else None
+        allowed = self._allowed_nodes(state, job) if self._mixed_fleet else None
+        # what the answer depends on: the same for the next blocked job alike until a start changes the state
+        key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
+               None if allowed is None else tuple(node.name for node in allowed))
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed)
+        return found
+
+    def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
+              allowed: list[NodeState] | None) -> list[Job]:
+        """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
+        is None) that the policy lets it evict."""
+        policy = self.policy
+        las_mode = policy.preempt == PreemptMode.LAS
+        reclaiming = policy.reclaim and verdict == Admission.NOMINAL
+        usable = None if allowed is None else _usable_victim(job, allowed)
         edges, min_run = self._level_edges, policy.min_run_seconds
         preempting = policy.preempt != PreemptMode.NONE
         # LAS takes from another team only what the team can give: never below its guarantee to
@@ -125,19 +153,6 @@ class VictimSearch:
 
         return sorted(out, key=cost)
 
-    @staticmethod
-    def _usable_victim(state: State, job: Job) -> Callable[[Job], bool]:
-        """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use,
-        nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
-        allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
-        wants_mig = job.mig_profile is not None
-        any_gpu = job.milli < MILLI and not wants_mig
-
-        def usable(victim: Job) -> bool:
-            return any(node in allowed and (any_gpu or isinstance(amount, str) == wants_mig)
-                       for node, _, amount in victim.placements)
-        return usable
-
     def _keeps(self, state: State, victim: Job, known: dict[tuple[str, str, float], bool]) -> bool:
         """:meth:`_keeps_guarantee`, remembered in ``known`` for one scan (it reads the team and the size only)."""
         key = (victim.team, victim.flavour, victim.gpu_equivalents)
@@ -163,7 +178,7 @@ class VictimSearch:
         if not candidates:
             return [], None, ""
         need = job.pods * job.gpus_per_pod
-        allowed = [node for node in state.nodes.values() if node_allowed(job, node)]
+        allowed = self._allowed_nodes(state, job)
 
         def free_here() -> int:
             return sum(node.whole_free() for node in allowed)
@@ -199,6 +214,19 @@ class VictimSearch:
                 return victims, placements, ""
         statement.rollback(mark)
         return [], None, "preemption would not free enough room"
+
+
+def _usable_victim(job: Job, allowed: list[NodeState]) -> Callable[[Job], bool]:
+    """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use (not in
+    ``allowed``), nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
+    names = {node.name for node in allowed}
+    wants_mig = job.mig_profile is not None
+    any_gpu = job.milli < MILLI and not wants_mig
+
+    def usable(victim: Job) -> bool:
+        return any(node in names and (any_gpu or isinstance(amount, str) == wants_mig)
+                   for node, _, amount in victim.placements)
+    return usable
 
 
 def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[NodeState]) -> bool:
