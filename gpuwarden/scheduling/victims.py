@@ -33,13 +33,18 @@ class VictimSearch:
         # asked for. Bounds, not exact: an eviction does not lower them.
         self._running_bounds: tuple[int, int] | None = None
         self._running_jobs: list[Job] | None = None  # RUNNING at listing time, in state.jobs order
+        self._on_node: dict[str, list[tuple[int, Job]]] | None = None  # node -> (position, job) of those
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
-        self._allowed_for: tuple[Job | None, list[NodeState]] = (None, [])  # the latest job's usable nodes
+        # per job, the nodes it may ever use: a State's nodes and a job's request stay as they are while
+        # one scheduler schedules them (the replays; the live round builds a scheduler per round)
+        self._allowed: dict[str, tuple[Job, list[NodeState]]] = {}
+        self._allowed_in: State | None = None
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
-        self._running_jobs, self._found = None, {}
-        self._allowed_for = (None, [])
+        self._running_jobs, self._on_node, self._found = None, None, {}
+        if state is not self._allowed_in:
+            self._allowed, self._allowed_in = {}, state
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
 
@@ -51,15 +56,34 @@ class VictimSearch:
             self._running_jobs = [j for j in state.jobs.values() if j.state == running]
         return self._running_jobs
 
+    def _running_on(self, state: State, nodes: list[NodeState]) -> list[Job]:
+        """The running jobs with a pod on one of ``nodes``, in ``state.jobs`` order (placements change
+        in a pass only by a start, which lists the running jobs again, or an eviction, after which
+        the caller's state check skips the job)."""
+        if self._on_node is None:
+            on_node: dict[str, list[tuple[int, Job]]] = {}
+            for position, job in enumerate(self._running(state)):
+                previous = None
+                for name, _, _ in job.placements:
+                    if name != previous:  # a pod per slot: most of a job's slots sit on one node
+                        on_node.setdefault(name, []).append((position, job))
+                        previous = name
+            self._on_node = on_node
+        picked: dict[int, Job] = {}
+        for node in nodes:
+            picked.update(self._on_node.get(node.name, ()))
+        return [picked[position] for position in sorted(picked)]
+
     def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
         """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
-        if self._allowed_for[0] is not job:
-            self._allowed_for = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
-        return self._allowed_for[1]
+        known = self._allowed.get(job.name)
+        if known is None or known[0] is not job:
+            known = self._allowed[job.name] = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
+        return known[1]
 
     def _ran(self, job: Job, now: float) -> None:
         """``job`` started in this pass: list the running jobs again, forget the candidates found, raise the bounds."""
-        self._running_jobs, self._found = None, {}
+        self._running_jobs, self._on_node, self._found = None, None, {}
         if self._running_bounds is not None:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
@@ -124,7 +148,7 @@ class VictimSearch:
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
         out = []
-        for victim in self._running(state):
+        for victim in self._running(state) if allowed is None else self._running_on(state, allowed):
             if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
                 continue
             if not (preempting and victim.priority < job.priority):
