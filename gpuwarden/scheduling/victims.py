@@ -260,14 +260,18 @@ def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[No
     if need <= 0:
         return True
     names = {node.name for node in allowed}
-    freed: dict[tuple[str, int], int] = {}
+    freed: dict[str, dict[int, int]] = {}  # node -> GPU -> milli freed
     for victim in candidates:
         for node_name, gpu, amount in victim.placements:
             if node_name in names and not isinstance(amount, str):
-                freed[(node_name, gpu)] = freed.get((node_name, gpu), 0) + amount
+                on_node = freed.setdefault(node_name, {})
+                on_node[gpu] = on_node.get(gpu, 0) + amount
     pods = 0
     for node in allowed:
-        whole = sum(1 for gpu, free in enumerate(node.gpu_free) if free + freed.get((node.name, gpu), 0) >= MILLI)
+        extra = freed.get(node.name)
+        # a node no candidate runs on: its whole free GPUs as they are (free milli never exceeds MILLI)
+        whole = node.whole_free() if extra is None else \
+            sum(1 for gpu, free in enumerate(node.gpu_free) if free + extra.get(gpu, 0) >= MILLI)
         pods += whole // need
         if pods >= job.pods:
             return True
