@@ -3,7 +3,8 @@
 Decisions are made on a working copy of the cluster (``State``) through a ``Statement`` (checkpoint
 / rollback). The scheduler returns ``Decision`` objects and never touches a cluster: ``planner.plan``
 turns them into fleet actions for the actuator, the simulator carries them out through
-``SimCluster``, and the replays drive the same pass over traces.
+``SimCluster``, and the replays drive the same pass over traces. Who a blocked job may preempt, and
+the service levels it compares, are :mod:`.victims` (``VictimSearch``, which ``Scheduler`` inherits).
 """
 
 from __future__ import annotations
