@@ -5,7 +5,7 @@ gather a pod's GPUs on one node. Both must answer what the full search answers."
 from __future__ import annotations
 
 from gpuwarden.scheduling import POLICIES, Job, JobState, NodeState, Scheduler, State
-from gpuwarden.scheduling.scheduler import _whole_room_after_evicting
+from gpuwarden.scheduling.victims import _whole_room_after_evicting
 
 HIGH_SERVICE = 10 * 3600.0  # GPU-seconds: tiresias level 1 (edges 1 GPU-h and 10 GPU-h)
 

@@ -3,20 +3,21 @@
 Decisions are made on a working copy of the cluster (``State``) through a ``Statement`` (checkpoint
 / rollback). The scheduler returns ``Decision`` objects and never touches a cluster: ``planner.plan``
 turns them into fleet actions for the actuator, the simulator carries them out through
-``SimCluster``, and the replays drive the same pass over traces.
+``SimCluster``, and the replays drive the same pass over traces. Who a blocked job may preempt, and
+the service levels it compares, are :mod:`.victims` (``VictimSearch``, which ``Scheduler`` inherits).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
 from .placement import find_placement, node_allowed
-from .policy import PreemptMode, QueueOrder, QueuePolicy, policy_named
+from .policy import PreemptMode, QueuePolicy, policy_named
 from .quotas import Admission
-from .state import MILLI, WAITING, Job, JobState, NodeState, Slot, State, Statement
+from .state import WAITING, Job, JobState, NodeState, Slot, State, Statement
+from .victims import VictimSearch
 
 
 class DecisionKind(StrEnum):
@@ -50,33 +51,16 @@ class QueueEntry(TypedDict):
 SortKey = tuple[int, int, int, float, str] | tuple[int, int, float, str]
 
 
-class Scheduler:
+class Scheduler(VictimSearch):
     """One scheduling pass over a ``State``: returns decisions and leaves the state updated."""
 
     max_preemption_attempts = 8  # blocked jobs per pass that may look for victims
 
     def __init__(self, policy: QueuePolicy | str = "gpuwarden") -> None:
-        self.policy = policy_named(policy) if isinstance(policy, str) else policy
+        super().__init__(policy_named(policy) if isinstance(policy, str) else policy)
         self._state: State | None = None
-        self._service_levels: dict[str, int] = {}
-        self._mixed_fleet = True  # MIG GPUs or nodes some jobs may not use: victims need filtering
-        # (highest service level, lowest priority) any job running in this pass has had: None until
-        # asked for. Bounds, not exact: an eviction does not lower them.
-        self._running_bounds: tuple[int, int] | None = None
 
-    # -- ordering ---------------------------------------------------------------------------
-    def level(self, job: Job, now: float, aging: bool = True) -> int:
-        """Service level (LAS): 0 for jobs that received little service, higher for more.
-        Aging lifts waiting jobs in the *order* only; preemption compares levels without aging."""
-        if self.policy.order != QueueOrder.LAS:
-            return 0
-        level = self._service_levels.get(job.name)
-        if level is None:  # attained service does not change within a pass
-            level = self._service_levels[job.name] = sum(1 for t in self.policy.las_thresholds if job.attained >= t)
-        if aging and self.policy.aging_seconds and job.state != JobState.RUNNING:
-            level -= int((now - job.submitted) // self.policy.aging_seconds)
-        return level
-
+    # -- ordering (service levels: ``VictimSearch.level``) -----------------------------------------
     def sort_key(self, job: Job, now: float) -> SortKey:
         if self.policy.guarantee_first:
             within = self.policy.quotas and self._state is not None and self._state.quotas.within_guarantee(job)
@@ -91,10 +75,7 @@ class Scheduler:
     # -- one pass -----------------------------------------------------------------------------
     def schedule(self, state: State, now: float) -> list[Decision]:
         policy = self.policy
-        self._service_levels = {}
-        self._running_bounds = None
-        self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
-            or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
+        self._begin_pass(state)
         decisions: list[Decision] = []
         statement = Statement(state)
         blocked_head = False
@@ -163,9 +144,7 @@ class Scheduler:
 
     def _started(self, job: Job, placements: list[Slot], now: float, reason: str = "") -> Decision:
         """The decision that starts ``job`` (already allocated): BIND the first time, else RESUME."""
-        if self._running_bounds is not None:
-            level, priority = self._running_bounds
-            self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
+        self._ran(job, now)
         kind = DecisionKind.RESUME if job.started is not None or job.progress > 0 else DecisionKind.BIND
         job.started = now
         if job.first_started is None:
@@ -247,148 +226,6 @@ class Scheduler:
                             reason + " (checkpoint, then pause; resumes when capacity returns)")
         victim.state = JobState.PENDING  # the caller rolls progress back to the last periodic checkpoint
         return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)")
-
-    def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
-        """False when no running job can be a victim of ``job``: none of a lower priority, none at
-        ``las_floor`` or above, no other team borrowing (two numbers, not a scan of the running jobs)."""
-        if self._running_bounds is None:
-            running = [j for j in state.jobs.values() if j.state == JobState.RUNNING]
-            self._running_bounds = (max((self.level(j, now, aging=False) for j in running), default=-1),
-                                    min((j.priority for j in running), default=job.priority))
-        top_level, lowest_priority = self._running_bounds
-        return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
-                or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
-                or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
-                                       for team, flavour in state.quotas.usage)))
-
-    def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
-        policy = self.policy
-        las_mode = policy.preempt == PreemptMode.LAS
-        # levels do not change within a pass: the job's once, not once per running job
-        las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
-        reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-        if not self._may_have_victims(state, job, las_floor, reclaiming, now):
-            return []
-        borrowed: dict[tuple[str, str], bool] = {}
-        usable = self._usable_victim(state, job) if self._mixed_fleet else None
-        out = []
-        for victim in state.jobs.values():
-            if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
-                continue
-            # hysteresis: a job that (re)started less than min_run_seconds ago is not LAS-demoted
-            # (reclaim of a guarantee and higher priority classes still may preempt it)
-            young = now - (victim.started if victim.started is not None else now) < policy.min_run_seconds
-            lower_priority = victim.priority < job.priority
-            reclaim = False
-            if reclaiming and victim.team != job.team and victim.priority <= job.priority:
-                key = (victim.team, victim.flavour)
-                reclaim = borrowed.setdefault(key, state.quotas.borrowed(*key) > 1e-9)
-            las = (las_mode and victim.priority == job.priority and not young
-                   and self.level(victim, now, aging=False) >= las_floor)
-            if las_mode and policy.quotas and las:
-                # never push a team below its guarantee to serve another team's borrowing
-                if victim.team != job.team and not self._keeps_guarantee(state, victim):
-                    las = False
-                if verdict == Admission.BORROW and victim.team != job.team and not policy.borrower_las:
-                    las = False
-            if ((policy.preempt != PreemptMode.NONE and lower_priority) or reclaim or las) \
-                    and (usable is None or usable(victim)):
-                out.append(victim)
-
-        def cost(v: Job) -> tuple[int, bool, int, float, float]:
-            lost = (now - (v.started or now)) if not v.checkpointable else 0.0
-            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
-
-        return sorted(out, key=cost)
-
-    @staticmethod
-    def _usable_victim(state: State, job: Job) -> Callable[[Job], bool]:
-        """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use,
-        nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
-        allowed = {name for name, node in state.nodes.items() if node_allowed(job, node)}
-        wants_mig = job.mig_profile is not None
-        any_gpu = job.milli < MILLI and not wants_mig
-
-        def usable(victim: Job) -> bool:
-            return any(node in allowed and (any_gpu or isinstance(amount, str) == wants_mig)
-                       for node, _, amount in victim.placements)
-        return usable
-
-    def _keeps_guarantee(self, state: State, victim: Job) -> bool:
-        """Whether evicting ``victim`` leaves its team at or above its guarantee (it only gives back borrowed GPUs)."""
-        spec = state.quotas.spec(victim.team, victim.flavour)
-        if spec is None:
-            return True
-        if self.policy.las_keep_guarantee:
-            return state.quotas.used(victim.team, victim.flavour) - victim.gpu_equivalents >= spec.guaranteed - 1e-9
-        return state.quotas.used(victim.team, victim.flavour) > spec.guaranteed + 1e-9
-
-    def _preempt_for(self, state: State, statement: Statement, job: Job, verdict: Admission,
-                     now: float) -> tuple[list[Job], list[Slot] | None, str]:
-        policy = self.policy
-        if policy.preempt == PreemptMode.NONE and not policy.reclaim:
-            return [], None, ""
-        candidates = self._candidates(state, job, verdict, now)
-        if not candidates:
-            return [], None, ""
-        need = job.pods * job.gpus_per_pod
-        allowed = [node for node in state.nodes.values() if node_allowed(job, node)]
-
-        def free_here() -> int:
-            return sum(node.whole_free() for node in allowed)
-
-        if job.whole:
-            freeable = free_here() + sum(len(v.placements) for v in candidates)
-            if freeable < need:
-                return [], None, "not enough preemptible GPUs"
-            if not _whole_room_after_evicting(job, candidates, allowed):
-                return [], None, "preemption would not free enough room"  # what trying victim by victim finds
-        mark = statement.checkpoint()
-        victims: list[Job] = []
-        for victim in candidates:
-            if (policy.quotas and policy.las_keep_guarantee and victim.team != job.team
-                    and victim.priority >= job.priority and not (verdict == Admission.NOMINAL and policy.reclaim)
-                    and not self._keeps_guarantee(state, victim)):
-                continue  # earlier victims already took this team down to its guarantee
-            statement.evict(victim)
-            victims.append(victim)
-            if job.whole and free_here() < need:
-                continue  # not enough whole GPUs free yet: no placement can exist
-            placements, _ = find_placement(state, job, policy.placement)
-            if placements is not None:
-                # keep only victims that were needed: try giving back each (latest first)
-                for v in reversed(victims[:-1]):
-                    m2 = statement.checkpoint()
-                    statement.allocate(v, statement.evicted_placements(v))
-                    if find_placement(state, job, policy.placement)[0] is None:
-                        statement.rollback(m2)
-                    else:
-                        victims.remove(v)
-                placements, _ = find_placement(state, job, policy.placement)
-                return victims, placements, ""
-        statement.rollback(mark)
-        return [], None, "preemption would not free enough room"
-
-
-def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[NodeState]) -> bool:
-    """Whether evicting every candidate would leave whole GPUs for all pods of ``job`` (each pod on one
-    node): a necessary condition, checked before the search that evicts and places victim by victim."""
-    need = job.gpus_per_pod
-    if need <= 0:
-        return True
-    names = {node.name for node in allowed}
-    freed: dict[tuple[str, int], int] = {}
-    for victim in candidates:
-        for node_name, gpu, amount in victim.placements:
-            if node_name in names and not isinstance(amount, str):
-                freed[(node_name, gpu)] = freed.get((node_name, gpu), 0) + amount
-    pods = 0
-    for node in allowed:
-        whole = sum(1 for gpu, free in enumerate(node.gpu_free) if free + freed.get((node.name, gpu), 0) >= MILLI)
-        pods += whole // need
-        if pods >= job.pods:
-            return True
-    return False
 
 
 def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[QueueEntry]:

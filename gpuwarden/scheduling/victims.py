@@ -1,0 +1,278 @@
+"""The victim search of a scheduling pass: which running jobs a blocked job may preempt, and the
+fewest of them that make room. ``Scheduler`` inherits it; it reads the pass's policy and the per-pass
+facts kept here (service levels, the running jobs), which are what make a pass over a busy fleet fast.
+
+Speed without changing a decision (pinned by tests/test_whatif_pinned.py): the running jobs are
+listed once a pass (again after a start) instead of scanning every job, waiting ones included, for
+each blocked job; a service level is a bisection of the sorted level edges; the highest running
+level is the level of the running job with the most attained service (levels only grow with it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from operator import attrgetter
+
+from .placement import find_placement, node_allowed
+from .policy import PreemptMode, QueueOrder, QueuePolicy
+from .quotas import Admission
+from .state import MILLI, Job, JobState, NodeState, Slot, State, Statement
+
+_ATTAINED, _PRIORITY = attrgetter("attained"), attrgetter("priority")
+
+
+class VictimSearch:
+    """Service levels and the victim search, with the facts they keep for one pass."""
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self._level_edges = tuple(sorted(policy.las_thresholds))  # level = edges at or below attained service
+        self._mixed_fleet = True  # MIG GPUs or nodes some jobs may not use: victims need filtering
+        # (highest service level, lowest priority) any job running in this pass has had: None until
+        # asked for. Bounds, not exact: an eviction does not lower them.
+        self._running_bounds: tuple[int, int] | None = None
+        self._running_jobs: list[Job] | None = None  # RUNNING at listing time, in state.jobs order
+        self._on_node: dict[str, list[tuple[int, Job]]] | None = None  # node -> (position, job) of those
+        self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
+        # per job, the nodes it may ever use: a State's nodes and a job's request stay as they are while
+        # one scheduler schedules them (the replays; the live round builds a scheduler per round)
+        self._allowed: dict[str, tuple[Job, list[NodeState]]] = {}
+        self._allowed_in: State | None = None
+
+    def _begin_pass(self, state: State) -> None:
+        self._running_bounds = None
+        self._running_jobs, self._on_node, self._found = None, None, {}
+        if state is not self._allowed_in:
+            self._allowed, self._allowed_in = {}, state
+        self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
+            or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
+
+    def _running(self, state: State) -> list[Job]:
+        """Jobs running now, in ``state.jobs`` order (a superset once some are evicted: callers check
+        the state). A start in the pass must call :meth:`_ran` so that its job is listed."""
+        if self._running_jobs is None:
+            running = JobState.RUNNING
+            self._running_jobs = [j for j in state.jobs.values() if j.state == running]
+        return self._running_jobs
+
+    def _running_on(self, state: State, nodes: list[NodeState]) -> list[Job]:
+        """The running jobs with a pod on one of ``nodes``, in ``state.jobs`` order (placements change
+        in a pass only by a start, which lists the running jobs again, or an eviction, after which
+        the caller's state check skips the job)."""
+        if self._on_node is None:
+            on_node: dict[str, list[tuple[int, Job]]] = {}
+            for position, job in enumerate(self._running(state)):
+                previous = None
+                for name, _, _ in job.placements:
+                    if name != previous:  # a pod per slot: most of a job's slots sit on one node
+                        on_node.setdefault(name, []).append((position, job))
+                        previous = name
+            self._on_node = on_node
+        picked: dict[int, Job] = {}
+        for node in nodes:
+            picked.update(self._on_node.get(node.name, ()))
+        return [picked[position] for position in sorted(picked)]
+
+    def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
+        """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
+        known = self._allowed.get(job.name)
+        if known is None or known[0] is not job:
+            known = self._allowed[job.name] = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
+        return known[1]
+
+    def _ran(self, job: Job, now: float) -> None:
+        """``job`` started in this pass: list the running jobs again, forget the candidates found, raise the bounds."""
+        self._running_jobs, self._on_node, self._found = None, None, {}
+        if self._running_bounds is not None:
+            level, priority = self._running_bounds
+            self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
+
+    def _service_level(self, attained: float) -> int:
+        """Level edges (GPU-seconds) at or below ``attained``; 0 for a policy that does not order by LAS."""
+        return bisect_right(self._level_edges, attained) if self.policy.order == QueueOrder.LAS else 0
+
+    def level(self, job: Job, now: float, aging: bool = True) -> int:
+        """Service level (LAS): 0 for jobs that received little service, higher for more.
+        Aging lifts waiting jobs in the *order* only; preemption compares levels without aging."""
+        if self.policy.order != QueueOrder.LAS:
+            return 0
+        level = bisect_right(self._level_edges, job.attained)
+        if aging and self.policy.aging_seconds and job.state != JobState.RUNNING:
+            level -= int((now - job.submitted) // self.policy.aging_seconds)
+        return level
+
+    def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
+        """False when no running job can be a victim of ``job``: none of a lower priority, none at
+        ``las_floor`` or above, no other team borrowing (two numbers, not a scan of the running jobs)."""
+        if self._running_bounds is None:  # the running list may hold jobs evicted since: bounds all the same
+            running = self._running(state)
+            most = max(map(_ATTAINED, running), default=None)  # levels only grow with attained service
+            self._running_bounds = (-1 if most is None else self._service_level(most),
+                                    min(map(_PRIORITY, running), default=job.priority))
+        top_level, lowest_priority = self._running_bounds
+        return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
+                or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
+                or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
+                                       for team, flavour in state.quotas.usage)))
+
+    def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
+        policy = self.policy
+        las_mode = policy.preempt == PreemptMode.LAS
+        # levels do not change within a pass: the job's once, not once per running job
+        las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
+        if not self._may_have_victims(state, job, las_floor, policy.reclaim and verdict == Admission.NOMINAL, now):
+            return []
+        allowed = self._allowed_nodes(state, job) if self._mixed_fleet else None
+        # what the answer depends on: the same for the next blocked job alike until a start changes the state
+        key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
+               None if allowed is None else tuple(node.name for node in allowed))
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed)
+        return found
+
+    def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
+              allowed: list[NodeState] | None) -> list[Job]:
+        """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
+        is None) that the policy lets it evict."""
+        policy = self.policy
+        las_mode = policy.preempt == PreemptMode.LAS
+        reclaiming = policy.reclaim and verdict == Admission.NOMINAL
+        usable = None if allowed is None else _usable_victim(job, allowed)
+        edges, min_run = self._level_edges, policy.min_run_seconds
+        preempting = policy.preempt != PreemptMode.NONE
+        # LAS takes from another team only what the team can give: never below its guarantee to
+        # serve another team's borrowing, and not for a borrowing job unless borrower_las
+        guarded, borrowing_blocks = las_mode and policy.quotas, verdict == Admission.BORROW and not policy.borrower_las
+        reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
+        keeps: dict[tuple[str, str, float], bool] = {}
+        out = []
+        for victim in self._running(state) if allowed is None else self._running_on(state, allowed):
+            if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
+                continue
+            if not (preempting and victim.priority < job.priority):
+                other_team = victim.team != job.team
+                reclaim = False
+                if reclaiming and other_team and victim.priority <= job.priority:
+                    key = (victim.team, victim.flavour)
+                    if (found := reclaimable.get(key)) is None:
+                        found = reclaimable[key] = state.quotas.borrowed(*key) > 1e-9
+                    reclaim = found
+                if not reclaim:
+                    # LAS, with hysteresis: a job that (re)started less than min_run_seconds ago is not
+                    # demoted (reclaim of a guarantee and higher priority classes still may preempt it)
+                    if not (las_mode and victim.priority == job.priority
+                            and now - (victim.started if victim.started is not None else now) >= min_run
+                            and bisect_right(edges, victim.attained) >= las_floor):  # self.level, inlined
+                        continue
+                    if guarded and other_team and (borrowing_blocks or not self._keeps(state, victim, keeps)):
+                        continue
+            if usable is None or usable(victim):
+                out.append(victim)
+
+        def cost(v: Job) -> tuple[int, bool, int, float, float]:
+            lost = (now - (v.started or now)) if not v.checkpointable else 0.0
+            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
+
+        return sorted(out, key=cost)
+
+    def _keeps(self, state: State, victim: Job, known: dict[tuple[str, str, float], bool]) -> bool:
+        """:meth:`_keeps_guarantee`, remembered in ``known`` for one scan (it reads the team and the size only)."""
+        key = (victim.team, victim.flavour, victim.gpu_equivalents)
+        if (keeps := known.get(key)) is None:
+            keeps = known[key] = self._keeps_guarantee(state, victim)
+        return keeps
+
+    def _keeps_guarantee(self, state: State, victim: Job) -> bool:
+        """Whether evicting ``victim`` leaves its team at or above its guarantee (it only gives back borrowed GPUs)."""
+        spec = state.quotas.spec(victim.team, victim.flavour)
+        if spec is None:
+            return True
+        if self.policy.las_keep_guarantee:
+            return state.quotas.used(victim.team, victim.flavour) - victim.gpu_equivalents >= spec.guaranteed - 1e-9
+        return state.quotas.used(victim.team, victim.flavour) > spec.guaranteed + 1e-9
+
+    def _preempt_for(self, state: State, statement: Statement, job: Job, verdict: Admission,
+                     now: float) -> tuple[list[Job], list[Slot] | None, str]:
+        policy = self.policy
+        if policy.preempt == PreemptMode.NONE and not policy.reclaim:
+            return [], None, ""
+        candidates = self._candidates(state, job, verdict, now)
+        if not candidates:
+            return [], None, ""
+        need = job.pods * job.gpus_per_pod
+        allowed = self._allowed_nodes(state, job)
+
+        def free_here() -> int:
+            return sum(node.whole_free() for node in allowed)
+
+        if job.whole:
+            freeable = free_here() + sum(len(v.placements) for v in candidates)
+            if freeable < need:
+                return [], None, "not enough preemptible GPUs"
+            if not _whole_room_after_evicting(job, candidates, allowed):
+                return [], None, "preemption would not free enough room"  # what trying victim by victim finds
+        mark = statement.checkpoint()
+        victims: list[Job] = []
+        for victim in candidates:
+            if (policy.quotas and policy.las_keep_guarantee and victim.team != job.team
+                    and victim.priority >= job.priority and not (verdict == Admission.NOMINAL and policy.reclaim)
+                    and not self._keeps_guarantee(state, victim)):
+                continue  # earlier victims already took this team down to its guarantee
+            statement.evict(victim)
+            victims.append(victim)
+            if job.whole and free_here() < need:
+                continue  # not enough whole GPUs free yet: no placement can exist
+            placements, _ = find_placement(state, job, policy.placement)
+            if placements is not None:
+                # keep only victims that were needed: try giving back each (latest first)
+                for v in reversed(victims[:-1]):
+                    m2 = statement.checkpoint()
+                    statement.allocate(v, statement.evicted_placements(v))
+                    if find_placement(state, job, policy.placement)[0] is None:
+                        statement.rollback(m2)
+                    else:
+                        victims.remove(v)
+                placements, _ = find_placement(state, job, policy.placement)
+                return victims, placements, ""
+        statement.rollback(mark)
+        return [], None, "preemption would not free enough room"
+
+
+def _usable_victim(job: Job, allowed: list[NodeState]) -> Callable[[Job], bool]:
+    """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use (not in
+    ``allowed``), nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
+    names = {node.name for node in allowed}
+    wants_mig = job.mig_profile is not None
+    any_gpu = job.milli < MILLI and not wants_mig
+
+    def usable(victim: Job) -> bool:
+        return any(node in names and (any_gpu or isinstance(amount, str) == wants_mig)
+                   for node, _, amount in victim.placements)
+    return usable
+
+
+def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[NodeState]) -> bool:
+    """Whether evicting every candidate would leave whole GPUs for all pods of ``job`` (each pod on one
+    node): a necessary condition, checked before the search that evicts and places victim by victim."""
+    need = job.gpus_per_pod
+    if need <= 0:
+        return True
+    names = {node.name for node in allowed}
+    freed: dict[str, dict[int, int]] = {}  # node -> GPU -> milli freed
+    for victim in candidates:
+        for node_name, gpu, amount in victim.placements:
+            if node_name in names and not isinstance(amount, str):
+                on_node = freed.setdefault(node_name, {})
+                on_node[gpu] = on_node.get(gpu, 0) + amount
+    pods = 0
+    for node in allowed:
+        extra = freed.get(node.name)
+        # a node no candidate runs on: its whole free GPUs as they are (free milli never exceeds MILLI)
+        whole = node.whole_free() if extra is None else \
+            sum(1 for gpu, free in enumerate(node.gpu_free) if free + extra.get(gpu, 0) >= MILLI)
+        pods += whole // need
+        if pods >= job.pods:
+            return True
+    return False
