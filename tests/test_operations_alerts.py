@@ -27,7 +27,7 @@ def _alerts() -> dict[str, dict]:
 def test_promtool_checks_and_unit_tests_pass():
     promtool = binary("promtool", "prometheus")
     check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
     test = subprocess.run([promtool, "test", "rules", TESTS.name], cwd=TESTS.parent, capture_output=True, text=True, timeout=60)
     assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
 
@@ -39,14 +39,15 @@ def test_every_alert_has_a_firing_and_a_must_not_fire_case():
             cases.setdefault(case["alertname"], set()).add("fires" if case.get("exp_alerts") else "silent")
     alerts = set(_alerts())
     assert {"GpuwardenCriticalFinding", "GpuFellOffTheBus", "GpuwardenCircuitBreakerOpen", "GpuwardenApprovalWaiting",
-            "GpuwardenActuatorNotReconciling", "GpuwardenSamplesStale"} <= alerts
+            "GpuwardenActuatorNotReconciling", "GpuwardenActuatorRoundsStopped", "GpuwardenSamplesStale"} <= alerts
     for alert in alerts:
         assert cases.get(alert) == {"fires", "silent"}, f"{alert}: cases {cases.get(alert)}"
 
 
 def test_alerts_read_metrics_gpuwarden_serves():
     served = {PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _, _) in METRICS.items()}
-    served |= {"gpuwarden_actuator_circuit_open"}  # the actuator process's own gauge (actuator/apply.py)
+    served |= {"gpuwarden_actuator_circuit_open",  # the actuator process's own gauges (actuator/apply.py, loop.py)
+               "gpuwarden_actuator_last_round_timestamp_seconds"}
     from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics  # the scheduler process's own /metrics
 
     served |= {sample.name for family in SchedulerMetrics().registry.collect() for sample in family.samples}
