@@ -166,15 +166,20 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str, float]:
 import pytest  # noqa: E402
 
 
+def report_idle_from(answer, timeout_s: str, capsys):
+    """``report idle`` against a scripted Prometheus answering with ``answer``: (exit, out, err, seconds)."""
+    server = Scripted(answer)
+    try:
+        return run_cli(["report", "idle", "--source", "prometheus", "--prometheus-url", server.url,
+                        "--prometheus-timeout", timeout_s], capsys)
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("answer", [trickle, late, drip_headers], ids=["trickled-body", "answer-after-deadline",
                                                                     "dripped-head"])
 def test_a_slow_prometheus_fails_at_the_timeout_not_per_socket_read(answer, capsys):
-    server = Scripted(answer)
-    try:
-        code, _, err, elapsed_s = run_cli(["report", "idle", "--source", "prometheus", "--prometheus-url", server.url,
-                                           "--prometheus-timeout", "1"], capsys)
-    finally:
-        server.close()
+    code, _, err, elapsed_s = report_idle_from(answer, "1", capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "no whole answer within 1 s (--prometheus-timeout)" in err
     assert elapsed_s < 2.5, elapsed_s  # the timeout plus a small margin (it used to be unbounded)
@@ -227,12 +232,7 @@ WRONG_SHAPES = {
 
 @pytest.mark.parametrize("payload", WRONG_SHAPES.values(), ids=WRONG_SHAPES.keys())
 def test_valid_json_of_the_wrong_shape_is_one_line_naming_what_was_expected(payload, capsys):
-    server = Scripted(json_answer(payload))
-    try:
-        code, _, err, _ = run_cli(["report", "idle", "--source", "prometheus", "--prometheus-url", server.url,
-                                   "--prometheus-timeout", "5"], capsys)
-    finally:
-        server.close()
+    code, _, err, _ = report_idle_from(json_answer(payload), "5", capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "unexpected answer from Prometheus" in err and "expected" in err and "this is a bug" not in err, err
 
