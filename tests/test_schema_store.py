@@ -303,3 +303,19 @@ def test_a_reader_mixin_validates_rows_it_did_not_coerce():
     source = Checked()
     assert len(source.read()) == 3 * 4 - 2
     assert source.validation.rejected_total == 2 and isinstance(source, Raw)
+
+
+def test_a_scrape_with_two_ratios_just_above_one_keeps_its_other_rows(tmp_path):
+    """The percent-column refusal is for a user's whole file: a scrape's few rows (two GPUs reading
+    1.02) are too few to tell, so those two rows are rejected and the rest are stored, as before."""
+    scrape = make_samples(steps=1, gpus=8, start="2026-11-30T00:00:00Z")
+    scrape.loc[[0, 1], "gpu_util_ratio"] = 1.02
+    store = LocalStore(tmp_path / "s")
+    store.append(scrape)
+    assert len(store.read()) == 6
+    path = tmp_path / "many.csv"
+    many = make_samples(steps=10, gpus=4)
+    many["gpu_util_ratio"] = many["gpu_util_ratio"] * 100  # a whole file in percent: refused
+    many.to_csv(path, index=False)
+    with pytest.raises(SamplesError, match="looks like percent"):
+        load_samples(path)

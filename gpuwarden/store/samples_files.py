@@ -37,7 +37,7 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
             raise
         except Exception as error:  # noqa: BLE001 pyarrow raises several types for a corrupt file
             raise SamplesError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
-        return _checked(coerce(frame, source=str(path), report=report, now=now), report)
+        return _checked(coerce(frame, source=str(path), report=report, now=now, whole_file=True), report)
     if suffixes.endswith(".csv") or suffixes.endswith(".csv.gz"):
         try:
             header = pd.read_csv(path, header=None, nrows=1, dtype=str, encoding="utf-8")
@@ -55,7 +55,7 @@ def load_samples(path: str | Path, report: ValidationReport | None = None, now: 
             raise SamplesError(f"{path}: not a readable CSV file ({_first_line(error)})") from None
         except OSError as error:
             raise SamplesError(f"{path}: cannot read ({error.strerror or _first_line(error)})") from None
-        return _checked(coerce(frame, source=str(path), line_offset=2, report=report, now=now), report)
+        return _checked(coerce(frame, source=str(path), line_offset=2, report=report, now=now, whole_file=True), report)
     raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
 
 

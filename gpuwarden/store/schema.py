@@ -136,14 +136,17 @@ def _where(source: str, row_position: int, line_offset: int | None) -> str:
 
 
 def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None = None,
-           report: ValidationReport | None = None, now: pd.Timestamp | None = None) -> pd.DataFrame:
+           report: ValidationReport | None = None, now: pd.Timestamp | None = None,
+           whole_file: bool = False) -> pd.DataFrame:
     """Return ``frame`` with exactly the schema's columns, in order, with the schema's dtypes,
     without the rows that fail validation (see the module docstring).
 
     ``line_offset`` maps a row position to a file line (2 for a CSV with a header) so errors can
     name the line; without it errors name the row. Rejected rows are counted in ``report``; with
     no ``report`` given they are logged as one warning. ``now`` (default: the wall clock) bounds
-    timestamps.
+    timestamps. ``whole_file``: ``frame`` is a user's whole file, so a ``_ratio`` column that looks
+    like percent is refused whole; a scrape's few rows are too few to tell, and a stray value above
+    1 there stays a rejected row.
     """
     rejections = _Rejections(frame, source, line_offset, report)
     reject = rejections.reject
@@ -176,7 +179,8 @@ def coerce(frame: pd.DataFrame, source: str = "samples", line_offset: int | None
             raise SamplesError(f"{_where(source, position, line_offset)}: column {name!r} is empty; it is required")
         out[name] = values
     result = pd.DataFrame(out)
-    _refuse_percent_ratios(result, source, line_offset)
+    if whole_file:
+        _refuse_percent_ratios(result, source, line_offset)
     if len(result):
         _validate_rows(result, reject, pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now))
     return rejections.kept(result)
