@@ -237,6 +237,7 @@ def test_approve_mode_is_paced_like_auto_a_person_approving_a_fleet_wide_event_g
     for _ in range(2):
         quiet = fleet.round([fleet.finding(n, EVENT) for n in event[1:]], 120)
         assert applied(quiet) == [] and held(quiet) == []
+        assert not any(e.outcome == Outcome.AWAITING_APPROVAL for e in quiet)  # approved, held: not asked again
     assert fleet.cordoned() == ["n0"]
 
     # n0 quiet for 300 s since the first round that saw it (t=120 s): proven, the window doubles and

@@ -253,7 +253,9 @@ class Actuator:
 
     def _queue(self, plan: Plan) -> list[AuditEntry]:
         records = self.audit.records()
+        # waiting for a person, or approved and held (by the window or the pace): never asked again
         waiting = {(p.kind, p.target) for p in approvals.pending_from(records)}
+        waiting |= {(str(a.get("kind")), str(a.get("target"))) for a, _ in approvals.approved_not_applied(records)}
         quiet_since = self.clock.now() - REJECTED_QUIET
         by_id = {str(r["approval_id"]): r for r in records
                  if r.get("outcome") == Outcome.AWAITING_APPROVAL.value and r.get("approval_id") is not None}
