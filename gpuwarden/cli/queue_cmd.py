@@ -12,6 +12,7 @@ http://127.0.0.1:8083 (``kubectl port-forward svc/gpuwarden-scheduler 8083`` rea
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import urllib.error
@@ -80,7 +81,8 @@ def _shape_problem(document: object) -> str | None:
             return f"expected '{key}' to be a list of JSON objects"
     for item in document["workloads"]:
         waiting = item.get("waiting_seconds")
-        if waiting is not None and (isinstance(waiting, bool) or not isinstance(waiting, int | float)):
+        if waiting is not None and (isinstance(waiting, bool) or not isinstance(waiting, int | float)
+                                    or not math.isfinite(waiting)):
             return f"workload {str(item.get('workload'))[:80]!r}: waiting_seconds {str(waiting)[:40]!r} is not a number"
     return None
 
@@ -93,7 +95,7 @@ def _waiting(seconds: float) -> str:
 
 def _short_time(iso: str | None) -> str:
     """An ISO time as ``MM-DD HH:MM`` UTC for the table; empty when unknown."""
-    if not iso:
+    if not iso or not isinstance(iso, str):  # a wrong-shaped answer's value: nothing to show
         return ""
     from datetime import UTC, datetime
 

@@ -54,7 +54,7 @@ class Board:
             if bundle is not None:
                 self._entries.move_to_end(key)
         if bundle is None:
-            bundle = report_bundle.load(path, kind, window.key)
+            bundle = report_bundle.load(path, kind, window.key + variant)  # as saved: per book too
             if bundle is not None:
                 self._keep(key, bundle)
         if bundle is not None and bundle.version == version and bundle.start == window.start and bundle.end == window.end:

@@ -10,11 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import KubeApi, KubeFailure, load_client
+    from .api import KubeApi, load_client
+    from .failure import KubeFailure
     from .cluster import KubeCluster
     from .lease import LeaderElector
 
-_MODULE_OF = {"KubeApi": "api", "KubeFailure": "api", "load_client": "api", "KubeCluster": "cluster",
+_MODULE_OF = {"KubeApi": "api", "KubeFailure": "failure", "load_client": "api", "KubeCluster": "cluster",
               "LeaderElector": "lease"}
 __all__ = ["KubeApi", "KubeCluster", "KubeFailure", "LeaderElector", "load_client"]
 
