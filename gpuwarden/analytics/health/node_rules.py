@@ -79,7 +79,9 @@ def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list
         ("every counter dropped (reset)", node_share(b, s["counter_reset"], np.ones(len(s), dtype=bool))))
     gpus_on_node = np.bincount(np.unique(s["node"] * (int(s["gpu"].max(initial=0)) + 1) + s["gpu"]) // (
         int(s["gpu"].max(initial=0)) + 1), minlength=len(s.nodes))
-    clock = np.exp(s["log_clock_ratio"])
+    # against the model and pool at any power: under a node power cap the node's GPUs are each
+    # other's same-power peers, so the same-power ratio reads 1.0 there
+    clock = np.exp(s["log_clock_vs_pool"])
     for kind, parts in signals.items():
         flag = np.zeros(len(s), dtype=bool)
         for _, rows in parts:
@@ -92,7 +94,7 @@ def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list
                    "signal": "; ".join(name for name, part in parts if part[rows].any()),
                    "gpus_affected": int(np.unique(s["gpu"][rows]).size),
                    "gpus_on_node": int(gpus_on_node[s["node"][rows[0]]]),
-                   "clock_vs_peers_median": _median(clock[rows]),
+                   "clock_vs_pool_median": _median(clock[rows]),
                    "node_temperature_excess_celsius_median": _median(excess[rows]),
                    "note": note},
                lambda rows: 0.5 + 0.05 * min(int(np.unique(s["gpu"][rows]).size), 8), unit="node")
