@@ -32,17 +32,19 @@ def _node_time(b: FindingBuilder) -> np.ndarray:
     return cache["key"]
 
 
-def node_share(b: FindingBuilder, flag: np.ndarray, eligible: np.ndarray, min_gpus: int | None = None) -> np.ndarray:
+def node_share(b: FindingBuilder, flag: np.ndarray, eligible: np.ndarray, min_gpus: int | None = None,
+               share: float | None = None) -> np.ndarray:
     """Per row: at this row's time, at least ``min_gpus`` (default ``node_wide_min_gpus``) of its
-    node's ``eligible`` GPUs, and at least ``node_wide_share`` of them, have ``flag`` (only eligible
-    rows count)."""
+    node's ``eligible`` GPUs, and at least ``share`` (default ``node_wide_share``) of them, have
+    ``flag`` (only eligible rows count)."""
     key = np.unique(_node_time(b), return_inverse=True)[1]
     eligible = np.asarray(eligible, dtype=bool)
     flagged = np.asarray(flag, dtype=bool) & eligible
     n_eligible = np.bincount(key, weights=eligible.astype(float))[key]
     n_flagged = np.bincount(key, weights=flagged.astype(float))[key]
     c = b.config
-    return (n_flagged >= (c.node_wide_min_gpus if min_gpus is None else min_gpus)) & (n_flagged >= c.node_wide_share * np.maximum(n_eligible, 1))
+    share = c.node_wide_share if share is None else share
+    return (n_flagged >= (c.node_wide_min_gpus if min_gpus is None else min_gpus)) & (n_flagged >= share * np.maximum(n_eligible, 1))
 
 
 def node_median(b: FindingBuilder, values: np.ndarray, eligible: np.ndarray, min_count: int = 3) -> np.ndarray:

@@ -282,12 +282,13 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     pool_clock, _ = s.window_mean(np.where(active, s["log_clock_vs_pool"], np.nan), window)
     node_pool_clock = node_median(b, pool_clock, eligible, c.node_wide_min_gpus)
     node_wide = eligible & (node_share(b, slow, eligible & ~errors) | (node_pool_clock <= -c.node_slow_margin))
-    # Slower than its node-mates too, and alone in that: several GPUs of one node slower than the rest
-    # together (one job's GPUs under a policy, with a faster job beside them) are the node's too. With
-    # no node-mate to compare with, not while its window still holds a node-wide slowdown.
+    # Slower than its node-mates too: half of a node's busy GPUs slower than the rest together (one
+    # job's GPUs under a policy, with a faster job beside them) are the node's too; fewer are
+    # stragglers (two faulty GPUs of eight are two findings). With no node-mate to compare with, not
+    # while its window still holds a node-wide slowdown.
     mates = node_median(b, clock, eligible & ~errors)
     below = slow & (clock - mates <= -c.straggler_node_margin)
-    several = node_share(b, below, below, min_gpus=2)
+    several = node_share(b, below, eligible & ~errors, min_gpus=2, share=0.5)
     node_wide |= several
     after_node_wide = s.window_count(node_wide, window) > 0
     after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
