@@ -1,8 +1,8 @@
 """The nodes of a ``State`` as arrays, so a placement scorer weighs every node in a few numpy operations.
 
 Built once from the ``NodeState``s and then booked beside them by ``State`` (the one place free
-capacity changes); ``version[n]`` grows with every change to node ``n``, so scorers recompute only
-nodes that changed. Rows pad nodes with fewer GPUs with zeros (a GPU with nothing free is never used);
+capacity changes); ``state_id[n]`` names node ``n``'s current state (see ``_intern``), so scorers
+score each state once. Rows pad nodes with fewer GPUs with zeros (a GPU with nothing free is never used);
 a MIG GPU's row entry is 0 too (its capacity lives in its instances).
 """
 
@@ -12,6 +12,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+MILLI = 1000  # milli-GPU in one GPU (state.MILLI; state imports this module)
+NodeKey = tuple[int, int, int, tuple[int, ...]]  # kind, CPU milli free, memory bytes free, milli free per GPU
 
 if TYPE_CHECKING:
     from .state import NodeState
@@ -34,11 +37,23 @@ class NodeArrays:
         self.mem_free = np.array([n.mem_free for n in nodes], dtype=np.int64)
         self.cpu_cap = np.maximum(np.array([n.cpu_capacity for n in nodes], dtype=np.int64), 1)
         self.mem_cap = np.maximum(np.array([n.mem_capacity for n in nodes], dtype=np.int64), 1)
-        self.version = np.zeros(len(nodes), dtype=np.int64)
+        # per node: the most milli free on one GPU and the whole GPUs free, so "does a one-GPU pod /
+        # k whole GPUs fit" is one comparison per node instead of one per GPU
+        self.max_free = self.free.max(axis=1)
+        self.whole_free = (self.free == MILLI).sum(axis=1)
         # nodes of one kind (model, GPUs, CPU and memory capacity) in the same free state score the same
         statics = np.column_stack([self.model, self.gpu_count, self.cpu_cap, self.mem_cap]).reshape(len(nodes), 4)
         self.kind = np.unique(statics, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
         self._masks: dict[Hashable, np.ndarray] = {}
+        self._largest: dict[Hashable, int] = {}  # per static mask: the most GPUs on one node it admits
+        self._everywhere: dict[Hashable, bool] = {}  # per static mask: it admits every node
+        # every distinct node state met (kind, CPU and memory free, milli free per GPU) gets an id, and
+        # state_id[n] is node n's current one: scorers keep scores per state id, so a node is rescored
+        # only in a state never met before (in a replay most changes lead to one met already)
+        self._kinds = self.kind.tolist()
+        self.state_keys: list[NodeKey] = []
+        self._state_ids: dict[NodeKey, int] = {}
+        self.state_id = np.array([self._intern(i) for i in range(len(nodes))], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -46,13 +61,35 @@ class NodeArrays:
     def take_gpu(self, name: str, gpu: int, milli: int) -> None:
         i = self.index[name]
         self.free[i, gpu] -= milli
-        self.version[i] += 1
+        row = self.nodes[i].gpu_free  # booked there first (State._book)
+        self.max_free[i], self.whole_free[i] = max(row, default=0), row.count(MILLI)
+        # the state id is renewed by take_host, which State._book calls for every node it books GPUs on
+
+    def gpus_fit(self, k: int, milli: int) -> np.ndarray:
+        """(nodes,) bool: which have ``k`` GPUs with ``milli`` free each."""
+        fits: np.ndarray
+        if k == 1:
+            fits = self.max_free >= milli
+        elif milli == MILLI:
+            fits = self.whole_free >= k
+        else:
+            fits = (self.free >= milli).sum(axis=1) >= k
+        return fits
 
     def take_host(self, name: str, cpu_milli: int, mem_bytes: int) -> None:
         i = self.index[name]
         self.cpu_free[i] -= cpu_milli
         self.mem_free[i] -= mem_bytes
-        self.version[i] += 1
+        self.state_id[i] = self._intern(i)
+
+    def _intern(self, i: int) -> int:
+        node = self.nodes[i]  # the same numbers as the arrays' row, without numpy scalars
+        key = (self._kinds[i], node.cpu_free, node.mem_free, tuple(node.gpu_free))
+        found = self._state_ids.get(key)
+        if found is None:
+            found = self._state_ids[key] = len(self.state_keys)
+            self.state_keys.append(key)
+        return found
 
     def static_mask(self, key: Hashable, allowed: Callable[[NodeState], bool]) -> np.ndarray:
         """Nodes ``allowed`` admits, computed once per ``key`` (what does not change while the state
@@ -63,8 +100,15 @@ class NodeArrays:
             self._masks[key] = mask
         return mask
 
-    def model_mask(self, models: tuple[str, ...]) -> np.ndarray:
-        """(models of this fleet,) bool: which the allowed ``models`` name (empty: all)."""
-        if not models:
-            return np.ones(len(self.models), dtype=bool)
-        return np.array([m in models for m in self.models], dtype=bool)
+    def everywhere(self, key: Hashable) -> bool:
+        """Whether ``static_mask(key)`` admits every node; the mask must exist."""
+        return self.largest_gpu_count(key) >= 0 and self._everywhere[key]
+
+    def largest_gpu_count(self, key: Hashable) -> int:
+        """The most GPUs on one node of ``static_mask(key)`` (-1: no node); the mask must exist."""
+        largest = self._largest.get(key)
+        if largest is None:
+            mask = self._masks[key]
+            largest = self._largest[key] = int(self.gpu_count[mask].max()) if mask.any() else -1
+            self._everywhere[key] = bool(mask.all())
+        return largest

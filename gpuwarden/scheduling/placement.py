@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
 from collections.abc import Callable
 
 from gpuwarden.fleet import PriceTier, WorkloadKind
@@ -112,32 +111,42 @@ def _scorer(state: State, options: PlacementOptions) -> Scorer:
     return scorer
 
 
+_SPOT = ("spot",)  # static_mask key of the spot nodes
+
+
 def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) -> Placement:
     """One pod by the policy's scorer, among the nodes where it fits (``milli`` per GPU: a fraction
     shares a GPU; ``MILLI`` takes whole GPUs). A CPU-only pod's slot is (node, 0, 0): no GPU, the node
     its CPU and memory are booked on."""
     a = state.arrays
     spot_ok = job.kind != WorkloadKind.INFERENCE and job.checkpointable
-    allowed = a.static_mask(("allowed", job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, spot_ok),
-                            lambda n: node_allowed(job, n))
+    key = ("allowed", job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, spot_ok)
+    allowed = a.static_mask(key, lambda n: node_allowed(job, n))
     k = job.gpus_per_pod
-    if not allowed.any():
+    largest = a.largest_gpu_count(key)
+    if largest < 0:
         return None, _no_node_reason(state, job)
-    if k > int(a.gpu_count[allowed].max()):
-        return None, f"asks for {k} GPUs per pod; the largest node has {int(a.gpu_count[allowed].max())}"
-    host = allowed & (a.cpu_free >= job.cpu_milli) & (a.mem_free >= job.mem_bytes)
-    if not host.any():
-        return None, "no node has the CPU and memory free"
-    fits = host if k == 0 else host & ((a.free >= milli).sum(axis=1) >= k)
+    if k > largest:
+        return None, f"asks for {k} GPUs per pod; the largest node has {largest}"
+    host = (a.cpu_free >= job.cpu_milli) & (a.mem_free >= job.mem_bytes)
+    if not a.everywhere(key):  # the usual case: every node allowed, no mask to apply
+        host &= allowed
+    fits = host if k == 0 else host & a.gpus_fit(k, milli)
     if options.spot_first and spot_ok:
-        spot = fits & a.static_mask(("spot",), lambda n: n.tier == PriceTier.SPOT)
-        fits = spot if spot.any() else fits
-    nodes = np.flatnonzero(fits)
+        spot = a.static_mask(_SPOT, lambda n: n.tier == PriceTier.SPOT)
+        if a.largest_gpu_count(_SPOT) >= 0:  # the fleet has spot nodes
+            spot = fits & spot
+            fits = spot if spot.any() else fits
+    nodes = fits.nonzero()[0]
     if not len(nodes):
+        if not host.any():
+            return None, "no node has the CPU and memory free"
         if milli < MILLI:
             return None, f"capacity: no GPU has {milli} milli-GPU free"
         return None, f"capacity: needs {k} whole GPUs, {int((a.free[host] == MILLI).sum())} free on allowed nodes"
-    node, gpus = _scorer(state, options).choose(nodes, Shape(k, milli, job.cpu_milli, job.mem_bytes))
+    shape_key = (k, milli, job.cpu_milli, job.mem_bytes)
+    shape = state.shapes.get(shape_key) or state.shapes.setdefault(shape_key, Shape(*shape_key))
+    node, gpus = _scorer(state, options).choose(nodes, shape)
     name = a.names[node]
     return ([(name, g, milli) for g in gpus] or [(name, 0, 0)]), ""
 

@@ -197,9 +197,19 @@ class SeedResult:
         return self.allocated_milli / self.cluster_milli
 
 
-def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "?") -> SeedResult:
-    """One seed: every arriving pod placed by the engine (``find_placement``) or failed, with its reason."""
-    started = time.perf_counter()
+@dataclass
+class Played:
+    """One seed's pods placed: the final engine state, the arrival sequence (shape ids) and the counts."""
+
+    state: State
+    sequence: np.ndarray
+    placed: int
+    failed: int
+    failure_reasons: dict[str, int]
+
+
+def place_all(data: OpenbInput, policy_name: str, seed: int) -> Played:
+    """Every arriving pod placed by the engine (``find_placement``) or failed, with its reason."""
     options = placement_options(policy_name)
     state = data.state()
     state.seed = seed + 7919  # the random scorer's and random ties' draws
@@ -209,8 +219,8 @@ def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "
                 mem_bytes=s.mem_bytes, gpu_models=s.models) for i, s in enumerate(data.shapes)]
     placed = failed = 0
     reasons: dict[str, int] = {}
-    for s in sequence:
-        job = jobs[int(s)]
+    for s in sequence.tolist():
+        job = jobs[s]
         placements, reason = find_placement(state, job, options)
         if placements is None:
             failed += 1
@@ -218,15 +228,22 @@ def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "
             continue
         state.occupy(job, placements)  # pods never leave: booked on the nodes, no job record needed
         placed += 1
-    arrays = state.arrays
+    return Played(state, sequence, placed, failed, reasons)
+
+
+def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "?") -> SeedResult:
+    """One seed's allocation figures (``place_all``)."""
+    started = time.perf_counter()
+    played = place_all(data, policy_name, seed)
+    arrays, sequence = played.state.arrays, played.sequence
     cluster_milli = int(arrays.gpu_count.sum()) * MILLI
     target = TargetWorkload.from_demand(data.demand(), arrays.models)
     return SeedResult(
-        pod_list=pod_list, policy=policy_name, seed=seed, arrived=len(sequence), placed=placed, failed=failed,
-        arrived_milli=int(data.gpu_milli[sequence].sum()), allocated_milli=cluster_milli - int(arrays.free.sum()),
-        cluster_milli=cluster_milli,
+        pod_list=pod_list, policy=policy_name, seed=seed, arrived=len(sequence), placed=played.placed,
+        failed=played.failed, arrived_milli=int(data.gpu_milli[sequence].sum()),
+        allocated_milli=cluster_milli - int(arrays.free.sum()), cluster_milli=cluster_milli,
         fragmented_milli=float(target.fragmentation(arrays.free, arrays.cpu_free, arrays.mem_free, arrays.model).sum()),
-        failure_reasons=reasons, seconds=time.perf_counter() - started,
+        failure_reasons=played.failure_reasons, seconds=time.perf_counter() - started,
     )
 
 

@@ -17,12 +17,15 @@ of the best score; otherwise the tightest); whole GPUs go tightest first, keepin
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import SchedulingError
+from .nodearrays import NodeKey
 from .packing import TargetWorkload, fgd_score, whole_gpus
 from .state import MILLI, Shape
 
@@ -44,7 +47,7 @@ class Scorer:
         raise NotImplementedError
 
     def _gpus_on(self, node: int, shape: Shape) -> tuple[int, ...]:
-        return whole_gpus(self.state.arrays.free[node], shape.gpus, shape.milli) if shape.gpus else ()
+        return whole_gpus(self.state.arrays.free[node].tolist(), shape.gpus, shape.milli) if shape.gpus else ()
 
 
 class FirstFit(Scorer):
@@ -81,17 +84,23 @@ class RandomFit(Scorer):
 
 @dataclass
 class _Scores:
-    """One pod shape's cached scores per node, valid while the node's version is ``version``."""
+    """One pod shape's scores by node state id (``NodeArrays.state_id``); NaN: not scored yet."""
 
     score: np.ndarray
     best_gpu: np.ndarray
-    version: np.ndarray
+
+    def grow(self, states: int) -> None:
+        if len(self.score) < states:
+            size = max(states, 2 * len(self.score))
+            self.score = np.concatenate([self.score, np.full(size - len(self.score), np.nan)])
+            self.best_gpu = np.concatenate([self.best_gpu, np.zeros(size - len(self.best_gpu), dtype=np.int16)])
 
 
-# A node's score depends only on its kind, its free CPU, memory and GPUs, the pod shape and the target:
-# memoised by those (bytes of one row), so identical node states are scored once, in this state and in
-# the next one with the same target (replays of the same list). Bounded: one target's memo at a time.
-_MEMOS: dict[object, dict[object, dict[bytes, tuple[float, int]]]] = {}
+# A node's score depends only on its state (kind, free CPU, memory and GPUs), the pod shape and the
+# target: memoised by those, so a state is scored once in this state and in the next one with the same
+# target (replays of the same list, whose target keeps its own memo of F). Bounded: one target's memo.
+_Facts = tuple[int, tuple[int, ...], float, int, float]  # see Fgd._facts
+_MEMOS: dict[object, tuple[TargetWorkload, dict[Shape, dict[NodeKey, tuple[float, int]]], dict[NodeKey, _Facts]]] = {}
 
 
 class Fgd(Scorer):
@@ -103,7 +112,7 @@ class Fgd(Scorer):
     best-scored nodes (kube-scheduler's selectHost, plain FGD); ``first`` takes the first in node
     order; ``tightest_cpu`` the one the pod leaves with the least CPU share free, then node order,
     so nodes with CPU to spare stay open for the CPU-heavy pods only they can take.
-    Scores are cached per (node, pod shape) and recomputed only for nodes changed since.
+    Scores are kept per (node state, pod shape): a node is scored only in a state not scored before.
     """
 
     name = "fgd"
@@ -116,20 +125,25 @@ class Fgd(Scorer):
         self.ties = ties
         self._demand_version = -1
         self._fallback: Shape | None = None
+        # what a node's kind fixes (model, GPUs, CPU and memory capacity), by kind, for scoring node states
+        a = state.arrays
+        first = np.unique(a.kind, return_index=True)[1]
+        self._model, self._gpus = a.model[first].tolist(), a.gpu_count[first].tolist()
+        self._cpu_cap, self._mem_cap = a.cpu_cap[first].tolist(), a.mem_cap[first].tolist()
 
     def _target_for(self, shape: Shape) -> None:
         """The expected shapes: the state's demand, or this pod's own shape when the state knows none."""
         demand = self.state.demand()
         fallback = None if demand else shape
         if self._demand_version != self.state.demand_version or fallback != self._fallback:
-            a = self.state.arrays
             wanted = demand or {shape: 1.0}
-            self.target = TargetWorkload.from_demand(wanted, a.models)
-            key = (tuple(wanted.items()), a.models, self.cpu_weight)
+            # node kinds are numbered per state: the memo holds for states whose kinds are the same
+            kinds = tuple(zip(self._model, self._gpus, self._cpu_cap, self._mem_cap))
+            key = (tuple(wanted.items()), self.state.arrays.models, kinds, self.cpu_weight)
             if key not in _MEMOS:
                 _MEMOS.clear()
-                _MEMOS[key] = {}
-            self.memo = _MEMOS[key]
+                _MEMOS[key] = (TargetWorkload.from_demand(wanted, self.state.arrays.models), {}, {})
+            self.target, self.memo, self.facts = _MEMOS[key]
             self.cache: dict[Shape, _Scores] = {}
             self._demand_version, self._fallback = self.state.demand_version, fallback
 
@@ -138,88 +152,95 @@ class Fgd(Scorer):
         self._target_for(shape)
         cached = self.cache.get(shape)
         if cached is None:
-            n = len(a)
-            cached = self.cache[shape] = _Scores(np.zeros(n), np.zeros(n, dtype=np.int16), np.full(n, -1, dtype=np.int64))
-        stale = nodes[cached.version[nodes] != a.version[nodes]]
-        if len(stale):
-            self._score(stale, shape, cached)
-        score = cached.score[nodes]
+            cached = self.cache[shape] = _Scores(np.full(0, np.nan), np.zeros(0, dtype=np.int16))
+        cached.grow(len(a.state_keys))
+        states = a.state_id[nodes]
+        score = cached.score[states]
+        low = score.min()
+        if math.isnan(low):  # some nodes are in states not scored yet (NaN wins min)
+            self._score(set(states[np.isnan(score)].tolist()), shape, cached)
+            score = cached.score[states]
+            low = score.min()
         if self.ties == "random":
-            best = np.flatnonzero(score == score.min())
+            best = np.flatnonzero(score == low)
             rng = self.state.rng()
             node = int(nodes[best[rng.integers(len(best))]] if len(best) > 1 else nodes[best[0]])
         elif self.ties == "tightest_cpu":
-            best = nodes[score == score.min()]
-            cpu_share_left = (a.cpu_free[best] - shape.cpu_milli) / a.cpu_cap[best]
-            node = int(best[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
+            tied = nodes[score == low]
+            if len(tied) == 1:
+                node = int(tied[0])
+            else:
+                cpu_share_left = (a.cpu_free[tied] - shape.cpu_milli) / a.cpu_cap[tied]
+                node = int(tied[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
         else:
             node = int(nodes[np.argmin(score)])
         if shape.gpus == 1 and shape.milli < MILLI:
-            return node, (int(cached.best_gpu[node]),)
+            return node, (int(cached.best_gpu[a.state_id[node]]),)
         return node, self._gpus_on(node, shape)
 
-    def _score(self, nodes: np.ndarray, shape: Shape, cached: _Scores) -> None:
-        a = self.state.arrays
+    def _score(self, states: set[int], shape: Shape, cached: _Scores) -> None:
+        """Score node states never scored for ``shape`` in this state (most were, in an earlier one)."""
+        keys = self.state.arrays.state_keys
         memo = self.memo.setdefault(shape, {})
-        rows = np.column_stack([a.kind[nodes], a.cpu_free[nodes], a.mem_free[nodes], a.free[nodes]])
-        keys = [row.tobytes() for row in rows]
-        missing: dict[bytes, int] = {}
-        for key, node in zip(keys, nodes.tolist()):
-            if key not in memo and key not in missing:
-                missing[key] = node
-        if missing:
-            rep = np.fromiter(missing.values(), dtype=np.int64, count=len(missing))
-            score, best = self._compute(rep, shape)
-            for key, value, gpu in zip(missing, score.tolist(), best.tolist()):
-                memo[key] = (value, gpu)
-        found = [memo[key] for key in keys]
-        cached.score[nodes] = [value for value, _ in found]
-        cached.best_gpu[nodes] = [gpu for _, gpu in found]
-        cached.version[nodes] = a.version[nodes]
+        for state in states:
+            key = keys[state]
+            value = memo.get(key)
+            if value is None:
+                value = memo[key] = self._node_score(key, shape)
+            cached.score[state], cached.best_gpu[state] = value
 
-    def _compute(self, rep: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
-        """Scores and best GPUs (fractions) of nodes ``rep`` for ``shape``."""
-        a, target = self.state.arrays, self.target
+    def _facts(self, key: NodeKey) -> _Facts:
+        """What scoring a node state for any shape starts from: its model, free GPUs ascending, F, free
+        milli in all, and its CPU/memory starvation (see the class)."""
+        facts = self.facts.get(key)
+        if facts is None:
+            kind, cpu, mem, free = key
+            model, ordered, total = self._model[kind], tuple(sorted(free)), sum(free)
+            share = total / (max(self._gpus[kind], 1) * MILLI)
+            starved = _over(share - cpu / self._cpu_cap[kind]) + _over(share - mem / self._mem_cap[kind])
+            base = self.target.fragmentation_at(self.target.host_key(model, cpu, mem), ordered)
+            facts = self.facts[key] = (model, ordered, base, total, starved)
+        return facts
+
+    def _node_score(self, key: NodeKey, shape: Shape) -> tuple[float, int]:
+        """The score of a node state (kind, CPU and memory free, milli free per GPU) for ``shape``, and
+        the GPU a fraction takes there: the lowest-index one of the best score (0 when none fits)."""
+        kind, cpu, mem, free = key
+        model, ordered, base, total, starved_before = self._facts(key)
         k, milli = shape.gpus, shape.milli
-        cpu = a.cpu_free[rep] - shape.cpu_milli
-        mem = a.mem_free[rep] - shape.mem_bytes
-        free = a.free[rep]
-        model = a.model[rep]
+        cpu_after, mem_after = cpu - shape.cpu_milli, mem - shape.mem_bytes
+        after, fragmentation = self.target.host_key(model, cpu_after, mem_after), self.target.fragmentation_at
+        score, best = math.inf, 0
         if k == 1 and milli < MILLI:
-            width = a.width
-            cand = np.repeat(free[:, None, :], width, axis=1)  # (U, G, G): candidate g takes the pod
-            idx = np.arange(width)
-            cand[:, idx, idx] -= milli
-            after = cand.reshape(-1, width)
-            after_cpu, after_mem, after_model = np.repeat(cpu, width), np.repeat(mem, width), np.repeat(model, width)
+            tried: dict[int, float] = {}  # GPUs with the same milli free leave the same node state
+            for gpu, left in enumerate(free):
+                if left < milli:
+                    continue
+                value = tried.get(left)
+                if value is None:
+                    taken = list(ordered)
+                    taken[ordered.index(left)] = left - milli
+                    value = tried[left] = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
+                if value < score:
+                    score, best = value, gpu
         else:
-            after = free.copy()
-            if k:
-                for row in range(len(rep)):
-                    for g in whole_gpus(free[row], k, milli):
-                        after[row, g] -= milli
-            after_cpu, after_mem, after_model = cpu, mem, model
-        # the nodes before and after in one pass (one call's overhead, not two)
-        frag = target.fragmentation(np.concatenate([free, after]), np.concatenate([a.cpu_free[rep], after_cpu]),
-                                    np.concatenate([a.mem_free[rep], after_mem]), np.concatenate([model, after_model]))
-        base, grown = frag[: len(rep)], frag[len(rep):]
-        if k == 1 and milli < MILLI:
-            scores = np.where(free >= milli, fgd_score(grown.reshape(-1, a.width) - base[:, None]), np.inf)
-            best = np.argmin(scores, axis=1)
-            score = scores[np.arange(len(rep)), best]
-        else:
-            best = np.zeros(len(rep), dtype=np.int64)
-            score = fgd_score(grown - base)
+            # whole GPUs take the tightest that fit (whole_gpus): on the ascending free, the first k that fit
+            taken = list(ordered)
+            first = bisect_left(ordered, milli) if k else len(ordered)
+            for gpu in range(first, min(first + k, len(ordered))):
+                taken[gpu] -= milli
+            score = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
         if self.cpu_weight:
-            gpus = np.maximum(a.gpu_count[rep], 1) * MILLI
-            gpu_before = free.sum(axis=1) / gpus
-            gpu_after = (free.sum(axis=1) - k * milli) / gpus
-            cpu_cap, mem_cap = a.cpu_cap[rep], a.mem_cap[rep]
-            starved_before = (np.maximum(gpu_before - a.cpu_free[rep] / cpu_cap, 0)
-                              + np.maximum(gpu_before - a.mem_free[rep] / mem_cap, 0))
-            starved_after = np.maximum(gpu_after - cpu / cpu_cap, 0) + np.maximum(gpu_after - mem / mem_cap, 0)
+            cpu_cap, mem_cap = self._cpu_cap[kind], self._mem_cap[kind]
+            gpu_after = (total - k * milli) / (max(self._gpus[kind], 1) * MILLI)
+            starved_after = _over(gpu_after - cpu_after / cpu_cap) + _over(gpu_after - mem_after / mem_cap)
             score = score + self.cpu_weight * (starved_after - starved_before)
         return score, best
+
+
+def _over(share: float) -> float:
+    """How far a share of GPU left free exceeds a share of CPU or memory left free (0 when it does not)."""
+    return share if share > 0 else 0.0
 
 
 SCORERS = ("fgd", "bestfit", "firstfit", "random")

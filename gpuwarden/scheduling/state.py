@@ -220,6 +220,7 @@ class State:
         self._demand_given = False
         self.demand_version = 0
         self.scorers: dict[Any, Any] = {}  # placement scorers with their caches, by configuration
+        self.shapes: dict[tuple[int, int, int, int], Shape] = {}  # one-pod shapes placed, by their numbers
         self.seed = 0  # for the random scorers
 
     @property
