@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 MILLI = 1000  # milli-GPU in one GPU (state.MILLI; state imports this module)
+NO_PRIORITY = -(2**31)  # top_priority of a node running nothing: below every priority
 NodeKey = tuple[int, int, int, tuple[int, ...]]  # kind, CPU milli free, memory bytes free, milli free per GPU
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class NodeArrays:
         # k whole GPUs fit" is one comparison per node instead of one per GPU
         self.max_free = self.free.max(axis=1)
         self.whole_free = (self.free == MILLI).sum(axis=1)
+        # the highest priority among the jobs running on each node (State books it)
+        self.top_priority = np.full(len(nodes), NO_PRIORITY, dtype=np.int64)
         # nodes of one kind (model, GPUs, CPU and memory capacity) in the same free state score the same
         statics = np.column_stack([self.model, self.gpu_count, self.cpu_cap, self.mem_cap]).reshape(len(nodes), 4)
         self.kind = np.unique(statics, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)

@@ -17,11 +17,14 @@ from enum import StrEnum
 
 from collections.abc import Callable
 
+import numpy as np
+
 from gpuwarden.fleet import PriceTier, WorkloadKind
 
 from . import mig
 from .scorers import SCORERS, TIE_RULES, Scorer, make_scorer
 from .errors import SchedulingError
+from .nodearrays import NO_PRIORITY
 from .state import MILLI, Job, NodeState, Shape, Slot, State
 
 Placement = tuple[list[Slot] | None, str]
@@ -68,6 +71,9 @@ class PlacementOptions:
     scorer: str = "bestfit"
     cpu_weight: float = 0.0  # fgd: score steps per unit of CPU/memory-starvation growth
     ties: str = "first"  # fgd: among equal scores (scorers.TIE_RULES)
+    # a one-pod request avoids nodes running only lower-priority work while another node takes it, so
+    # those stay clearable by preemption for a higher-priority arrival (see _keep_clear)
+    keep_clear: bool = False
     mig: bool = True  # use MIG instances for MIG requests (else a whole GPU per request)
     fractions: FractionMode = FractionMode.SHARE
     spot_first: bool = True  # jobs allowed on spot (checkpointable training) fill it before other tiers
@@ -138,6 +144,8 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
             spot = fits & spot
             fits = spot if spot.any() else fits
     nodes = fits.nonzero()[0]
+    if options.keep_clear and len(nodes) > 1 and state.runs_below(job.priority):
+        nodes = _keep_clear(a.top_priority, nodes, job.priority)
     if not len(nodes):
         if not host.any():
             return None, "no node has the CPU and memory free"
@@ -149,6 +157,16 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
     node, gpus = _scorer(state, options).choose(nodes, shape)
     name = a.names[node]
     return ([(name, g, milli) for g in gpus] or [(name, 0, 0)]), ""
+
+
+def _keep_clear(top_priority: np.ndarray, nodes: np.ndarray, priority: int) -> np.ndarray:
+    """``nodes`` less those running only work of a lower priority than ``priority``, when one already
+    running work of ``priority`` or higher is among them: a pod on a node of lower-priority work makes
+    a node that a higher-priority arrival could clear by preemption one it cannot (a priority order
+    preempts only lower priorities), so work of one priority gathers. Empty nodes stay: FGD weighs them."""
+    top = top_priority[nodes]
+    lower = (top < priority) & (top != NO_PRIORITY)
+    return nodes[~lower] if lower.any() and (top >= priority).any() else nodes
 
 
 def _no_node_reason(state: State, job: Job) -> str:

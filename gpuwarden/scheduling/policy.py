@@ -71,8 +71,8 @@ class QueuePolicy:
 # steps per unit, for growing a node's CPU/memory starvation (GPU share free beyond the CPU or memory
 # share free: CPU-starved GPUs are stranded GPUs); and equal scores go to the node the pod leaves with
 # the least CPU share free, then node order, instead of a random one (chosen from seven tie rules on
-# seeds 42-51, confirmed on seeds 1-10, which the choice never saw).
-GPUWARDEN_PLACEMENT = PlacementOptions(scorer="fgd", cpu_weight=200.0, ties="tightest_cpu")
+# seeds 42-51, confirmed on seeds 1-10, which the choice never saw); keep_clear: see docs/scheduling.md.
+GPUWARDEN_PLACEMENT = PlacementOptions(scorer="fgd", cpu_weight=200.0, ties="tightest_cpu", keep_clear=True)
 
 POLICIES: dict[str, QueuePolicy] = {
     "fifo": QueuePolicy("fifo", placement=PlacementOptions(topology=False, scorer="firstfit")),

@@ -21,7 +21,7 @@ from gpuwarden.fleet.semantics import request_gpu_equivalents
 
 from . import mig
 from .errors import SchedulingError
-from .nodearrays import NodeArrays
+from .nodearrays import NO_PRIORITY, NodeArrays
 from .quotas import ANY_FLAVOUR, Quotas
 
 MILLI = 1000
@@ -222,11 +222,17 @@ class State:
         self.scorers: dict[Any, Any] = {}  # placement scorers with their caches, by configuration
         self.shapes: dict[tuple[int, int, int, int], Shape] = {}  # one-pod shapes placed, by their numbers
         self.seed = 0  # for the random scorers
+        # per node: priority -> jobs of that priority running there (placement's keep_clear reads the
+        # highest, mirrored in arrays.top_priority)
+        self._priorities: dict[str, dict[int, int]] = {}
+        self._running_priorities: dict[int, int] = {}  # priority -> (job, node) bookings in all
 
     @property
     def arrays(self) -> NodeArrays:
         if self._arrays is None:
             self._arrays = NodeArrays(list(self.nodes.values()))
+            for name, counts in self._priorities.items():
+                self._arrays.top_priority[self._arrays.index[name]] = max(counts, default=NO_PRIORITY)
         return self._arrays
 
     def expect(self, demand: Mapping[Shape, float]) -> None:
@@ -271,6 +277,8 @@ class State:
         self._count(job)
         job.placements, job.state = placements, JobState.RUNNING
         self.quotas.add(job.team, job.flavour, job.gpu_equivalents)
+        for node_name in self._shares(job, placements):
+            self._book_priority(node_name, job.priority, +1)
 
     @property
     def used_gpus(self) -> float:
@@ -313,4 +321,20 @@ class State:
             self.nodes[node_name].mem_free -= mem
             if arrays is not None:
                 arrays.take_host(node_name, cpu, mem)
+            self._book_priority(node_name, job.priority, sign)
         self.quotas.add(job.team, job.flavour, sign * job.gpu_equivalents)
+
+    def runs_below(self, priority: int) -> bool:
+        """Whether any node runs work of a priority lower than ``priority``."""
+        return any(p < priority for p in self._running_priorities)
+
+    def _book_priority(self, node_name: str, priority: int, sign: int) -> None:
+        on_node = self._priorities.setdefault(node_name, {})
+        for counts in (on_node, self._running_priorities):
+            left = counts.get(priority, 0) + sign
+            if left:
+                counts[priority] = left
+            else:
+                del counts[priority]
+        if self._arrays is not None:
+            self._arrays.top_priority[self._arrays.index[node_name]] = max(on_node, default=NO_PRIORITY)
