@@ -61,12 +61,15 @@ class NodeArrays:
     def __len__(self) -> int:
         return len(self.names)
 
-    def take_gpu(self, name: str, gpu: int, milli: int) -> None:
+    def book(self, name: str) -> None:
+        """Node ``name``'s row again from its ``NodeState`` (``State._book`` changed it there first)."""
         i = self.index[name]
-        self.free[i, gpu] -= milli
-        row = self.nodes[i].gpu_free  # booked there first (State._book)
+        node = self.nodes[i]
+        row = node.gpu_free
+        self.free[i, : len(row)] = row
         self.max_free[i], self.whole_free[i] = max(row, default=0), row.count(MILLI)
-        # the state id is renewed by take_host, which State._book calls for every node it books GPUs on
+        self.cpu_free[i], self.mem_free[i] = node.cpu_free, node.mem_free
+        self.state_id[i] = self._intern(i)
 
     def gpus_fit(self, k: int, milli: int) -> np.ndarray:
         """(nodes,) bool: which have ``k`` GPUs with ``milli`` free each."""
@@ -78,12 +81,6 @@ class NodeArrays:
         else:
             fits = (self.free >= milli).sum(axis=1) >= k
         return fits
-
-    def take_host(self, name: str, cpu_milli: int, mem_bytes: int) -> None:
-        i = self.index[name]
-        self.cpu_free[i] -= cpu_milli
-        self.mem_free[i] -= mem_bytes
-        self.state_id[i] = self._intern(i)
 
     def _intern(self, i: int) -> int:
         node = self.nodes[i]  # the same numbers as the arrays' row, without numpy scalars

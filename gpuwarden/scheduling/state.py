@@ -303,7 +303,6 @@ class State:
         self._book(job, placements, -1)
 
     def _book(self, job: Job, placements: list[Slot], sign: int) -> None:
-        arrays = self._arrays
         for node_name, gpu, amount in placements:
             node = self.nodes[node_name]
             if isinstance(amount, str):
@@ -313,14 +312,16 @@ class State:
                     node.mig_used[gpu].remove(amount)
             else:
                 node.gpu_free[gpu] -= sign * amount
-                if arrays is not None:
-                    arrays.take_gpu(node_name, gpu, sign * amount)
-        for node_name, share in self._shares(job, placements).items():
-            cpu, mem = sign * int(job.cpu_milli * job.pods * share), sign * int(job.mem_bytes * job.pods * share)
-            self.nodes[node_name].cpu_free -= cpu
-            self.nodes[node_name].mem_free -= mem
-            if arrays is not None:
-                arrays.take_host(node_name, cpu, mem)
+        # one node (a one-pod job, a gang on one node): all the job's CPU and memory there
+        first = placements[0][0] if placements else None
+        shares = {first: 1.0} if first is not None and all(slot[0] == first for slot in placements) \
+            else self._shares(job, placements)
+        for node_name, share in shares.items():
+            node = self.nodes[node_name]
+            node.cpu_free -= sign * int(job.cpu_milli * job.pods * share)
+            node.mem_free -= sign * int(job.mem_bytes * job.pods * share)
+            if self._arrays is not None:
+                self._arrays.book(node_name)
             self._book_priority(node_name, job.priority, sign)
         self.quotas.add(job.team, job.flavour, sign * job.gpu_equivalents)
 
@@ -329,12 +330,21 @@ class State:
         return any(p < priority for p in self._running_priorities)
 
     def _book_priority(self, node_name: str, priority: int, sign: int) -> None:
-        on_node = self._priorities.setdefault(node_name, {})
-        for counts in (on_node, self._running_priorities):
-            left = counts.get(priority, 0) + sign
-            if left:
-                counts[priority] = left
-            else:
-                del counts[priority]
+        running = self._running_priorities
+        total = running.get(priority, 0) + sign
+        if total:
+            running[priority] = total
+        else:
+            del running[priority]
+        on_node = self._priorities.get(node_name)
+        if on_node is None:
+            on_node = self._priorities[node_name] = {}
+        left = on_node.get(priority, 0) + sign
+        if left:
+            on_node[priority] = left
+            if left > 1 or sign < 0:
+                return  # the node ran this priority already: its highest stays
+        else:
+            del on_node[priority]
         if self._arrays is not None:
             self._arrays.top_priority[self._arrays.index[node_name]] = max(on_node, default=NO_PRIORITY)
