@@ -50,6 +50,7 @@ def test_a_high_priority_pod_joins_high_priority_work_and_the_node_of_low_work_s
         state.add_job(Job("urgent", "t", priority=HIGH, gpus_per_pod=8, submitted=10.0))
         return where, [(d.kind.value, d.job) for d in scheduler.schedule(state, now=10)]
 
+    assert SHIPPED.placement.keep_clear and not policy_named("fifo").placement.keep_clear
     # both nodes score the same for the pod (7 GPUs left either way); the tie rule alone takes n1
     assert play(WITHOUT) == ("n1", [])  # then each node runs high work: the 8-GPU job cannot start
     assert play(SHIPPED) == ("n2", [("suspend", "low"), ("bind", "urgent")])
