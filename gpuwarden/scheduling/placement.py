@@ -151,7 +151,7 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
             return None, "no node has the CPU and memory free"
         if milli < MILLI:
             return None, f"capacity: no GPU has {milli} milli-GPU free"
-        return None, f"capacity: needs {k} whole GPUs, {int((a.free[host] == MILLI).sum())} free on allowed nodes"
+        return None, f"capacity: needs {k} whole GPUs, {int(a.whole_free[host].sum())} free on allowed nodes"
     shape_key = (k, milli, job.cpu_milli, job.mem_bytes)
     shape = state.shapes.get(shape_key) or state.shapes.setdefault(shape_key, Shape(*shape_key))
     node, gpus = _scorer(state, options).choose(nodes, shape)
