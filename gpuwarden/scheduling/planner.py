@@ -45,7 +45,7 @@ PRIORITY_NAMES = {p.value: p for p in PriorityClass}
 _RAN = (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
 # members read once: an enum member read off its class costs more than the dict insert it guards (3.11)
 _RUNNING, _PENDING, _SUSPENDED = WorkloadPhase.RUNNING, WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED
-_JOB_STATE = {_PENDING: JobState.PENDING, _SUSPENDED: JobState.SUSPENDED}  # of a waiting workload
+_JOB_PENDING, _JOB_SUSPENDED = JobState.PENDING, JobState.SUSPENDED
 _NO_NODES: frozenset[str] = frozenset()
 
 
@@ -273,8 +273,11 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
                 else:
                     on_node[node_name].gpu_free[g] -= amount
             state.add_placed(job, placements)  # snapshot jobs ask for no CPU or memory: GPUs are all to book
-        elif phase in _JOB_STATE:
-            job.state = _JOB_STATE[phase]
+        elif phase == _PENDING:
+            job.state = _JOB_PENDING
+            jobs[key] = job
+        elif phase == _SUSPENDED:
+            job.state = _JOB_SUSPENDED
             jobs[key] = job
     _set_latest_slots(used_slots)
     _hold_unhealthy(snapshot, state)
