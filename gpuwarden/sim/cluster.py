@@ -68,7 +68,8 @@ class SimCluster:
             now = sim.now
             self._live = [job for job in (*self._live, *sim.jobs[self._seen:]) if job.phase in _LIVE]
             self._seen = len(sim.jobs)
-            workloads = tuple(self._state(job) for job in self._live)
+            state_of = self._state
+            workloads = tuple([state_of(job) for job in self._live])
             if len(self._states) > 2 * len(workloads) + 64:  # forget finished jobs now and then
                 live = {job.index for job in self._live}
                 self._states = {index: kept for index, kept in self._states.items() if index in live}

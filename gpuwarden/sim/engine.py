@@ -63,7 +63,9 @@ class _Column:
         return self._data[: self.size]
 
 
-@dataclass(eq=False)  # a job is itself: the queue finds and removes it by identity, not by comparing fields
+# eq=False: a job is itself (the queue finds and removes it by identity, not by comparing fields);
+# slots: its fields are read for every live job every round and every running job every step
+@dataclass(eq=False, slots=True)
 class SimJob:
     spec: JobSpec
     index: int
