@@ -327,14 +327,13 @@ class Simulation(HardwareSteps, Renderer):
         allocated = self.dev_job >= 0
         if not allocated.any():
             return
-        held = self.dev_job[allocated]
-        job_speed = np.full(len(self.jobs), np.inf)
-        np.minimum.at(job_speed, held, self.gpu_speed[self.dev_gpu[allocated]])
-        running = np.unique(held)
+        running, of_running = np.unique(self.dev_job[allocated], return_inverse=True)
+        job_speed = np.full(running.size, np.inf)  # per running job: its slowest GPU's speed
+        np.minimum.at(job_speed, of_running, self.gpu_speed[self.dev_gpu[allocated]])
         jobs = self.jobs
         # Services and notebooks live for their lifetime; training advances at its slowest GPU (a
         # numpy speed, added as the per-job loop always added it: progress stays bit for bit)
-        for job_index, speed, trains in zip(running.tolist(), job_speed[running], self.job_trains.values[running].tolist()):
+        for job_index, speed, trains in zip(running.tolist(), job_speed, self.job_trains.values[running].tolist()):
             job = jobs[job_index]
             job.progress_s += step * (speed if trains else 1.0)
             if job.progress_s >= job.spec.duration_s:
