@@ -331,9 +331,9 @@ class Simulation(HardwareSteps, Renderer):
         job_speed = np.full(running.size, np.inf)  # per running job: its slowest GPU's speed
         np.minimum.at(job_speed, of_running, self.gpu_speed[self.dev_gpu[allocated]])
         jobs = self.jobs
-        # Services and notebooks live for their lifetime; training advances at its slowest GPU (a
-        # numpy speed, added as the per-job loop always added it: progress stays bit for bit)
-        for job_index, speed, trains in zip(running.tolist(), job_speed, self.job_trains.values[running].tolist()):
+        # Services and notebooks live for their lifetime; training advances at its slowest GPU. Python
+        # floats: the same IEEE additions as numpy scalars (progress stays bit for bit), 3x cheaper
+        for job_index, speed, trains in zip(running.tolist(), job_speed.tolist(), self.job_trains.values[running].tolist()):
             job = jobs[job_index]
             job.progress_s += step * (speed if trains else 1.0)
             if job.progress_s >= job.spec.duration_s:
