@@ -218,7 +218,8 @@ def _slots(ws: WorkloadState, job: Job, layout: _Layout, whole_amount_of_fractio
 # The latest build's slots, by the placements tuple they were read from (kept with it, so its id
 # names it): a cluster that hands a running workload the same tuple every round while its pods stay
 # (the simulator does) has them read once. The slots depend on nothing else but the workload's
-# request, the layout and whether GPUs are shared: all four are checked.
+# request, the layout and whether GPUs are shared: all four are checked, so no entry is ever stale
+# (a live cluster's fresh tuples simply miss) and builds on two threads at once only lose hits.
 _SlotsKept = dict[int, tuple[tuple[Placement, ...], Workload, _Layout, "int | None", list[Slot]]]
 _latest_slots: _SlotsKept = {}
 
