@@ -108,11 +108,13 @@ def main() -> None:
     mine, other = medians(ours), medians(theirs)
     report(f"this tree ({HERE})", mine, args.days, args.repeats)
     report(f"base ({base})", other, args.days, args.repeats)
-    print("ratio this / base (under 1: this tree is faster):")
+    print("ratio this / base (under 1: this tree is faster; paired: the median of the repeats' own ratios,")
+    print("each repeat's two runs on one seed back to back, so a load that comes and goes moves it less):")
     for key, label in (("setup", "setup wall"), ("setup_cpu", "setup CPU"), ("generate", "generate wall"),
                        ("generate_cpu", "generate CPU")):
-        print(f"  {label:14s} {mine[key] / other[key]:.2f}   per repeat: "
-              + " ".join(f"{a[key] / b[key]:.2f}" for a, b in zip(ours, theirs)))
+        paired = [a[key] / b[key] for a, b in zip(ours, theirs)]
+        print(f"  {label:14s} {mine[key] / other[key]:.2f}   paired {statistics.median(paired):.2f}   per repeat: "
+              + " ".join(f"{r:.2f}" for r in paired))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ STOPS = (ActionKind.SUSPEND, ActionKind.PREEMPT)  # a PREEMPT of a checkpointabl
 STARTS = (ActionKind.BIND, ActionKind.RESUME)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BY_SCHEDULER = "scheduler"
+# read once: an enum member read off its class costs more than the test it is used in (3.11), and
+# these are tested once per workload per round
+_SUSPENDED, _JOB_SUSPENDED = WorkloadPhase.SUSPENDED, JobState.SUSPENDED
 log = logging.getLogger("gpuwarden.scheduler")
 
 # {workload key: GPU-seconds of service over the policy's window}, measured outside the round
@@ -192,7 +195,7 @@ class SchedulingRound:
         """Suspended workloads it may not resume, with why (shown in the queue, never planned)."""
         held = {}
         for ws in snapshot.workloads:
-            if ws.phase != WorkloadPhase.SUSPENDED or self.may_resume(ws):
+            if ws.phase != _SUSPENDED or self.may_resume(ws):
                 continue
             by = ws.annotations.get(SUSPENDED_BY_ANNOTATION)
             held[ws.workload.key] = (
@@ -204,10 +207,10 @@ class SchedulingRound:
     def _recall(self, workloads: Mapping[str, WorkloadState], state: State) -> None:
         """Hold others' suspends out of the plan; give back the preemption history it keeps."""
         self.suspended = {key for key in self.suspended
-                          if key in workloads and workloads[key].phase == WorkloadPhase.SUSPENDED}
+                          if key in workloads and workloads[key].phase == _SUSPENDED}
         self.preemptions = {key: kept for key, kept in self.preemptions.items() if key in workloads}
         for key, job in list(state.jobs.items()):
-            if job.state == JobState.SUSPENDED and not self.may_resume(workloads[key]):
+            if job.state == _JOB_SUSPENDED and not self.may_resume(workloads[key]):
                 del state.jobs[key]  # suspended by someone else: theirs to resume
             elif key in self.preemptions:
                 job.preempted_at, job.protected_until = list(self.preemptions[key][0]), self.preemptions[key][1]

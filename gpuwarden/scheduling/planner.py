@@ -25,7 +25,7 @@ from typing import Any
 from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import (
-    Action, ActionKind, ClusterSnapshot, Gpu, Node, PriorityClass, Workload, WorkloadPhase, WorkloadState,
+    Action, ActionKind, ClusterSnapshot, Gpu, Node, Placement, PriorityClass, Workload, WorkloadPhase, WorkloadState,
 )
 from gpuwarden.fleet.node_selection import selects
 from gpuwarden.fleet.taints import taint_blocks
@@ -43,6 +43,9 @@ SUSPEND_GRACE_SECONDS = 120  # a checkpointable workload's time to save before i
 RANK = {p: p.rank for p in PriorityClass}
 PRIORITY_NAMES = {p.value: p for p in PriorityClass}
 _RAN = (WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
+# members read once: an enum member read off its class costs more than the dict insert it guards (3.11)
+_RUNNING, _PENDING, _SUSPENDED = WorkloadPhase.RUNNING, WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED
+_JOB_PENDING, _JOB_SUSPENDED = JobState.PENDING, JobState.SUSPENDED
 _NO_NODES: frozenset[str] = frozenset()
 
 
@@ -133,15 +136,6 @@ def _hold_unhealthy(snapshot: ClusterSnapshot, state: State) -> None:
                     node.mig_used[g] = list(layout)
 
 
-def _book_gpus(state: State, placements: list[Slot]) -> None:
-    for node_name, g, amount in placements:
-        node = state.nodes[node_name]
-        if isinstance(amount, str):
-            node.mig_used[g].append(amount)
-        else:
-            node.gpu_free[g] -= amount
-
-
 def _blocked_nodes(snapshot: ClusterSnapshot, workload: Workload) -> frozenset[str]:
     """Nodes kube-scheduler keeps ``workload`` off: a NoSchedule / NoExecute taint it does not
     tolerate, or labels its node selection does not select."""
@@ -170,31 +164,69 @@ def policy_for(snapshot: ClusterSnapshot, policy: str | QueuePolicy) -> QueuePol
 KnownJobs = Mapping[str, tuple[WorkloadState, Job]]
 
 
-def _job_of(ws: WorkloadState, origin: datetime, known: KnownJobs | None) -> Job:
-    """The engine's job for ``ws``. Where a loop built one last round for the very same workload
-    object, that job is refreshed from ``ws`` instead of built again (what a pass may have left on
-    it is reset: every field below)."""
+def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | None) -> Job:
+    """The engine's job for ``ws`` (whose workload's key is ``key``). Where a loop built one last
+    round for the very same workload object, that job is refreshed from ``ws`` instead of built
+    again (what a pass may have left on it is reset: every field below)."""
     w = ws.workload
-    kept = known.get(w.key) if known else None
+    kept = known.get(key) if known else None
     if kept is not None and kept[0].workload is w:
         job = kept[1]
     else:
         if w.gpus.mig_profile:
             check_profile(w.gpus.mig_profile)
         job = Job(
-            name=w.key, team=w.team, pods=w.gang_size, gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli,
+            name=key, team=w.team, pods=w.gang_size, gpus_per_pod=w.gpus.count, milli=w.gpus.fraction_milli,
             mig_profile=w.gpus.mig_profile, gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
             submitted=(ws.submitted_at - origin).total_seconds(), pools=w.pools,
         )
-    job.priority = RANK[_priority_of(ws)]
+    override = ws.priority_override
+    job.priority = RANK[PRIORITY_NAMES.get(override, w.priority_class) if override else w.priority_class]
     job.progress, job.attained, job.duration = ws.progress_seconds, ws.attained_gpu_seconds, ws.duration_seconds
-    job.placements, job.avoid_nodes = [], _NO_NODES
-    job.preempted_at = [-1.0] * ws.preemptions
+    # an empty list is kept rather than made anew every round (a filled one is replaced: nothing
+    # a pass left in it survives)
+    if job.placements:
+        job.placements = []
+    job.avoid_nodes = _NO_NODES
+    if ws.preemptions or job.preempted_at:
+        job.preempted_at = [-1.0] * ws.preemptions
     job.protected_until = math.inf if ws.stopping else -math.inf  # a stopping workload is no victim
     # the latest (re)start; one that ran before (suspended) starts again as a RESUME
-    job.started = (ws.started_at - origin).total_seconds() if ws.started_at is not None else \
-        0.0 if ws.phase in _RAN else None
+    started = ws.started_at
+    job.started = (started - origin).total_seconds() if started is not None else 0.0 if ws.phase in _RAN else None
     return job
+
+
+def _slots(ws: WorkloadState, job: Job, layout: _Layout, whole_amount_of_fraction: int | None) -> list[Slot]:
+    """Where a running workload's pods sit, as the engine books them (pods on GPUs the snapshot does
+    not list are left out)."""
+    index, instance_profile = layout.index, layout.instance_profile
+    # a whole-GPU request books its milli; a fraction books the whole GPU where GPUs are not shared
+    amount = job.milli if job.whole else whole_amount_of_fraction or job.milli
+    slots: list[Slot] = []
+    for p in ws.placements:
+        g = index.get((p.node, p.gpu_uuid))
+        if g is None:
+            continue
+        if p.mig_instance_id is not None:
+            slots.append((p.node, g, instance_profile.get((p.gpu_uuid, p.mig_instance_id)) or job.mig_profile or MILLI))
+        else:
+            slots.append((p.node, g, amount))
+    return slots
+
+
+# The latest build's slots, by the placements tuple they were read from (kept with it, so its id
+# names it): a cluster that hands a running workload the same tuple every round while its pods stay
+# (the simulator does) has them read once. The slots depend on nothing else but the workload's
+# request, the layout and whether GPUs are shared: all four are checked, so no entry is ever stale
+# (a live cluster's fresh tuples simply miss) and builds on two threads at once only lose hits.
+_SlotsKept = dict[int, tuple[tuple[Placement, ...], Workload, _Layout, "int | None", list[Slot]]]
+_latest_slots: _SlotsKept = {}
+
+
+def _set_latest_slots(slots: _SlotsKept) -> None:
+    global _latest_slots
+    _latest_slots = slots
 
 
 def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None, origin: datetime | None = None,
@@ -209,7 +241,6 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     if quotas is None:
         quotas = Quotas(QuotaSpec(t.name, t.guaranteed_gpus, t.burst_limit_gpus, weight=t.weight) for t in snapshot.teams)
     state = State(nodes, quotas)
-    index, instance_profile = layout.index, layout.instance_profile
     whole_amount_of_fraction = None if shares_gpus(snapshot) else MILLI  # an unshared GPU is held whole
     # With no tolerations anywhere, a tainted node is closed to everyone: one flag, no per-job sets.
     tolerating = any(ws.workload.tolerations for ws in snapshot.workloads)
@@ -217,27 +248,39 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
         if not tolerating and any(taint_blocks(t, ()) for t in snapshot.taints.get(node.name, ())):
             node.schedulable = False
     by_key: dict[str, WorkloadState] = {}
+    jobs, on_node = state.jobs, state.nodes
+    kept_slots, used_slots = _latest_slots, {}
     for ws in snapshot.workloads:
-        job = _job_of(ws, origin, known)
-        if tolerating or ws.workload.node_selection:
-            job.avoid_nodes = _blocked_nodes(snapshot, ws.workload)
-        by_key[job.name] = ws
-        if ws.phase == WorkloadPhase.RUNNING:
-            placements: list[Slot] = []
-            for p in ws.placements:
-                g = index.get((p.node, p.gpu_uuid))
-                if g is None:
-                    continue
-                if p.mig_instance_id is not None:
-                    placements.append((p.node, g, instance_profile.get((p.gpu_uuid, p.mig_instance_id))
-                                       or job.mig_profile or MILLI))
+        w = ws.workload
+        key = w.key
+        job = _job_of(ws, key, origin, known)
+        if tolerating or w.node_selection:
+            job.avoid_nodes = _blocked_nodes(snapshot, w)
+        by_key[key] = ws
+        phase = ws.phase
+        if phase == _RUNNING:
+            given = ws.placements
+            kept = kept_slots.get(id(given))
+            if kept is not None and kept[0] is given and kept[1] is w and kept[2] is layout \
+                    and kept[3] == whole_amount_of_fraction:
+                placements = list(kept[4])
+            else:
+                placements = _slots(ws, job, layout, whole_amount_of_fraction)
+                kept = (given, w, layout, whole_amount_of_fraction, list(placements))
+            used_slots[id(given)] = kept
+            for node_name, g, amount in placements:  # booked here: the nodes start from their free capacity
+                if isinstance(amount, str):
+                    on_node[node_name].mig_used[g].append(amount)
                 else:
-                    placements.append((p.node, g, job.milli if job.whole else whole_amount_of_fraction or job.milli))
-            _book_gpus(state, placements)
+                    on_node[node_name].gpu_free[g] -= amount
             state.add_placed(job, placements)  # snapshot jobs ask for no CPU or memory: GPUs are all to book
-        elif ws.phase in (WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED):
-            job.state = JobState.SUSPENDED if ws.phase == WorkloadPhase.SUSPENDED else JobState.PENDING
-            state.jobs[job.name] = job
+        elif phase == _PENDING:
+            job.state = _JOB_PENDING
+            jobs[key] = job
+        elif phase == _SUSPENDED:
+            job.state = _JOB_SUSPENDED
+            jobs[key] = job
+    _set_latest_slots(used_slots)
     _hold_unhealthy(snapshot, state)
     return state, by_key
 

@@ -53,8 +53,9 @@ class SimCluster:
         rank = {node.name: i for i, node in enumerate(self._nodes)}
         self._gpus = tuple(sorted(simulation.gpus, key=lambda g: (rank[g.node], g.index)))
         self._placements: dict[int, tuple[np.ndarray, tuple[Placement, ...]]] = {}  # by job, while its devices stay
-        # by job: its state and what it was built from; a waiting job's is reused from round to round
-        self._states: dict[int, tuple[tuple[object, ...], WorkloadState]] = {}
+        # by job: what its state was built from (phase, priority, preemptions, latest start, devices)
+        # and the state, last; a waiting job's is reused from round to round
+        self._states: dict[int, list[Any]] = {}
         # the jobs not yet finished as of the last snapshot, in submission order, and how many of
         # the simulation's jobs it has seen (a finished job never runs again: none is looked at twice)
         self._live: list[SimJob] = []
@@ -67,7 +68,8 @@ class SimCluster:
             now = sim.now
             self._live = [job for job in (*self._live, *sim.jobs[self._seen:]) if job.phase in _LIVE]
             self._seen = len(sim.jobs)
-            workloads = tuple(self._state(job) for job in self._live)
+            state_of = self._state
+            workloads = tuple([state_of(job) for job in self._live])
             if len(self._states) > 2 * len(workloads) + 64:  # forget finished jobs now and then
                 live = {job.index for job in self._live}
                 self._states = {index: kept for index, kept in self._states.items() if index in live}
@@ -105,22 +107,21 @@ class SimCluster:
 
     def _state(self, job: SimJob) -> WorkloadState:
         attained = job.attained_gpu_seconds(self.sim.now_s)
-        # what makes a new state (its progress and service move every round while it runs)
-        facts = (job.phase, job.priority, job.preemptions, job.last_started_s, id(job.devices))
         cached = self._states.get(job.index)
-        if cached is not None and cached[0] == facts:
-            last = cached[1]
+        # what makes a new state (its progress and service move every round while it runs)
+        if cached is not None and cached[0] is job.phase and cached[1] is job.priority \
+                and cached[2] == job.preemptions and cached[3] == job.last_started_s and cached[4] is job.devices:
+            last = cached[5]
             if last.progress_seconds == job.progress_s and last.attained_gpu_seconds == attained:
                 return last
-            state = _progressed(last, job.progress_s, attained)
-            self._states[job.index] = (facts, state)
+            cached[5] = state = _progressed(last, job.progress_s, attained)
             return state
         origin = self.sim.origin
-        last = cached[1] if cached is not None else None  # its times are reused where they still hold
+        last = cached[5] if cached is not None else None  # its times are reused where they still hold
         submitted_at = last.submitted_at if last else origin + timedelta(seconds=float(job.spec.submit_s))
         if job.last_started_s is None:
             started_at = None
-        elif last is not None and cached is not None and cached[0][3] == job.last_started_s:
+        elif last is not None and cached is not None and cached[3] == job.last_started_s:
             started_at = last.started_at
         else:
             started_at = origin + timedelta(seconds=float(job.last_started_s))
@@ -131,7 +132,7 @@ class SimCluster:
             priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,
             attained_gpu_seconds=attained, annotations=job.annotations,
         )
-        self._states[job.index] = (facts, state)
+        self._states[job.index] = [job.phase, job.priority, job.preemptions, job.last_started_s, job.devices, state]
         return state
 
     # -- acting --------------------------------------------------------------------------------

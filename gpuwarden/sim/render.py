@@ -91,7 +91,7 @@ class Renderer:
         throttle = np.where(lost, -1, throttle)
         pods = np.full(n, -1)
         if allocated.any():
-            pods[allocated] = self._pod_codes(job[allocated], np.flatnonzero(allocated))
+            pods[allocated] = self.dev_pod[allocated]  # set when each job was bound
         columns = {
             "timestamp": np.full(n, int(now), dtype=np.int64),
             "device": np.arange(n),
@@ -161,19 +161,6 @@ class Renderer:
             elif kind in ("straggler", "silent_straggler"):
                 clock[devices] *= 0.8
                 power[devices] *= 0.85
-
-    def _pod_codes(self, jobs: np.ndarray, devices: np.ndarray) -> np.ndarray:
-        """Pod of each allocated device: gang pods are 8-GPU slices of the job's devices in order."""
-        out = np.empty(jobs.size, dtype=np.int64)
-        for k, (j, d) in enumerate(zip(jobs.tolist(), devices.tolist())):
-            spec = self.jobs[j].spec.workload
-            codes = self._job_pod_codes[j]
-            if spec.gang_size == 1:
-                out[k] = codes[0]
-            else:
-                position = int(np.flatnonzero(self.jobs[j].devices == d)[0])
-                out[k] = codes[position // max(1, spec.gpus.count)]
-        return out
 
     def _frame(self, columns: dict[str, np.ndarray]) -> pd.DataFrame:
         """Columnar step output -> fleet samples frame (strings as categoricals built from codes)."""

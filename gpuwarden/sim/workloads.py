@@ -99,6 +99,9 @@ class ArrivalStream:
         keep_probability = min(1.0, capacity / max(float(week[start_day]), 1e-9))
         self.philly_times = times
         self.philly = jobs.reset_index(drop=True)
+        # the columns a job reads, as lists: a row read through the frame (iloc) cost more than the job
+        self.philly_rows = list(zip(self.philly["gpus"].tolist(), self.philly["duration_seconds"].tolist(),
+                                    self.philly["virtual_cluster"].tolist()))
         self.philly_span = span
         self.philly_offset = offset
         self.philly_keep = keep_probability
@@ -113,11 +116,11 @@ class ArrivalStream:
             at = self.philly_times[self.philly_cursor] - self.philly_offset + self.philly_lap * self.philly_span
             if at > until_s:
                 return out
-            row = self.philly.iloc[self.philly_cursor]
+            gpus, duration, vc = self.philly_rows[self.philly_cursor]
             self.philly_cursor += 1
             if self.rng.random() >= self.philly_keep or at < 0:
                 continue
-            out.append(self._training_job(at, int(row["gpus"]), float(row["duration_seconds"]), str(row["virtual_cluster"])))
+            out.append(self._training_job(at, int(gpus), float(duration), str(vc)))
 
     def _training_job(self, at: float, gpus: int, duration: float, vc: str) -> JobSpec:
         rng = self.rng
@@ -147,6 +150,7 @@ class ArrivalStream:
     def _openb_setup(self, openb: pd.DataFrame, inference_gpus: int) -> None:
         pods = openb[openb["gpus"] > 0].reset_index(drop=True)
         self.openb = pods
+        self.openb_rows = list(zip(pods["gpus"].tolist(), pods["gpu_milli"].tolist()))  # as philly_rows
         mean_equivalents = float((pods["gpus"] * pods["gpu_milli"] / 1000.0).mean())
         self.service_target = self.config.inference_load * inference_gpus / max(mean_equivalents, 1e-9)
         self.service_rate_per_s = self.service_target / self._service_mean_life_s()
@@ -161,8 +165,8 @@ class ArrivalStream:
 
     def _service(self, at: float, residual: bool = False) -> JobSpec:
         rng = self.rng
-        row = self.openb.iloc[int(rng.integers(len(self.openb)))]
-        gpus, milli = int(row["gpus"]), int(row["gpu_milli"])
+        gpus, milli = self.openb_rows[int(rng.integers(len(self.openb_rows)))]
+        gpus, milli = int(gpus), int(milli)
         request = GpuRequest(count=gpus) if milli >= 1000 else GpuRequest(count=1, fraction_milli=max(1, milli))
         team = TEAM_NAMES[int(rng.integers(len(TEAM_NAMES)))]
         self.counter += 1
