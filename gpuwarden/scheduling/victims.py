@@ -3,15 +3,18 @@ fewest of them that make room. ``Scheduler`` inherits it; it reads the pass's po
 facts kept here (service levels, the running jobs), which are what make a pass over a busy fleet fast.
 
 Speed without changing a decision (pinned by tests/test_whatif_pinned.py): the running jobs are
-listed once a pass (again after a start) instead of scanning every job, waiting ones included, for
-each blocked job; a service level is a bisection of the sorted level edges; the highest running
-level is the level of the running job with the most attained service (levels only grow with it).
+listed once a pass, and a start adds its job, instead of scanning every job, waiting ones included,
+for each blocked job; candidates are sorted by cost, then by their order in ``state.jobs`` (what a
+stable sort of that order gave); a search that failed fails again for a job asking the same until a
+start changes the state (a failed search evicts nothing: it rolls back); a service level is a
+bisection of the sorted level edges; the highest running level is the level of the running job with
+the most attained service (levels only grow with it).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from operator import attrgetter
 
 from .placement import find_placement, node_allowed
@@ -32,58 +35,91 @@ class VictimSearch:
         # (highest service level, lowest priority) any job running in this pass has had: None until
         # asked for. Bounds, not exact: an eviction does not lower them.
         self._running_bounds: tuple[int, int] | None = None
-        self._running_jobs: list[Job] | None = None  # RUNNING at listing time, in state.jobs order
-        self._on_node: dict[str, list[tuple[int, Job]]] | None = None  # node -> (position, job) of those
+        # RUNNING when listed in this pass, and every job started since (callers check the state)
+        self._running_jobs: dict[str, Job] | None = None
+        self._on_node: dict[str, dict[str, Job]] | None = None  # node -> those with a pod on it
+        self._near: dict[tuple[str, ...], tuple[frozenset[str], dict[str, Job]]] = {}  # on any of these nodes
+        self._rank: dict[str, int] | None = None  # a job's place in state.jobs, for this pass
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
-        # per job, the nodes it may ever use: a State's nodes and a job's request stay as they are while
-        # one scheduler schedules them (the replays; the live round builds a scheduler per round)
-        self._allowed: dict[str, tuple[Job, list[NodeState]]] = {}
+        self._failed: dict[tuple[object, ...], str] = {}  # why a search failed, by what it depends on, until a start
+        # per job, the nodes it may ever use (and their names): a State's nodes and a job's request stay
+        # as they are while one scheduler schedules them (the replays; the live round builds a scheduler
+        # per round)
+        self._allowed: dict[str, tuple[Job, list[NodeState], tuple[str, ...]]] = {}
         self._allowed_in: State | None = None
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
-        self._running_jobs, self._on_node, self._found = None, None, {}
+        self._running_jobs, self._on_node, self._near, self._rank = None, None, {}, None
+        self._found, self._failed = {}, {}
         if state is not self._allowed_in:
             self._allowed, self._allowed_in = {}, state
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
 
-    def _running(self, state: State) -> list[Job]:
-        """Jobs running now, in ``state.jobs`` order (a superset once some are evicted: callers check
-        the state). A start in the pass must call :meth:`_ran` so that its job is listed."""
+    def _running(self, state: State) -> Collection[Job]:
+        """Jobs running now, in no set order (a superset once some are evicted: callers check the
+        state). A start in the pass must call :meth:`_ran` so that its job is listed."""
         if self._running_jobs is None:
             running = JobState.RUNNING
-            self._running_jobs = [j for j in state.jobs.values() if j.state == running]
-        return self._running_jobs
+            self._running_jobs = {j.name: j for j in state.jobs.values() if j.state == running}
+        return self._running_jobs.values()
 
-    def _running_on(self, state: State, nodes: list[NodeState]) -> list[Job]:
-        """The running jobs with a pod on one of ``nodes``, in ``state.jobs`` order (placements change
-        in a pass only by a start, which lists the running jobs again, or an eviction, after which
-        the caller's state check skips the job)."""
-        if self._on_node is None:
-            on_node: dict[str, list[tuple[int, Job]]] = {}
-            for position, job in enumerate(self._running(state)):
-                previous = None
-                for name, _, _ in job.placements:
-                    if name != previous:  # a pod per slot: most of a job's slots sit on one node
-                        on_node.setdefault(name, []).append((position, job))
-                        previous = name
-            self._on_node = on_node
-        picked: dict[int, Job] = {}
-        for node in nodes:
-            picked.update(self._on_node.get(node.name, ()))
-        return [picked[position] for position in sorted(picked)]
+    def _running_on(self, state: State, names: tuple[str, ...]) -> Collection[Job]:
+        """The running jobs with a pod on one of the nodes ``names``, in no set order; a job moved off
+        them in this pass may still be listed (the caller checks where a victim runs, and its state)."""
+        near = self._near.get(names)
+        if near is None:
+            if self._on_node is None:
+                on_node: dict[str, dict[str, Job]] = {}
+                for job in self._running(state):
+                    previous = None
+                    for name, _, _ in job.placements:
+                        if name != previous:  # a pod per slot: most of a job's slots sit on one node
+                            on_node.setdefault(name, {})[job.name] = job
+                            previous = name
+                self._on_node = on_node
+            jobs: dict[str, Job] = {}
+            for name in names:
+                jobs.update(self._on_node.get(name, {}))
+            near = self._near[names] = (frozenset(names), jobs)
+        return near[1].values()
+
+    def _list_on_nodes(self, job: Job) -> None:
+        """Add ``job`` to the running jobs of each node it has a pod on, and of each node set asked for."""
+        assert self._on_node is not None
+        nodes = {name for name, _, _ in job.placements}
+        for name in nodes:
+            self._on_node.setdefault(name, {})[job.name] = job
+        for names, jobs in self._near.values():
+            if not names.isdisjoint(nodes):
+                jobs[job.name] = job
+
+    def _in_state_order(self, state: State) -> dict[str, int]:
+        """Each job's place in ``state.jobs`` (jobs are not added to a state within a pass)."""
+        if self._rank is None:
+            self._rank = {name: i for i, name in enumerate(state.jobs)}
+        return self._rank
 
     def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
         """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
+        return self._allowed_for(state, job)[1]
+
+    def _allowed_for(self, state: State, job: Job) -> tuple[Job, list[NodeState], tuple[str, ...]]:
         known = self._allowed.get(job.name)
         if known is None or known[0] is not job:
-            known = self._allowed[job.name] = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
-        return known[1]
+            nodes = [node for node in state.nodes.values() if node_allowed(job, node)]
+            known = self._allowed[job.name] = (job, nodes, tuple(node.name for node in nodes))
+        return known
 
     def _ran(self, job: Job, now: float) -> None:
-        """``job`` started in this pass: list the running jobs again, forget the candidates found, raise the bounds."""
-        self._running_jobs, self._on_node, self._found = None, None, {}
+        """``job`` started in this pass: list it as running, forget the candidates found and the
+        failed searches, raise the bounds."""
+        self._found, self._failed = {}, {}
+        if self._running_jobs is not None:
+            self._running_jobs[job.name] = job
+            if self._on_node is not None:
+                self._list_on_nodes(job)
         if self._running_bounds is not None:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
@@ -116,30 +152,32 @@ class VictimSearch:
                 or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
                                        for team, flavour in state.quotas.usage)))
 
-    def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
+    def _candidates(self, state: State, job: Job, verdict: Admission,
+                    now: float) -> tuple[tuple[object, ...], list[Job]]:
+        """(what the candidates depend on, the candidates)."""
         policy = self.policy
         las_mode = policy.preempt == PreemptMode.LAS
         # levels do not change within a pass: the job's once, not once per running job
         las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
-        if not self._may_have_victims(state, job, las_floor, policy.reclaim and verdict == Admission.NOMINAL, now):
-            return []
-        allowed = self._allowed_nodes(state, job) if self._mixed_fleet else None
+        allowed = self._allowed_for(state, job) if self._mixed_fleet else None
         # what the answer depends on: the same for the next blocked job alike until a start changes the state
         key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
-               None if allowed is None else tuple(node.name for node in allowed))
+               None if allowed is None else allowed[2])
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed)
-        return found
+            reclaiming = policy.reclaim and verdict == Admission.NOMINAL
+            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed) \
+                if self._may_have_victims(state, job, las_floor, reclaiming, now) else []
+        return key, found
 
     def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
-              allowed: list[NodeState] | None) -> list[Job]:
+              allowed: tuple[Job, list[NodeState], tuple[str, ...]] | None) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
         policy = self.policy
         las_mode = policy.preempt == PreemptMode.LAS
         reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-        usable = None if allowed is None else _usable_victim(job, allowed)
+        usable = None if allowed is None else _usable_victim(job, allowed[2])
         edges, min_run = self._level_edges, policy.min_run_seconds
         preempting = policy.preempt != PreemptMode.NONE
         # LAS takes from another team only what the team can give: never below its guarantee to
@@ -148,8 +186,9 @@ class VictimSearch:
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
         out = []
-        for victim in self._running(state) if allowed is None else self._running_on(state, allowed):
-            if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
+        running = JobState.RUNNING
+        for victim in self._running(state) if allowed is None else self._running_on(state, allowed[2]):
+            if victim.state != running or victim is job or victim.protected_until > now:
                 continue
             if not (preempting and victim.priority < job.priority):
                 other_team = victim.team != job.team
@@ -171,9 +210,11 @@ class VictimSearch:
             if usable is None or usable(victim):
                 out.append(victim)
 
-        def cost(v: Job) -> tuple[int, bool, int, float, float]:
+        rank = self._in_state_order(state)
+
+        def cost(v: Job) -> tuple[int, bool, int, float, float, int]:
             lost = (now - (v.started or now)) if not v.checkpointable else 0.0
-            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
+            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0), rank[v.name])
 
         return sorted(out, key=cost)
 
@@ -198,9 +239,24 @@ class VictimSearch:
         policy = self.policy
         if policy.preempt == PreemptMode.NONE and not policy.reclaim:
             return [], None, ""
-        candidates = self._candidates(state, job, verdict, now)
+        key, candidates = self._candidates(state, job, verdict, now)
         if not candidates:
             return [], None, ""
+        # a job asking the same as one that found no room since the last start finds none either
+        attempt = (key, job.pods, job.gpus_per_pod, job.milli, job.mig_profile, job.gpu_model, job.gpu_models,
+                   job.pools, job.avoid_nodes, job.kind, job.checkpointable, job.cpu_milli, job.mem_bytes)
+        if (why := self._failed.get(attempt)) is not None:
+            return [], None, why
+        victims, placements, why = self._search(state, statement, job, verdict, candidates)
+        if placements is None:
+            self._failed[attempt] = why
+        return victims, placements, why
+
+    def _search(self, state: State, statement: Statement, job: Job, verdict: Admission,
+                candidates: list[Job]) -> tuple[list[Job], list[Slot] | None, str]:
+        """The fewest of ``candidates`` (cheapest first) whose eviction lets ``job`` start; the state
+        is left as it was when none does."""
+        policy = self.policy
         need = job.pods * job.gpus_per_pod
         allowed = self._allowed_nodes(state, job)
 
@@ -240,10 +296,10 @@ class VictimSearch:
         return [], None, "preemption would not free enough room"
 
 
-def _usable_victim(job: Job, allowed: list[NodeState]) -> Callable[[Job], bool]:
+def _usable_victim(job: Job, allowed: tuple[str, ...]) -> Callable[[Job], bool]:
     """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use (not in
     ``allowed``), nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
-    names = {node.name for node in allowed}
+    names = set(allowed)
     wants_mig = job.mig_profile is not None
     any_gpu = job.milli < MILLI and not wants_mig
 
