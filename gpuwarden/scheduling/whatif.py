@@ -355,4 +355,5 @@ def whatif_report(source: Any, start: pd.Timestamp, end: pd.Timestamp, policies:
     """Read ``[start, end)`` from a samples source (or take a frame), rebuild and replay it."""
     frame = source if isinstance(source, pd.DataFrame) else source.read(start, end, list(NEEDED_COLUMNS))
     history = rebuild(frame, start, end, max_gap_seconds)
+    del frame  # the samples read (most of the memory) are not needed by the replays
     return build_report(history, policies, guarantees, price_book, inventory)
