@@ -186,14 +186,14 @@ class VictimSearch:
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
         out = []
-        running = JobState.RUNNING
+        running, priority, team = JobState.RUNNING, job.priority, job.team
         for victim in self._running(state) if allowed is None else self._running_on(state, allowed[2]):
             if victim.state != running or victim is job or victim.protected_until > now:
                 continue
-            if not (preempting and victim.priority < job.priority):
-                other_team = victim.team != job.team
+            if not (preempting and victim.priority < priority):
+                other_team = victim.team != team
                 reclaim = False
-                if reclaiming and other_team and victim.priority <= job.priority:
+                if reclaiming and other_team and victim.priority <= priority:
                     key = (victim.team, victim.flavour)
                     if (found := reclaimable.get(key)) is None:
                         found = reclaimable[key] = state.quotas.borrowed(*key) > 1e-9
@@ -201,20 +201,22 @@ class VictimSearch:
                 if not reclaim:
                     # LAS, with hysteresis: a job that (re)started less than min_run_seconds ago is not
                     # demoted (reclaim of a guarantee and higher priority classes still may preempt it)
-                    if not (las_mode and victim.priority == job.priority
-                            and now - (victim.started if victim.started is not None else now) >= min_run
-                            and bisect_right(edges, victim.attained) >= las_floor):  # self.level, inlined
+                    if not (las_mode and victim.priority == priority
+                            and bisect_right(edges, victim.attained) >= las_floor  # self.level, inlined
+                            and now - (victim.started if victim.started is not None else now) >= min_run):
                         continue
                     if guarded and other_team and (borrowing_blocks or not self._keeps(state, victim, keeps)):
                         continue
             if usable is None or usable(victim):
                 out.append(victim)
 
-        rank = self._in_state_order(state)
+        rank, by_level = self._in_state_order(state), policy.order == QueueOrder.LAS
 
         def cost(v: Job) -> tuple[int, bool, int, float, float, int]:
-            lost = (now - (v.started or now)) if not v.checkpointable else 0.0
-            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0), rank[v.name])
+            started = v.started
+            lost = (now - (started or now)) if not v.checkpointable else 0.0
+            level = bisect_right(edges, v.attained) if by_level else 0  # self.level of a running job, inlined
+            return (v.priority, not v.checkpointable, -level, lost, -(started or 0), rank[v.name])
 
         return sorted(out, key=cost)
 
@@ -304,8 +306,10 @@ def _usable_victim(job: Job, allowed: tuple[str, ...]) -> Callable[[Job], bool]:
     any_gpu = job.milli < MILLI and not wants_mig
 
     def usable(victim: Job) -> bool:
-        return any(node in names and (any_gpu or isinstance(amount, str) == wants_mig)
-                   for node, _, amount in victim.placements)
+        for node, _, amount in victim.placements:
+            if node in names and (any_gpu or isinstance(amount, str) == wants_mig):
+                return True
+        return False
     return usable
 
 
@@ -325,9 +329,11 @@ def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[No
     pods = 0
     for node in allowed:
         extra = freed.get(node.name)
-        # a node no candidate runs on: its whole free GPUs as they are (free milli never exceeds MILLI)
-        whole = node.whole_free() if extra is None else \
-            sum(1 for gpu, free in enumerate(node.gpu_free) if free + extra.get(gpu, 0) >= MILLI)
+        # its whole free GPUs, and those the candidates' going would make whole (free milli never exceeds MILLI)
+        whole = node.whole_free()
+        if extra is not None:
+            free = node.gpu_free
+            whole += sum(1 for gpu, amount in extra.items() if free[gpu] < MILLI and free[gpu] + amount >= MILLI)
         pods += whole // need
         if pods >= job.pods:
             return True
