@@ -17,6 +17,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Collection
 from operator import attrgetter
 
+import numpy as np
+
 from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy
 from .quotas import Admission
@@ -45,15 +47,17 @@ class VictimSearch:
         # per job, the nodes it may ever use (and their names): a State's nodes and a job's request stay
         # as they are while one scheduler schedules them (the replays; the live round builds a scheduler
         # per round)
-        self._allowed: dict[str, tuple[Job, list[NodeState], tuple[str, ...]]] = {}
+        self._allowed: dict[str, tuple[Job, list[NodeState], tuple[str, ...], np.ndarray]] = {}
         self._allowed_in: State | None = None
+        # whole-GPU requests that found no room: (versions of the nodes they may use, why), across passes
+        self._no_room: dict[tuple[object, ...], tuple[bytes, str]] = {}
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
         self._running_jobs, self._on_node, self._near, self._rank = None, None, {}, None
         self._found, self._failed = {}, {}
         if state is not self._allowed_in:
-            self._allowed, self._allowed_in = {}, state
+            self._allowed, self._allowed_in, self._no_room = {}, state, {}
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
 
@@ -105,12 +109,29 @@ class VictimSearch:
         """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
         return self._allowed_for(state, job)[1]
 
-    def _allowed_for(self, state: State, job: Job) -> tuple[Job, list[NodeState], tuple[str, ...]]:
+    def _allowed_for(self, state: State, job: Job) -> tuple[Job, list[NodeState], tuple[str, ...], np.ndarray]:
+        """(job, the nodes it may ever use, their names, their rows in ``state.arrays``)."""
         known = self._allowed.get(job.name)
         if known is None or known[0] is not job:
             nodes = [node for node in state.nodes.values() if node_allowed(job, node)]
-            known = self._allowed[job.name] = (job, nodes, tuple(node.name for node in nodes))
+            rows = np.array([state.arrays.index[node.name] for node in nodes], np.intp)
+            known = self._allowed[job.name] = (job, nodes, tuple(node.name for node in nodes), rows)
         return known
+
+    def _place(self, state: State, job: Job, request: tuple[object, ...]) -> tuple[list[Slot] | None, str]:
+        """:func:`find_placement`. A whole-GPU ``request`` (what placement reads of a job) that found no
+        room finds none again, for the same reason, while no node it may use has changed: placement
+        reads only those nodes, and every booking on a node raises its ``state.arrays.version``."""
+        if not job.whole:
+            return find_placement(state, job, self.policy.placement)
+        stamp = state.arrays.version[self._allowed_for(state, job)[3]].tobytes()
+        known = self._no_room.get(request)
+        if known is not None and known[0] == stamp:
+            return None, known[1]
+        placements, reason = find_placement(state, job, self.policy.placement)
+        if placements is None:
+            self._no_room[request] = (stamp, reason)
+        return placements, reason
 
     def _ran(self, job: Job, now: float) -> None:
         """``job`` started in this pass: list it as running, forget the candidates found and the
@@ -171,7 +192,7 @@ class VictimSearch:
         return key, found
 
     def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
-              allowed: tuple[Job, list[NodeState], tuple[str, ...]] | None) -> list[Job]:
+              allowed: tuple[Job, list[NodeState], tuple[str, ...], np.ndarray] | None) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
         policy = self.policy
