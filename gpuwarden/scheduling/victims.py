@@ -44,10 +44,10 @@ class VictimSearch:
         self._rank: dict[str, int] | None = None  # a job's place in state.jobs, for this pass
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
         self._failed: dict[tuple[object, ...], str] = {}  # why a search failed, by what it depends on, until a start
-        # per job, the nodes it may ever use (and their names): a State's nodes and a job's request stay
-        # as they are while one scheduler schedules them (the replays; the live round builds a scheduler
-        # per round)
-        self._allowed: dict[str, tuple[Job, list[NodeState], tuple[str, ...], np.ndarray]] = {}
+        # the nodes a request may ever use (their names, their rows in state.arrays), by what node_allowed
+        # reads of it: a State's nodes stay as they are while one scheduler schedules them (the replays;
+        # the live round builds a scheduler per round)
+        self._allowed: dict[tuple[object, ...], tuple[list[NodeState], tuple[str, ...], np.ndarray]] = {}
         self._allowed_in: State | None = None
         # whole-GPU requests that found no room: (versions of the nodes they may use, why), across passes
         self._no_room: dict[tuple[object, ...], tuple[bytes, str]] = {}
@@ -107,15 +107,16 @@ class VictimSearch:
 
     def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
         """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
-        return self._allowed_for(state, job)[1]
+        return self._allowed_for(state, job)[0]
 
-    def _allowed_for(self, state: State, job: Job) -> tuple[Job, list[NodeState], tuple[str, ...], np.ndarray]:
-        """(job, the nodes it may ever use, their names, their rows in ``state.arrays``)."""
-        known = self._allowed.get(job.name)
-        if known is None or known[0] is not job:
+    def _allowed_for(self, state: State, job: Job) -> tuple[list[NodeState], tuple[str, ...], np.ndarray]:
+        """(the nodes ``job`` may ever use, their names, their rows in ``state.arrays``)."""
+        request = (job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, job.kind, job.checkpointable)
+        known = self._allowed.get(request)
+        if known is None:
             nodes = [node for node in state.nodes.values() if node_allowed(job, node)]
             rows = np.array([state.arrays.index[node.name] for node in nodes], np.intp)
-            known = self._allowed[job.name] = (job, nodes, tuple(node.name for node in nodes), rows)
+            known = self._allowed[request] = (nodes, tuple(node.name for node in nodes), rows)
         return known
 
     def _place(self, state: State, job: Job, request: tuple[object, ...]) -> tuple[list[Slot] | None, str]:
@@ -124,7 +125,7 @@ class VictimSearch:
         reads only those nodes, and every booking on a node raises its ``state.arrays.version``."""
         if not job.whole:
             return find_placement(state, job, self.policy.placement)
-        stamp = state.arrays.version[self._allowed_for(state, job)[3]].tobytes()
+        stamp = state.arrays.version[self._allowed_for(state, job)[2]].tobytes()
         known = self._no_room.get(request)
         if known is not None and known[0] == stamp:
             return None, known[1]
@@ -183,7 +184,7 @@ class VictimSearch:
         allowed = self._allowed_for(state, job) if self._mixed_fleet else None
         # what the answer depends on: the same for the next blocked job alike until a start changes the state
         key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
-               None if allowed is None else allowed[2])
+               None if allowed is None else allowed[1])
         found = self._found.get(key)
         if found is None:
             reclaiming = policy.reclaim and verdict == Admission.NOMINAL
@@ -192,13 +193,13 @@ class VictimSearch:
         return key, found
 
     def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
-              allowed: tuple[Job, list[NodeState], tuple[str, ...], np.ndarray] | None) -> list[Job]:
+              allowed: tuple[list[NodeState], tuple[str, ...], np.ndarray] | None) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
         policy = self.policy
         las_mode = policy.preempt == PreemptMode.LAS
         reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-        usable = None if allowed is None else _usable_victim(job, allowed[2])
+        usable = None if allowed is None else _usable_victim(job, allowed[1])
         edges, min_run = self._level_edges, policy.min_run_seconds
         preempting = policy.preempt != PreemptMode.NONE
         # LAS takes from another team only what the team can give: never below its guarantee to
@@ -208,7 +209,7 @@ class VictimSearch:
         keeps: dict[tuple[str, str, float], bool] = {}
         out = []
         running, priority, team = JobState.RUNNING, job.priority, job.team
-        for victim in self._running(state) if allowed is None else self._running_on(state, allowed[2]):
+        for victim in self._running(state) if allowed is None else self._running_on(state, allowed[1]):
             if victim.state != running or victim is job or victim.protected_until > now:
                 continue
             if not (preempting and victim.priority < priority):
