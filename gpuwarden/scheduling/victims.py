@@ -39,7 +39,6 @@ class VictimSearch:
         self._running_bounds: tuple[int, int] | None = None
         # RUNNING when listed in this pass, and every job started since (callers check the state)
         self._running_jobs: dict[str, Job] | None = None
-        self._on_node: dict[str, dict[str, Job]] | None = None  # node -> those with a pod on it
         self._near: dict[tuple[str, ...], tuple[frozenset[str], dict[str, Job]]] = {}  # on any of these nodes
         self._rank: dict[str, int] | None = None  # a job's place in state.jobs, for this pass
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
@@ -54,7 +53,7 @@ class VictimSearch:
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
-        self._running_jobs, self._on_node, self._near, self._rank = None, None, {}, None
+        self._running_jobs, self._near, self._rank = None, {}, None
         self._found, self._failed = {}, {}
         if state is not self._allowed_in:
             self._allowed, self._allowed_in, self._no_room = {}, state, {}
@@ -74,27 +73,18 @@ class VictimSearch:
         them in this pass may still be listed (the caller checks where a victim runs, and its state)."""
         near = self._near.get(names)
         if near is None:
-            if self._on_node is None:
-                on_node: dict[str, dict[str, Job]] = {}
-                for job in self._running(state):
-                    previous = None
-                    for name, _, _ in job.placements:
-                        if name != previous:  # a pod per slot: most of a job's slots sit on one node
-                            on_node.setdefault(name, {})[job.name] = job
-                            previous = name
-                self._on_node = on_node
-            jobs: dict[str, Job] = {}
-            for name in names:
-                jobs.update(self._on_node.get(name, {}))
-            near = self._near[names] = (frozenset(names), jobs)
+            wanted, jobs = frozenset(names), {}
+            for job in self._running(state):
+                for name, _, _ in job.placements:
+                    if name in wanted:
+                        jobs[job.name] = job
+                        break
+            near = self._near[names] = (wanted, jobs)
         return near[1].values()
 
     def _list_on_nodes(self, job: Job) -> None:
-        """Add ``job`` to the running jobs of each node it has a pod on, and of each node set asked for."""
-        assert self._on_node is not None
+        """Add ``job`` to the running jobs of each node set asked for that it has a pod on."""
         nodes = {name for name, _, _ in job.placements}
-        for name in nodes:
-            self._on_node.setdefault(name, {})[job.name] = job
         for names, jobs in self._near.values():
             if not names.isdisjoint(nodes):
                 jobs[job.name] = job
@@ -140,8 +130,7 @@ class VictimSearch:
         self._found, self._failed = {}, {}
         if self._running_jobs is not None:
             self._running_jobs[job.name] = job
-            if self._on_node is not None:
-                self._list_on_nodes(job)
+            self._list_on_nodes(job)
         if self._running_bounds is not None:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
