@@ -56,6 +56,11 @@ class QueuePolicy:
     las_keep_guarantee: bool = False  # LAS takes from another team only GPUs it borrows beyond its guarantee
     placement: PlacementOptions = PlacementOptions()
 
+    @property
+    def reads_service(self) -> bool:
+        """Whether a pass reads the attained service of jobs (to order by LAS or to preempt by it)."""
+        return self.order == QueueOrder.LAS or self.preempt == PreemptMode.LAS
+
     def __post_init__(self) -> None:
         # strings are accepted where people write policies by hand (YAML, tests); stored as enums
         for name, enum in (("order", QueueOrder), ("preempt", PreemptMode)):

@@ -116,7 +116,7 @@ class Scheduler(VictimSearch):
             if whole and shape in failed_shapes:  # no eviction since this shape found no room
                 placements, reason = None, failed_shapes[shape]
             elif not whole or need <= free_whole:
-                placements, reason = find_placement(state, job, policy.placement)
+                placements, reason = self._place(state, job, shape)
             else:
                 placements, reason = None, f"capacity: needs {need} GPUs, {free_whole} free"
             victims: list[Job] = []

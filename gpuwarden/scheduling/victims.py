@@ -3,16 +3,21 @@ fewest of them that make room. ``Scheduler`` inherits it; it reads the pass's po
 facts kept here (service levels, the running jobs), which are what make a pass over a busy fleet fast.
 
 Speed without changing a decision (pinned by tests/test_whatif_pinned.py): the running jobs are
-listed once a pass (again after a start) instead of scanning every job, waiting ones included, for
-each blocked job; a service level is a bisection of the sorted level edges; the highest running
-level is the level of the running job with the most attained service (levels only grow with it).
+listed once a pass, and a start adds its job, instead of scanning every job, waiting ones included,
+for each blocked job; candidates are sorted by cost, then by their order in ``state.jobs`` (what a
+stable sort of that order gave); a search that failed fails again for a job asking the same until a
+start changes the state (a failed search evicts nothing: it rolls back); a service level is a
+bisection of the sorted level edges; the highest running level is the level of the running job with
+the most attained service (levels only grow with it).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from operator import attrgetter
+
+import numpy as np
 
 from .placement import find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy
@@ -32,58 +37,100 @@ class VictimSearch:
         # (highest service level, lowest priority) any job running in this pass has had: None until
         # asked for. Bounds, not exact: an eviction does not lower them.
         self._running_bounds: tuple[int, int] | None = None
-        self._running_jobs: list[Job] | None = None  # RUNNING at listing time, in state.jobs order
-        self._on_node: dict[str, list[tuple[int, Job]]] | None = None  # node -> (position, job) of those
+        # RUNNING when listed in this pass, and every job started since (callers check the state)
+        self._running_jobs: dict[str, Job] | None = None
+        self._near: dict[tuple[str, ...], tuple[frozenset[str], dict[str, Job]]] = {}  # on any of these nodes
+        self._rank: dict[str, int] | None = None  # a job's place in state.jobs, for this pass
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
-        # per job, the nodes it may ever use: a State's nodes and a job's request stay as they are while
-        # one scheduler schedules them (the replays; the live round builds a scheduler per round)
-        self._allowed: dict[str, tuple[Job, list[NodeState]]] = {}
+        self._failed: dict[tuple[object, ...], str] = {}  # why a search failed, by what it depends on, until a start
+        # the nodes a request may ever use (their names, their rows in state.arrays), by what node_allowed
+        # reads of it: a State's nodes stay as they are while one scheduler schedules them (the replays;
+        # the live round builds a scheduler per round)
+        self._allowed: dict[tuple[object, ...], tuple[list[NodeState], tuple[str, ...], np.ndarray]] = {}
         self._allowed_in: State | None = None
+        # whole-GPU requests that found no room: (versions of the nodes they may use, why), across passes
+        self._no_room: dict[tuple[object, ...], tuple[bytes, str]] = {}
 
     def _begin_pass(self, state: State) -> None:
         self._running_bounds = None
-        self._running_jobs, self._on_node, self._found = None, None, {}
+        self._running_jobs, self._near, self._rank = None, {}, None
+        self._found, self._failed = {}, {}
         if state is not self._allowed_in:
-            self._allowed, self._allowed_in = {}, state
+            self._allowed, self._allowed_in, self._no_room = {}, state, {}
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
             or len({(node.pool, node.model, node.tier) for node in state.nodes.values()}) > 1
 
-    def _running(self, state: State) -> list[Job]:
-        """Jobs running now, in ``state.jobs`` order (a superset once some are evicted: callers check
-        the state). A start in the pass must call :meth:`_ran` so that its job is listed."""
+    def _running(self, state: State) -> Collection[Job]:
+        """Jobs running now, in no set order (a superset once some are evicted: callers check the
+        state). A start in the pass must call :meth:`_ran` so that its job is listed."""
         if self._running_jobs is None:
             running = JobState.RUNNING
-            self._running_jobs = [j for j in state.jobs.values() if j.state == running]
-        return self._running_jobs
+            self._running_jobs = {j.name: j for j in state.jobs.values() if j.state == running}
+        return self._running_jobs.values()
 
-    def _running_on(self, state: State, nodes: list[NodeState]) -> list[Job]:
-        """The running jobs with a pod on one of ``nodes``, in ``state.jobs`` order (placements change
-        in a pass only by a start, which lists the running jobs again, or an eviction, after which
-        the caller's state check skips the job)."""
-        if self._on_node is None:
-            on_node: dict[str, list[tuple[int, Job]]] = {}
-            for position, job in enumerate(self._running(state)):
-                previous = None
+    def _running_on(self, state: State, names: tuple[str, ...]) -> Collection[Job]:
+        """The running jobs with a pod on one of the nodes ``names``, in no set order; a job moved off
+        them in this pass may still be listed (the caller checks where a victim runs, and its state)."""
+        near = self._near.get(names)
+        if near is None:
+            wanted, jobs = frozenset(names), {}
+            for job in self._running(state):
                 for name, _, _ in job.placements:
-                    if name != previous:  # a pod per slot: most of a job's slots sit on one node
-                        on_node.setdefault(name, []).append((position, job))
-                        previous = name
-            self._on_node = on_node
-        picked: dict[int, Job] = {}
-        for node in nodes:
-            picked.update(self._on_node.get(node.name, ()))
-        return [picked[position] for position in sorted(picked)]
+                    if name in wanted:
+                        jobs[job.name] = job
+                        break
+            near = self._near[names] = (wanted, jobs)
+        return near[1].values()
+
+    def _list_on_nodes(self, job: Job) -> None:
+        """Add ``job`` to the running jobs of each node set asked for that it has a pod on."""
+        nodes = {name for name, _, _ in job.placements}
+        for names, jobs in self._near.values():
+            if not names.isdisjoint(nodes):
+                jobs[job.name] = job
+
+    def _in_state_order(self, state: State) -> dict[str, int]:
+        """Each job's place in ``state.jobs`` (jobs are not added to a state within a pass)."""
+        if self._rank is None:
+            self._rank = {name: i for i, name in enumerate(state.jobs)}
+        return self._rank
 
     def _allowed_nodes(self, state: State, job: Job) -> list[NodeState]:
         """Nodes ``job`` may ever use (the victim filter and the room check of one search share them)."""
-        known = self._allowed.get(job.name)
-        if known is None or known[0] is not job:
-            known = self._allowed[job.name] = (job, [node for node in state.nodes.values() if node_allowed(job, node)])
-        return known[1]
+        return self._allowed_for(state, job)[0]
+
+    def _allowed_for(self, state: State, job: Job) -> tuple[list[NodeState], tuple[str, ...], np.ndarray]:
+        """(the nodes ``job`` may ever use, their names, their rows in ``state.arrays``)."""
+        request = (job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, job.kind, job.checkpointable)
+        known = self._allowed.get(request)
+        if known is None:
+            nodes = [node for node in state.nodes.values() if node_allowed(job, node)]
+            rows = np.array([state.arrays.index[node.name] for node in nodes], np.intp)
+            known = self._allowed[request] = (nodes, tuple(node.name for node in nodes), rows)
+        return known
+
+    def _place(self, state: State, job: Job, request: tuple[object, ...]) -> tuple[list[Slot] | None, str]:
+        """:func:`find_placement`. A whole-GPU ``request`` (what placement reads of a job) that found no
+        room finds none again, for the same reason, while no node it may use has changed: placement
+        reads only those nodes, and every booking on a node raises its ``state.arrays.version``."""
+        if not job.whole:
+            return find_placement(state, job, self.policy.placement)
+        stamp = state.arrays.version[self._allowed_for(state, job)[2]].tobytes()
+        known = self._no_room.get(request)
+        if known is not None and known[0] == stamp:
+            return None, known[1]
+        placements, reason = find_placement(state, job, self.policy.placement)
+        if placements is None:
+            self._no_room[request] = (stamp, reason)
+        return placements, reason
 
     def _ran(self, job: Job, now: float) -> None:
-        """``job`` started in this pass: list the running jobs again, forget the candidates found, raise the bounds."""
-        self._running_jobs, self._on_node, self._found = None, None, {}
+        """``job`` started in this pass: list it as running, forget the candidates found and the
+        failed searches, raise the bounds."""
+        self._found, self._failed = {}, {}
+        if self._running_jobs is not None:
+            self._running_jobs[job.name] = job
+            self._list_on_nodes(job)
         if self._running_bounds is not None:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
@@ -116,30 +163,32 @@ class VictimSearch:
                 or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
                                        for team, flavour in state.quotas.usage)))
 
-    def _candidates(self, state: State, job: Job, verdict: Admission, now: float) -> list[Job]:
+    def _candidates(self, state: State, job: Job, verdict: Admission,
+                    now: float) -> tuple[tuple[object, ...], list[Job]]:
+        """(what the candidates depend on, the candidates)."""
         policy = self.policy
         las_mode = policy.preempt == PreemptMode.LAS
         # levels do not change within a pass: the job's once, not once per running job
         las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
-        if not self._may_have_victims(state, job, las_floor, policy.reclaim and verdict == Admission.NOMINAL, now):
-            return []
-        allowed = self._allowed_nodes(state, job) if self._mixed_fleet else None
+        allowed = self._allowed_for(state, job) if self._mixed_fleet else None
         # what the answer depends on: the same for the next blocked job alike until a start changes the state
         key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
-               None if allowed is None else tuple(node.name for node in allowed))
+               None if allowed is None else allowed[1])
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed)
-        return found
+            reclaiming = policy.reclaim and verdict == Admission.NOMINAL
+            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed) \
+                if self._may_have_victims(state, job, las_floor, reclaiming, now) else []
+        return key, found
 
     def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
-              allowed: list[NodeState] | None) -> list[Job]:
+              allowed: tuple[list[NodeState], tuple[str, ...], np.ndarray] | None) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
         policy = self.policy
         las_mode = policy.preempt == PreemptMode.LAS
         reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-        usable = None if allowed is None else _usable_victim(job, allowed)
+        usable = None if allowed is None else _usable_victim(job, allowed[1])
         edges, min_run = self._level_edges, policy.min_run_seconds
         preempting = policy.preempt != PreemptMode.NONE
         # LAS takes from another team only what the team can give: never below its guarantee to
@@ -148,13 +197,14 @@ class VictimSearch:
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
         out = []
-        for victim in self._running(state) if allowed is None else self._running_on(state, allowed):
-            if victim.state != JobState.RUNNING or victim is job or victim.protected_until > now:
+        running, priority, team = JobState.RUNNING, job.priority, job.team
+        for victim in self._running(state) if allowed is None else self._running_on(state, allowed[1]):
+            if victim.state != running or victim is job or victim.protected_until > now:
                 continue
-            if not (preempting and victim.priority < job.priority):
-                other_team = victim.team != job.team
+            if not (preempting and victim.priority < priority):
+                other_team = victim.team != team
                 reclaim = False
-                if reclaiming and other_team and victim.priority <= job.priority:
+                if reclaiming and other_team and victim.priority <= priority:
                     key = (victim.team, victim.flavour)
                     if (found := reclaimable.get(key)) is None:
                         found = reclaimable[key] = state.quotas.borrowed(*key) > 1e-9
@@ -162,18 +212,22 @@ class VictimSearch:
                 if not reclaim:
                     # LAS, with hysteresis: a job that (re)started less than min_run_seconds ago is not
                     # demoted (reclaim of a guarantee and higher priority classes still may preempt it)
-                    if not (las_mode and victim.priority == job.priority
-                            and now - (victim.started if victim.started is not None else now) >= min_run
-                            and bisect_right(edges, victim.attained) >= las_floor):  # self.level, inlined
+                    if not (las_mode and victim.priority == priority
+                            and bisect_right(edges, victim.attained) >= las_floor  # self.level, inlined
+                            and now - (victim.started if victim.started is not None else now) >= min_run):
                         continue
                     if guarded and other_team and (borrowing_blocks or not self._keeps(state, victim, keeps)):
                         continue
             if usable is None or usable(victim):
                 out.append(victim)
 
-        def cost(v: Job) -> tuple[int, bool, int, float, float]:
-            lost = (now - (v.started or now)) if not v.checkpointable else 0.0
-            return (v.priority, not v.checkpointable, -self.level(v, now), lost, -(v.started or 0))
+        rank, by_level = self._in_state_order(state), policy.order == QueueOrder.LAS
+
+        def cost(v: Job) -> tuple[int, bool, int, float, float, int]:
+            started = v.started
+            lost = (now - (started or now)) if not v.checkpointable else 0.0
+            level = bisect_right(edges, v.attained) if by_level else 0  # self.level of a running job, inlined
+            return (v.priority, not v.checkpointable, -level, lost, -(started or 0), rank[v.name])
 
         return sorted(out, key=cost)
 
@@ -198,9 +252,24 @@ class VictimSearch:
         policy = self.policy
         if policy.preempt == PreemptMode.NONE and not policy.reclaim:
             return [], None, ""
-        candidates = self._candidates(state, job, verdict, now)
+        key, candidates = self._candidates(state, job, verdict, now)
         if not candidates:
             return [], None, ""
+        # a job asking the same as one that found no room since the last start finds none either
+        attempt = (key, job.pods, job.gpus_per_pod, job.milli, job.mig_profile, job.gpu_model, job.gpu_models,
+                   job.pools, job.avoid_nodes, job.kind, job.checkpointable, job.cpu_milli, job.mem_bytes)
+        if (why := self._failed.get(attempt)) is not None:
+            return [], None, why
+        victims, placements, why = self._search(state, statement, job, verdict, candidates)
+        if placements is None:
+            self._failed[attempt] = why
+        return victims, placements, why
+
+    def _search(self, state: State, statement: Statement, job: Job, verdict: Admission,
+                candidates: list[Job]) -> tuple[list[Job], list[Slot] | None, str]:
+        """The fewest of ``candidates`` (cheapest first) whose eviction lets ``job`` start; the state
+        is left as it was when none does."""
+        policy = self.policy
         need = job.pods * job.gpus_per_pod
         allowed = self._allowed_nodes(state, job)
 
@@ -240,16 +309,18 @@ class VictimSearch:
         return [], None, "preemption would not free enough room"
 
 
-def _usable_victim(job: Job, allowed: list[NodeState]) -> Callable[[Job], bool]:
+def _usable_victim(job: Job, allowed: tuple[str, ...]) -> Callable[[Job], bool]:
     """Whether evicting a job frees anything ``job`` can take: not on nodes it may never use (not in
     ``allowed``), nor whole-GPU work for a MIG instance, nor MIG work for a whole GPU."""
-    names = {node.name for node in allowed}
+    names = set(allowed)
     wants_mig = job.mig_profile is not None
     any_gpu = job.milli < MILLI and not wants_mig
 
     def usable(victim: Job) -> bool:
-        return any(node in names and (any_gpu or isinstance(amount, str) == wants_mig)
-                   for node, _, amount in victim.placements)
+        for node, _, amount in victim.placements:
+            if node in names and (any_gpu or isinstance(amount, str) == wants_mig):
+                return True
+        return False
     return usable
 
 
@@ -269,9 +340,11 @@ def _whole_room_after_evicting(job: Job, candidates: list[Job], allowed: list[No
     pods = 0
     for node in allowed:
         extra = freed.get(node.name)
-        # a node no candidate runs on: its whole free GPUs as they are (free milli never exceeds MILLI)
-        whole = node.whole_free() if extra is None else \
-            sum(1 for gpu, free in enumerate(node.gpu_free) if free + extra.get(gpu, 0) >= MILLI)
+        # its whole free GPUs, and those the candidates' going would make whole (free milli never exceeds MILLI)
+        whole = node.whole_free()
+        if extra is not None:
+            free = node.gpu_free
+            whole += sum(1 for gpu, amount in extra.items() if free[gpu] < MILLI and free[gpu] + amount >= MILLI)
         pods += whole // need
         if pods >= job.pods:
             return True

@@ -246,19 +246,23 @@ def _guarantee_met(history: History, schedule: Schedule, guarantees: dict[str, f
     wanting: dict[str, Counter[float]] = {}
     granted = {t: 0.0 for t in guarantees}
     asked = {t: 0.0 for t in guarantees}
+    # (held, ask) per team with a guarantee, recomputed only for the teams an event touched
+    rates = {team: (0.0, 0.0) for team, g in guarantees.items() if g > 0}
+    touched = set(rates)
     previous = 0.0
     i = 0
     while i < len(events):
         now = min(events[i][0], span)
         dt = now - previous
         if dt > 0:
-            for team, g in guarantees.items():
-                if g <= 0:
-                    continue
+            for team in touched & rates.keys():
+                g = guarantees[team]
                 held = alloc.get(team, 0.0)
                 room = g - held
                 want = sum(size * n for size, n in wanting.get(team, Counter()).items() if n > 0 and size <= room + 1e-9)
-                ask = min(g, held + min(max(room, 0.0), want))
+                rates[team] = (held, min(g, held + min(max(room, 0.0), want)))
+            touched = set()
+            for team, (held, ask) in rates.items():
                 if ask > 1e-9:
                     asked[team] += dt * ask
                     granted[team] += dt * min(held, ask)
@@ -270,6 +274,7 @@ def _guarantee_met(history: History, schedule: Schedule, guarantees: dict[str, f
             else:
                 counter = wanting.setdefault(team, Counter())
                 counter[round(g, 6)] += 1 if kind > 0 else -1
+            touched.add(team)
             i += 1
     return granted, asked
 
@@ -350,4 +355,5 @@ def whatif_report(source: Any, start: pd.Timestamp, end: pd.Timestamp, policies:
     """Read ``[start, end)`` from a samples source (or take a frame), rebuild and replay it."""
     frame = source if isinstance(source, pd.DataFrame) else source.read(start, end, list(NEEDED_COLUMNS))
     history = rebuild(frame, start, end, max_gap_seconds)
+    del frame  # the samples read (most of the memory) are not needed by the replays
     return build_report(history, policies, guarantees, price_book, inventory)

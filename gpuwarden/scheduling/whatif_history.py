@@ -119,16 +119,20 @@ def rebuild(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp,
         frame["gpu_index"] = 0
     for column in ("node", "gpu_uuid", "model", "mig_instance", "namespace", "pod", "team", "attribution"):
         frame[column] = frame[column].astype("category")  # a store's read already is: then free
-    frame = frame.sort_values("timestamp", kind="stable", ignore_index=True)
-    step = sampling_step_seconds(frame["timestamp"].to_numpy(dtype="datetime64[ns]"), frame["gpu_uuid"].cat.codes.to_numpy(),
-                                 DEFAULT_STEP_SECONDS)
+    stamps = frame["timestamp"].to_numpy("datetime64[ns]")
+    if (stamps[1:] >= stamps[:-1]).all():  # a store's read comes in time order: the stable sort would keep it
+        frame.index = pd.RangeIndex(len(frame))
+    else:
+        frame = frame.sort_values("timestamp", kind="stable", ignore_index=True)
+        stamps = frame["timestamp"].to_numpy("datetime64[ns]")
+    step = sampling_step_seconds(stamps, frame["gpu_uuid"].cat.codes.to_numpy(), DEFAULT_STEP_SECONDS)
     notes: list[str] = []
     nodes, excluded = _fleet(frame)
     if excluded:
         notes.append(f"{len(excluded)} GPU(s) left out of the fleet: some of their samples have no pod and an unknown "
                      f"owner (attribution off or failed), so their capacity cannot be counted as free "
                      f"({', '.join(sorted(excluded)[:3])}{' ...' if len(excluded) > 3 else ''})")
-    workloads, dropped = _workloads(frame, start, end, step, max_gap_seconds)
+    workloads, dropped = _workloads(frame, stamps.view(np.int64), start, end, step, max_gap_seconds)
     if dropped:
         notes.append(f"{dropped} workload(s) left out: their MIG profile is not in the scheduler's MIG tables")
     return History(start, end, step, tuple(workloads), tuple(nodes), tuple(notes))
@@ -158,22 +162,33 @@ def _fleet(frame: pd.DataFrame) -> tuple[list[FleetNode], set[str]]:
     return nodes, excluded
 
 
-def _workloads(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step: float,
+def _workloads(frame: pd.DataFrame, all_stamps: np.ndarray, start: pd.Timestamp, end: pd.Timestamp, step: float,
                max_gap_seconds: float) -> tuple[list[Workload], int]:
+    """The frame's workloads (``all_stamps``: its times, int64 ns, in order), and how many were dropped."""
+    # Grouping by integer keys made of the categorical codes (the frame is sorted by time): pandas
+    # groupbys over 6 M rows were most of a week's rebuild. Small integer types: this is the peak.
+    time_rank = np.zeros(len(all_stamps), np.int64)  # dense, over the whole frame
+    np.cumsum(all_stamps[1:] != all_stamps[:-1], out=time_rank[1:])
+    all_nodes = frame["node"].cat.codes.to_numpy()
     # Each node's own sample times, numbered: a pod's samples that skip a number skipped a sample
     # its node did report (absent), while a stretch the node did not report at all is no gap.
-    tick_all = frame.groupby("node", observed=True)["timestamp"].rank(method="dense").to_numpy(np.int64)
+    tick_all = _dense_rank_within(all_nodes, time_rank)
     mask = frame["pod"].notna().to_numpy()
-    held = frame[mask]
-    if held.empty:
+    if not mask.any():
         return [], 0
-    tick = tick_all[mask]
-    pod_key = held.groupby(["namespace", "pod"], observed=True, dropna=False, sort=False).ngroup().to_numpy()
-    device = held.groupby(["timestamp", "gpu_uuid", "mig_instance"], observed=True, dropna=False,
-                          sort=False).ngroup().to_numpy()
-    sharers = np.bincount(device)[device]  # pods on the device at that sample (time-slicing)
-    stamps = held["timestamp"].to_numpy("datetime64[ns]").view(np.int64)
-    node = held["node"].cat.codes.to_numpy()
+    held = frame.loc[mask, ["namespace", "pod", "model", "team", "mig_instance"]]
+    tick, node, stamps = tick_all[mask], all_nodes[mask], all_stamps[mask]
+    del tick_all, all_nodes
+    pod_key = (_codes(held, "namespace") + 1) * len(frame["pod"].cat.categories) + _codes(held, "pod")
+    # pods on the device (GPU or MIG instance) at that sample: time-slicing
+    device = time_rank[mask]
+    del time_rank
+    device *= len(frame["gpu_uuid"].cat.categories) + 1
+    device += _codes(frame, "gpu_uuid")[mask] + 1
+    device *= len(frame["mig_instance"].cat.categories) + 1
+    device += _codes(held, "mig_instance") + 1
+    sharers = _group_sizes(device)
+    del device
     order = np.lexsort((stamps, pod_key))
     key, when = pod_key[order], stamps[order]
     # one entry per (pod, sample time): how many devices it held then, and on how many pods' share
@@ -224,3 +239,38 @@ def _workloads(frame: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp, step
             runs=tuple((float(begins[i]), float(finishes[i])) for i in piece)))
     out.sort(key=lambda w: (w.submitted_seconds, w.name))
     return out, dropped
+
+
+def _codes(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A categorical column's codes as int64 (-1: missing)."""
+    codes: np.ndarray = frame[column].cat.codes.to_numpy().astype(np.int64)
+    return codes
+
+
+def _dense_rank_within(group: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per row, the dense rank (from 1) of its ``rank`` among its group's rows (``rank`` non-decreasing)."""
+    order = np.argsort(group, kind="stable")  # each group's rows stay in rank order
+    g = group[order]
+    group_start = np.r_[True, g[1:] != g[:-1]]
+    del g
+    r = rank[order]
+    new = np.r_[True, r[1:] != r[:-1]]
+    del r
+    new |= group_start
+    distinct = np.cumsum(new, dtype=np.int64)
+    del new
+    distinct -= distinct[group_start][np.cumsum(group_start) - 1] - 1
+    out = np.empty(len(group), np.int64)
+    out[order] = distinct
+    return out
+
+
+def _group_sizes(key: np.ndarray) -> np.ndarray:
+    """Per row, how many rows share its ``key``."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    group = np.cumsum(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) - 1
+    del sorted_key
+    out = np.empty(len(key), np.int64)
+    out[order] = np.bincount(group)[group]
+    return out

@@ -12,7 +12,10 @@ nothing will free room for it), or at ``horizon_seconds`` (accrued up to it). Fi
 the scheduler's state: every pass scans the jobs it holds.
 
 The job model (what a restart costs, what a kill loses) is :class:`.jobs.JobModel`; what a replay
-measures is a :class:`ReplayMetrics` hook.
+measures is a :class:`ReplayMetrics` hook. Running jobs accrue progress and attained service as
+arrays (:class:`.accrual.Accrual`): a running job's ``progress`` and ``attained`` are current when it
+stops or finishes and when the replay ends, and its ``attained`` before each pass of a policy that
+reads it (``QueuePolicy.reads_service``: nothing else in a pass reads them); not inside ``accrue``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable
 from ..policy import QueueOrder
 from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
 from ..state import Job, JobState, State
+from .accrual import Accrual
 from .jobs import JobModel
 
 MAX_REPLAY_SECONDS = 400 * 86400.0  # a replay that has not ended by then never will
@@ -66,10 +70,12 @@ class Replay:
         self._opened: dict[str, float] = {}
         self._completions: list[tuple[float, int, str]] = []  # (time, epoch, job); stale when the epoch moved on
         self._epoch: dict[str, int] = {}
+        self._accrual = Accrual()
 
     def run(self) -> Replay:
         next_arrival = 0
         rerank = self.tick_seconds is not None and self.scheduler.policy.order == QueueOrder.LAS
+        reads_service = self.scheduler.policy.reads_service
         next_tick = self.now + self.tick_seconds if self.tick_seconds is not None else math.inf
         while True:
             self._drop_stale()
@@ -98,7 +104,10 @@ class Replay:
                 next_tick = self.now + (self.tick_seconds or math.inf)
                 changed = changed or (rerank and bool(self.waiting))
             if changed:
+                if reads_service:  # nothing else in a pass reads what the running jobs accrued
+                    self._accrual.write_back(progress=False)
                 self._apply(self.scheduler.schedule(self.state, self.now))
+        self._accrual.write_back()
         return self
 
     def computing_seconds(self, name: str, start: float, end: float) -> float:
@@ -114,14 +123,11 @@ class Replay:
         if to <= self.now:
             return
         self.metrics.accrue(self, self.now, to)
-        now, seconds, computes_from = self.now, to - self.now, self.computes_from
-        for name, job in self.running.items():  # computing_seconds, inlined: this loop is the replay's hottest
-            since = computes_from[name]
-            job.progress += seconds if since <= now else max(0.0, to - since)
-            job.attained += seconds * job.gpu_equivalents  # held GPUs are service received
+        self._accrual.advance(self.now, to)  # computing_seconds, and held GPUs are service received
         self.now = to
 
     def _finish(self, job: Job) -> None:
+        self._accrual.remove(job)
         self.state.release(job, job.placements)
         job.placements, job.state, job.finished = [], JobState.DONE, self.now
         del self.state.jobs[job.name]
@@ -137,6 +143,7 @@ class Replay:
             if decision.kind in STARTS:
                 overhead = self.model.resume_overhead_seconds if decision.kind == DecisionKind.RESUME else 0.0
                 self.computes_from[name] = now + overhead
+                self._accrual.add(job, now + overhead)
                 self._progress_at_start[name] = job.progress
                 self._opened[name] = now
                 remaining = max((job.duration or 0.0) - job.progress, 0.0)
@@ -145,6 +152,7 @@ class Replay:
                 self.waiting.pop(name, None)
                 self.metrics.started(self, job, decision.kind)
             else:
+                self._accrual.remove(job)
                 if decision.kind == DecisionKind.PREEMPT:
                     job.progress = self.model.progress_after_kill(job, self._progress_at_start[name])
                 del self.running[name]
