@@ -44,6 +44,8 @@ class NodeArrays:
         self.whole_free = (self.free == MILLI).sum(axis=1)
         # the highest priority among the jobs running on each node (State books it)
         self.top_priority = np.full(len(nodes), NO_PRIORITY, dtype=np.int64)
+        # per node: how many times it was booked, so a cached answer can tell that no node it read changed
+        self.version = np.zeros(len(nodes), dtype=np.int64)
         # nodes of one kind (model, GPUs, CPU and memory capacity) in the same free state score the same
         statics = np.column_stack([self.model, self.gpu_count, self.cpu_cap, self.mem_cap]).reshape(len(nodes), 4)
         self.kind = np.unique(statics, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
@@ -70,6 +72,7 @@ class NodeArrays:
         self.max_free[i], self.whole_free[i] = max(row, default=0), row.count(MILLI)
         self.cpu_free[i], self.mem_free[i] = node.cpu_free, node.mem_free
         self.state_id[i] = self._intern(i)
+        self.version[i] += 1
 
     def gpus_fit(self, k: int, milli: int) -> np.ndarray:
         """(nodes,) bool: which have ``k`` GPUs with ``milli`` free each."""
