@@ -8,7 +8,9 @@ tree holding both:
 
     git archive HEAD | tar -x -C T && rm -r T/gpuwarden/sim T/gpuwarden/cli/simfleet.py
     git archive 7180670 gpuwarden/sim | tar -x -C T
-    cd T && PYTHONPATH=. python tests/sim_decisions.py > dispatcher_seed7_8nodes_12h.txt
+    cd T && PYTHONPATH=. GPUWARDEN_DATA=/path/to/shared/data python tests/sim_decisions.py > dispatcher_seed7_8nodes_12h.txt
+
+(``GPUWARDEN_DATA``: a tree outside the checkout does not find the traces by itself.)
 
 It builds the fleet the way that commit did (``Simulation(config)``) when ``gpuwarden.cli.simfleet``
 does not exist, else through it, so the same file states what the old dispatcher decided and what
