@@ -12,7 +12,7 @@ import pytest
 
 from gpuwarden.analytics.health import scan
 from gpuwarden.cli.health_cmd import finding_dict
-from gpuwarden.fleet import FindingKind
+from gpuwarden.fleet import ActionKind, FindingKind
 
 from scenarios_harder import generate_harder, score_harder  # tests/ is on sys.path
 
@@ -95,6 +95,23 @@ def test_a_straggler_on_a_node_under_a_clock_policy_is_still_a_straggler():
         (FindingKind.NODE_WIDE_SLOWDOWN, None), (FindingKind.STRAGGLER, "GPU-00000011")], findings
     straggler = next(f for f in findings if f.kind == FindingKind.STRAGGLER)
     assert straggler.evidence["clock_vs_node_mates"] == pytest.approx(0.8, abs=0.03)
+
+
+@pytest.mark.parametrize("busy", [3, 4])
+def test_two_slow_gpus_of_a_small_busy_set_are_two_stragglers(busy):
+    """Two faulty GPUs among 3 or 4 busy ones (the rest idle): too few node-mates to call it the
+    node's, and two slow GPUs of three must not set the node-mates' median themselves."""
+    frame = _fleet()
+    minute = (frame["timestamp"] - frame["timestamp"].min()).dt.total_seconds() / 60
+    node = frame["node"] == "h100-001"
+    index = frame["gpu_uuid"].str[-2:].astype(int) - 8
+    idle = node & (index >= busy)
+    frame.loc[idle, ["gpu_util_ratio", "sm_active_ratio"]] = 0.0
+    frame.loc[idle, "power_watts"], frame.loc[idle, "sm_clock_mhz"] = 90.0, 345.0
+    frame.loc[node & (index < 2) & (minute >= 30), "sm_clock_mhz"] *= 0.8
+    stragglers = sorted(f.gpu_uuid for f in scan(frame) if f.kind == FindingKind.STRAGGLER
+                        and f.recommended_action == ActionKind.CORDON)
+    assert stragglers == ["GPU-00000008", "GPU-00000009"]
 
 
 def test_a_node_power_cap_is_a_node_condition_not_eight_stragglers():

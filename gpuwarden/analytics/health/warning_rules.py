@@ -286,9 +286,9 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     # job's GPUs under a policy, with a faster job beside them) are the node's too; fewer are
     # stragglers (two faulty GPUs of eight are two findings). With no node-mate to compare with, not
     # while its window still holds a node-wide slowdown.
-    mates = node_median(b, clock, eligible & ~errors)
+    mates = node_median(b, clock, eligible & ~errors, c.node_wide_min_gpus)  # fewer: two slow of three set the median
     below = slow & (clock - mates <= -c.straggler_node_margin)
-    several = node_share(b, below, eligible & ~errors, min_gpus=2, share=0.5)
+    several = node_share(b, below, eligible & ~errors, share=0.5)  # as many GPUs as a node-wide condition
     node_wide |= several
     after_node_wide = s.window_count(node_wide, window) > 0
     after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
