@@ -177,7 +177,7 @@ def scan_dict(findings: list[Finding], app_events: list[Finding], start, end, ro
         "report": "health_scan",
         "window": {"start": iso_utc(start, fraction=True), "end": iso_utc(end, fraction=True), "hours": round((end - start).total_seconds() / 3600.0, 3)},
         "summary": {
-            "rows_read": rows, "findings": len(findings), "gpus_with_findings": len({f.gpu_uuid for f in findings}),
+            "rows_read": rows, "findings": len(findings), "gpus_with_findings": len({f.gpu_uuid for f in findings if f.gpu_uuid}),  # node findings name none
             "cordon_or_drain": sum(1 for f in findings if f.recommended_action and f.recommended_action.value in cordoning),
             "by_kind": dict(sorted(by_kind.items())), "application_events": len(app_events),
         },
