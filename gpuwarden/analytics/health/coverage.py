@@ -59,8 +59,8 @@ class Coverage:
         """One note per detector whose signals are absent, plus XIDs when none is counted."""
         notes = [note for columns, note in SIGNALS if not self.measured.intersection(columns)]
         if not any(c.startswith("xid_") for c in self.measured):
-            notes.append("no XID source in this window (neither gpuwarden_xid_errors_total nor DCGM_FI_DEV_XID_ERRORS "
-                         "changed): every fault carried by an XID is unseen, or none happened")
+            notes.append("no XID source in this window (none of gpuwarden_xid_errors_total, DCGM_FI_DEV_XID_ERRORS, "
+                         "DCGM_EXP_XID_ERRORS_COUNT changed): every fault carried by an XID is unseen, or none happened")
         return notes
 
     def silent_node_notes(self) -> list[str]:
