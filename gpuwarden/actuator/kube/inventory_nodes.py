@@ -102,10 +102,16 @@ def _label(enum_type: type[E], labels: Mapping[str, str], key: str, default: str
         raise FleetValueError(f"label {key}={value!r} is not one of: {allowed}") from None
 
 
-def _tier(labels: Mapping[str, str]) -> PriceTier:
+def _tier(labels: Mapping[str, str], node: str) -> PriceTier:
     """The price tier the node's labels give (gpuwarden.io/price-tier, else a cloud's capacity
-    label: :mod:`gpuwarden.fleet.price_tiers`); on-demand where none says."""
-    found = tier_from_labels(labels)
+    label: :mod:`gpuwarden.fleet.price_tiers`); on-demand where none says, and where a tier label's
+    value is not understood (with a warning): a tier prices the node, it must not cost the node its
+    model, pool and capacity, as the other labels' errors do (a cloud may add values we do not know)."""
+    try:
+        found = tier_from_labels(labels, node)
+    except FleetValueError as error:
+        log.warning("%s; the node is taken as on-demand", error)
+        return PriceTier.ON_DEMAND
     return PriceTier.ON_DEMAND if found is None else found[0]
 
 
@@ -186,7 +192,7 @@ def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS) -> No
             name=name, pool=pool,
             location=_label(Location, labels, "gpuwarden.io/location",
                             "cloud" if (item.get("spec") or {}).get("providerID") else "on-prem"),
-            price_tier=_tier(labels),
+            price_tier=_tier(labels, name),
             topology=topology, gpu_model=model, gpu_count=physical, cpu_milli=cpu_milli, memory_bytes=memory,
             shares_gpus=shared,
         )
