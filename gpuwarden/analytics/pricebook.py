@@ -169,6 +169,9 @@ class PriceBook:
             where = f"{source}: models[{name!r}]"
             if not isinstance(entry, Mapping):
                 raise PriceBookError(f"{where}: expected a mapping of tier prices")
+            twice = [f"{k} and {TIER_ALIASES[k].value}" for k in entry if k in TIER_ALIASES and TIER_ALIASES[k].value in entry]
+            if twice:
+                raise PriceBookError(f"{where}: {', '.join(twice)} name the same tier; give one")
             entry = {TIER_ALIASES[k].value if k in TIER_ALIASES else k: v for k, v in entry.items()}  # committed: reserved
             unknown = set(entry) - allowed_keys
             if unknown:
