@@ -16,8 +16,13 @@ from typing import Any
 from .failure import KubeFailure
 
 
+_READS = ("get", "list")
+
+
 def _unexpected(verb: str, resource: str, what: str) -> KubeFailure:
-    return KubeFailure(None, f"{verb} {resource}: the API server's answer {what}; nothing was acted on", temporary=True)
+    # a write's answer comes after the server acted: an unreadable one says nothing of whether it did
+    outcome = "nothing was acted on" if verb in _READS else "the change may have been made"
+    return KubeFailure(None, f"{verb} {resource}: the API server's answer {what}; {outcome}", temporary=True)
 
 
 def parse_object(data: bytes | str, verb: str, resource: str) -> dict[str, Any]:
