@@ -194,6 +194,11 @@ def test_a_bad_tier_in_the_pricing_values_names_the_allowed_tiers(helm, tmp_path
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
     result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
     assert result.returncode != 0 and "preemptible" in result.stderr and "committed" not in result.stderr
+    # A book without models (the code refuses it at run time): refused at install.
+    values = {"metricsEndpoint": {"enabled": True}, "pricing": {"priceBook": {"power": {"kwh_price": 0.3}}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(tmp_path / "values.yaml"))
+    assert result.returncode != 0 and "models" in result.stderr
 
 
 def test_the_bundled_book_and_inventory_pass_the_schema_and_keep_their_hash_through_the_config_map(helm, tmp_path):
