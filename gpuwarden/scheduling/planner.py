@@ -180,8 +180,7 @@ def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | No
             mig_profile=w.gpus.mig_profile, gpu_model=w.gpus.gpu_model, kind=w.kind, checkpointable=w.checkpointable,
             submitted=(ws.submitted_at - origin).total_seconds(), pools=w.pools,
         )
-    override = ws.priority_override
-    job.priority = RANK[PRIORITY_NAMES.get(override, w.priority_class) if override else w.priority_class]
+    job.priority = RANK[_priority_of(ws)]
     job.progress, job.attained, job.duration = ws.progress_seconds, ws.attained_gpu_seconds, ws.duration_seconds
     # an empty list is kept rather than made anew every round (a filled one is replaced: nothing
     # a pass left in it survives)
