@@ -249,12 +249,19 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     by_key: dict[str, WorkloadState] = {}
     jobs, on_node = state.jobs, state.nodes
     kept_slots, used_slots = _latest_slots, {}
+    # nodes kept off, by what decides them: workloads share a few selectors and tolerations, and each
+    # new pair is checked against every node
+    blocked: dict[tuple[object, object], frozenset[str]] = {}
     for ws in snapshot.workloads:
         w = ws.workload
         key = w.key
         job = _job_of(ws, key, origin, known)
         if tolerating or w.node_selection:
-            job.avoid_nodes = _blocked_nodes(snapshot, w)
+            which = (w.node_selection, w.tolerations)
+            avoid = blocked.get(which)
+            if avoid is None:
+                avoid = blocked[which] = _blocked_nodes(snapshot, w)
+            job.avoid_nodes = avoid
         by_key[key] = ws
         phase = ws.phase
         if phase == _RUNNING:
