@@ -25,6 +25,7 @@ class FindingBuilder:
         self.now_ns = now_ns
         self.report_from_ns: int | None = None
         self.findings: list[Finding] = []
+        self.memo: dict[str, object] = {}  # per-scan values several rules share (node_rules), by name
 
     def groups(self) -> np.ndarray:
         """Peer group label per row: model and node pool."""

@@ -24,12 +24,14 @@ from .finding_builder import FindingBuilder
 
 
 def _node_time(b: FindingBuilder) -> np.ndarray:
-    """One code per (node, timestamp) of each row (the GPUs of one node are scraped together)."""
-    cache = b.__dict__.setdefault("_node_time", {})
-    if "key" not in cache:
+    """Per row: a dense code of its (node, timestamp) (the GPUs of one node are scraped together)."""
+    key = b.memo.get("node_time")
+    if key is None:
         ts_code = np.unique(b.s["ts"], return_inverse=True)[1].astype(np.int64)
-        cache["key"] = b.s["node"].astype(np.int64) * (int(ts_code.max(initial=0)) + 1) + ts_code
-    return cache["key"]
+        raw = b.s["node"].astype(np.int64) * (int(ts_code.max(initial=0)) + 1) + ts_code
+        key = b.memo["node_time"] = np.unique(raw, return_inverse=True)[1].reshape(-1)
+    assert isinstance(key, np.ndarray)
+    return key
 
 
 def node_share(b: FindingBuilder, flag: np.ndarray, eligible: np.ndarray, min_gpus: int | None = None,
@@ -37,7 +39,7 @@ def node_share(b: FindingBuilder, flag: np.ndarray, eligible: np.ndarray, min_gp
     """Per row: at this row's time, at least ``min_gpus`` (default ``node_wide_min_gpus``) of its
     node's ``eligible`` GPUs, and at least ``share`` (default ``node_wide_share``) of them, have
     ``flag`` (only eligible rows count)."""
-    key = np.unique(_node_time(b), return_inverse=True)[1]
+    key = _node_time(b)
     eligible = np.asarray(eligible, dtype=bool)
     flagged = np.asarray(flag, dtype=bool) & eligible
     n_eligible = np.bincount(key, weights=eligible.astype(float))[key]
@@ -56,17 +58,27 @@ def node_median(b: FindingBuilder, values: np.ndarray, eligible: np.ndarray, min
     return np.where(groups.transform("count").to_numpy() >= min_count, median, np.nan)
 
 
+def _node_excess(b: FindingBuilder) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the trailing mean (over ``cooling_window_s``) of ``features``' node temperature
+    excess over the model and pool at this power, and how many samples it holds."""
+    found = b.memo.get("node_excess")
+    if found is None:
+        found = b.memo["node_excess"] = b.s.window_mean(b.s["node_temp_excess"], b.config.cooling_window_s)
+    assert isinstance(found, tuple)
+    return found
+
+
 def node_warm(b: FindingBuilder) -> np.ndarray:
     """Per row: the node's GPUs together run ``node_hot_celsius`` above their model and pool's at
-    this power (``features``' node temperature excess, a trailing mean over ``cooling_window_s``)."""
-    cache = b.__dict__.setdefault("_node_time", {})
-    if "warm" not in cache:
-        s, c = b.s, b.config
-        excess, n_excess = s.window_mean(s["node_temp_excess"], c.cooling_window_s)
-        warm = (n_excess >= b.min_samples(c.cooling_min_s)) & (np.nan_to_num(excess) >= c.node_hot_celsius)
-        cache["warm"] = node_share(b, warm, np.isfinite(excess))
-        cache["excess"] = excess
-    return cache["warm"]
+    this power (:func:`_node_excess`)."""
+    warm = b.memo.get("node_warm")
+    if warm is None:
+        c = b.config
+        excess, n_excess = _node_excess(b)
+        hot = (n_excess >= b.min_samples(c.cooling_min_s)) & (np.nan_to_num(excess) >= c.node_hot_celsius)
+        warm = b.memo["node_warm"] = node_share(b, hot, np.isfinite(excess))
+    assert isinstance(warm, np.ndarray)
+    return warm
 
 
 def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list[tuple[str, np.ndarray]]]) -> None:
@@ -76,7 +88,7 @@ def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list
     signals = {kind: list(parts) for kind, parts in shared.items()}
     signals.setdefault(FindingKind.NODE_WIDE_THERMAL, []).append(
         ("temperature_celsius of the node's GPUs above their model and pool's", node_warm(b)))
-    excess = b.__dict__["_node_time"]["excess"]
+    excess = _node_excess(b)[0]
     signals.setdefault(FindingKind.NODE_WIDE_COUNTER_RESET, []).append(
         ("every counter dropped (reset)", node_share(b, s["counter_reset"], np.ones(len(s), dtype=bool))))
     gpus_on_node = np.bincount(np.unique(s["node"] * (int(s["gpu"].max(initial=0)) + 1) + s["gpu"]) // (
