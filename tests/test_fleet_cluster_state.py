@@ -46,3 +46,4 @@ def test_the_simulated_cluster_round_trips(tmp_path, data_dir):
     assert any(w.attained_gpu_seconds > 0 for w in written.workloads)
     cs.write_snapshot(tmp_path, written)
     assert cs.read_snapshot(tmp_path) == written
+

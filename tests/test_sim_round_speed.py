@@ -13,7 +13,7 @@ from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import WorkloadPhase
 from gpuwarden.scheduling import state_from_snapshot
 from gpuwarden.sim import SimConfig
-from gpuwarden.sim.cluster import SimCluster, _progressed
+from gpuwarden.sim.cluster import SimCluster
 
 FLEET = dict(nodes=8, warmup_days=0.0, fault_rate_scale=0.0, spot_reclaims_per_node_day=0.0, training_load=2.0)
 
@@ -39,7 +39,7 @@ def test_a_kept_layout_still_reads_each_snapshots_health_and_cordons():
 
 def test_a_renewed_state_is_the_state_with_its_progress_moved_on():
     state = workload("a", on="node-0", progress_seconds=10.0, attained_gpu_seconds=5.0, annotations={"k": "v"})
-    renewed = _progressed(state, 70.0, 65.0)
+    renewed = state.progressed(70.0, 65.0)
     assert renewed == dataclasses.replace(state, progress_seconds=70.0, attained_gpu_seconds=65.0)
     assert (state.progress_seconds, state.attained_gpu_seconds) == (10.0, 5.0)  # the old one is untouched
 

@@ -98,6 +98,15 @@ class WorkloadState:
     # ``placements``, so the GPUs count as taken. Empty in the simulator (a resume binds at once).
     reserved: tuple[Placement, ...] = ()
 
+    def progressed(self, progress_seconds: float, attained_gpu_seconds: float) -> WorkloadState:
+        """This state with its progress and attained service moved on, every other field as it is:
+        what ``dataclasses.replace`` gives, without the frozen ``__init__`` setting every field one by
+        one (a simulated running job's state is renewed each round: that was a third of the snapshot's
+        time). Here, beside the fields it copies, so a change to the class changes it too."""
+        moved = object.__new__(WorkloadState)
+        moved.__dict__.update(self.__dict__, progress_seconds=progress_seconds, attained_gpu_seconds=attained_gpu_seconds)
+        return moved
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:

@@ -34,16 +34,6 @@ _LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable=:NoExecute"  # what Kubernetes puts on a lost node
 
 
-def _progressed(state: WorkloadState, progress_s: float, attained: float) -> WorkloadState:
-    """``state`` with its progress and attained service moved on, every other field as it was: its
-    fields copied, as ``dataclasses.replace`` would give but without the frozen ``__init__`` setting
-    all of them one by one (a running job's state is renewed every round: that was a third of the
-    snapshot's time)."""
-    moved = object.__new__(WorkloadState)
-    moved.__dict__.update(state.__dict__, progress_seconds=progress_s, attained_gpu_seconds=attained)
-    return moved
-
-
 class SimCluster:
     def __init__(self, simulation: Simulation) -> None:
         self.sim = simulation
@@ -114,7 +104,7 @@ class SimCluster:
             last = cached[5]
             if last.progress_seconds == job.progress_s and last.attained_gpu_seconds == attained:
                 return last
-            cached[5] = state = _progressed(last, job.progress_s, attained)
+            cached[5] = state = last.progressed(job.progress_s, attained)
             return state
         origin = self.sim.origin
         last = cached[5] if cached is not None else None  # its times are reused where they still hold
