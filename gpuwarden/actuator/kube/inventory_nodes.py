@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from kubernetes.utils import parse_quantity
 
 from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology
-from gpuwarden.fleet.price_tiers import tier_from_labels
+from gpuwarden.fleet.price_tiers import TIER_LABEL, tier_from_labels
 from gpuwarden.scheduling.mig import compute_slices, fits, mig_table
 
 log = logging.getLogger("gpuwarden.actuator.kube")
@@ -104,12 +104,15 @@ def _label(enum_type: type[E], labels: Mapping[str, str], key: str, default: str
 
 def _tier(labels: Mapping[str, str], node: str) -> PriceTier:
     """The price tier the node's labels give (gpuwarden.io/price-tier, else a cloud's capacity
-    label: :mod:`gpuwarden.fleet.price_tiers`); on-demand where none says, and where a tier label's
-    value is not understood (with a warning): a tier prices the node, it must not cost the node its
-    model, pool and capacity, as the other labels' errors do (a cloud may add values we do not know)."""
+    label: :mod:`gpuwarden.fleet.price_tiers`); on-demand where none says, and where a cloud's label
+    has a value we do not know (with a warning): a cloud may add values, and a label gpuwarden does
+    not own must not cost the node its model, pool and capacity. A wrong gpuwarden.io/price-tier is
+    an error like any gpuwarden.io label's (the node's labels are ignored)."""
     try:
         found = tier_from_labels(labels, node)
     except FleetValueError as error:
+        if labels.get(TIER_LABEL):  # read first: the error is our own label's
+            raise
         log.warning("%s; the node is taken as on-demand", error)
         return PriceTier.ON_DEMAND
     return PriceTier.ON_DEMAND if found is None else found[0]
