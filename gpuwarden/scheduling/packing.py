@@ -24,15 +24,14 @@ the step lets near-equal growths tie and the tie-break then packs.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
-from itertools import accumulate
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .mig import MODEL_ALIASES
-from .state import Shape
+from .state import MILLI, Shape
 
 SCORE_SCALE = 1000.0  # milli-GPU of fragmentation growth per unit of the sigmoid's argument (FGD's plugin)
 
@@ -67,10 +66,26 @@ class TargetWorkload:
     _cpu_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (T,) index of each ask in the levels
     _mem_rank: np.ndarray = field(init=False, repr=False, compare=False)
     _mass: float = field(init=False, repr=False, compare=False)  # popularity in all (1 when none)
-    # memos: F per node state, hosted popularity per (model, CPU rank, memory rank), usable milli per free GPUs
-    _frag: dict[tuple[tuple[int, int, int], tuple[int, ...]], float] = field(init=False, repr=False, compare=False)
-    _hosts: dict[tuple[int, int, int], np.ndarray] = field(init=False, repr=False, compare=False)
-    _usables: dict[tuple[int, ...], np.ndarray] = field(init=False, repr=False, compare=False)
+    _most_gpus: int = field(init=False, repr=False, compare=False)  # the most GPUs a shape asks for
+    # the GPU shapes' CPU and memory ranks, models, cell in W (row: need level + 1, column: GPUs) and popularity
+    _gpu_shapes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] = field(
+        init=False, repr=False, compare=False)
+    # memos: F per node state; per host key its weights by need level and GPUs (see _weights); per free
+    # GPUs the groups of needs that find the same GPUs (see _groups)
+    _frag: dict[tuple[int, ...], dict[tuple[int, int, int], float]] = field(init=False, repr=False, compare=False)
+    _host_weights: dict[tuple[int, int, int], list[list[float]]] = field(init=False, repr=False, compare=False)
+    _free_groups: dict[tuple[int, ...], list[tuple[int, int, int, int]]] = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def shared(cls, demand: Mapping[Shape, float], models: Sequence[str]) -> TargetWorkload:
+        """``from_demand``, kept for the next caller with the same demand and models (the FGD scorer and a
+        replay's fragmentation summary, seed after seed), so they share its memos. Bounded: the last one."""
+        key = (tuple(demand.items()), tuple(models))
+        found = _SHARED.get(key)
+        if found is None:
+            _SHARED.clear()
+            found = _SHARED[key] = cls.from_demand(demand, models)
+        return found
 
     @classmethod
     def from_demand(cls, demand: Mapping[Shape, float], models: Sequence[str]) -> TargetWorkload:
@@ -97,8 +112,14 @@ class TargetWorkload:
                             ("_gpu_shape", self.count > 0),
                             ("_cpu_levels", cpu_levels.tolist()), ("_cpu_rank", cpu_rank.reshape(-1)),
                             ("_mem_levels", mem_levels.tolist()), ("_mem_rank", mem_rank.reshape(-1)),
-                            ("_mass", float(self.popularity.sum()) or 1.0), ("_frag", {}), ("_hosts", {}), ("_usables", {})):
+                            ("_mass", float(self.popularity.sum()) or 1.0),
+                            ("_most_gpus", int(self.count.max(initial=0))), ("_frag", {}),
+                            ("_host_weights", {}), ("_free_groups", {})):
             object.__setattr__(self, name, value)
+        gpu = self._gpu_shape
+        cells = (self._need_index[gpu] + 1) * (self._most_gpus + 1) + self.count[gpu]
+        object.__setattr__(self, "_gpu_shapes", (self._cpu_rank[gpu], self._mem_rank[gpu], self.model_ok[:, gpu],
+                                                 cells, self.popularity[gpu]))
 
     def node_fragmentation(self, model: int, cpu: int, mem: int, free: Sequence[int]) -> float:
         """``F`` of one node state (model index, CPU and memory free, milli free per GPU), in milli-GPU."""
@@ -112,11 +133,25 @@ class TargetWorkload:
     def fragmentation_at(self, host: tuple[int, int, int], free: tuple[int, ...]) -> float:
         """``F`` of a node with ``host_key`` ``host`` and ``free`` milli free per GPU, ascending. Memoised:
         ``F`` depends on the free GPUs only as a multiset, so the node states a replay meets share a few
-        thousand values."""
-        key = (host, free)
-        value = self._frag.get(key)
+        thousand values.
+
+        ``sum_m c_m * host * usable`` is summed by groups of shapes rather than shape by shape: the GPUs
+        with at least a shape's per-GPU need free (``g`` of them, ``milli`` in all) serve it when it asks
+        for at most ``g`` GPUs, and needs between two neighbouring free values of ``free`` find the same
+        GPUs. So the sum is ``sum_groups milli * (W[hi][g] - W[lo][g])``, ``W[d][g]`` being the hosted
+        popularity of the GPU shapes of the ``d`` smallest needs asking for at most ``g`` GPUs
+        (``_weights``), over at most one group per distinct free value (``_groups``). Every term is a
+        whole number with whole counts, so it is the same exact sum."""
+        by_host = self._frag.get(free)
+        if by_host is None:
+            by_host = self._frag[free] = {}
+        value = by_host.get(host)
         if value is None:
-            value = self._frag[key] = sum(free) - float(self._hosted(host) @ self._usable(free)) / self._mass
+            weights = self._weights(host)
+            used = 0.0
+            for lo, hi, gpus, milli in self._groups(free):
+                used += milli * (weights[hi][gpus] - weights[lo][gpus])
+            value = by_host[host] = sum(free) - used / self._mass
         return value
 
     def fragmentation(self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray) -> np.ndarray:
@@ -124,29 +159,46 @@ class TargetWorkload:
         rows = zip(model.tolist(), cpu.tolist(), mem.tolist(), free.tolist())
         return np.array([self.node_fragmentation(*row) for row in rows], dtype=float)
 
-    def _hosted(self, key: tuple[int, int, int]) -> np.ndarray:
-        """(T,) popularity of the shapes a node's model, CPU and memory (as ranks among the asks) could host."""
-        value = self._hosts.get(key)
+    def _weights(self, host: tuple[int, int, int]) -> list[list[float]]:
+        """``W[d][g]``: the popularity of the GPU shapes among the ``d`` smallest per-GPU needs asking for at
+        most ``g`` GPUs (up to the most any shape asks) that a node with host key ``host`` could host
+        (model, CPU and memory as ranks among the asks)."""
+        value = self._host_weights.get(host)
         if value is None:
-            model, cpu_rank, mem_rank = key
-            host = (self._cpu_rank < cpu_rank) & (self._mem_rank < mem_rank) & self.model_ok[model]
-            value = self._hosts[key] = np.where(host, self.popularity, 0.0)
+            model, cpu_rank, mem_rank = host
+            cpu_ranks, mem_ranks, model_ok, cells, popularity = self._gpu_shapes
+            hosted = (cpu_ranks < cpu_rank) & (mem_ranks < mem_rank) & model_ok[model]
+            weights = np.bincount(cells[hosted], weights=popularity[hosted], minlength=(len(self._need_levels) + 1) * (self._most_gpus + 1))
+            value = self._host_weights[host] = weights.reshape(-1, self._most_gpus + 1).cumsum(axis=1).cumsum(axis=0).tolist()
         return value
 
-    def _usable(self, free: tuple[int, ...]) -> np.ndarray:
-        """(T,) milli-GPU each shape could use on GPUs with ``free`` milli free, ascending (0 where too few GPUs have
-        its need, and for CPU-only shapes: every free GPU is a fragment for them)."""
-        value = self._usables.get(free)
+    def _groups(self, free: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+        """The needs that find the same GPUs on a node with ``free`` milli free per GPU (ascending), as
+        (lo, hi, g, milli): needs ``lo`` to ``hi - 1`` (in ascending order) find the ``g`` GPUs (at most the
+        most a shape asks) with ``milli`` free in all; only groups with milli free. CPU-only shapes use no
+        GPU: for them every free GPU is a fragment (they weigh nothing in ``W``)."""
+        value = self._free_groups.get(free)
         if value is None:
-            # per distinct need: the GPUs with at least that much free (a suffix of ``free``) and their milli
-            prefix = [0, *accumulate(free)]
-            start = [bisect_left(free, need) for need in self._need_levels]
-            gpus = np.array([len(free) - i for i in start])[self._need_index]
-            milli = np.array([prefix[-1] - prefix[i] for i in start], dtype=float)[self._need_index]
-            value = self._usables[free] = np.where((gpus >= self.count) & self._gpu_shape, milli, 0.0)
+            value, needs, total, used, lo = [], self._need_levels, sum(free), 0, 0
+            for start, left in enumerate(free):
+                if start and left == free[start - 1]:
+                    used += left
+                    continue
+                hi = bisect_right(needs, left)  # needs up to this GPU's free find it and every GPU after it
+                if hi > lo and total > used:
+                    value.append((lo, hi, min(len(free) - start, self._most_gpus), total - used))
+                lo, used = max(lo, hi), used + left
+            self._free_groups[free] = value
         return value
+
+
+_SHARED: dict[object, TargetWorkload] = {}
 
 
 def whole_gpus(free_row: Sequence[int], k: int, milli: int) -> tuple[int, ...]:
     """The first ``k`` GPUs of a node with ``milli`` free, tightest first (keeps untouched GPUs whole)."""
+    if milli >= MILLI:  # only untouched GPUs have it: the first k in index order
+        if k == 1:
+            return (free_row.index(MILLI),) if MILLI in free_row else ()
+        return tuple([g for g, free in enumerate(free_row) if free >= milli][:k])
     return tuple(sorted((g for g, free in enumerate(free_row) if free >= milli), key=free_row.__getitem__)[:k])
