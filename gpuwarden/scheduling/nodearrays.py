@@ -8,7 +8,8 @@ a MIG GPU's row entry is 0 too (its capacity lives in its instances).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +20,15 @@ NodeKey = tuple[int, int, int, tuple[int, ...]]  # kind, CPU milli free, memory 
 
 if TYPE_CHECKING:
     from .state import NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The nodes a static rule admits (``NodeArrays.admitted``)."""
+
+    mask: np.ndarray  # (nodes,) bool
+    largest_gpus: int  # the most GPUs on one admitted node; -1: none admitted
+    everywhere: bool  # every node admitted: no mask to apply
 
 
 class NodeArrays:
@@ -49,9 +59,8 @@ class NodeArrays:
         # nodes of one kind (model, GPUs, CPU and memory capacity) in the same free state score the same
         statics = np.column_stack([self.model, self.gpu_count, self.cpu_cap, self.mem_cap]).reshape(len(nodes), 4)
         self.kind = np.unique(statics, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
-        self._masks: dict[Hashable, np.ndarray] = {}
-        self._largest: dict[Hashable, int] = {}  # per static mask: the most GPUs on one node it admits
-        self._everywhere: dict[Hashable, bool] = {}  # per static mask: it admits every node
+        self._admitted: dict[Hashable, Admitted] = {}
+        self._fits, self._scratch = np.empty(len(nodes), dtype=bool), np.empty(len(nodes), dtype=bool)  # see fitting
         # every distinct node state met (kind, CPU and memory free, milli free per GPU) gets an id, and
         # state_id[n] is node n's current one: scorers keep scores per state id, so a node is rescored
         # only in a state never met before (in a replay most changes lead to one met already)
@@ -63,16 +72,39 @@ class NodeArrays:
     def __len__(self) -> int:
         return len(self.names)
 
-    def book(self, name: str) -> None:
-        """Node ``name``'s row again from its ``NodeState`` (``State._book`` changed it there first)."""
+    def book(self, name: str, gpus: Iterable[int] | None = None) -> None:
+        """Node ``name``'s row again from its ``NodeState`` (``State._book`` changed it there first); only
+        GPUs ``gpus`` changed, when given."""
         i = self.index[name]
         node = self.nodes[i]
         row = node.gpu_free
-        self.free[i, : len(row)] = row
+        if gpus is None:
+            self.free[i, : len(row)] = row
+        else:
+            free = self.free
+            for g in gpus:
+                free[i, g] = row[g]
         self.max_free[i], self.whole_free[i] = max(row, default=0), row.count(MILLI)
         self.cpu_free[i], self.mem_free[i] = node.cpu_free, node.mem_free
         self.state_id[i] = self._intern(i)
         self.version[i] += 1
+
+    def fitting(self, k: int, milli: int, cpu: int, mem: int, allowed: np.ndarray | None = None) -> np.ndarray:
+        """Indices of the nodes (of those ``allowed`` marks) with ``cpu`` and ``mem`` free and ``k`` GPUs
+        with ``milli`` free each, in node order. Computed in two kept buffers: a placement asks this for
+        every pod, and the arrays it would allocate cost as much as the comparisons."""
+        fits, scratch = self._fits, self._scratch
+        np.greater_equal(self.cpu_free, cpu, out=fits)
+        fits &= np.greater_equal(self.mem_free, mem, out=scratch)
+        if allowed is not None:
+            fits &= allowed
+        if k == 1:
+            fits &= np.greater_equal(self.max_free, milli, out=scratch)
+        elif k and milli == MILLI:
+            fits &= np.greater_equal(self.whole_free, k, out=scratch)
+        elif k:
+            fits &= self.gpus_fit(k, milli)
+        return fits.nonzero()[0]
 
     def gpus_fit(self, k: int, milli: int) -> np.ndarray:
         """(nodes,) bool: which have ``k`` GPUs with ``milli`` free each."""
@@ -94,24 +126,12 @@ class NodeArrays:
             self.state_keys.append(key)
         return found
 
-    def static_mask(self, key: Hashable, allowed: Callable[[NodeState], bool]) -> np.ndarray:
-        """Nodes ``allowed`` admits, computed once per ``key`` (what does not change while the state
+    def admitted(self, key: Hashable, allowed: Callable[[NodeState], bool]) -> Admitted:
+        """The nodes ``allowed`` admits, computed once per ``key`` (what does not change while the state
         lives: schedulable, GPU model, pool, price tier)."""
-        mask = self._masks.get(key)
-        if mask is None:
+        found = self._admitted.get(key)
+        if found is None:
             mask = np.array([allowed(n) for n in self.nodes], dtype=bool)
-            self._masks[key] = mask
-        return mask
-
-    def everywhere(self, key: Hashable) -> bool:
-        """Whether ``static_mask(key)`` admits every node; the mask must exist."""
-        return self.largest_gpu_count(key) >= 0 and self._everywhere[key]
-
-    def largest_gpu_count(self, key: Hashable) -> int:
-        """The most GPUs on one node of ``static_mask(key)`` (-1: no node); the mask must exist."""
-        largest = self._largest.get(key)
-        if largest is None:
-            mask = self._masks[key]
-            largest = self._largest[key] = int(self.gpu_count[mask].max()) if mask.any() else -1
-            self._everywhere[key] = bool(mask.all())
-        return largest
+            largest = int(self.gpu_count[mask].max()) if mask.any() else -1
+            found = self._admitted[key] = Admitted(mask, largest, bool(mask.all()))
+        return found

@@ -117,7 +117,7 @@ def _scorer(state: State, options: PlacementOptions) -> Scorer:
     return scorer
 
 
-_SPOT = ("spot",)  # static_mask key of the spot nodes
+_SPOT = ("spot",)  # NodeArrays.admitted key of the spot nodes
 
 
 def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) -> Placement:
@@ -127,26 +127,25 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
     a = state.arrays
     spot_ok = job.kind != WorkloadKind.INFERENCE and job.checkpointable
     key = ("allowed", job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, spot_ok)
-    allowed = a.static_mask(key, lambda n: node_allowed(job, n))
+    allowed = a.admitted(key, lambda n: node_allowed(job, n))
     k = job.gpus_per_pod
-    largest = a.largest_gpu_count(key)
-    if largest < 0:
+    if allowed.largest_gpus < 0:
         return None, _no_node_reason(state, job)
-    if k > largest:
-        return None, f"asks for {k} GPUs per pod; the largest node has {largest}"
-    host = (a.cpu_free >= job.cpu_milli) & (a.mem_free >= job.mem_bytes)
-    if not a.everywhere(key):  # the usual case: every node allowed, no mask to apply
-        host &= allowed
-    fits = host if k == 0 else host & a.gpus_fit(k, milli)
+    if k > allowed.largest_gpus:
+        return None, f"asks for {k} GPUs per pod; the largest node has {allowed.largest_gpus}"
+    # the usual case: every node allowed, no mask to apply
+    nodes = a.fitting(k, milli, job.cpu_milli, job.mem_bytes, None if allowed.everywhere else allowed.mask)
     if options.spot_first and spot_ok:
-        spot = a.static_mask(_SPOT, lambda n: n.tier == PriceTier.SPOT)
-        if a.largest_gpu_count(_SPOT) >= 0:  # the fleet has spot nodes
-            spot = fits & spot
-            fits = spot if spot.any() else fits
-    nodes = fits.nonzero()[0]
+        on_spot = a.admitted(_SPOT, lambda n: n.tier == PriceTier.SPOT)
+        if on_spot.largest_gpus >= 0:  # the fleet has spot nodes
+            spot = nodes[on_spot.mask[nodes]]
+            nodes = spot if len(spot) else nodes
     if options.keep_clear and len(nodes) > 1 and state.runs_below(job.priority):
         nodes = _keep_clear(a.top_priority, nodes, job.priority)
     if not len(nodes):
+        host = (a.cpu_free >= job.cpu_milli) & (a.mem_free >= job.mem_bytes)
+        if not allowed.everywhere:
+            host &= allowed.mask
         if not host.any():
             return None, "no node has the CPU and memory free"
         if milli < MILLI:
