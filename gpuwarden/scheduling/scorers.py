@@ -18,8 +18,9 @@ of the best score; otherwise the tightest); whole GPUs go tightest first, keepin
 from __future__ import annotations
 
 import math
+import weakref
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,14 +41,17 @@ class Scorer:
     name = "scorer"
 
     def __init__(self, state: State) -> None:
-        self.state = state
+        # a proxy: the state keeps its scorers (State.scorers), so a strong reference back would make a
+        # cycle that only the garbage collector's full passes could free
+        self.state = weakref.proxy(state)
+        self.arrays = state.arrays  # built once per state, never replaced
 
     def choose(self, nodes: np.ndarray, shape: Shape) -> Choice:
         """The node among ``nodes`` (indices where the pod fits, in node order; never empty) and its GPUs."""
         raise NotImplementedError
 
     def _gpus_on(self, node: int, shape: Shape) -> tuple[int, ...]:
-        return whole_gpus(self.state.arrays.free[node].tolist(), shape.gpus, shape.milli) if shape.gpus else ()
+        return whole_gpus(self.arrays.nodes[node].gpu_free, shape.gpus, shape.milli) if shape.gpus else ()
 
 
 class FirstFit(Scorer):
@@ -55,7 +59,7 @@ class FirstFit(Scorer):
 
     def choose(self, nodes: np.ndarray, shape: Shape) -> Choice:
         node = int(nodes[0])
-        fits = np.flatnonzero(self.state.arrays.free[node] >= shape.milli)
+        fits = np.flatnonzero(self.arrays.free[node] >= shape.milli)
         return node, tuple(int(g) for g in fits[: shape.gpus])
 
 
@@ -63,7 +67,7 @@ class BestFit(Scorer):
     name = "bestfit"
 
     def choose(self, nodes: np.ndarray, shape: Shape) -> Choice:
-        a = self.state.arrays
+        a = self.arrays
         gpu_left = (a.free[nodes].sum(axis=1) - shape.gpus * shape.milli) / (np.maximum(a.gpu_count[nodes], 1) * MILLI)
         cpu_left = (a.cpu_free[nodes] - shape.cpu_milli) / a.cpu_cap[nodes]
         node = int(nodes[np.argmin(gpu_left + cpu_left)])
@@ -78,29 +82,51 @@ class RandomFit(Scorer):
         node = int(rng.choice(nodes))
         if shape.gpus == 0:
             return node, ()
-        fits = np.flatnonzero(self.state.arrays.free[node] >= shape.milli)
+        fits = np.flatnonzero(self.arrays.free[node] >= shape.milli)
         return node, tuple(int(g) for g in rng.choice(fits, size=shape.gpus, replace=False))
 
 
 @dataclass
 class _Scores:
-    """One pod shape's scores by node state id (``NodeArrays.state_id``); NaN: not scored yet."""
+    """One pod shape's scores by node state id (``NodeArrays.state_id``; NaN: not scored yet) and the GPU
+    a fraction takes in each."""
 
     score: np.ndarray
     best_gpu: np.ndarray
 
     def grow(self, states: int) -> None:
-        if len(self.score) < states:
-            size = max(states, 2 * len(self.score))
-            self.score = np.concatenate([self.score, np.full(size - len(self.score), np.nan)])
-            self.best_gpu = np.concatenate([self.best_gpu, np.zeros(size - len(self.best_gpu), dtype=np.int16)])
+        size = max(states, 2 * len(self.score))
+        extra = size - len(self.score)
+        self.score = np.concatenate([self.score, np.full(extra, np.nan)])
+        self.best_gpu = np.concatenate([self.best_gpu, np.zeros(extra, dtype=np.int16)])
 
 
-# A node's score depends only on its state (kind, free CPU, memory and GPUs), the pod shape and the
-# target: memoised by those, so a state is scored once in this state and in the next one with the same
-# target (replays of the same list, whose target keeps its own memo of F). Bounded: one target's memo.
 _Facts = tuple[int, tuple[int, ...], float, int, float]  # see Fgd._facts
-_MEMOS: dict[object, tuple[TargetWorkload, dict[Shape, dict[NodeKey, tuple[float, int]]], dict[NodeKey, _Facts]]] = {}
+_Figures = tuple[float, int]  # score, the GPU a fraction takes: see _Scores
+
+
+@dataclass
+class _Memo:
+    """What scoring remembers for one target and fleet of node kinds, from one ``State`` to the next with
+    them (the seeds of a replayed list): a node's score depends only on its state (kind, free CPU, memory
+    and GPUs), the pod shape and the target. Node states are numbered here once (``ids``), so the memos
+    are keyed by small numbers instead of hashing a state's numbers on every lookup."""
+
+    target: TargetWorkload
+    ids: dict[NodeKey, int] = field(default_factory=dict)
+    facts: list[_Facts | None] = field(default_factory=list)  # by id
+    # by a shape's numbers (each state has its own Shape objects: a tuple compares without a Python call), then id
+    figures: dict[tuple[int, int, int, int, tuple[str, ...]], dict[int, _Figures]] = field(default_factory=dict)
+
+    def id_of(self, key: NodeKey) -> int:
+        found = self.ids.get(key)
+        if found is None:
+            found = self.ids[key] = len(self.facts)
+            self.facts.append(None)
+        return found
+
+
+_MEMOS: dict[object, _Memo] = {}  # bounded: one target's
 
 
 class Fgd(Scorer):
@@ -139,79 +165,93 @@ class Fgd(Scorer):
             wanted = demand or {shape: 1.0}
             # node kinds are numbered per state: the memo holds for states whose kinds are the same
             kinds = tuple(zip(self._model, self._gpus, self._cpu_cap, self._mem_cap))
-            key = (tuple(wanted.items()), self.state.arrays.models, kinds, self.cpu_weight)
+            key = (tuple(wanted.items()), self.arrays.models, kinds, self.cpu_weight)
             if key not in _MEMOS:
                 _MEMOS.clear()
-                _MEMOS[key] = (TargetWorkload.from_demand(wanted, self.state.arrays.models), {}, {})
-            self.target, self.memo, self.facts = _MEMOS[key]
+                _MEMOS[key] = _Memo(TargetWorkload.shared(wanted, self.arrays.models))
+            self.memo = _MEMOS[key]
+            self.target = self.memo.target
             self.cache: dict[Shape, _Scores] = {}
+            self._ids: list[int] = []  # the memo's id of each of the arrays' state ids met so far
             self._demand_version, self._fallback = self.state.demand_version, fallback
 
     def choose(self, nodes: np.ndarray, shape: Shape) -> Choice:
-        a = self.state.arrays
-        self._target_for(shape)
+        a = self.arrays
+        if self._demand_version != self.state.demand_version or self._fallback is not None:
+            self._target_for(shape)
         cached = self.cache.get(shape)
         if cached is None:
-            cached = self.cache[shape] = _Scores(np.full(0, np.nan), np.zeros(0, dtype=np.int16))
-        cached.grow(len(a.state_keys))
+            size = 2 * len(a.state_keys)  # room to grow before the first copy
+            cached = self.cache[shape] = _Scores(np.full(size, np.nan), np.zeros(size, dtype=np.int16))
+        if len(cached.score) < len(a.state_keys):
+            cached.grow(len(a.state_keys))
         states = a.state_id[nodes]
         score = cached.score[states]
-        low = score.min()
-        if math.isnan(low):  # some nodes are in states not scored yet (NaN wins min)
-            self._score(set(states[np.isnan(score)].tolist()), shape, cached)
-            score = cached.score[states]
-            low = score.min()
-        if self.ties == "random":
-            best = np.flatnonzero(score == low)
-            rng = self.state.rng()
-            node = int(nodes[best[rng.integers(len(best))]] if len(best) > 1 else nodes[best[0]])
-        elif self.ties == "tightest_cpu":
-            tied = nodes[score == low]
-            if len(tied) == 1:
-                node = int(tied[0])
-            else:
-                cpu_share_left = (a.cpu_free[tied] - shape.cpu_milli) / a.cpu_cap[tied]
-                node = int(tied[np.argmin(cpu_share_left)])  # argmin: the first in node order among equals
+        low = score[score.argmin()]  # argmin: faster than min, and it stops at a NaN too
+        if low != low:  # NaN: some nodes are in states not scored yet
+            unscored = np.isnan(score).nonzero()[0]
+            new = states[unscored]
+            self._score(set(new.tolist()), shape, cached)
+            score[unscored] = cached.score[new]
+            low = score[score.argmin()]
+        if self.ties == "first":
+            at = int(score.argmin())
         else:
-            node = int(nodes[np.argmin(score)])
+            best = (score == low).nonzero()[0]
+            if len(best) == 1:
+                at = int(best[0])
+            elif self.ties == "random":
+                at = int(best[self.state.rng().integers(len(best))])
+            else:  # tightest_cpu: the least CPU share left; argmin: the first in node order among equals
+                tied = nodes[best]
+                left = a.cpu_free[tied]
+                left -= shape.cpu_milli
+                at = int(best[(left / a.cpu_cap[tied]).argmin()])
+        node = int(nodes[at])
         if shape.gpus == 1 and shape.milli < MILLI:
-            return node, (int(cached.best_gpu[a.state_id[node]]),)
+            return node, (int(cached.best_gpu[states[at]]),)
         return node, self._gpus_on(node, shape)
 
     def _score(self, states: set[int], shape: Shape, cached: _Scores) -> None:
         """Score node states never scored for ``shape`` in this state (most were, in an earlier one)."""
-        keys = self.state.arrays.state_keys
-        memo = self.memo.setdefault(shape, {})
+        keys, ids = self.arrays.state_keys, self._ids
+        for state in range(len(ids), len(keys)):
+            ids.append(self.memo.id_of(keys[state]))
+        numbers = (shape.gpus, shape.milli, shape.cpu_milli, shape.mem_bytes, shape.models)
+        memo = self.memo.figures.get(numbers)
+        if memo is None:
+            memo = self.memo.figures[numbers] = {}
+        score, best_gpu = cached.score, cached.best_gpu
         for state in states:
-            key = keys[state]
-            value = memo.get(key)
+            known = ids[state]
+            value = memo.get(known)
             if value is None:
-                value = memo[key] = self._node_score(key, shape)
-            cached.score[state], cached.best_gpu[state] = value
+                value = memo[known] = self._node_score(known, keys[state], numbers)
+            score[state], best_gpu[state] = value
 
-    def _facts(self, key: NodeKey) -> _Facts:
-        """What scoring a node state for any shape starts from: its model, free GPUs ascending, F, free
-        milli in all, and its CPU/memory starvation (see the class)."""
-        facts = self.facts.get(key)
-        if facts is None:
-            kind, cpu, mem, free = key
-            model, ordered, total = self._model[kind], tuple(sorted(free)), sum(free)
-            share = total / (max(self._gpus[kind], 1) * MILLI)
-            starved = _over(share - cpu / self._cpu_cap[kind]) + _over(share - mem / self._mem_cap[kind])
-            base = self.target.fragmentation_at(self.target.host_key(model, cpu, mem), ordered)
-            facts = self.facts[key] = (model, ordered, base, total, starved)
+    def _facts(self, known: int, key: NodeKey) -> _Facts:
+        """What scoring a node state (memo id ``known``) for any shape starts from: its model, free GPUs
+        ascending, F, free milli in all, and its CPU/memory starvation (see the class)."""
+        kind, cpu, mem, free = key
+        model, ordered, total = self._model[kind], tuple(sorted(free)), sum(free)
+        share = total / (max(self._gpus[kind], 1) * MILLI)
+        starved = _over(share - cpu / self._cpu_cap[kind]) + _over(share - mem / self._mem_cap[kind])
+        base = self.target.fragmentation_at(self.target.host_key(model, cpu, mem), ordered)
+        facts = self.memo.facts[known] = (model, ordered, base, total, starved)
         return facts
 
-    def _node_score(self, key: NodeKey, shape: Shape) -> tuple[float, int]:
-        """The score of a node state (kind, CPU and memory free, milli free per GPU) for ``shape``, and
-        the GPU a fraction takes there: the lowest-index one of the best score (0 when none fits)."""
+    def _node_score(self, known: int, key: NodeKey, shape: tuple[int, int, int, int, tuple[str, ...]]) -> _Figures:
+        """The score of a node state (kind, CPU and memory free, milli free per GPU) for a pod of ``shape``
+        (GPUs, milli, CPU, memory, models) and the GPU a fraction takes there: the lowest-index one of the
+        best score (0 when none fits)."""
         kind, cpu, mem, free = key
-        model, ordered, base, total, starved_before = self._facts(key)
-        k, milli = shape.gpus, shape.milli
-        cpu_after, mem_after = cpu - shape.cpu_milli, mem - shape.mem_bytes
-        after, fragmentation = self.target.host_key(model, cpu_after, mem_after), self.target.fragmentation_at
-        score, best = math.inf, 0
+        model, ordered, base, total, starved_before = self.memo.facts[known] or self._facts(known, key)
+        k, milli, cpu_ask, mem_ask, _ = shape
+        cpu_after, mem_after = cpu - cpu_ask, mem - mem_ask
+        target = self.target
+        after, fragmentation = target.host_key(model, cpu_after, mem_after), target.fragmentation_at
         if k == 1 and milli < MILLI:
+            score, best = math.inf, 0
             tried: dict[int, float] = {}  # GPUs with the same milli free leave the same node state
             for gpu, left in enumerate(free):
                 if left < milli:
@@ -220,20 +260,25 @@ class Fgd(Scorer):
                 if value is None:
                     taken = list(ordered)
                     taken[ordered.index(left)] = left - milli
-                    value = tried[left] = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
+                    taken.sort()
+                    value = tried[left] = fgd_score(fragmentation(after, tuple(taken)) - base)
                 if value < score:
                     score, best = value, gpu
         else:
             # whole GPUs take the tightest that fit (whole_gpus): on the ascending free, the first k that fit
-            taken = list(ordered)
-            first = bisect_left(ordered, milli) if k else len(ordered)
-            for gpu in range(first, min(first + k, len(ordered))):
-                taken[gpu] -= milli
-            score = fgd_score(fragmentation(after, tuple(sorted(taken))) - base)
+            best = 0
+            if k:
+                taken = list(ordered)
+                first = bisect_left(ordered, milli)
+                for gpu in range(first, min(first + k, len(ordered))):
+                    taken[gpu] -= milli
+                taken.sort()
+                ordered = tuple(taken)
+            score = fgd_score(fragmentation(after, ordered) - base)
         if self.cpu_weight:
-            cpu_cap, mem_cap = self._cpu_cap[kind], self._mem_cap[kind]
             gpu_after = (total - k * milli) / (max(self._gpus[kind], 1) * MILLI)
-            starved_after = _over(gpu_after - cpu_after / cpu_cap) + _over(gpu_after - mem_after / mem_cap)
+            cpu_gap, mem_gap = gpu_after - cpu_after / self._cpu_cap[kind], gpu_after - mem_after / self._mem_cap[kind]
+            starved_after = (cpu_gap if cpu_gap > 0 else 0.0) + (mem_gap if mem_gap > 0 else 0.0)  # as _over
             score = score + self.cpu_weight * (starved_after - starved_before)
         return score, best
 

@@ -153,6 +153,18 @@ class Shape:
     cpu_milli: int
     mem_bytes: int
     models: tuple[str, ...] = ()
+    # scorers key their caches by shape on every pod: its hash is computed once, not from the fields each time
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.gpus, self.milli, self.cpu_milli, self.mem_bytes, self.models)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Shape], tuple[int, int, int, int, tuple[str, ...]]]:
+        # rebuilt by the constructor: a string's hash differs from one process to the next
+        return Shape, (self.gpus, self.milli, self.cpu_milli, self.mem_bytes, self.models)
 
 
 @dataclass(frozen=True)
@@ -314,20 +326,27 @@ class State:
                 node.gpu_free[gpu] -= sign * amount
         # one node (a one-pod job, a gang on one node): all the job's CPU and memory there
         first = placements[0][0] if placements else None
-        shares = {first: 1.0} if first is not None and all(slot[0] == first for slot in placements) \
-            else self._shares(job, placements)
-        for node_name, share in shares.items():
-            node = self.nodes[node_name]
-            node.cpu_free -= sign * int(job.cpu_milli * job.pods * share)
-            node.mem_free -= sign * int(job.mem_bytes * job.pods * share)
-            if self._arrays is not None:
-                self._arrays.book(node_name)
-            self._book_priority(node_name, job.priority, sign)
+        if first is not None and (len(placements) == 1 or all(slot[0] == first for slot in placements)):
+            self._book_node(first, job, 1.0, sign, [slot[1] for slot in placements])
+        else:
+            for node_name, share in self._shares(job, placements).items():
+                self._book_node(node_name, job, share, sign)
         self.quotas.add(job.team, job.flavour, sign * job.gpu_equivalents)
+
+    def _book_node(self, node_name: str, job: Job, share: float, sign: int, gpus: list[int] | None = None) -> None:
+        """The ``share`` of ``job``'s CPU and memory on node ``node_name`` (its GPUs, ``gpus`` when known,
+        are booked already)."""
+        node = self.nodes[node_name]
+        node.cpu_free -= sign * int(job.cpu_milli * job.pods * share)
+        node.mem_free -= sign * int(job.mem_bytes * job.pods * share)
+        if self._arrays is not None:
+            self._arrays.book(node_name, gpus)
+        self._book_priority(node_name, job.priority, sign)
 
     def runs_below(self, priority: int) -> bool:
         """Whether any node runs work of a priority lower than ``priority``."""
-        return any(p < priority for p in self._running_priorities)
+        running = self._running_priorities
+        return bool(running) and min(running) < priority
 
     def _book_priority(self, node_name: str, priority: int, sign: int) -> None:
         running = self._running_priorities
