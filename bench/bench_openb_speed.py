@@ -3,11 +3,12 @@
     git worktree add --detach /tmp/openb-base <commit>   # the baseline's code
     PYTHONPATH=. python bench/bench_openb_speed.py --base /tmp/openb-base --lists default --seeds 42,43
 
-Each (tree, list) runs in its own process (as a ``simulate placement`` worker does: all seeds of a
-list in one process, memos warm across them), the trees alternating, ``--rounds`` times; the figure
+Each (tree, list) runs in its own process (as a ``simulate placement`` worker does, seed after seed
+with its memos warm), the trees alternating, ``--rounds`` times; the figure
 is the ratio of CPU seconds (less sensitive than wall time to other load on the machine), and every
 seed's allocation must be the same on both trees. The projection for all 17 lists x 10 seeds on 2
-workers multiplies this tree's CPU per pod by those runs' pods (1.87 M) and halves it.
+workers multiplies this tree's CPU per pod by those runs' pods (1.87 M) and halves it; the two workers
+share the machine's caches and memory, so a full run takes some 9% longer than that.
 """
 
 from __future__ import annotations

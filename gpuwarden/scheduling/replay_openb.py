@@ -14,10 +14,12 @@ or fails (no departures, no preemption). The result is the milli-GPU allocation 
 
 from __future__ import annotations
 
+import gc
 import time
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +71,14 @@ class OpenbInput:
 
     def state(self) -> State:
         """A fresh engine state of the trace's nodes (nothing placed)."""
-        return State(NodeState(name=str(n.sn), model=str(n.model), gpu_count=int(n.gpu), cpu_free=int(n.cpu_milli),
-                               mem_free=int(n.memory_mib) * MIB) for n in self.nodes.itertuples())
+        return State(NodeState(name=name, model=model, gpu_count=gpus, cpu_free=cpu, mem_free=mem, gpu_ids=list(ids))
+                     for name, model, gpus, cpu, mem, ids in self._node_rows)
+
+    @cached_property
+    def _node_rows(self) -> list[tuple[str, str, int, int, int, list[str]]]:
+        """Each node's constructor numbers and GPU ids, read from the frame once for every seed's state."""
+        return [(str(n.sn), str(n.model), int(n.gpu), int(n.cpu_milli), int(n.memory_mib) * MIB,
+                 [f"{n.sn}/gpu{i}" for i in range(int(n.gpu))]) for n in self.nodes.itertuples()]
 
 
 def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
@@ -150,10 +158,13 @@ def prepare(data_dir: Path, pod_list: str) -> OpenbInput:
         row = int(np.flatnonzero(bad)[0])
         raise TraceError(f"{path}:{row + 2}: gpu_milli {milli[row]} with num_gpu {gpus[row]}: "
                          "gpu_milli is 1..1000 for one GPU and 1000 for several")
-    spec = pods["gpu_spec"].fillna("").astype(str).map(lambda v: tuple(sorted(set(filter(None, v.split("|"))))))
-    for row, models in enumerate(spec):
+    raw = pods["gpu_spec"].fillna("").astype(str)
+    parsed = {text: tuple(sorted(set(filter(None, text.split("|"))))) for text in raw.unique()}  # a few distinct
+    spec = raw.map(parsed)
+    for text, models in parsed.items():
         unknown = [m for m in models if m not in known]
         if unknown:
+            row = int(np.flatnonzero((raw == text).to_numpy())[0])
             raise TraceError(f"{path}:{row + 2}: gpu_spec names unknown GPU model(s) {', '.join(unknown)}; "
                              f"the nodes have {', '.join(sorted(known))}")
     key = pd.DataFrame({"g": gpus, "m": milli, "c": pods["cpu_milli"], "r": pods["memory_mib"], "s": spec})
@@ -237,7 +248,7 @@ def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "
     played = place_all(data, policy_name, seed)
     arrays, sequence = played.state.arrays, played.sequence
     cluster_milli = int(arrays.gpu_count.sum()) * MILLI
-    target = TargetWorkload.from_demand(data.demand(), arrays.models)
+    target = TargetWorkload.shared(data.demand(), arrays.models)  # the scorer's, with its memos
     return SeedResult(
         pod_list=pod_list, policy=policy_name, seed=seed, arrived=len(sequence), placed=played.placed,
         failed=played.failed, arrived_milli=int(data.gpu_milli[sequence].sum()),
@@ -250,6 +261,15 @@ def replay_seed(data: OpenbInput, policy_name: str, seed: int, pod_list: str = "
 def _run_one(args: tuple[str, str, str, int]) -> SeedResult:
     data_dir, pod_list, policy, seed = args
     return replay_seed(_cached_prepare(data_dir, pod_list), policy, seed, pod_list)
+
+
+def _run_one_in_worker(args: tuple[str, str, str, int]) -> SeedResult:
+    """``_run_one`` in a pool worker, which then freezes what outlived the seed (the scorers' memos, kept for
+    the next seeds of the list: a few hundred thousand small objects), so the collector's full passes stop
+    walking them again and again. A replay leaves no reference cycle, so nothing frozen is garbage."""
+    result = _run_one(args)
+    gc.freeze()
+    return result
 
 
 _PREPARED: dict[tuple[str, str], OpenbInput] = {}
@@ -274,7 +294,7 @@ def replay_openb(data_dir: Path, pod_lists: Sequence[str] = ("default",), polici
     if workers <= 1:
         return [_run_one(job) for job in jobs]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_run_one, jobs, chunksize=1))
+        return list(pool.map(_run_one_in_worker, jobs, chunksize=1))
 
 
 def load_published(data_dir: Path) -> pd.DataFrame:
