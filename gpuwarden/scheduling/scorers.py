@@ -114,16 +114,12 @@ class _Memo:
 
     target: TargetWorkload
     ids: dict[NodeKey, int] = field(default_factory=dict)
-    facts: list[_Facts | None] = field(default_factory=list)  # by id
+    facts: dict[int, _Facts] = field(default_factory=dict)  # by id
     # by a shape's numbers (each state has its own Shape objects: a tuple compares without a Python call), then id
     figures: dict[tuple[int, int, int, int, tuple[str, ...]], dict[int, _Figures]] = field(default_factory=dict)
 
     def id_of(self, key: NodeKey) -> int:
-        found = self.ids.get(key)
-        if found is None:
-            found = self.ids[key] = len(self.facts)
-            self.facts.append(None)
-        return found
+        return self.ids.setdefault(key, len(self.ids))
 
 
 _MEMOS: dict[object, _Memo] = {}  # bounded: one target's
@@ -245,7 +241,7 @@ class Fgd(Scorer):
         (GPUs, milli, CPU, memory, models) and the GPU a fraction takes there: the lowest-index one of the
         best score (0 when none fits)."""
         kind, cpu, mem, free = key
-        model, ordered, base, total, starved_before = self.memo.facts[known] or self._facts(known, key)
+        model, ordered, base, total, starved_before = self.memo.facts.get(known) or self._facts(known, key)
         k, milli, cpu_ask, mem_ask, _ = shape
         cpu_after, mem_after = cpu - cpu_ask, mem - mem_ask
         target = self.target
