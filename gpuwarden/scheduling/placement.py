@@ -37,10 +37,19 @@ class FractionMode(StrEnum):
     MIG_OR_WHOLE = "mig-or-whole"  # the smallest free MIG instance that holds it, else a whole GPU
 
 
+def _spot_ok(job: Job) -> bool:
+    """Whether ``job`` may run on spot capacity: checkpointable work that is not inference."""
+    return job.kind != WorkloadKind.INFERENCE and job.checkpointable
+
+
 def _tier_ok(job: Job, node: NodeState) -> bool:
-    if node.tier == PriceTier.SPOT:
-        return job.kind != WorkloadKind.INFERENCE and job.checkpointable
-    return True
+    return node.tier != PriceTier.SPOT or _spot_ok(job)
+
+
+def allowed_key(job: Job) -> tuple[object, ...]:
+    """What :func:`node_allowed` reads of a job: jobs with equal keys may use the same nodes (the key of
+    every cache of allowed nodes, and part of every cache of a placement's answer)."""
+    return job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, _spot_ok(job)
 
 
 def node_allowed(job: Job, node: NodeState) -> bool:
@@ -125,9 +134,8 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
     shares a GPU; ``MILLI`` takes whole GPUs). A CPU-only pod's slot is (node, 0, 0): no GPU, the node
     its CPU and memory are booked on."""
     a = state.arrays
-    spot_ok = job.kind != WorkloadKind.INFERENCE and job.checkpointable
-    key = ("allowed", job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, spot_ok)
-    allowed = a.admitted(key, lambda n: node_allowed(job, n))
+    spot_ok = _spot_ok(job)
+    allowed = a.admitted(("allowed", *allowed_key(job)), lambda n: node_allowed(job, n))
     k = job.gpus_per_pod
     if allowed.largest_gpus < 0:
         return None, _no_node_reason(state, job)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
-from .placement import find_placement, node_allowed
+from .placement import allowed_key, find_placement, node_allowed
 from .policy import PreemptMode, QueuePolicy, policy_named
 from .quotas import Admission
 from .state import WAITING, Job, JobState, NodeState, Slot, State, Statement
@@ -105,8 +105,7 @@ class Scheduler(VictimSearch):
                 if verdict == Admission.NO:
                     job.wait_reason = reason
                     continue
-            shape = (job.pods, job.gpus_per_pod, job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, job.kind,
-                     job.checkpointable, job.cpu_milli, job.mem_bytes)
+            shape = (job.pods, job.gpus_per_pod, job.cpu_milli, job.mem_bytes, *allowed_key(job))  # what placing it reads
             if whole and not may_preempt and shape in failed_shapes:
                 job.wait_reason = failed_shapes[shape]
                 blocked_head = True

@@ -273,8 +273,7 @@ class Fgd(Scorer):
             score = fgd_score(fragmentation(after, ordered) - base)
         if self.cpu_weight:
             gpu_after = (total - k * milli) / (max(self._gpus[kind], 1) * MILLI)
-            cpu_gap, mem_gap = gpu_after - cpu_after / self._cpu_cap[kind], gpu_after - mem_after / self._mem_cap[kind]
-            starved_after = (cpu_gap if cpu_gap > 0 else 0.0) + (mem_gap if mem_gap > 0 else 0.0)  # as _over
+            starved_after = _over(gpu_after - cpu_after / self._cpu_cap[kind]) + _over(gpu_after - mem_after / self._mem_cap[kind])
             score = score + self.cpu_weight * (starved_after - starved_before)
         return score, best
 

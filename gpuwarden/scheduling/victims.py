@@ -19,7 +19,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .placement import find_placement, node_allowed
+from .placement import allowed_key, find_placement, node_allowed
 from .policy import PreemptMode, QueueOrder, QueuePolicy
 from .quotas import Admission
 from .state import MILLI, Job, JobState, NodeState, Slot, State, Statement
@@ -101,7 +101,7 @@ class VictimSearch:
 
     def _allowed_for(self, state: State, job: Job) -> tuple[list[NodeState], tuple[str, ...], np.ndarray]:
         """(the nodes ``job`` may ever use, their names, their rows in ``state.arrays``)."""
-        request = (job.gpu_model, job.gpu_models, job.pools, job.avoid_nodes, job.kind, job.checkpointable)
+        request = allowed_key(job)
         known = self._allowed.get(request)
         if known is None:
             nodes = [node for node in state.nodes.values() if node_allowed(job, node)]
@@ -256,8 +256,8 @@ class VictimSearch:
         if not candidates:
             return [], None, ""
         # a job asking the same as one that found no room since the last start finds none either
-        attempt = (key, job.pods, job.gpus_per_pod, job.milli, job.mig_profile, job.gpu_model, job.gpu_models,
-                   job.pools, job.avoid_nodes, job.kind, job.checkpointable, job.cpu_milli, job.mem_bytes)
+        attempt = (key, job.pods, job.gpus_per_pod, job.milli, job.mig_profile, job.cpu_milli, job.mem_bytes,
+                   *allowed_key(job))
         if (why := self._failed.get(attempt)) is not None:
             return [], None, why
         victims, placements, why = self._search(state, statement, job, verdict, candidates)
