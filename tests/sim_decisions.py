@@ -12,6 +12,12 @@ tree holding both:
 
 (``GPUWARDEN_DATA``: a tree outside the checkout does not find the traces by itself.)
 
+Re-recorded for issue 31 from the scheduling round on this tree (``python tests/sim_decisions.py``,
+with ``GPUWARDEN_DATA`` set): up to 36,180 s the file is what the old dispatcher wrote, line for line;
+there the dispatcher suspended speech/train-000250 for llm-pretrain/ft-000273, taking speech from
+10.8 GPUs to 6.8, below its guarantee of 9, for llm-pretrain's borrowing (16 of its 9). The round
+keeps guarantees as an invariant now and suspends llm-pretrain's own work instead.
+
 It builds the fleet the way that commit did (``Simulation(config)``) when ``gpuwarden.cli.simfleet``
 does not exist, else through it, so the same file states what the old dispatcher decided and what
 the actuator's scheduling round decides now.

@@ -136,8 +136,8 @@ def test_a_quota_reclaim_preempts_the_borrower_through_the_scheduling_round(api,
     """Quota reclaim is the scheduling round's (the actuator no longer plans scheduling, issue 21):
     the borrower is suspended, marked as the scheduler's to resume."""
     node(api, "n0", gpus=8)
-    namespace(api, "team-a", {"gpuwarden.io/team": "team-a"}, {"gpuwarden.io/guaranteed-gpus": "8"})
-    namespace(api, "team-b", {"gpuwarden.io/team": "team-b"},
+    namespace(api, "team-a", {"gpuwarden.io/queue": "team-a"}, {"gpuwarden.io/guaranteed-gpus": "8"})
+    namespace(api, "team-b", {"gpuwarden.io/queue": "team-b"},
               {"gpuwarden.io/guaranteed-gpus": "0", "gpuwarden.io/burst-gpus": "8"})
     job_with_pods(api, "team-b", "borrower", ["n0"], gpus=8)  # team-b runs on team-a's lent guarantee
     job_with_pods(api, "team-a", "owner", [None], gpus=8, phase="Pending", gated=True)  # team-a wants it back

@@ -31,7 +31,7 @@ def test_snapshot_reads_nodes_pods_owners_teams_and_pages_through_lists(api, tmp
     api.add(CORE, "nodes", {"metadata": {"name": "cpu-only"}, "status": {"capacity": {"cpu": "8", "memory": "32Gi"}}})
     api.add(CORE, "nodes", {"metadata": {"name": "mig", "labels": {"nvidia.com/gpu.count": "1"}},
                             "status": {"capacity": {"nvidia.com/mig-1g.10gb": "7", "cpu": "8", "memory": "32Gi"}}})
-    namespace(api, "ml", {"gpuwarden.io/team": "vision"}, {"gpuwarden.io/guaranteed-gpus": "4", "gpuwarden.io/burst-gpus": "8"})
+    namespace(api, "ml", {"gpuwarden.io/queue": "vision"}, {"gpuwarden.io/guaranteed-gpus": "4", "gpuwarden.io/burst-gpus": "8"})
     job_with_pods(api, "ml", "train", ["a", "b"], gpus=2)
     for i in range(2):  # two Jobs of one JobSet are one workload
         pod(api, "ml", f"js-{i}", "b", 1, owner=("Job", f"js-job-{i}"), labels={"jobset.sigs.k8s.io/jobset-name": "js"},
@@ -92,20 +92,29 @@ def test_kueue_cluster_queues_are_teams(api, tmp_path):
 
 def test_the_scheduling_round_resumes_a_job_it_suspended_never_one_a_user_created_suspended(api, tmp_path):
     """The round resumes a Job annotated suspended-by=scheduler (its own, across restarts); a Job a
-    user created suspended (no annotation) stays theirs (issue 21)."""
+    user created suspended (no annotation) stays theirs (issue 21). Outside the queue it touches
+    neither (issue 31); a resume applied there (remediation's undo) is pinned to the planned node."""
     node(api, "a", gpus=8)
-    namespace(api, "ml", {"gpuwarden.io/team": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
-    job(api, "ml", "paused", gpus=4, suspend=True, annotations={"gpuwarden.io/suspended-by": "scheduler"})
-    job(api, "ml", "held", gpus=4, suspend=True)
-    results = SchedulingRound(connect(api, tmp_path)).run_round()
+    namespace(api, "ml", {"gpuwarden.io/queue": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
+    namespace(api, "web", {"gpuwarden.io/team": "web"})
+    for ns in ("ml", "web"):
+        job(api, ns, "paused", gpus=4, suspend=True, annotations={"gpuwarden.io/suspended-by": "scheduler"})
+        job(api, ns, "held", gpus=4, suspend=True)
+    cluster = connect(api, tmp_path)
+    results = SchedulingRound(cluster).run_round()
     assert [(r.ok, r.action.kind, r.action.target) for r in results] == [(True, ActionKind.RESUME, "ml/paused")]
-    (resume,) = [c.body for c in api.calls("PATCH", "/jobs/paused") if "spec" in c.body]
-    assert resume["spec"]["suspend"] is False  # outside a queue namespace: resumed pinned to the planned node
-    terms = resume["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["a"]
+    (resume,) = [c.body for c in api.calls("PATCH", "/namespaces/ml/jobs/paused") if "spec" in c.body]
+    assert resume["spec"] == {"suspend": False}  # in a queue namespace its new pods come gated
     # the user's Job is never resumed; it only gets its queue note (position, and why: theirs to resume)
     assert all("spec" not in c.body for c in api.calls("PATCH", "/jobs/held"))
     assert "theirs to resume" in api.get(BATCH, "jobs", "held", "ml")["metadata"]["annotations"]["gpuwarden.io/queue-reason"]
+    assert not [c for c in api.requests if c.method != "GET" and "/namespaces/web/" in c.path]
+    undo = cluster.apply(Action(ActionKind.RESUME, "web/paused", "undo suspend",
+                                {"placements": ({"node": "a", "gpu_uuid": "a/gpu-0"},)}))
+    assert undo.ok, undo.message
+    (pinned,) = [c.body for c in api.calls("PATCH", "/namespaces/web/jobs/paused") if "spec" in c.body]
+    terms = pinned["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["a"]
 
 
 def test_mig_pods_are_placed_on_mig_instances_and_the_planner_accepts_them(api, tmp_path):

@@ -33,7 +33,7 @@ def pending_pod(api: FakeKubeAPI, name: str, tolerations: list[dict]) -> None:
 
 def test_tolerations_reach_the_planner(api, tmp_path):
     node(api, "gpu-a", gpus=2, taints=[GPU_TAINT])
-    namespace(api, "ml", {"gpuwarden.io/team": "vision"})
+    namespace(api, "ml", {"gpuwarden.io/queue": "vision"})
     pending_pod(api, "tolerant", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     pending_pod(api, "equal", [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}])
     pending_pod(api, "everything", [{"operator": "Exists"}])

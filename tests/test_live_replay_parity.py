@@ -34,6 +34,7 @@ an 8-node fleet went to a MIG node live).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -41,11 +42,11 @@ import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from gated_scenario import FakeCluster, job_manifest, submit
 from kube_fleet import namespace, priority_class
-from parity_harness import START, config, first_divergence, install, play_live, play_sim, record_slice
+from parity_harness import START, Played, config, first_divergence, install, play_live, play_sim, record_slice
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
 from gpuwarden.actuator.kube.gates import QUEUE_LABEL
-from gpuwarden.actuator.kube.inventory import WEIGHT_ANNOTATION
+from gpuwarden.actuator.kube.team_quotas import WEIGHT_ANNOTATION
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet.clock import ModelClock
 from gpuwarden.sim import ConfigError
@@ -102,14 +103,20 @@ def test_with_preemptions_and_resumes_they_still_make_the_same_admissions(tmp_pa
 
     The horizon stops before the first end of a resumed job: its pods start one round later live (the
     Job controller makes them after the resume, the next round admits them), so it ends one round
-    later, and from there the two fleets free GPUs at different times (at 1740 s here). That lag is
+    later, and from there the two fleets free GPUs at different times (the horizon is that round,
+    taken from the simulator's run, at most 1680 s). That lag is
     the interval of the live loop (10 s by default; 60 s here), a difference of timing, not of a
     decision; the fake Job controller credits a checkpointable Job the run it kept, as the simulator does."""
     cfg = config(nodes=4, max_job_hours=2, training_load=3.0)
     jobs = record_slice(cfg, hours=48, jobs=400, speedup=16)
-    horizon = 1680  # past it a resumed job ends at different times: see below
-    sim, simulation = play_sim(cfg, jobs, horizon)
-    live = play_live(simulation, jobs, horizon, tmp_path)
+    sim, simulation = play_sim(cfg, jobs, 1680)
+    # past the round in which the simulator first frees a resumed job's GPUs, the fleets free them at
+    # different times (see below): compare up to it
+    resumed = {key for _, kind, key, _ in sim.admissions if kind == "resume"}
+    ends = [j.finished_s for j in simulation.jobs if j.spec.workload.key in resumed and j.finished_s is not None]
+    horizon = min([1680, *(math.ceil(end / 60) * 60 for end in ends)])
+    sim = before(sim, horizon)
+    live = before(play_live(simulation, jobs, horizon, tmp_path), horizon)
     resumes = [(at, key, nodes) for at, kind, key, nodes in sim.admissions if kind == "resume"]
     assert resumes and sim.stops, (sim.admissions, sim.stops)
     assert first_divergence(sim, live) is None, first_divergence(sim, live)
@@ -120,6 +127,13 @@ def test_with_preemptions_and_resumes_they_still_make_the_same_admissions(tmp_pa
         (resumed_at,) = [r for r, k in resumed_live if k == key and r < at][-1:]
         assert at == resumed_at + 60 and nodes == resumed_live[(resumed_at, key)], (at, key, nodes)
     assert len(live.carried_out) >= len([r for r in resumes if r[0] + 60 < horizon]) - 1
+
+
+def before(played: Played, horizon: int) -> Played:
+    """What one side did in the rounds before ``horizon`` seconds."""
+    return replace(played, admissions=[a for a in played.admissions if a[0] < horizon],
+                   stops=[s for s in played.stops if s[0] < horizon],
+                   carried_out=[c for c in played.carried_out if c[0] < horizon])
 
 
 def test_with_arrivals_off_only_submitted_work_arrives():

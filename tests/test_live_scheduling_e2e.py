@@ -22,9 +22,11 @@ import pytest
 from fake_job_controller import RUN_SECONDS_ANNOTATION
 from fake_kube_api import BATCH, CORE, FakeKubeAPI
 from gated_scenario import PRIORITY_CLASSES, TEAMS, FakeCluster, build, install_cluster, job_manifest, submit_due
+from kube_fleet import namespace
 
 from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import ADMITTED_NODE_ANNOTATION, QUEUE_POSITION_ANNOTATION, QUEUE_REASON_ANNOTATION
+from gpuwarden.actuator.kube.gates import (ADMITTED_NODE_ANNOTATION, QUEUE_LABEL, QUEUE_POSITION_ANNOTATION,
+                                           QUEUE_REASON_ANNOTATION)
 from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionKind
 from gpuwarden.fleet.clock import ModelClock
@@ -33,6 +35,10 @@ ROUND_SECONDS = 60
 RUN_SCALE = 0.25  # the scenario's 10-120 min jobs run 2.5-30 min, so the queue drains within the test
 HORIZON_SECONDS = 5 * 3600
 URGENT_AT_SECONDS = 1800  # the cluster is full by then
+# The urgent arrival's team: nothing else of it runs, so it is within its guarantee and may take GPUs
+# back from borrowers (a borrowing team never takes a guarantee, issue 31)
+ONCALL = ("oncall", 8, 8)
+ALL_TEAMS = {**TEAMS, ONCALL[0]: ONCALL[1:]}
 WHOLE_NODES = {f"gpu-0{i}" for i in range(5)}
 SHARED_NODES = {"gpu-05"}
 MIG_NODES = {"gpu-06", "gpu-07"}
@@ -69,7 +75,10 @@ def _run(api: FakeKubeAPI, tmp_path) -> dict:
     for job in scenario.jobs:  # shorter runs: the same mix, drained within the horizon
         for meta in (job.manifest["metadata"], job.manifest["spec"]["template"]["metadata"]):
             meta["annotations"][RUN_SECONDS_ANNOTATION] = str(int(int(meta["annotations"][RUN_SECONDS_ANNOTATION]) * RUN_SCALE))
-    urgent = scenario.arrive(job_manifest("urgent", "nlp", count=8, priority="high", run_seconds=1200), URGENT_AT_SECONDS)
+    namespace(api, ONCALL[0], {QUEUE_LABEL: ONCALL[0]}, {"gpuwarden.io/guaranteed-gpus": str(ONCALL[1]),
+                                                         "gpuwarden.io/burst-gpus": str(ONCALL[2])})
+    urgent = scenario.arrive(job_manifest("urgent", ONCALL[0], count=8, priority="high", run_seconds=1200),
+                             URGENT_AT_SECONDS)
     clock = ModelClock(lambda: datetime.fromtimestamp(fake.clock.now, UTC))
     client = load_client(api.kubeconfig(tmp_path / "kc.json"))
     cluster = KubeCluster(KubeApi(client, backoff_seconds=0.01, max_backoff_seconds=0.05, clock=clock), clock=clock)
@@ -103,6 +112,7 @@ def _run(api: FakeKubeAPI, tmp_path) -> dict:
         seen["borrowed"].append((step, {t["team"]: t["borrowed_gpus"] for t in loop.queue["teams"]}))
         if step > URGENT_AT_SECONDS // ROUND_SECONDS and not scenario_left(api, scenario):
             break
+    seen["plans_refused"] = loop.plans_refused
     seen["submitted_at"] = submitted_at
     seen["reasons"] = {_job(p): p["metadata"].get("annotations", {}).get(QUEUE_REASON_ANNOTATION, "")
                        for p in api.objects(CORE, "pods") if _live(p)}
@@ -169,6 +179,7 @@ def _observe(api: FakeKubeAPI, seen: dict, step: int) -> None:
 def test_no_pod_lands_outside_the_plan_gangs_are_whole_and_shapes_and_topology_hold(run):
     assert not run["violations"], run["violations"][:5]
     assert not run["kube_preempted"], run["kube_preempted"][:5]  # kube-scheduler never had to make room itself
+    assert run["plans_refused"] == 0  # no plan broke an invariant (the verifier would have refused it whole)
     admitted = {target for _, target, _ in run["admitted"]}
     gangs = [k for k, m in run["jobs"].items() if m["spec"]["parallelism"] > 1]
     mig = [k for k, m in run["jobs"].items() if "mig-" in str(m["spec"]["template"]["spec"]["containers"][0]["resources"])]
@@ -176,7 +187,7 @@ def test_no_pod_lands_outside_the_plan_gangs_are_whole_and_shapes_and_topology_h
     assert gangs and mig and shared
     # everything its team's burst limit allows was admitted (placements name nodes of its kind: checked
     # per round above); what it never allows waits with the quota named
-    over_burst = {k for k, m in run["jobs"].items() if m["spec"]["parallelism"] * _gpus(m["spec"]["template"])[1] > TEAMS[
+    over_burst = {k for k, m in run["jobs"].items() if m["spec"]["parallelism"] * _gpus(m["spec"]["template"])[1] > ALL_TEAMS[
         m["metadata"]["namespace"]][1]}
     assert set(run["jobs"]) - over_burst <= admitted, sorted(set(run["jobs"]) - over_burst - admitted)
     for key in over_burst:
@@ -208,11 +219,11 @@ def test_queue_order_within_a_team_follows_priority_then_arrival(run):
 
 
 def test_teams_borrow_unused_guarantees_and_the_lender_gets_them_back(run):
-    borrowed = {team for _, allocation in run["allocation"] for team, gpus in allocation.items() if gpus > TEAMS[team][0]}
+    borrowed = {team for _, allocation in run["allocation"] for team, gpus in allocation.items() if gpus > ALL_TEAMS[team][0]}
     assert borrowed, "no team ever borrowed beyond its guarantee"
     for _, allocation in run["allocation"]:
         for team, gpus in allocation.items():
-            assert gpus <= TEAMS[team][1], (team, gpus)  # never past the burst limit
+            assert gpus <= ALL_TEAMS[team][1], (team, gpus)  # never past the burst limit
 
 
 def test_a_high_priority_arrival_into_a_full_cluster_suspends_a_checkpointable_borrower_which_resumes_later(run):
@@ -240,7 +251,7 @@ def test_the_webhook_gates_queue_pods_over_tls_and_the_round_admits_them(tmp_pat
 
     from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
     from gpuwarden.actuator.kube.webhook import WebhookService
-    from kube_fleet import mutating_webhook, namespace
+    from kube_fleet import mutating_webhook
 
     api = FakeKubeAPI().start()
     try:

@@ -264,7 +264,7 @@ def test_scheduler_run_schedules_a_cluster_as_leader(tmp_path, capsys):
     api = FakeKubeAPI().start()
     try:
         kube_node(api, "a", gpus=8)
-        namespace(api, "ml", {"gpuwarden.io/team": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
+        namespace(api, "ml", {"gpuwarden.io/queue": "ml"}, {"gpuwarden.io/guaranteed-gpus": "8"})
         job(api, "ml", "mine", gpus=4, suspend=True, annotations={"gpuwarden.io/suspended-by": "scheduler"})
         job(api, "ml", "theirs", gpus=4, suspend=True)
         assert main(["scheduler", "run", "--rounds", "1", "--interval-seconds", "0.1", "--port", "0",

@@ -104,7 +104,7 @@ def test_work_nothing_can_ever_place_ends_the_replay_instead_of_ticking_forever(
     too_big = job("big", 0.0, 10.0, gpus=4)
     replay, seen = run([job("a", 0.0, 50.0), too_big], "tiresias", tick_seconds=300.0)
     assert replay.now == 50.0 and too_big.finished is None and too_big.first_started is None
-    assert "asks for 4 GPUs per pod" in too_big.wait_reason
+    assert "asks for 4 whole GPUs per pod" in too_big.wait_reason
 
 
 def test_bad_tick_is_refused_naming_it():

@@ -33,6 +33,7 @@ from gpuwarden.fleet import (
     GpuRequest,
     Placement,
     Team,
+    UnreadableWorkload,
     WorkloadPhase,
     WorkloadState,
 )
@@ -48,8 +49,6 @@ OWNER_AND_BORROWER = (Team("alpha", 8, 8), Team("beta", 0, 8))  # alpha holds it
 
 class Inventory:
     def __init__(self) -> None:
-        self.refused: dict[str, str] = {}
-        self.unschedulable: dict[str, str] = {}
         self.kueue_workload: dict[str, str] = {}
 
 
@@ -65,13 +64,16 @@ class RecordingCluster:
         self.events: list[tuple[str, str, str, str]] = []
         self.annotations: list[tuple[str, dict]] = []
         self.inventory = Inventory()
+        self.unreadable: dict[str, UnreadableWorkload] = {}  # what a cluster could not read into a workload
+        self.unschedulable: dict[str, str] = {}  # admitted, left Pending by kube-scheduler
         self.now = NOW
         if publishes:
             self.record_workload_event = self._event
             self.annotate_workload = self._annotate
 
     def snapshot(self) -> ClusterSnapshot:
-        return dataclasses.replace(self.base, taken_at=self.now, workloads=tuple(self.workloads.values()))
+        return dataclasses.replace(self.base, taken_at=self.now, workloads=tuple(self.workloads.values()),
+                                   unreadable=dict(self.unreadable), unschedulable=dict(self.unschedulable))
 
     def apply(self, action: Action) -> ActionResult:
         self.applied.append(action)
@@ -168,22 +170,25 @@ def test_bad_input_gets_one_event_stays_waiting_and_never_blocks_the_queue():
     cluster = RecordingCluster([node("n0", gpus=8), node("n1", gpus=8)],
                                [mig, pending("huge", gpus=16, submitted_at=NOW - timedelta(hours=3)), gang,
                                 pending("broken"), pending("fine", submitted_at=NOW)])
-    cluster.inventory.refused["alpha/broken"] = "pod broken-0 asks for nvidia.com/gpu and a MIG profile at once"
-    cluster.inventory.refused["alpha/unread"] = "pod unread-0: gang label without gpuwarden.io/gang-size"  # not a workload
+    del cluster.workloads["alpha/broken"]  # a request the cluster could not read is no workload
+    cluster.unreadable["alpha/broken"] = UnreadableWorkload(
+        "alpha", "broken", "alpha", "pod broken-0 asks for nvidia.com/gpu and a MIG profile at once", NOW)
+    cluster.unreadable["alpha/unread"] = UnreadableWorkload(
+        "alpha", "unread", "alpha", "pod unread-0: gang label without gpuwarden.io/gang-size", NOW)
     scheduling = SchedulingRound(cluster)
     scheduling.run_round()
     assert kinds(cluster.applied) == [("bind", "alpha/fine")]  # the only good one, though it came last
     warned = {target: message for target, reason, message, kind in cluster.events if reason == "NotAdmitted"}
     assert set(warned) == {"alpha/mig", "alpha/huge", "alpha/gang", "alpha/broken", "alpha/unread"}
     assert "unknown MIG profile '9g.999gb'" in warned["alpha/mig"]
-    assert "16 GPUs per pod; the largest node has 8" in warned["alpha/huge"]
-    assert "32 GPUs; the cluster has 16" in warned["alpha/gang"]
+    assert "16 whole GPUs per pod; the largest node it may use offers 8 whole GPUs" in warned["alpha/huge"]
+    assert "gang of 8 pods x 4 GPUs = 32 whole GPUs; the nodes it may use offer 16" in warned["alpha/gang"]
     assert "a MIG profile at once" in warned["alpha/broken"]
     events = len(cluster.events)
     cluster.now += timedelta(minutes=1)
     scheduling.run_round()
     assert len(cluster.events) == events  # told once, not every round
-    assert [w["workload"] for w in scheduling.queue["workloads"]][-4:] == sorted(set(warned) - {"alpha/unread"})
+    assert [w["workload"] for w in scheduling.queue["workloads"]][-5:] == sorted(warned)
 
 
 # -- publication -------------------------------------------------------------------------------------
@@ -197,7 +202,7 @@ def test_waiting_work_is_annotated_when_it_changes_and_told_when_its_reason_chan
     scheduling.run_round()
     (target, values), = cluster.annotations
     assert target == "beta/next" and values[QUEUE_POSITION_ANNOTATION] == "1"
-    assert values[QUEUE_REASON_ANNOTATION].startswith("capacity: needs 4 GPUs, 0 free")
+    assert values[QUEUE_REASON_ANNOTATION].startswith("capacity: needs 4 whole GPUs; 0 free on the 1 node(s)")
     assert values[ESTIMATED_START_ANNOTATION] == (NOW + timedelta(seconds=5400)).isoformat()
     (event,) = cluster.events
     assert event[:2] == ("beta/next", "Queued") and "position 1" in event[2]
@@ -233,7 +238,7 @@ def test_publication_is_bounded_per_round_head_of_the_queue_first():
 
 def test_a_pod_kube_scheduler_left_pending_is_reported_once_with_its_reason():
     cluster = RecordingCluster([node("n0")], [])
-    cluster.inventory.unschedulable["alpha/stuck"] = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
+    cluster.unschedulable["alpha/stuck"] = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
     scheduling = SchedulingRound(cluster)
     scheduling.run_round()
     scheduling.run_round()
@@ -303,7 +308,7 @@ def test_the_queue_document_has_the_contracts_fields_positions_and_team_table():
     scheduling = SchedulingRound(cluster)
     scheduling.run_round()
     document = scheduling.queue
-    assert set(document) == {"taken_at", "policy", "round", "teams", "workloads"}
+    assert set(document) == {"taken_at", "policy", "round", "teams", "workloads", "ignored_pods"}
     assert (document["policy"], document["round"], document["taken_at"]) == ("gpuwarden", 1, NOW.isoformat())
     assert all(tuple(row) == WORKLOAD_FIELDS for row in document["workloads"])
     assert all(tuple(row) == TEAM_FIELDS for row in document["teams"])

@@ -318,7 +318,7 @@ def test_bad_input_is_a_clear_error_or_a_recorded_reason():
         state.add_job(job("x").mig("9g.99gb").obj())
     state.add_job(job("huge").gpus(16).obj())
     assert Scheduler("gpuwarden").schedule(state, now=0) == []
-    assert "largest node has 8" in state.jobs["huge"].wait_reason
+    assert "the largest schedulable node offers 8" in state.jobs["huge"].wait_reason
     frame = pd.DataFrame({"submitted_at": pd.to_datetime(["2017-10-01 10:00", "2017-10-01 09:00"], utc=True)})
     with pytest.raises(TraceOrderError, match="row 3"):
         check_order(frame)

@@ -17,6 +17,7 @@ from gpuwarden.fleet import (
     ActionKind,
     Cluster,
     ClusterSnapshot,
+    PriceTier,
     PriorityClass,
     WorkloadKind,
     WorkloadPhase,
@@ -56,9 +57,11 @@ def on_node(cluster: SimCluster, node: str) -> set[str]:
     return {w.workload.name for w in cluster.snapshot().workloads for p in w.placements if p.node == node}
 
 
-def busiest_training_node(cluster: SimCluster) -> str:
+def busiest_training_node(cluster: SimCluster, spot: bool = True) -> str:
+    """The training node running the most pods (``spot=False``: of those not on spot capacity)."""
     snapshot = cluster.snapshot()
-    counts = {n.name: 0 for n in snapshot.nodes if n.pool.startswith("train")}
+    counts = {n.name: 0 for n in snapshot.nodes if n.pool.startswith("train")
+              and (spot or n.price_tier != PriceTier.SPOT)}
     for workload in snapshot.workloads:
         for placement in workload.placements:
             if placement.node in counts:
@@ -263,8 +266,9 @@ def test_set_priority_changes_it_and_rejects_unknown_values(cluster):
 
 def test_higher_priority_is_scheduled_first(sim, cluster):
     """Set-priority is not cosmetic: the queue orders by it. With every other training node
-    cordoned and one node emptied, the newest pending job, raised to critical, is placed first."""
-    node = busiest_training_node(cluster)
+    cordoned and one node emptied, the newest pending job, raised to critical, is placed first (an
+    on-demand node: spot capacity takes only checkpointable training)."""
+    node = busiest_training_node(cluster, spot=False)
     others = [n.name for n in cluster.snapshot().nodes if n.pool.startswith("train") and n.name != node]
     for other in others:
         assert act(cluster, ActionKind.CORDON, other).ok

@@ -26,7 +26,9 @@ RECORDED = Path(__file__).parent / "recorded" / "dispatcher_seed7_8nodes_12h.txt
 def test_the_round_makes_the_decisions_the_old_dispatcher_made(data_dir):
     """Twelve hours of a seeded 8-node fleet at twice the training demand: every bind, resume,
     suspend and preemption, at the same time, on the same GPUs, in the same order as
-    ``sim/dispatch.Dispatcher`` (which built the engine's state from the simulator's arrays)."""
+    ``sim/dispatch.Dispatcher`` (which built the engine's state from the simulator's arrays) up to
+    the one decision of it that broke a team's guarantee (tests/sim_decisions.py says which), and as
+    the round decides with guarantees kept from there."""
     expected = RECORDED.read_text().splitlines()
     kinds = {line.split()[1] for line in expected}
     assert kinds == {"bind", "resume", "suspend", "preempt"}  # the recording exercises all four

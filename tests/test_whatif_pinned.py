@@ -6,6 +6,11 @@ different sizes) replayed under every policy gives the report recorded from the 
 The history is built with the standard library's seeded ``random`` (stable across Python versions),
 not from the simulator, so a change to the simulated fleet does not move these figures; a change to
 the scheduler's or placement's decisions does, and must re-record them saying why.
+
+Re-recorded for issue 31: a job a pass starts is never a victim in that pass (kueue reclaimed work
+it had just admitted: 125 preemptions, not 123), and a borrowing job never takes another team below
+its guarantee, whatever the priorities (gpuwarden: 266 suspends, not 269; mean wait 7,126 s, not
+6,473 s; worst team's guarantee met 0.510, not 0.527).
 """
 
 from __future__ import annotations

@@ -39,9 +39,12 @@ class Publisher:
     def __init__(self, cluster: object, writes_per_round: int = DEFAULT_WRITES_PER_ROUND) -> None:
         self.event = getattr(cluster, "record_workload_event", None)
         self.annotate = getattr(cluster, "annotate_workload", None)
+        self.team_event = getattr(cluster, "record_team_event", None)
         self.cluster = cluster
         self.writes_per_round = writes_per_round
         self.told: dict[str, str] = {}  # the reason each workload was last told of
+        self.teams_told: dict[str, str] = {}  # the refusal each team was last told of
+        self.ignored_logged: set[str] = set()  # pods outside the queue with the gate, logged once each
         self._left = 0
 
     @property
@@ -53,11 +56,21 @@ class Publisher:
         """Warnings first (bad input, pods kube-scheduler left Pending), then admitted workloads'
         annotations removed, then the queue from its head, until this round's writes are spent."""
         self._left = self.writes_per_round
+        self._say_ignored(snapshot.ignored_pods)
         current = {ws.workload.key: ws.annotations for ws in snapshot.workloads}
         rows = list(queue.get("workloads", ()))
         waiting = {row["workload"] for row in rows}
-        unschedulable = getattr(getattr(self.cluster, "inventory", None), "unschedulable", None)
-        stuck = {str(k): str(v) for k, v in unschedulable.items()} if isinstance(unschedulable, Mapping) else {}
+        stuck = {k: v for k, v in snapshot.unschedulable.items() if snapshot.in_queue(k.partition("/")[0])}
+        for team, why in sorted(snapshot.refused_teams.items()):
+            if self.team_event is not None and self.teams_told.get(team) != why and self._left > 0:
+                self._left -= 1
+                self.teams_told[team] = why
+                try:
+                    self.team_event(team, "QuotaRefused", f"team {team} is not scheduled until its quota is fixed "
+                                    f"(its running work is left alone): {why}", type="Warning")
+                except Exception as error:  # noqa: BLE001 (publication never fails the round)
+                    log.warning("scheduler: Event QuotaRefused for team %s failed: %s", team, error)
+        self.teams_told = {t: w for t, w in self.teams_told.items() if t in snapshot.refused_teams}
         for key, message in stuck.items():
             self._tell(key, "AdmittedButUnschedulable", message, f"admitted, but kube-scheduler left it Pending: "
                        f"{message}; its GPUs were released to the queue", "Warning")
@@ -81,6 +94,12 @@ class Publisher:
                 self._tell(key, "Queued", row["reason"].split(":", 1)[0],
                            f"position {row['position']} in the queue: {row['reason']}")
         self.told = {k: v for k, v in self.told.items() if k in current or k in held or k in stuck}
+
+    def _say_ignored(self, ignored: Mapping[str, str]) -> None:
+        """One log line per pod left alone outside the queue (the queue lists them; a metric counts them)."""
+        for pod in sorted(set(ignored) - self.ignored_logged):
+            log.warning("scheduler: pod %s left alone: %s", pod, ignored[pod])
+        self.ignored_logged = set(ignored)
 
     def _tell(self, key: str, reason: str, why: str, message: str, kind: str = "Normal") -> None:
         """An Event, once per workload and ``why`` (a new reason is told again, the same one never)."""

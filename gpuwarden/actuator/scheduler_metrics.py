@@ -10,7 +10,11 @@ fresh in each test):
   (``reclaim``: for another team's guarantee or queue; ``priority``: for its own team's work;
   ``defragment``: moved to gather free GPUs);
 - ``gpuwarden_scheduler_round_seconds``: histogram of a round's wall time (snapshot to publication);
-- ``gpuwarden_scheduler_last_round_timestamp_seconds``: when the latest round ended (Unix seconds).
+- ``gpuwarden_scheduler_last_round_timestamp_seconds``: when the latest round ended (Unix seconds);
+- ``gpuwarden_scheduler_plans_refused_total{invariant}``: plans the verifier refused whole (a bug
+  in the engine, never carried out: ``scheduling.verify``);
+- ``gpuwarden_scheduler_ignored_pods``: pods outside the queue carrying the admission gate, left alone;
+- ``gpuwarden_scheduler_refused_teams``: teams whose quota annotations cannot be read.
 
 :func:`pending_gpus_history` reads the waiting GPUs back from Prometheus: the queue depth of the
 efficiency report's fleet summary (null where no scheduler exported it).
@@ -25,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuwarden.fleet import ActionKind
 from gpuwarden.scheduling.live_queue import pending_by_team
+from gpuwarden.scheduling.verify import INVARIANTS
 
 from .scheduling_round import STARTS, STOPS, RoundOutcome
 
@@ -55,6 +60,17 @@ class SchedulerMetrics:
                                        buckets=ROUND_BUCKETS_SECONDS, registry=r)
         self.last_round = Gauge("gpuwarden_scheduler_last_round_timestamp_seconds",
                                 "Unix time the latest scheduling round ended", registry=r)
+        self.plans_refused = Counter("gpuwarden_scheduler_plans_refused",
+                                     "Round plans refused whole by the plan verifier, by the invariant broken",
+                                     ["invariant"], registry=r)
+        for invariant in INVARIANTS:  # present at 0, so an alert on its increase needs no first refusal
+            self.plans_refused.labels(invariant=invariant)
+        self.ignored_pods = Gauge("gpuwarden_scheduler_ignored_pods",
+                                  "Pods outside the queue's namespaces that carry the admission gate (left alone)",
+                                  registry=r)
+        self.refused_teams = Gauge("gpuwarden_scheduler_refused_teams",
+                                   "Teams whose quota annotations cannot be read (their waiting work is held)",
+                                   registry=r)
         self._teams: set[str] = set()
 
     def __call__(self, outcome: RoundOutcome) -> None:
@@ -77,6 +93,10 @@ class SchedulerMetrics:
             elif result.action.kind in STOPS:
                 reason = outcome.preemption_reasons.get(result.action.target, "priority")
                 self.preemptions.labels(team=team, reason=reason).inc()
+        for invariant in sorted({v.invariant for v in outcome.refused}):
+            self.plans_refused.labels(invariant=invariant).inc()
+        self.ignored_pods.set(len(outcome.snapshot.ignored_pods))
+        self.refused_teams.set(len(outcome.snapshot.refused_teams))
         self.round_seconds.observe(outcome.seconds)
         self.last_round.set(time.time())
 

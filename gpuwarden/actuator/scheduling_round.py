@@ -49,6 +49,7 @@ from gpuwarden.scheduling import JobState, Scheduler, State
 from gpuwarden.scheduling.live_queue import queue_document
 from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
 from gpuwarden.scheduling.scheduler import Decision, DecisionKind, QueueEntry, queue_positions
+from gpuwarden.scheduling.verify import Violation, check_actions
 
 from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
 from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION
@@ -78,6 +79,7 @@ class RoundOutcome:
     queue: Mapping[str, Any]
     preemption_reasons: Mapping[str, str]  # victim workload -> "reclaim" | "priority" | "defragment"
     seconds: float
+    refused: tuple[Violation, ...] = ()  # the invariants the round's plan broke (then nothing was carried out)
 
 
 class SchedulingRound:
@@ -96,6 +98,7 @@ class SchedulingRound:
         # per workload it preempted: (when, in round seconds; protected from preemption until)
         self.preemptions: dict[str, tuple[list[float], float]] = {}
         self.refused = 0  # actions the cluster refused (the snapshot and the cluster disagreed)
+        self.plans_refused = 0  # plans the verifier refused whole (an invariant broken: a bug, logged)
         self.known: KnownJobs = {}  # the engine's jobs of the last round, refreshed by the planner (not rebuilt)
         self.priorities_asked: dict[str, str] = {}  # Kueue priority changes asked, by workload
         self.publisher = Publisher(cluster)
@@ -130,20 +133,32 @@ class SchedulingRound:
     def _round(self) -> tuple[ActionResult, ...]:
         started = time.perf_counter()
         snapshot = self._with_attained(self.cluster.snapshot())
-        held = screen(snapshot, self.cluster)  # workloads it can never place as they stand: key -> why
+        policy = policy_for(snapshot, self.policy)
+        held = screen(snapshot, policy.placement, self.mig_manager)  # what cannot start as it stands: key -> why
         planned = dataclasses.replace(snapshot, workloads=tuple(
             ws for ws in snapshot.workloads if ws.workload.key not in held)) if held else snapshot
         state, workloads = state_from_snapshot(planned, origin=EPOCH, known=self.known)
         self._recall(workloads, state)
-        scheduler = Scheduler(policy_for(planned, self.policy))
+        scheduler = Scheduler(policy)
         now = (snapshot.taken_at - EPOCH).total_seconds()
         decisions = scheduler.schedule(state, now)
-        reasons = self._note_preemptions(state, decisions)
         self.known = {key: (workloads[key], job) for key, job in state.jobs.items()}
         actions = _after_stops(actions_for(decisions, state, scheduler.policy.name), decisions, workloads)
         mig = mig_change(planned) if self.mig_manager else None
-        results = tuple(self._apply(_reserved_admissions(planned) + actions + self._priority_changes(planned)
-                                    + ((mig,) if mig else ())))
+        stopped = {d.job for d in decisions if d.kind in (DecisionKind.SUSPEND, DecisionKind.PREEMPT)}
+        plan = (_reserved_admissions(planned, stopped) + actions + self._priority_changes(planned)
+                + ((mig,) if mig else ()))
+        broken = tuple(check_actions(snapshot, plan, policy.quotas))  # the invariants, before anything is carried out
+        if broken:
+            self.plans_refused += 1
+            log.error("scheduler: round %d's plan refused whole (%d action(s), nothing carried out): %s",
+                      self.rounds + 1, len(plan), "; ".join(map(str, broken)))
+            log.debug("scheduler: the refused plan: %s", "; ".join(f"{a.kind.value} {a.target} {a.params}" for a in plan))
+            reasons: dict[str, str] = {}
+            results: tuple[ActionResult, ...] = ()
+        else:
+            reasons = self._note_preemptions(state, decisions)
+            results = tuple(self._apply(plan))
         self.rounds += 1
         latest = (snapshot, actions, _Positions(scheduler, state, now), {**held, **self._held_suspended(snapshot)},
                   scheduler.policy.name, self.rounds)
@@ -152,7 +167,7 @@ class SchedulingRound:
         if self.publisher.can_publish:
             self.publisher.publish(snapshot, self.queue, held, results)
         if self.on_round:
-            outcome = RoundOutcome(snapshot, results, self.queue, reasons, time.perf_counter() - started)
+            outcome = RoundOutcome(snapshot, results, self.queue, reasons, time.perf_counter() - started, broken)
             for observe in self.on_round:
                 observe(outcome)
         return results
@@ -195,7 +210,7 @@ class SchedulingRound:
         """Suspended workloads it may not resume, with why (shown in the queue, never planned)."""
         held = {}
         for ws in snapshot.workloads:
-            if ws.phase != _SUSPENDED or self.may_resume(ws):
+            if ws.phase != _SUSPENDED or self.may_resume(ws) or not snapshot.in_queue(ws.workload.namespace):
                 continue
             by = ws.annotations.get(SUSPENDED_BY_ANNOTATION)
             held[ws.workload.key] = (
@@ -212,8 +227,9 @@ class SchedulingRound:
         for key, job in list(state.jobs.items()):
             if job.state == _JOB_SUSPENDED and not self.may_resume(workloads[key]):
                 del state.jobs[key]  # suspended by someone else: theirs to resume
-            elif key in self.preemptions:
-                job.preempted_at, job.protected_until = list(self.preemptions[key][0]), self.preemptions[key][1]
+            elif key in self.preemptions:  # its history; protection the snapshot gives (stopping, scope) stays
+                job.preempted_at = list(self.preemptions[key][0])
+                job.protected_until = max(job.protected_until, self.preemptions[key][1])
             elif job.preempted_at:
                 job.preempted_at = []  # preemptions it did not make do not count towards protection
 
@@ -282,15 +298,19 @@ class _Positions:
         return self._entries
 
 
-def _reserved_admissions(snapshot: ClusterSnapshot) -> tuple[Action, ...]:
-    """BINDs that carry out earlier resumes: a resumed workload's pods admitted onto the nodes held
-    for them (``WorkloadState.reserved``: a live Job's new pods, gated, a round after its RESUME;
-    the simulator starts a resumed job at once and has none). ``params['reserved']`` marks them:
-    the decision was the RESUME."""
-    return tuple(Action(ActionKind.BIND, ws.workload.key, "admitted onto the GPUs held for it since its resume",
+def _reserved_admissions(snapshot: ClusterSnapshot, stopped: set[str]) -> tuple[Action, ...]:
+    """BINDs that carry out earlier starts: a workload's pods admitted onto the nodes held for them
+    (``WorkloadState.reserved``: a live Job's new pods, gated, a round after its RESUME, or pods held
+    while the work they preempted stopped; the simulator starts at once and has none).
+    ``params['reserved']`` marks them: the decision was made before. One the round stops instead
+    (``stopped``: to the engine it runs, as in the simulator) is not admitted: its suspend drops the
+    reservation."""
+    return tuple(Action(ActionKind.BIND, ws.workload.key, "admitted onto the GPUs held for it (since its resume, "
+                        "or since the work it preempted was stopped)",
                         {"placements": tuple({"node": p.node, "gpu_uuid": p.gpu_uuid} for p in ws.reserved),
                          "reserved": True})
-                 for ws in snapshot.workloads if ws.reserved and ws.phase == WorkloadPhase.RUNNING)
+                 for ws in snapshot.workloads
+                 if ws.reserved and ws.phase == WorkloadPhase.RUNNING and ws.workload.key not in stopped)
 
 
 def _after_stops(actions: tuple[Action, ...], decisions: Iterable[Decision],
@@ -304,6 +324,6 @@ def _after_stops(actions: tuple[Action, ...], decisions: Iterable[Decision],
     if not stopped:
         return actions
     return tuple(dataclasses.replace(a, params={**a.params, "after_stops": True})
-                 if a.kind == ActionKind.BIND and stopped & {p["node"] for p in a.params.get("placements", ())} else a
+                 if a.kind in STARTS and stopped & {p["node"] for p in a.params.get("placements", ())} else a
                  for a in actions)
 

@@ -11,6 +11,7 @@ from .protocols import (
     GpuBackend,
     GpuReading,
     Placement,
+    UnreadableWorkload,
     WorkloadPhase,
     WorkloadState,
 )
@@ -39,6 +40,7 @@ from .vocabulary import (
     Location,
     MigInstance,
     MigProfile,
+    NO_CAP_GPUS,
     Node,
     PriceTier,
     PriorityClass,

@@ -109,6 +109,18 @@ class WorkloadState:
 
 
 @dataclass(frozen=True)
+class UnreadableWorkload:
+    """Waiting work whose request cannot be read (an unparseable quantity, a MIG profile no GPU
+    catalogue knows): enough to show it in the queue and tell its owner."""
+
+    namespace: str
+    name: str
+    team: str
+    reason: str
+    submitted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     """An immutable view of the cluster; decisions are made on it, actions applied separately."""
 
@@ -124,6 +136,28 @@ class ClusterSnapshot:
     # ``gpuwarden.io/reclaim-idle``); empty where the cluster has none (the simulation).
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # The namespaces gpuwarden's scheduler may act in (on Kubernetes, those labelled
+    # ``gpuwarden.io/queue``); None: every namespace (the simulator, replays). Work elsewhere holds
+    # capacity and is never touched: no admission, victim, annotation or Event (:meth:`in_queue`).
+    queue_namespaces: frozenset[str] | None = None
+    # Pods the scheduler leaves alone and says so: {"namespace/pod": why} (the admission gate
+    # written by hand in a namespace outside the queue).
+    ignored_pods: Mapping[str, str] = field(default_factory=dict)
+    # Waiting work the cluster could not read into a workload (its request cannot be read), by
+    # workload key: shown in the queue with why, never planned.
+    unreadable: Mapping[str, UnreadableWorkload] = field(default_factory=dict)
+    # Teams whose quota cannot be read ({team: why}, naming the namespace and annotation): their
+    # waiting work is held, their running work never preempted, the rest of the cluster scheduled.
+    refused_teams: Mapping[str, str] = field(default_factory=dict)
+    # Admitted work kube-scheduler left Pending past the admission timeout: {workload key: its reason}.
+    unschedulable: Mapping[str, str] = field(default_factory=dict)
+    # CPU (milli) and memory (bytes) requested on each node by pods that are no workload of the
+    # snapshot (pods asking no GPU, DaemonSets): capacity the workloads cannot have.
+    node_overhead: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def in_queue(self, namespace: str) -> bool:
+        """Whether the scheduler may act on work in ``namespace``: the one scope rule."""
+        return self.queue_namespaces is None or namespace in self.queue_namespaces
 
 
 @dataclass(frozen=True)

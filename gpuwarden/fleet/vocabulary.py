@@ -309,6 +309,9 @@ class Workload:
     # The nodes it may run on by their labels (nodeSelector and required node affinity):
     # :mod:`gpuwarden.fleet.node_selection`; empty: any node.
     node_selection: NodeSelection = ()
+    # What each pod requests besides GPUs (0 where nobody says: the simulator, replays).
+    cpu_milli: int = 0
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _choice(WorkloadKind, self.kind, "Workload.kind"))
@@ -329,6 +332,9 @@ class Workload:
     def key(self) -> str:
         """``namespace/name`` (:func:`workload_key`)."""
         return workload_key(self.namespace, self.name)
+
+
+NO_CAP_GPUS = 1e9  # a team's burst limit when it has none (lists show it as null)
 
 
 @dataclass(frozen=True)

@@ -23,3 +23,8 @@ class QuotaError(SchedulingError):
 
 class TraceOrderError(SchedulingError):
     pass
+
+
+class PlanRefused(RuntimeError):
+    """A pass's plan broke an invariant (:mod:`.verify`): a bug in the engine, never a user's input
+    (so not a ``SchedulingError``: the CLI reports it as a bug, exit 1)."""

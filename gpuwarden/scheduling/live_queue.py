@@ -8,7 +8,12 @@ Queue page and the portal):
                 "lent_gpus", "pending_workloads", "pending_gpus"}],
      "workloads": [{"position", "workload", "namespace", "name", "team", "priority_class", "gpus",
                     "shape", "state", "waiting_seconds", "reason", "estimated_start",
-                    "requested_by"}]}
+                    "requested_by"}],
+     "ignored_pods": [{"pod", "reason"}]}
+
+A team whose quota cannot be read carries ``error`` (the namespace and annotation) and holds its
+waiting work; ``burst_limit_gpus`` is null for a team without a cap. ``ignored_pods``: pods in
+namespaces outside the queue that carry the admission gate (gpuwarden leaves them alone).
 
 Workloads come in the planner's queue order; workloads the round refused (bad input: an unknown
 MIG profile, a pod larger than any node, a gang larger than the cluster) follow, with the reason
@@ -23,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpuwarden.fleet import ClusterSnapshot, Workload, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import NO_CAP_GPUS, ClusterSnapshot, UnreadableWorkload, Workload, WorkloadPhase, WorkloadState
 
 from .planner import Schedule, _priority_of
 from .queue_report import estimated_starts, quota_table
@@ -71,11 +76,23 @@ def queue_document(snapshot: ClusterSnapshot, schedule: Schedule, *, policy: str
     for key, why in sorted((refused or {}).items()):
         state = by_key.get(key)
         if state is None:
+            unreadable = snapshot.unreadable.get(key)
+            if unreadable is not None:  # its request cannot be read: no workload, but its owner waits
+                rows.append(_unreadable_row(snapshot, key, unreadable, len(rows) + 1))
             continue
         waiting = max(0.0, (snapshot.taken_at - state.submitted_at).total_seconds())
         rows.append(_row(state, len(rows) + 1, _state_name(state), waiting, why, None, requested_by_annotation))
     return {"taken_at": snapshot.taken_at.isoformat(), "policy": policy, "round": round_number,
-            "teams": _teams(snapshot, rows), "workloads": rows}
+            "teams": _teams(snapshot, rows), "workloads": rows,
+            "ignored_pods": [{"pod": pod, "reason": why} for pod, why in sorted(snapshot.ignored_pods.items())]}
+
+
+def _unreadable_row(snapshot: ClusterSnapshot, key: str, item: UnreadableWorkload, position: int) -> dict[str, Any]:
+    waiting = (snapshot.taken_at - item.submitted_at).total_seconds() if item.submitted_at else 0.0
+    return {"position": position, "workload": key, "namespace": item.namespace, "name": item.name, "team": item.team,
+            "priority_class": None, "gpus": None, "shape": "unreadable", "state": "pending",
+            "waiting_seconds": round(max(0.0, waiting), 1), "reason": item.reason, "estimated_start": None,
+            "requested_by": ""}
 
 
 def _state_name(state: WorkloadState) -> str:
@@ -107,6 +124,16 @@ def _teams(snapshot: ClusterSnapshot, rows: Sequence[Mapping[str, Any]]) -> list
     for team, (count, gpus) in sorted(waiting.items()):  # waiting work of a team with no quota and nothing running
         out.append({"team": team, "guaranteed_gpus": 0.0, "burst_limit_gpus": None, "allocated_gpus": 0.0,
                     "borrowed_gpus": 0.0, "lent_gpus": 0.0, "pending_workloads": count, "pending_gpus": _number(gpus)})
+    for row in out:
+        if row["burst_limit_gpus"] is not None and row["burst_limit_gpus"] >= NO_CAP_GPUS:
+            row["burst_limit_gpus"] = None  # no cap
+        team = str(row["team"])
+        if team in snapshot.refused_teams:  # its quota annotation cannot be read: said where it is set
+            row["error"] = snapshot.refused_teams[team]
+    named = {row["team"] for row in out}
+    out += [{"team": team, "guaranteed_gpus": None, "burst_limit_gpus": None, "allocated_gpus": 0.0,
+             "borrowed_gpus": 0.0, "lent_gpus": 0.0, "pending_workloads": 0, "pending_gpus": 0.0, "error": why}
+            for team, why in sorted(snapshot.refused_teams.items()) if team not in named]
     return out
 
 

@@ -181,10 +181,14 @@ def _no_node_reason(state: State, job: Job) -> str:
                or mig.MODEL_ALIASES.get(job.gpu_model) == n.model) and (not job.pools or n.pool in job.pools)]
     if not allowed:
         return f"no node has GPU model {job.gpu_model}" if job.gpu_model else f"no node in pools {', '.join(job.pools)}"
-    if all(not _tier_ok(job, n) for n in allowed):
-        return "only spot capacity, and the job is not checkpointable training"
-    if job.gpus_per_pod > max(n.gpu_count for n in allowed):
-        return f"asks for {job.gpus_per_pod} GPUs per pod; the largest node has {max(n.gpu_count for n in allowed)}"
+    open_to_it = [n for n in allowed if n.schedulable and n.name not in job.avoid_nodes]
+    if not open_to_it:
+        return f"the {len(allowed)} node(s) it may use are cordoned (or their taints keep it off)"
+    if all(not _tier_ok(job, n) for n in open_to_it):
+        return "only spot capacity is open to it, and the job is not checkpointable training"
+    whole = max(n.mig_layout.count(None) for n in open_to_it)
+    if job.whole and job.gpus_per_pod > whole:
+        return f"asks for {job.gpus_per_pod} whole GPUs per pod; the largest node open to it has {whole}"
     return "no node has the CPU and memory free"
 
 

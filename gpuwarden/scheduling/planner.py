@@ -82,7 +82,8 @@ def _layout_of(nodes: tuple[Node, ...], gpus: tuple[Gpu, ...]) -> _Layout:
         index.update(((node.name, g.uuid), i) for i, g in enumerate(on_node))
         fields = dict(name=node.name, model=node.gpu_model, gpu_count=len(on_node), cpu_free=node.cpu_milli,
                       mem_free=node.memory_bytes, tier=node.price_tier, nvlink_domain=node.topology.nvlink_domain,
-                      leaf_switch=node.topology.leaf_switch, pool=node.pool)
+                      leaf_switch=node.topology.leaf_switch, pool=node.pool, cpu_capacity=node.cpu_milli,
+                      mem_capacity=node.memory_bytes)
         rows.append((fields, tuple(0 if g.mig_enabled else MILLI for g in on_node),
                      tuple(tuple(i.profile for i in g.mig_instances) if g.mig_enabled else None for g in on_node),
                      tuple(g.uuid for g in on_node)))
@@ -108,7 +109,7 @@ def _layout(snapshot: ClusterSnapshot) -> _Layout:
 def _node_states(snapshot: ClusterSnapshot, layout: _Layout) -> list[NodeState]:
     """Nodes as the engine sees them, before running work is booked: whole GPUs free unless
     unhealthy, MIG GPUs cut into their layouts, cordoned nodes unschedulable."""
-    unhealthy, cordoned = snapshot.unhealthy_gpus, snapshot.cordoned
+    unhealthy, cordoned, overhead = snapshot.unhealthy_gpus, snapshot.cordoned, snapshot.node_overhead
     nodes = []
     for fields, free, mig_layout, uuids in layout.nodes:
         gpu_free = list(free)
@@ -116,8 +117,12 @@ def _node_states(snapshot: ClusterSnapshot, layout: _Layout) -> list[NodeState]:
             for g, uuid in enumerate(uuids):
                 if uuid in unhealthy:
                     gpu_free[g] = 0
-        nodes.append(NodeState(**fields, schedulable=fields["name"] not in cordoned, gpu_free=gpu_free,
-                               mig_layout=list(mig_layout), gpu_ids=list(uuids)))
+        node = NodeState(**fields, schedulable=fields["name"] not in cordoned, gpu_free=gpu_free,
+                         mig_layout=list(mig_layout), gpu_ids=list(uuids))
+        if overhead and node.name in overhead:  # pods asking no GPU hold this CPU and memory
+            cpu, memory = overhead[node.name]
+            node.cpu_free, node.mem_free = node.cpu_free - cpu, node.mem_free - memory
+        nodes.append(node)
     return nodes
 
 
@@ -164,10 +169,12 @@ def policy_for(snapshot: ClusterSnapshot, policy: str | QueuePolicy) -> QueuePol
 KnownJobs = Mapping[str, tuple[WorkloadState, Job]]
 
 
-def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | None) -> Job:
+def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | None, foreign: bool = False,
+            protected: bool = False) -> Job:
     """The engine's job for ``ws`` (whose workload's key is ``key``). Where a loop built one last
     round for the very same workload object, that job is refreshed from ``ws`` instead of built
-    again (what a pass may have left on it is reset: every field below)."""
+    again (what a pass may have left on it is reset: every field below). ``foreign``: outside the
+    scheduler's scope; ``protected``: never a victim (foreign, or of a team whose quota was refused)."""
     w = ws.workload
     kept = known.get(key) if known else None
     if kept is not None and kept[0].workload is w:
@@ -189,7 +196,11 @@ def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | No
     job.avoid_nodes = _NO_NODES
     if ws.preemptions or job.preempted_at:
         job.preempted_at = [-1.0] * ws.preemptions
-    job.protected_until = math.inf if ws.stopping else -math.inf  # a stopping workload is no victim
+    job.foreign = foreign
+    job.recreated = ws.controller != "Pod"  # a bare pod is lost when evicted
+    job.cpu_milli, job.mem_bytes = w.cpu_milli, w.memory_bytes
+    # a stopping workload is no victim, nor is work outside the scheduler's scope
+    job.protected_until = math.inf if ws.stopping or protected else -math.inf
     # the latest (re)start; one that ran before (suspended) starts again as a RESUME
     started = ws.started_at
     job.started = (started - origin).total_seconds() if started is not None else 0.0 if ws.phase in _RAN else None
@@ -252,10 +263,14 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     # nodes kept off, by what decides them: workloads share a few selectors and tolerations, and each
     # new pair is checked against every node
     blocked: dict[tuple[object, object], frozenset[str]] = {}
+    scoped, refused = snapshot.queue_namespaces is not None, snapshot.refused_teams
     for ws in snapshot.workloads:
         w = ws.workload
         key = w.key
-        job = _job_of(ws, key, origin, known)
+        foreign = scoped and not snapshot.in_queue(w.namespace)
+        if foreign and ws.phase != _RUNNING:
+            continue  # outside the queue: not the scheduler's to start or resume
+        job = _job_of(ws, key, origin, known, foreign, foreign or (bool(refused) and w.team in refused))
         if tolerating or w.node_selection:
             which = (w.node_selection, w.tolerations)
             avoid = blocked.get(which)
@@ -279,7 +294,9 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
                     on_node[node_name].mig_used[g].append(amount)
                 else:
                     on_node[node_name].gpu_free[g] -= amount
-            state.add_placed(job, placements)  # snapshot jobs ask for no CPU or memory: GPUs are all to book
+            if (job.cpu_milli or job.mem_bytes) and placements:
+                _book_host(on_node, job, placements)
+            state.add_placed(job, placements)
         elif phase == _PENDING:
             job.state = _JOB_PENDING
             jobs[key] = job
@@ -289,6 +306,19 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     _set_latest_slots(used_slots)
     _hold_unhealthy(snapshot, state)
     return state, by_key
+
+
+def _book_host(nodes: Mapping[str, NodeState], job: Job, placements: list[Slot]) -> None:
+    """The CPU and memory of a running job's pods on their nodes: a node's share of its slots is its
+    share of the pods (a pod's GPUs are on one node)."""
+    per_node: dict[str, int] = {}
+    for node_name, _, _ in placements:
+        per_node[node_name] = per_node.get(node_name, 0) + 1
+    for node_name, slots in per_node.items():
+        pods = job.pods * slots / len(placements)
+        node = nodes[node_name]
+        node.cpu_free -= int(job.cpu_milli * pods)
+        node.mem_free -= int(job.mem_bytes * pods)
 
 
 def _priority_of(ws: WorkloadState) -> PriorityClass:
@@ -310,6 +340,8 @@ def actions_for(decisions: Iterable[Decision], state: State, policy_name: str) -
                 for node, g, amount in d.placements)
         if d.kind == DecisionKind.SUSPEND:
             params["grace_seconds"] = SUSPEND_GRACE_SECONDS
+        if d.beneficiary:
+            params["for"] = d.beneficiary  # the start it makes room for (the plan verifier reads it)
         actions.append(Action(ACTION_OF[d.kind], d.job, d.reason or f"{d.kind.value} by policy {policy_name}", params))
     return tuple(actions)
 

@@ -30,7 +30,7 @@ def quota_table(snapshot: ClusterSnapshot, used_gpus: dict[str, float] | None = 
     doing useful work per team over the window (from analytics), shown beside allocation."""
     allocated: dict[str, float] = {}
     for state in snapshot.workloads:
-        if state.phase == WorkloadPhase.RUNNING:
+        if state.phase == WorkloadPhase.RUNNING and snapshot.in_queue(state.workload.namespace):
             owner = state.workload.team
             allocated[owner] = allocated.get(owner, 0.0) + state.workload.total_gpu_equivalents
     rows = []

@@ -16,7 +16,7 @@ from typing import TypedDict
 from .placement import allowed_key, find_placement, node_allowed
 from .policy import PreemptMode, QueuePolicy, policy_named
 from .quotas import Admission
-from .state import WAITING, Job, JobState, NodeState, Slot, State, Statement
+from .state import MILLI, WAITING, Job, JobState, NodeState, Slot, State, Statement
 from .victims import VictimSearch
 
 
@@ -28,14 +28,20 @@ class DecisionKind(StrEnum):
 
 
 STARTS = (DecisionKind.BIND, DecisionKind.RESUME)
+# A job waiting for room; the figures (per resource kind, on the nodes it may use) are worked out when
+# the queue is read (``queue_positions``), not for every blocked job of every pass.
+CAPACITY = "capacity"
 
 
 @dataclass(frozen=True)
 class Decision:
     kind: DecisionKind
     job: str
-    placements: tuple[Slot, ...] = ()
+    placements: tuple[Slot, ...] = ()  # a start's: where it goes
     reason: str = ""
+    # a stop's: the job it makes room for, and where it ran until now (what the plan verifier reads)
+    beneficiary: str = ""
+    held: tuple[Slot, ...] = ()
 
 
 class QueueEntry(TypedDict):
@@ -81,7 +87,8 @@ class Scheduler(VictimSearch):
         blocked_head = False
         free_whole = state.free_whole()
         attempts = 0
-        biggest = max((n.gpu_count for n in state.nodes.values() if n.schedulable), default=0)
+        # whole GPUs of the largest node (a MIG-partitioned GPU is no whole GPU)
+        biggest = max((n.mig_layout.count(None) for n in state.nodes.values() if n.schedulable), default=0)
         may_preempt = policy.preempt != PreemptMode.NONE or policy.reclaim
         # A whole-GPU shape that found no room cannot fit later in the pass either until an eviction
         # frees some: free capacity only shrinks otherwise (its reason keeps the free count it saw).
@@ -90,10 +97,11 @@ class Scheduler(VictimSearch):
             whole = job.whole
             need = job.pods * job.gpus_per_pod
             if whole and job.gpus_per_pod > biggest:
-                job.wait_reason = f"unplaceable: asks for {job.gpus_per_pod} GPUs per pod; the largest node has {biggest}"
+                job.wait_reason = (f"unplaceable: asks for {job.gpus_per_pod} whole GPUs per pod; the largest "
+                                   f"schedulable node offers {biggest}")
                 continue
             if whole and need > free_whole and (attempts >= self.max_preemption_attempts or not may_preempt):
-                job.wait_reason = job.wait_reason or f"capacity: needs {need} GPUs, {free_whole} free"
+                job.wait_reason = job.wait_reason or CAPACITY  # the figures, for the nodes it may use: when read
                 blocked_head = True
                 continue
             if blocked_head and not policy.backfill:
@@ -117,7 +125,7 @@ class Scheduler(VictimSearch):
             elif not whole or need <= free_whole:
                 placements, reason = self._place(state, job, shape)
             else:
-                placements, reason = None, f"capacity: needs {need} GPUs, {free_whole} free"
+                placements, reason = None, CAPACITY
             victims: list[Job] = []
             if placements is None:
                 if whole:
@@ -132,7 +140,8 @@ class Scheduler(VictimSearch):
             if victims:
                 failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
-                decisions.append(self._evict(victim, now, f"preempted for {job.name}"))
+                decisions.append(self._evict(victim, now, f"preempted for {job.name}", job.name,
+                                             tuple(statement.evicted_placements(victim))))
             before = state.free_whole(touched := {name for name, _, _ in placements})  # not O(nodes) per job
             statement.allocate(job, placements)
             free_whole = state.free_whole() if victims else free_whole - before + state.free_whole(touched)
@@ -173,7 +182,8 @@ class Scheduler(VictimSearch):
                     continue
                 placements, moved = moves
                 decisions.extend(Decision(DecisionKind.SUSPEND, m.name, (), f"moved to make room for {job.name} "
-                                          "(checkpoint, then resume on other GPUs)") for m, _ in moved)
+                                          "(checkpoint, then resume on other GPUs)", job.name,
+                                          tuple(statement.evicted_placements(m))) for m, _ in moved)
                 decisions.append(self._started(job, placements, now))
                 decisions.extend(self._started(mover, slots, now, f"moved for {job.name}") for mover, slots in moved)
                 break
@@ -214,7 +224,8 @@ class Scheduler(VictimSearch):
             moved.append((mover, slots))
         return placements, moved
 
-    def _evict(self, victim: Job, now: float, reason: str) -> Decision:
+    def _evict(self, victim: Job, now: float, reason: str, beneficiary: str = "",
+               held: tuple[Slot, ...] = ()) -> Decision:
         victim.preempted_at.append(now)
         recent = [t for t in victim.preempted_at if now - t <= self.policy.protect_window]
         if len(recent) >= self.policy.protect_after:
@@ -222,15 +233,45 @@ class Scheduler(VictimSearch):
         if self.policy.checkpoint and victim.checkpointable:
             victim.state = JobState.SUSPENDED
             return Decision(DecisionKind.SUSPEND, victim.name, (),
-                            reason + " (checkpoint, then pause; resumes when capacity returns)")
+                            reason + " (checkpoint, then pause; resumes when capacity returns)", beneficiary, held)
         victim.state = JobState.PENDING  # the caller rolls progress back to the last periodic checkpoint
-        return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)")
+        if not victim.recreated:
+            return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (a bare pod: nothing makes it again, "
+                            "so it was taken only as the last resort, when no other work could make room)",
+                            beneficiary, held)
+        return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)",
+                        beneficiary, held)
 
 
 def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[QueueEntry]:
     """Where each waiting job stands and why it waits."""
     return [
         QueueEntry(position=i + 1, job=j.name, team=j.team, priority=j.priority, state=j.state.value,
-                   waiting_seconds=now - j.submitted, reason=j.wait_reason or "not yet considered")
+                   waiting_seconds=now - j.submitted, reason=_said(scheduler, state, j))
         for i, j in enumerate(scheduler.queue(state, now))
     ]
+
+
+def _said(scheduler: Scheduler, state: State, job: Job) -> str:
+    reason = job.wait_reason or "not yet considered"
+    if not reason.startswith(CAPACITY):
+        return reason
+    figures = capacity_figures(state, job, scheduler._allowed_nodes(state, job))
+    return f"{figures}{reason[len(CAPACITY):]}" if figures else reason
+
+
+def capacity_figures(state: State, job: Job, nodes: list[NodeState]) -> str:
+    """What ``job`` needs and what is free of that resource kind on the nodes it may use, from their
+    allocatable: whole GPUs (MIG-partitioned and time-sliced GPUs are not), instances of its MIG
+    profile, or time-sliced shares."""
+    if job.mig_profile:
+        free = sum(max(0, layout.count(job.mig_profile) - node.mig_used[g].count(job.mig_profile))
+                   for node in nodes for g, layout in enumerate(node.mig_layout) if layout)
+        return (f"capacity: needs {job.pods} x {job.mig_profile}; {free} free on the {len(nodes)} node(s) "
+                "it may use")
+    if job.milli < MILLI:
+        free = sum(f // job.milli for node in nodes for g, f in enumerate(node.gpu_free) if node.mig_layout[g] is None)
+        return f"capacity: needs {job.pods} share(s) of {job.milli} milli-GPU; {free} free on the {len(nodes)} node(s) it may use"
+    free = sum(node.whole_free() for node in nodes)
+    return (f"capacity: needs {job.pods * job.gpus_per_pod} whole GPUs; {free} free on the {len(nodes)} node(s) "
+            "it may use")

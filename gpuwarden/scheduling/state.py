@@ -108,6 +108,8 @@ class Job:
     flavour: str = ANY_FLAVOUR
     pools: tuple[str, ...] = ()  # node pools the job may run in (empty: any)
     avoid_nodes: frozenset[str] = frozenset()  # nodes whose taints it does not tolerate
+    recreated: bool = True  # an owner makes its pods again after an eviction (False: a bare pod, lost)
+    foreign: bool = False  # outside the scheduler's scope (a namespace not in the queue): holds capacity only
     # mutable
     state: JobState = JobState.PENDING
     started: float | None = None

@@ -25,6 +25,9 @@ from .quotas import Admission
 from .state import MILLI, Job, JobState, NodeState, Slot, State, Statement
 
 _ATTAINED, _PRIORITY = attrgetter("attained"), attrgetter("priority")
+# why a borrowing job found no victim: the running work of other teams is within their guarantees
+GUARANTEES_KEPT = ("borrowing: the other teams' running work is within their guarantees, which borrowing never "
+                   "takes; it starts when GPUs are free")
 
 
 class VictimSearch:
@@ -43,6 +46,7 @@ class VictimSearch:
         self._rank: dict[str, int] | None = None  # a job's place in state.jobs, for this pass
         self._found: dict[tuple[object, ...], list[Job]] = {}  # candidates by what they depend on, until a start
         self._failed: dict[tuple[object, ...], str] = {}  # why a search failed, by what it depends on, until a start
+        self._guarded: set[tuple[object, ...]] = set()  # candidate keys that left out victims to keep a guarantee
         # the nodes a request may ever use (their names, their rows in state.arrays), by what node_allowed
         # reads of it: a State's nodes stay as they are while one scheduler schedules them (the replays;
         # the live round builds a scheduler per round)
@@ -50,11 +54,14 @@ class VictimSearch:
         self._allowed_in: State | None = None
         # whole-GPU requests that found no room: (versions of the nodes they may use, why), across passes
         self._no_room: dict[tuple[object, ...], tuple[bytes, str]] = {}
+        # jobs started in this pass: never its victims (admitted and evicted in one round, a bare pod is lost)
+        self._started_in_pass: set[str] = set()
 
     def _begin_pass(self, state: State) -> None:
+        self._started_in_pass = set()
         self._running_bounds = None
         self._running_jobs, self._near, self._rank = None, {}, None
-        self._found, self._failed = {}, {}
+        self._found, self._failed, self._guarded = {}, {}, set()
         if state is not self._allowed_in:
             self._allowed, self._allowed_in, self._no_room = {}, state, {}
         self._mixed_fleet = any(layout is not None for node in state.nodes.values() for layout in node.mig_layout) \
@@ -128,6 +135,7 @@ class VictimSearch:
         """``job`` started in this pass: list it as running, forget the candidates found and the
         failed searches, raise the bounds."""
         self._found, self._failed = {}, {}
+        self._started_in_pass.add(job.name)
         if self._running_jobs is not None:
             self._running_jobs[job.name] = job
             self._list_on_nodes(job)
@@ -177,12 +185,13 @@ class VictimSearch:
         found = self._found.get(key)
         if found is None:
             reclaiming = policy.reclaim and verdict == Admission.NOMINAL
-            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed) \
+            found = self._found[key] = self._scan(state, job, verdict, now, las_floor, allowed, key) \
                 if self._may_have_victims(state, job, las_floor, reclaiming, now) else []
         return key, found
 
     def _scan(self, state: State, job: Job, verdict: Admission, now: float, las_floor: int,
-              allowed: tuple[list[NodeState], tuple[str, ...], np.ndarray] | None) -> list[Job]:
+              allowed: tuple[list[NodeState], tuple[str, ...], np.ndarray] | None,
+              key: tuple[object, ...] = ()) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
         policy = self.policy
@@ -194,12 +203,19 @@ class VictimSearch:
         # LAS takes from another team only what the team can give: never below its guarantee to
         # serve another team's borrowing, and not for a borrowing job unless borrower_las
         guarded, borrowing_blocks = las_mode and policy.quotas, verdict == Admission.BORROW and not policy.borrower_las
+        # whatever the mode (priority too): a borrowing job never takes a team below its guarantee
+        borrowing = policy.quotas and verdict == Admission.BORROW
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
+        stays: dict[tuple[str, str, float], bool] = {}
+        started = self._started_in_pass
         out = []
         running, priority, team = JobState.RUNNING, job.priority, job.team
         for victim in self._running(state) if allowed is None else self._running_on(state, allowed[1]):
-            if victim.state != running or victim is job or victim.protected_until > now:
+            if victim.state != running or victim is job or victim.protected_until > now or victim.name in started:
+                continue
+            if borrowing and victim.team != team and not self._stays(state, victim, stays):
+                self._guarded.add(key)
                 continue
             if not (preempting and victim.priority < priority):
                 other_team = victim.team != team
@@ -223,11 +239,12 @@ class VictimSearch:
 
         rank, by_level = self._in_state_order(state), policy.order == QueueOrder.LAS
 
-        def cost(v: Job) -> tuple[int, bool, int, float, float, int]:
+        def cost(v: Job) -> tuple[bool, int, bool, int, float, float, int]:
             started = v.started
             lost = (now - (started or now)) if not v.checkpointable else 0.0
             level = bisect_right(edges, v.attained) if by_level else 0  # self.level of a running job, inlined
-            return (v.priority, not v.checkpointable, -level, lost, -(started or 0), rank[v.name])
+            # a bare pod (nothing makes it again) only as the last resort
+            return (not v.recreated, v.priority, not v.checkpointable, -level, lost, -(started or 0), rank[v.name])
 
         return sorted(out, key=cost)
 
@@ -237,6 +254,21 @@ class VictimSearch:
         if (keeps := known.get(key)) is None:
             keeps = known[key] = self._keeps_guarantee(state, victim)
         return keeps
+
+    def _stays(self, state: State, victim: Job, known: dict[tuple[str, str, float], bool]) -> bool:
+        """:meth:`_stays_guaranteed`, remembered in ``known`` for one scan."""
+        key = (victim.team, victim.flavour, victim.gpu_equivalents)
+        if (stays := known.get(key)) is None:
+            stays = known[key] = self._stays_guaranteed(state, victim)
+        return stays
+
+    @staticmethod
+    def _stays_guaranteed(state: State, victim: Job) -> bool:
+        """Whether evicting ``victim`` leaves its team at or above its guarantee (a team without a quota
+        has none): the rule a borrowing job's victims of other teams must keep."""
+        spec = state.quotas.spec(victim.team, victim.flavour)
+        return spec is None or state.quotas.used(victim.team, victim.flavour) - victim.gpu_equivalents \
+            >= spec.guaranteed - 1e-9
 
     def _keeps_guarantee(self, state: State, victim: Job) -> bool:
         """Whether evicting ``victim`` leaves its team at or above its guarantee (it only gives back borrowed GPUs)."""
@@ -254,7 +286,7 @@ class VictimSearch:
             return [], None, ""
         key, candidates = self._candidates(state, job, verdict, now)
         if not candidates:
-            return [], None, ""
+            return [], None, GUARANTEES_KEPT if key in self._guarded else ""
         # a job asking the same as one that found no room since the last start finds none either
         attempt = (key, job.pods, job.gpus_per_pod, job.milli, job.mig_profile, job.cpu_milli, job.mem_bytes,
                    *allowed_key(job))
@@ -289,6 +321,9 @@ class VictimSearch:
                     and victim.priority >= job.priority and not (verdict == Admission.NOMINAL and policy.reclaim)
                     and not self._keeps_guarantee(state, victim)):
                 continue  # earlier victims already took this team down to its guarantee
+            if (policy.quotas and verdict == Admission.BORROW and victim.team != job.team
+                    and not self._stays_guaranteed(state, victim)):
+                continue  # likewise, for a borrowing job whatever the victim's priority
             statement.evict(victim)
             victims.append(victim)
             if job.whole and free_here() < need:

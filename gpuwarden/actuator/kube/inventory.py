@@ -7,10 +7,10 @@ grouped into workloads by :mod:`.inventory_workloads` (gated, admitted, timed ou
 Kubernetes does not name GPUs, so GPUs are ``NODE/gpu-I`` in the snapshot and pods are laid on them
 in order; findings reach pods through their node, namespace and pod name.
 
-Teams: a namespace's ``gpuwarden.io/queue`` label (gpuwarden's queue), else ``gpuwarden.io/team``,
-else the namespace's name; its guarantee and burst from the ``gpuwarden.io/guaranteed-gpus`` and
-``gpuwarden.io/burst-gpus`` annotations, or a Kueue ClusterQueue's GPU quota; its fair-share weight
-from ``gpuwarden.io/weight`` (default 1, as the simulator's teams carry theirs).
+Teams: the namespaces labelled ``gpuwarden.io/queue`` and their quota annotations
+(:mod:`.team_quotas`), or a Kueue ClusterQueue's GPU quota. The snapshot says which namespaces are
+in the queue (``ClusterSnapshot.queue_namespaces``): work elsewhere holds capacity and is never
+touched. Bound pods asking no GPU are counted as each node's CPU and memory overhead.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ import logging
 
 from kubernetes.utils import parse_quantity
 
-from gpuwarden.fleet import ClusterSnapshot, Team
+from gpuwarden.fleet import NO_CAP_GPUS, ClusterSnapshot, Team
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
-from .gates import QUEUE_LABEL
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
 from .inventory_workloads import Group, Inventory, WorkloadReader
+from .team_quotas import TeamQuotas
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
-TEAM_LABEL = "gpuwarden.io/team"
-GUARANTEE_ANNOTATION = "gpuwarden.io/guaranteed-gpus"
-BURST_ANNOTATION = "gpuwarden.io/burst-gpus"
-WEIGHT_ANNOTATION = "gpuwarden.io/weight"
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 ACTIVE_PHASES = "status.phase!=Succeeded,status.phase!=Failed"
 ADMISSION_TIMEOUT_SECONDS = 300.0  # an admitted pod not bound by then releases its capacity
@@ -66,35 +62,16 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             node_labels[name] = dict(item["metadata"].get("labels") or {})
 
     namespace_labels: dict[str, dict[str, str]] = {}
-    teams_by_ns: dict[str, str] = {}
-    team_quota: dict[str, tuple[float, float]] = {}  # guaranteed, burst GPUs
-    team_weight: dict[str, float] = {}
+    quotas = TeamQuotas()
     for item in api.list_all(api.core.list_namespace, resource="namespaces", page_size=page_size):
         with reading("namespace", item):
             meta = item["metadata"]
-            ns_labels = dict(meta.get("labels") or {})
-            namespace_labels[meta["name"]] = ns_labels
-            if ns_labels.get(QUEUE_LABEL):
-                inventory.queue_namespaces.add(meta["name"])
-            team = ns_labels.get(QUEUE_LABEL) or ns_labels.get(TEAM_LABEL) or meta["name"]
-            teams_by_ns[meta["name"]] = team
-            notes = meta.get("annotations") or {}
-            if GUARANTEE_ANNOTATION in notes:
-                try:
-                    guaranteed = float(notes[GUARANTEE_ANNOTATION])
-                    team_quota[team] = (guaranteed, max(guaranteed, float(notes.get(BURST_ANNOTATION, guaranteed))))
-                except ValueError:
-                    log.warning("namespace %s: %s=%r is not a number; ignored", meta["name"], GUARANTEE_ANNOTATION,
-                                notes[GUARANTEE_ANNOTATION])
-            if WEIGHT_ANNOTATION in notes:
-                try:
-                    team_weight[team] = float(notes[WEIGHT_ANNOTATION])
-                    if not team_weight[team] > 0:
-                        raise ValueError
-                except ValueError:
-                    team_weight.pop(team, None)
-                    log.warning("namespace %s: %s=%r is not a number > 0; weight 1 used", meta["name"], WEIGHT_ANNOTATION,
-                                notes[WEIGHT_ANNOTATION])
+            namespace_labels[meta["name"]] = dict(meta.get("labels") or {})
+            quotas.add_namespace(meta["name"], namespace_labels[meta["name"]], meta.get("annotations") or {})
+    quotas.finish()
+    inventory.queue_namespaces = set(quotas.queue_namespaces)
+    inventory.refused_teams = dict(quotas.refused_at)
+    team_quota: dict[str, tuple[float, float]] = {}  # Kueue ClusterQueues' GPU quotas: guaranteed, burst
 
     inventory.pdbs = len(api.list_all(api.policy.list_pod_disruption_budget_for_all_namespaces,
                                       resource="poddisruptionbudgets", page_size=page_size))
@@ -119,7 +96,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
                                 nominal += float(parse_quantity(resource.get("nominalQuota", "0")))
                                 if resource.get("borrowingLimit") is not None:
                                     borrow = (borrow or 0.0) + float(parse_quantity(resource["borrowingLimit"]))
-                team_quota[queue["metadata"]["name"]] = (nominal, nominal + borrow if borrow is not None else 1e9)
+                team_quota[queue["metadata"]["name"]] = (nominal, nominal + borrow if borrow is not None else NO_CAP_GPUS)
         with reading("workloadpriorityclasses"):
             inventory.workload_priority_classes = {
                 p["metadata"]["name"]: int(p.get("value", 0)) for p in api.list_all(
@@ -156,12 +133,18 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         return kueue_owner.get((group.namespace, group.controller, group.name))
 
     with reading("pods and jobs"):
-        workloads = reader.build(teams_by_ns, offers, kueue_of)
-    teams = set(teams_by_ns.values()) | set(team_quota)
-    team_objects = tuple(Team(t, *team_quota.get(t, (0.0, 1e9)), weight=team_weight.get(t, 1.0)) for t in sorted(teams))
+        workloads = reader.build(quotas.team_of, offers, kueue_of)
+    teams = dict(quotas.teams)
+    for name, (guaranteed, burst) in team_quota.items():
+        if name not in quotas.refused:
+            teams[name] = Team(name, guaranteed, burst)
     snapshot = ClusterSnapshot(
         taken_at=taken_at, nodes=tuple(o.node for o in offers.values()),
-        gpus=tuple(g for o in offers.values() for g in o.gpus), workloads=tuple(workloads), teams=team_objects,
+        gpus=tuple(g for o in offers.values() for g in o.gpus), workloads=tuple(workloads),
+        teams=tuple(teams[t] for t in sorted(teams)),
         cordoned=frozenset(cordoned), taints=taints, node_labels=node_labels, namespace_labels=namespace_labels,
+        queue_namespaces=frozenset(quotas.queue_namespaces), ignored_pods=dict(inventory.ignored),
+        unreadable=reader.unreadable(quotas.team_of), refused_teams=dict(quotas.refused),
+        unschedulable=dict(inventory.unschedulable), node_overhead=reader.node_overhead(),
     )
     return snapshot, inventory

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from gpuwarden.fleet import PriorityClass
@@ -35,6 +36,41 @@ def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:
         raise ValueError(f"asks for {shares} of {SHARED_GPU}; one share per pod is supported (the device plugin "
                          "may hand several from different GPUs)")
     return PodRequest(count, mig, shares)
+
+
+def cpu_memory_request(pod_spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU milli, memory bytes) a pod asks of its node, as kube-scheduler counts it: containers'
+    requests (else limits) summed, each init container's as a floor, plus the pod's overhead. An
+    unreadable quantity counts as 0 (the GPU request is what gpuwarden refuses on)."""
+    def reads(part: str) -> tuple[tuple[str, str], ...]:
+        out = []
+        for container in pod_spec.get(part) or ():
+            resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
+            merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+            out.append((str(merged.get("cpu", "0")), str(merged.get("memory", "0"))))
+        return tuple(out)
+
+    overhead = pod_spec.get("overhead") or {}
+    return _cpu_memory(reads("containers"), reads("initContainers"),
+                       (str(overhead.get("cpu", "0")), str(overhead.get("memory", "0"))))
+
+
+@lru_cache(maxsize=4096)  # pods of one template ask the same: parsing quantities is most of the cost
+def _cpu_memory(containers: tuple[tuple[str, str], ...], init: tuple[tuple[str, str], ...],
+                overhead: tuple[str, str]) -> tuple[int, int]:
+    def amounts(pair: tuple[str, str]) -> tuple[int, int]:
+        cpu, memory = pair
+        try:
+            return int(quantity(cpu, "cpu") * 1000), int(quantity(memory, "memory"))
+        except ValueError:
+            return 0, 0
+
+    cpu, memory = map(sum, zip(*(amounts(c) for c in containers), strict=True)) if containers else (0, 0)
+    for pair in init:
+        c, m = amounts(pair)
+        cpu, memory = max(cpu, c), max(memory, m)
+    c, m = amounts(overhead)
+    return cpu + c, memory + m
 
 
 def _tolerations(pod: Json) -> tuple[str, ...]:

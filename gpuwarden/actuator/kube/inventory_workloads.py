@@ -31,16 +31,18 @@ from datetime import datetime
 from typing import Any
 
 from gpuwarden.fleet.node_selection import NodeSelection
-from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, Workload, WorkloadKind, WorkloadPhase,
+from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, UnreadableWorkload, Workload, WorkloadKind, WorkloadPhase,
                              WorkloadState, workload_key)
 from gpuwarden.scheduling.errors import UnknownMigProfile
+from gpuwarden.scheduling.feasibility import NO_WHOLE_GPU_POOL
 
 from .api import Json
 from .admission import PodView, pod_view
-from .gates import (RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
+from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
 from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest
-from .inventory_pods import _tolerations, _unscheduled_reason, gpu_request, node_selection, parse_time, priority_of
+from .inventory_pods import (_tolerations, _unscheduled_reason, cpu_memory_request, gpu_request, node_selection,
+                             parse_time, priority_of)
 
 log = logging.getLogger("gpuwarden.actuator.kube")
 
@@ -64,6 +66,8 @@ class Inventory:
     unschedulable: dict[str, str] = field(default_factory=dict)  # admitted, not bound in time: kube-scheduler's reason
     refused: dict[str, str] = field(default_factory=dict)  # left out: why its request cannot be read
     queue_namespaces: set[str] = field(default_factory=set)
+    refused_teams: dict[str, str] = field(default_factory=dict)  # team -> the namespace whose quota annotation is wrong
+    ignored: dict[str, str] = field(default_factory=dict)  # "ns/pod" -> why the scheduler leaves it alone
     suspended_by: dict[str, str] = field(default_factory=dict)  # key -> gpuwarden.io/suspended-by
     reserved: dict[str, list[str]] = field(default_factory=dict)  # key -> nodes held for its pods since a resume
     stop_seconds: dict[str, float] = field(default_factory=dict)  # node -> the longest grace period of its GPU pods
@@ -95,6 +99,9 @@ class Group:
     node_selection: NodeSelection = ()
     size: int | None = None  # the pods it will have, where its owner says
     suspended: bool = False
+    cpu_milli: int = 0  # what one pod asks besides GPUs
+    memory_bytes: int = 0
+    waiting: bool = False  # a pod of it waits behind gpuwarden's gate
 
     @property
     def key(self) -> str:
@@ -126,6 +133,7 @@ class WorkloadReader:
         self.timeout_seconds = timeout_seconds
         self.groups: dict[str, Group] = {}
         self.teams_by_ns: Mapping[str, str] = {}
+        self._overhead: dict[str, tuple[int, int]] = {}
 
     def _refuse(self, key: str, reason: str) -> None:
         self.inventory.refused.setdefault(key, reason)
@@ -135,16 +143,29 @@ class WorkloadReader:
         namespace, labels = str(meta.get("namespace", "")), dict(meta.get("labels") or {})
         controller, name = _owner(meta, labels)
         key = workload_key(namespace, name)
+        node = spec.get("nodeName") or None
+        gated = node is None and gated_by_gpuwarden(pod)
+        if gated and namespace not in self.inventory.queue_namespaces:
+            # the gate written by hand where nobody opted in: never admitted by gpuwarden, said once
+            self.inventory.ignored[f"{namespace}/{meta['name']}"] = (
+                f"carries the {ADMISSION_GATE} gate in namespace {namespace}, which has no {QUEUE_LABEL} label: "
+                "gpuwarden leaves it alone (label the namespace to queue it, or remove the gate)")
+            return
         try:
             request = gpu_request(spec)
         except (ValueError, UnknownMigProfile) as error:
             self._refuse(key, f"pod {meta['name']}: {error}")
+            if gated:
+                self._identify(self._group(key, controller, namespace, name, PodRequest(), pod, labels), pod)
             return
         if request.empty:
+            if node is not None:  # CPU and memory that GPU work on this node cannot have
+                cpu, memory = cpu_memory_request(spec)
+                used = self._overhead.get(str(node), (0, 0))
+                self._overhead[str(node)] = (used[0] + cpu, used[1] + memory)
             return
         notes = dict(meta.get("annotations") or {})
-        node = spec.get("nodeName") or None
-        if node is None and gated_by_gpuwarden(pod):
+        if gated:
             place = "gated"
         elif node is None and notes.get(ADMITTED_NODE_ANNOTATION):
             admitted_at = parse_time(notes.get(ADMITTED_AT_ANNOTATION))
@@ -157,18 +178,8 @@ class WorkloadReader:
             return  # kube-scheduler's (or Kueue's) to place
         else:
             place = "held"
-        group = self.groups.get(key)
-        if group is None:
-            group = self.groups[key] = Group(controller, namespace, name, request, labels=labels,
-                                             tolerations=_tolerations(pod), node_selection=node_selection(pod))
-            if controller == "Gang":
-                group.size = self._gang_size(key, labels)
-        group.pod_names.append(str(meta["name"]))
-        group.annotations.update(notes)
-        group.objects[("Pod", str(meta["name"]))] = notes
-        created = parse_time(meta.get("creationTimestamp"))
-        if created:
-            group.created.append(created)
+        group = self._group(key, controller, namespace, name, request, pod, labels)
+        self._identify(group, pod)
         started = parse_time(status.get("startTime"))
         if started:
             group.started.append(started)
@@ -180,6 +191,54 @@ class WorkloadReader:
             grace = spec.get("terminationGracePeriodSeconds")
             grace_seconds = DEFAULT_GRACE_SECONDS if grace is None else float(grace)
             self.inventory.stop_seconds[str(node)] = max(self.inventory.stop_seconds.get(str(node), 0.0), grace_seconds)
+
+    def _group(self, key: str, controller: str, namespace: str, name: str, request: PodRequest, pod: Json,
+               labels: Mapping[str, str]) -> Group:
+        group = self.groups.get(key)
+        if group is None:
+            spec = pod.get("spec") or {}
+            cpu, memory = cpu_memory_request(spec)
+            group = self.groups[key] = Group(controller, namespace, name, request, labels=dict(labels),
+                                             tolerations=_tolerations(pod), node_selection=node_selection(pod),
+                                             cpu_milli=cpu, memory_bytes=memory)
+            if controller == "Gang":
+                group.size = self._gang_size(key, labels)
+        return group
+
+    @staticmethod
+    def _identify(group: Group, pod: Json) -> None:
+        """The pod's name, annotations and creation time on its workload (what Events and annotations need)."""
+        meta = pod["metadata"]
+        notes = dict(meta.get("annotations") or {})
+        group.pod_names.append(str(meta["name"]))
+        group.annotations.update(notes)
+        group.objects[("Pod", str(meta["name"]))] = notes
+        created = parse_time(meta.get("creationTimestamp"))
+        if created:
+            group.created.append(created)
+        if not (pod.get("spec") or {}).get("nodeName") and gated_by_gpuwarden(pod):
+            group.waiting = True
+
+    def node_overhead(self) -> dict[str, tuple[int, int]]:
+        """Per node: (CPU milli, memory bytes) of bound pods that ask no GPU."""
+        return dict(self._overhead)
+
+    def unreadable(self, team_of: Mapping[str, str]) -> dict[str, UnreadableWorkload]:
+        """Waiting work in the queue whose request cannot be read, by key (shown in the queue, told once)."""
+        out = {}
+        for key, why in sorted(self.inventory.refused.items()):
+            group = self.groups.get(key)
+            if group is None or group.namespace not in self.inventory.queue_namespaces or not (
+                    group.waiting or group.suspended):
+                continue
+            self.inventory.controller[key] = group.controller
+            self.inventory.pods[key] = list(group.pod_names)
+            self.inventory.objects[key] = group.objects
+            if group.name != key.split("/", 1)[1]:
+                self.inventory.names[key] = group.name
+            out[key] = UnreadableWorkload(group.namespace, group.name, team_of.get(group.namespace, group.namespace),
+                                          why, min(group.created) if group.created else None)
+        return out
 
     def _gang_size(self, key: str, labels: Mapping[str, str]) -> int | None:
         text = labels.get(GANG_SIZE_LABEL)
@@ -220,15 +279,17 @@ class WorkloadReader:
             request = gpu_request(template.get("spec") or {})
         except (ValueError, UnknownMigProfile) as error:
             self._refuse(key, f"Job {meta['name']}: {error}")
-            return
-        if request.empty:
+            request = PodRequest()
+        if request.empty and key not in self.inventory.refused:
             return
         created = parse_time(meta.get("creationTimestamp"))
+        cpu, memory = cpu_memory_request(template.get("spec") or {})
         self.groups[key] = Group("Job", str(meta.get("namespace", "")), str(meta["name"]), request,
                                  annotations=notes, objects={("Job", meta["name"]): notes},
                                  created=[created] if created else [], priority=(template.get("spec") or {}).get(
                                      "priorityClassName"), size=max(1, parallelism), suspended=bool(spec.get("suspend")),
-                                 tolerations=_tolerations(template), node_selection=node_selection(template))
+                                 tolerations=_tolerations(template), node_selection=node_selection(template),
+                                 cpu_milli=cpu, memory_bytes=memory)
 
     def add_kueue_annotations(self, key: str, notes: Mapping[str, str]) -> None:
         if key in self.groups:
@@ -255,8 +316,10 @@ class WorkloadReader:
                                   "(label nvidia.com/gpu.replicas > 1)")
                 continue
             w = kueue(group)
-            pools = shared_pools if group.request.shares else whole_pools if (
-                group.request.count and shared_pools and whole_pools) else ()
+            # a time-sliced node offers shares only: whole-GPU work keeps to the other pools (to none where
+            # every GPU node is time-sliced)
+            pools = shared_pools if group.request.shares else (whole_pools or (NO_WHOLE_GPU_POOL,)) if (
+                group.request.count and shared_pools) else ()
             milli = 1000 // min(shared_replicas) if group.request.shares else 1000
             suspended = group.suspended or (w is not None and (w.get("spec") or {}).get("active") is False)
             if suspended:
@@ -282,8 +345,10 @@ class WorkloadReader:
             held_key = key + HELD_SUFFIX if group.gated else key
             if group.held:
                 placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                # every pod of it on its way out (evicted, deleted): it holds its GPUs until gone, no victim again
+                leaving = all(pod["metadata"].get("deletionTimestamp") for pod, _ in group.held)
                 out.append(self._state(held_key, group, w, WorkloadPhase.RUNNING, len(group.held), placements,
-                                       pools, milli))
+                                       pools, milli, stopping=leaving))
             if group.gated:
                 need = max(1, (group.size or len(group.held) + len(group.gated)) - len(group.held))
                 self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
@@ -300,6 +365,10 @@ class WorkloadReader:
         if not nodes or at is None or (self.now - at).total_seconds() >= self.timeout_seconds:
             return []
         self.inventory.reserved[group.key] = list(nodes)
+        if any(RESERVED_NODES_ANNOTATION in p.annotations for p in group.gated):
+            # held for its gated pods themselves (a start after its victims stop): the running pods
+            # of the gang are not from it
+            return nodes
         for pod, node in group.held:  # pods admitted from it; a pod still stopping from before holds its own GPUs
             if node in nodes and not pod["metadata"].get("deletionTimestamp"):
                 nodes.remove(node)
@@ -333,7 +402,8 @@ class WorkloadReader:
             name=name, namespace=namespace, kind=kind, team=self.teams_by_ns.get(namespace, namespace),
             project=namespace, priority_class=priority_of(priority_name), gpus=gpus, gang_size=gang_size,
             checkpointable=checkpointable, checkpoint_interval_seconds=600.0 if checkpointable else None,
-            tolerations=group.tolerations, pools=pools, node_selection=group.node_selection)
+            tolerations=group.tolerations, pools=pools, node_selection=group.node_selection,
+            cpu_milli=group.cpu_milli, memory_bytes=group.memory_bytes)
         kept = self.previous.get(key)
         workload = kept if kept == workload and kept is not None else workload
         started = group.started if phase != WorkloadPhase.PENDING else []

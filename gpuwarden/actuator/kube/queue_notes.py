@@ -83,6 +83,18 @@ class WorkloadNotes:
             return 0
         return len(involved)
 
+    def record_team_event(self, team: str, reason: str, message: str, type: str = "Warning") -> int:  # noqa: A002 - the Event's field
+        """An Event on the namespace whose quota annotation refused ``team`` (0 where none is known)."""
+        namespace = self.inventory.refused_teams.get(team)
+        if not namespace:
+            return 0
+        try:
+            self._event(namespace, {"kind": "Namespace", "name": namespace, "apiVersion": "v1"}, reason, message, type)
+        except KubeFailure as error:
+            log.warning("event %s on namespace %s: %s", reason, namespace, error)
+            return 0
+        return 1
+
     def annotate_workload(self, target: str, values: Mapping[str, str | None]) -> int:
         """Set (None: remove) annotations on the workload's pods and Job, one merge PATCH per object
         whose values differ from the last snapshot's; the PATCHes sent. Failures are logged."""

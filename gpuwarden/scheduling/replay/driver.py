@@ -7,6 +7,9 @@ submits the arrivals, finishes the completions, and runs one scheduling pass if 
 Ticks (``tick_seconds``) exist for LAS policies: attained service grows while jobs run, so their
 queue order changes with no event; a tick runs a pass when a LAS policy has jobs waiting.
 
+Every pass's plan goes through the plan verifier (:mod:`..verify`, the rules the live round checks)
+before it is carried out; a plan that breaks one stops the replay (:class:`..errors.PlanRefused`).
+
 The replay ends when nothing runs and nothing is left to arrive (what still waits can never start:
 nothing will free room for it), or at ``horizon_seconds`` (accrued up to it). Finished jobs leave
 the scheduler's state: every pass scans the jobs it holds.
@@ -26,7 +29,9 @@ from collections.abc import Iterable
 
 from ..policy import QueueOrder
 from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
+from ..errors import PlanRefused
 from ..state import Job, JobState, State
+from ..verify import ledger_of_state, steps_of_decisions, violations
 from .accrual import Accrual
 from .jobs import JobModel
 
@@ -106,7 +111,13 @@ class Replay:
             if changed:
                 if reads_service:  # nothing else in a pass reads what the running jobs accrued
                     self._accrual.write_back(progress=False)
-                self._apply(self.scheduler.schedule(self.state, self.now))
+                before = ledger_of_state(self.state, self.scheduler.policy.quotas)
+                decisions = self.scheduler.schedule(self.state, self.now)
+                broken = violations(before, steps_of_decisions(self.state, decisions))
+                if broken:  # the figures a replay publishes are the shipped policy's only while it keeps the rules
+                    raise PlanRefused(f"replay at {self.now:g} s: the pass's plan breaks "
+                                      + "; ".join(map(str, broken)))
+                self._apply(decisions)
         self._accrual.write_back()
         return self
 

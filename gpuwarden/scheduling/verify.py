@@ -1,0 +1,361 @@
+"""The plan verifier: the rules no plan may break, written once and checked on every plan before
+anything of it is carried out (the live round, the demo, every replay).
+
+A plan is refused whole when it would:
+- **over-commit** a node, per resource kind: a whole GPU (1000 milli), each MIG profile's instances
+  on a GPU, a time-sliced GPU's shares, CPU, memory. Stopping work still holds what it holds: a
+  start that is not held back for its victims (``deferred``: admitted once they are gone) must fit
+  beside them, and every start must fit once they are gone;
+- take a team **below its guarantee** to serve another team's borrowing (a victim's team ends under
+  its guarantee while the team it made room for ends over its own);
+- take a team **past its burst** limit;
+- start a gang **in part** (every pod of it, or none);
+- **stop what it starts** (admitted and evicted in one round), or stop work that is not running;
+- act **outside its scope**: on work in a namespace not in the queue (or of a team whose quota was
+  refused).
+
+It reads a :class:`Ledger` (what the cluster holds before the plan) and the plan's :class:`Step` s, so
+the live round (a ``ClusterSnapshot`` and fleet ``Action`` s: :func:`ledger_of_snapshot`,
+:func:`steps_of_actions`) and the replays (the engine's ``State`` and ``Decision`` s:
+:func:`ledger_of_state`, :func:`steps_of_decisions`) are judged by the same rules. It never trusts
+the engine's own bookkeeping: usage is summed again from where each workload's pods are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, WorkloadPhase, WorkloadState
+from gpuwarden.fleet.semantics_scalar import request_gpu_equivalents
+
+from .state import MILLI, Job, JobState, State
+
+EPSILON = 1e-6
+INVARIANTS = ("over-commit", "guarantee", "burst", "gang", "victim", "scope")
+Amount = int | str  # milli-GPU on a GPU, or the MIG profile of one instance
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str  # one of INVARIANTS
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A workload as the rules read it: its team, size, where its pods are (running) and what one pod asks."""
+
+    key: str
+    team: str
+    gpus: float  # whole-GPU equivalents of the whole workload, as quotas count them
+    pods: int
+    slots: tuple[tuple[str, str, Amount], ...] = ()  # (node, GPU id, amount): empty unless it runs
+    cpu_milli: int = 0  # per pod
+    memory_bytes: int = 0
+    slots_per_pod: int = 1
+    in_scope: bool = True
+
+
+@dataclass
+class Ledger:
+    """What the cluster holds before the plan."""
+
+    gpu_node: dict[str, str] = field(default_factory=dict)  # GPU id -> its node
+    mig_layout: dict[str, tuple[str, ...]] = field(default_factory=dict)  # MIG GPU id -> its instances
+    shared_nodes: frozenset[str] = frozenset()  # nodes whose GPUs take fractions (time-sliced)
+    host: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> CPU milli, memory bytes for workloads
+    running: dict[str, Holder] = field(default_factory=dict)
+    waiting: dict[str, Holder] = field(default_factory=dict)
+    teams: dict[str, tuple[float, float]] = field(default_factory=dict)  # team -> (guaranteed, burst)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One part of a plan: a start (BIND / RESUME) or a stop (SUSPEND / PREEMPT / EVICT)."""
+
+    start: bool
+    key: str
+    slots: tuple[tuple[str, str, Amount], ...] = ()
+    deferred: bool = False  # held for its victims, admitted once they are gone
+    reserved: bool = False  # admitted onto GPUs the ledger already counts as its own
+    beneficiary: str = ""  # a stop: the workload it makes room for
+
+
+# -- the rules -----------------------------------------------------------------------------------------
+
+def violations(ledger: Ledger, steps: Sequence[Step], in_scope: Callable[[str], bool] = lambda key: True) -> list[Violation]:
+    """Every rule ``steps`` break on ``ledger``; [] for a plan that may be carried out."""
+    found: list[Violation] = []
+    starts = [s for s in steps if s.start]
+    stops = [s for s in steps if not s.start]
+    started: set[str] = set()
+    stopped: set[str] = set()
+    for step in steps:
+        holder = _started(ledger, step, stopped) if step.start else ledger.running.get(step.key)
+        if not in_scope(step.key) or (holder is not None and not holder.in_scope):
+            found.append(Violation("scope", f"{'start' if step.start else 'stop'} of {step.key}, outside the queue"))
+        if step.start:
+            started.add(step.key)
+            if holder is None:
+                found.append(Violation("gang", f"start of {step.key}, which waits for nothing the cluster holds"))
+            elif not step.reserved and len(step.slots) != holder.pods * holder.slots_per_pod:
+                found.append(Violation("gang", f"{step.key} started with {len(step.slots)} of its "
+                                               f"{holder.pods * holder.slots_per_pod} GPU slot(s)"))
+        else:
+            stopped.add(step.key)
+            if step.key in started:
+                found.append(Violation("victim", f"{step.key} is stopped in the round that started it"))
+            elif step.key not in ledger.running:
+                found.append(Violation("victim", f"{step.key} is stopped, but it does not run"))
+    moved = {s.key for s in stops} & {s.key for s in starts}  # stopped and started again: moved
+    found += _over_commit(ledger, starts, stops)
+    found += _quota(ledger, steps, moved)
+    return found
+
+
+def _over_commit(ledger: Ledger, starts: list[Step], stops: list[Step]) -> list[Violation]:
+    stopped = {s.key for s in stops}
+    before = _usage(ledger, ledger.running.values())
+    victims = _usage(ledger, (h for k, h in ledger.running.items() if k in stopped))
+    now_added = _usage(ledger, (_placed(ledger, s) for s in starts if not s.deferred and not s.reserved))
+    all_added = _usage(ledger, (_placed(ledger, s) for s in starts if not s.reserved))
+    found: list[Violation] = []
+    for when, added, less in (("while its victims still stop", now_added, None),
+                              ("once its victims stopped", all_added, victims)):
+        for resource, amount in added.items():
+            total = before.get(resource, 0) + amount - (less.get(resource, 0) if less else 0)
+            capacity = _capacity(ledger, resource)
+            if total > capacity + EPSILON:
+                found.append(Violation("over-commit", f"{_name(resource)} would hold {_fmt(total)} of "
+                                                      f"{_fmt(capacity)} {when}"))
+    return found
+
+
+def _quota(ledger: Ledger, steps: Sequence[Step], moved: set[str]) -> list[Violation]:
+    """Guarantees and bursts, in the plan's order (each start follows the stops made for it, as a
+    pass decides them): at each start, no team it took work from is below its guarantee while the
+    starting team is over its own, and the starting team is within its burst. Work moved (stopped
+    and started again in the plan) keeps its team's GPUs throughout."""
+    used: dict[str, float] = {}
+    for held in ledger.running.values():
+        if held.in_scope:
+            used[held.team] = used.get(held.team, 0.0) + held.gpus
+    taken: dict[str, list[Holder]] = {}  # beneficiary -> the victims stopped for it so far
+    found: list[Violation] = []
+    for step in steps:
+        if not step.start:
+            victim = ledger.running.get(step.key)
+            if victim is not None and step.key not in moved:
+                used[victim.team] = used.get(victim.team, 0.0) - victim.gpus
+                taken.setdefault(step.beneficiary, []).append(victim)
+            continue
+        started = _started(ledger, step, moved)
+        if started is None or step.reserved or step.key in moved:
+            continue
+        team = started.team
+        used[team] = used.get(team, 0.0) + started.gpus
+        guaranteed, burst = ledger.teams.get(team, (0.0, float("inf")))
+        if used[team] > burst + EPSILON:
+            found.append(Violation("burst", f"{step.key} would take team {team} to {_fmt(used[team])} GPUs, past its "
+                                            f"burst limit {_fmt(burst)}"))
+        if used[team] <= guaranteed + EPSILON:
+            continue  # within its own guarantee: it may take back what others borrow
+        for victim in taken.get(step.key, ()):
+            theirs = ledger.teams.get(victim.team, (0.0, 0.0))[0]
+            if victim.team != team and used.get(victim.team, 0.0) < theirs - EPSILON:
+                found.append(Violation("guarantee", f"{victim.key} stopped for {step.key}: team {victim.team} would "
+                                                    f"hold {_fmt(used.get(victim.team, 0.0))} GPUs, below its "
+                                                    f"guarantee {_fmt(theirs)}, for team {team}'s borrowing "
+                                                    f"({_fmt(used[team])} of its {_fmt(guaranteed)})"))
+    return found
+
+
+def _started(ledger: Ledger, step: Step, stopped: set[str]) -> Holder | None:
+    """The workload a start starts: one that waits, one the plan stopped before (moved), or a
+    reserved one (it runs on the GPUs held for it)."""
+    if step.reserved or (step.key not in ledger.waiting and step.key in stopped):
+        return ledger.running.get(step.key)
+    return ledger.waiting.get(step.key)
+
+
+def _holder(ledger: Ledger, key: str) -> Holder | None:
+    return ledger.waiting.get(key) or ledger.running.get(key)
+
+
+def _placed(ledger: Ledger, step: Step) -> Holder:
+    """The started workload with the plan's slots."""
+    holder = ledger.waiting.get(step.key) or ledger.running.get(step.key) or Holder(step.key, "", 0.0, 1)
+    return Holder(holder.key, holder.team, holder.gpus, holder.pods, step.slots, holder.cpu_milli,
+                  holder.memory_bytes, holder.slots_per_pod, holder.in_scope)
+
+
+Resource = tuple[str, str, str]  # ("gpu", GPU id, "" | profile) or ("cpu" | "memory", node, "")
+
+
+def _usage(ledger: Ledger, holders: Iterable[Holder]) -> dict[Resource, float]:
+    used: dict[Resource, float] = {}
+    for holder in holders:
+        pods_on: dict[str, int] = {}
+        for node, gpu, amount in holder.slots:
+            pods_on[node] = pods_on.get(node, 0) + 1
+            if isinstance(amount, str):
+                key: Resource = ("gpu", gpu, amount)
+                used[key] = used.get(key, 0) + 1
+            elif amount:  # 0: a pod asking CPU and memory only
+                # a GPU that takes no fractions is held whole by any pod on it
+                taken = amount if node in ledger.shared_nodes else max(amount, MILLI)
+                key = ("gpu", gpu, "")
+                used[key] = used.get(key, 0) + taken
+        total = len(holder.slots)
+        for node, count in pods_on.items():
+            pods = holder.pods * count / total
+            for kind, per_pod in (("cpu", holder.cpu_milli), ("memory", holder.memory_bytes)):
+                if per_pod:
+                    used[(kind, node, "")] = used.get((kind, node, ""), 0) + per_pod * pods
+    return used
+
+
+def _capacity(ledger: Ledger, resource: Resource) -> float:
+    kind, where, profile = resource
+    if kind in ("cpu", "memory"):
+        cpu, memory = ledger.host.get(where, (0, 0))
+        return cpu if kind == "cpu" else memory
+    layout = ledger.mig_layout.get(where)
+    if profile:
+        return layout.count(profile) if layout else 0
+    return 0 if layout or where not in ledger.gpu_node else MILLI
+
+
+def _name(resource: Resource) -> str:
+    kind, where, profile = resource
+    if kind == "gpu":
+        return f"GPU {where}" + (f" ({profile} instances)" if profile else " (milli-GPU)")
+    return f"node {where} ({kind})"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}" if abs(value) < 1e6 else f"{value:.3g}"
+
+
+# -- the live round: a snapshot and fleet actions -------------------------------------------------------
+
+STARTS = (ActionKind.BIND, ActionKind.RESUME)
+STOPS = (ActionKind.SUSPEND, ActionKind.PREEMPT, ActionKind.EVICT)
+
+
+def ledger_of_snapshot(snapshot: ClusterSnapshot, quotas: bool = True) -> Ledger:
+    ledger = Ledger(shared_nodes=frozenset(n.name for n in snapshot.nodes if n.shares_gpus))
+    profile_of: dict[tuple[str, int], str] = {}
+    for gpu in snapshot.gpus:
+        ledger.gpu_node[gpu.uuid] = gpu.node
+        if gpu.mig_enabled:
+            ledger.mig_layout[gpu.uuid] = tuple(i.profile for i in gpu.mig_instances)
+            profile_of.update(((gpu.uuid, i.gpu_instance_id), i.profile) for i in gpu.mig_instances)
+    for node in snapshot.nodes:
+        cpu, memory = snapshot.node_overhead.get(node.name, (0, 0))
+        ledger.host[node.name] = (node.cpu_milli - cpu, node.memory_bytes - memory)
+    refused = snapshot.refused_teams
+    for ws in snapshot.workloads:
+        holder = _holder_of(ws, snapshot.in_queue(ws.workload.namespace) and ws.workload.team not in refused,
+                            profile_of)
+        if ws.phase == WorkloadPhase.RUNNING:
+            ledger.running[holder.key] = holder
+        elif ws.phase in (WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED):
+            ledger.waiting[holder.key] = Holder(holder.key, holder.team, holder.gpus, holder.pods, (),
+                                                holder.cpu_milli, holder.memory_bytes, holder.slots_per_pod,
+                                                holder.in_scope)
+    if quotas:
+        ledger.teams = {t.name: (t.guaranteed_gpus, t.burst_limit_gpus) for t in snapshot.teams}
+    return ledger
+
+
+def _holder_of(ws: WorkloadState, in_scope: bool, profile_of: Mapping[tuple[str, int], str]) -> Holder:
+    w = ws.workload
+    request = w.gpus
+    slots: list[tuple[str, str, Amount]] = []
+    for p in ws.placements:
+        if p.mig_instance_id is not None:
+            slots.append((p.node, p.gpu_uuid, profile_of.get((p.gpu_uuid, p.mig_instance_id), request.mig_profile or "")))
+        else:
+            slots.append((p.node, p.gpu_uuid, request.fraction_milli if request.count else MILLI))
+    per_pod = request.count if not request.mig_profile and request.fraction_milli == MILLI else 1
+    gpus = request_gpu_equivalents(request.mig_profile, w.gang_size * max(request.count, 1) if not request.mig_profile
+                                   else w.gang_size, request.fraction_milli, model=request.gpu_model)
+    return Holder(w.key, w.team, gpus, w.gang_size, tuple(slots), w.cpu_milli, w.memory_bytes, max(per_pod, 1),
+                  in_scope)
+
+
+def steps_of_actions(actions: Iterable[Action]) -> list[Step]:
+    steps = []
+    for action in actions:
+        if action.kind in STARTS:
+            slots = tuple((str(p["node"]), str(p["gpu_uuid"]), p.get("mig_profile") or int(p.get("milli", MILLI)))
+                          for p in action.params.get("placements", ()))
+            steps.append(Step(True, action.target, slots, deferred=bool(action.params.get("after_stops")),
+                              reserved=bool(action.params.get("reserved"))))
+        elif action.kind in STOPS:
+            steps.append(Step(False, action.target, beneficiary=str(action.params.get("for", ""))))
+    return steps
+
+
+def workload_scope(snapshot: ClusterSnapshot) -> Callable[[str], bool]:
+    """Whether an action's target (a workload key) is the scheduler's to act on."""
+    def in_scope(key: str) -> bool:
+        return snapshot.in_queue(key.partition("/")[0])
+    return in_scope
+
+
+def check_actions(snapshot: ClusterSnapshot, actions: Iterable[Action], quotas: bool = True) -> list[Violation]:
+    """The rules on a live round's plan: the snapshot it was made on, the actions it would apply.
+    ``quotas``: the policy keeps guarantees and burst limits (the baselines fifo and tiresias do not)."""
+    return violations(ledger_of_snapshot(snapshot, quotas), steps_of_actions(actions), workload_scope(snapshot))
+
+
+# -- the replays: the engine's state and decisions --------------------------------------------------------
+
+def ledger_of_state(state: State, quotas: bool = True) -> Ledger:
+    """The ledger of a ``State`` before a pass (every running job where it runs); ``quotas`` as for
+    :func:`check_actions`."""
+    ledger = Ledger()
+    for node in state.nodes.values():
+        ledger.host[node.name] = (node.cpu_capacity, node.mem_capacity)
+        for g, gpu_id in enumerate(node.gpu_ids):
+            ledger.gpu_node[gpu_id] = node.name
+            if node.mig_layout[g] is not None:
+                ledger.mig_layout[gpu_id] = tuple(node.mig_layout[g] or ())
+    ids = {name: node.gpu_ids for name, node in state.nodes.items()}
+    for job in state.jobs.values():
+        holder = _holder_of_job(job, ids if job.state == JobState.RUNNING else None)
+        (ledger.running if job.state == JobState.RUNNING else ledger.waiting)[job.name] = holder
+    if quotas:
+        ledger.teams = {team: (spec.guaranteed, spec.burst) for (team, _), spec in state.quotas.specs.items()}
+    ledger.shared_nodes = frozenset(state.nodes)  # the engine books fractions as it places them
+    return ledger
+
+
+def _gpu_id(ids: Mapping[str, list[str]], node: str, g: int) -> str:
+    """The id of GPU ``g`` of ``node`` (a CPU-only pod's slot names GPU 0 of a node that may have none)."""
+    on_node = ids[node]
+    return on_node[g] if g < len(on_node) else f"{node}/no-gpu"
+
+
+def _holder_of_job(job: Job, ids: Mapping[str, list[str]] | None) -> Holder:
+    slots = tuple((node, _gpu_id(ids, node, g), amount) for node, g, amount in job.placements) if ids else ()
+    return Holder(job.name, job.team, job.gpu_equivalents, job.pods, slots, job.cpu_milli, job.mem_bytes,
+                  job.gpus_per_pod if job.whole else 1, not job.foreign)
+
+
+def steps_of_decisions(state: State, decisions: Iterable[Any]) -> list[Step]:
+    """The pass's decisions (``scheduler.Decision``) as steps; starts land at once in a replay."""
+    ids = {name: node.gpu_ids for name, node in state.nodes.items()}
+    steps = []
+    for d in decisions:
+        start = d.kind in ("bind", "resume")
+        slots = tuple((node, _gpu_id(ids, node, g), amount) for node, g, amount in d.placements) if start else ()
+        steps.append(Step(start, d.job, slots, deferred=True, beneficiary=d.beneficiary))
+    return steps
