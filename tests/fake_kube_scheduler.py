@@ -5,7 +5,8 @@ gpuwarden's tests make, and it goes through the fake API server's ``handle`` (th
 an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-scheduler``:
 - a Pending pod with scheduling gates is never bound; it gets ``PodScheduled=False`` reason
   ``SchedulingGated`` once, as the real scheduler writes;
-- each Pending pod with no gates and no ``nodeName``, in (creationTimestamp, name) order, goes to the
+- each Pending pod with no gates and no ``nodeName``, in PrioritySort order (``spec.priority`` highest
+  first, then creationTimestamp, then name), goes to the
   first node in name order that passes the filters in the real order: NodeUnschedulable (a cordoned
   node is the taint ``node.kubernetes.io/unschedulable:NoSchedule``), TaintToleration (NoSchedule and
   NoExecute), NodeAffinity (``nodeSelector``; required node affinity, terms ORed, each term's
@@ -211,7 +212,8 @@ class FakeKubeScheduler:
         pending = [p for p in pods if not (p.get("spec") or {}).get("nodeName")
                    and (p.get("status") or {}).get("phase", "Pending") == "Pending" and not p["metadata"].get("deletionTimestamp")
                    and (p.get("spec") or {}).get("schedulerName", DEFAULT_SCHEDULER) == DEFAULT_SCHEDULER]
-        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        # PrioritySort, as the real scheduling queue pops: higher priority first, then the older
+        pending.sort(key=lambda p: (-_priority(p), p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         # What a pod nominated by an earlier preemption will take: others of no higher priority leave it to it
         nominated = {_key(p): p for p in pending if (p.get("status") or {}).get("nominatedNodeName") in free}
         for pod in pending:

@@ -25,7 +25,7 @@ from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionResult, ClusterSnapshot
 from gpuwarden.fleet.clock import ModelClock
 
-PRIORITIES = {"low": 100, "normal": 1000, "high": 10000}
+PRIORITIES = {"background": 10, "low": 100, "normal": 1000, "high": 10000}
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 
 
@@ -149,7 +149,7 @@ class Shared:
 
     def live_pods(self, ns: str | None = None) -> list[dict]:
         return [p for p in self.api.objects(CORE, "pods") if (ns is None or p["metadata"]["namespace"] == ns)
-                and p["status"].get("phase") not in ("Succeeded", "Failed")]
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
     def pod_named(self, ns: str, name: str) -> dict | None:
         return self.api.get(CORE, "pods", name, ns)

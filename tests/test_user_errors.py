@@ -50,6 +50,9 @@ NOT_USER_ERRORS = {
     "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
     "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",
     "gpuwarden.store.http_fetch.AnswerTooLarge": "a server's answer too large; each client says which (PrometheusError, a failed scrape)",
+    "gpuwarden.scheduling.errors.PlanRefused": "a replay's pass broke an invariant: a bug in the engine (exit 1), never input",
+    "gpuwarden.actuator.kube.team_quotas._Refusal": "a quota annotation that cannot be read; internal control flow: the team "
+                                                    "is refused with an Event and a line in /queue",
 }
 
 

@@ -39,13 +39,10 @@ def never_fits(snapshot: ClusterSnapshot, workloads: Iterable[WorkloadState], op
                mig_manager: bool = False) -> dict[str, str]:
     """{workload key: why it can never start} for the waiting ones of ``workloads`` (the planner's
     jobs for them, on the snapshot's nodes with nothing running)."""
-    layout = _layout(snapshot)
-    empty = State(NodeState(**fields, gpu_free=list(free), mig_layout=list(mig_layout), gpu_ids=list(uuids))
-                  for fields, free, mig_layout, uuids in layout.nodes)
+    empty, known = _kept_for(snapshot, options, mig_manager)
     by_name = {n.name: n for n in snapshot.nodes}
     limits = {t.name: t.burst_limit_gpus for t in snapshot.teams}
     out: dict[str, str] = {}
-    known: dict[tuple[object, ...], str | None] = {}
     for ws in workloads:
         if ws.phase not in WAITING:
             continue
@@ -61,6 +58,27 @@ def never_fits(snapshot: ClusterSnapshot, workloads: Iterable[WorkloadState], op
         if known[signature] is not None:
             out[w.key] = str(known[signature])
     return out
+
+
+# The empty cluster and the verdicts of the latest call, with what they were worked out from: a
+# cluster whose nodes, taints, labels and teams did not change (most rounds) has them at once.
+_kept: tuple[tuple[object, ...], State, dict[tuple[object, ...], str | None]] | None = None
+
+
+def _kept_for(snapshot: ClusterSnapshot, options: PlacementOptions,
+              mig_manager: bool) -> tuple[State, dict[tuple[object, ...], str | None]]:
+    global _kept
+    key = (snapshot.nodes, snapshot.gpus, tuple(sorted(snapshot.taints.items())),
+           tuple(sorted((node, tuple(sorted(labels.items()))) for node, labels in snapshot.node_labels.items())),
+           snapshot.teams, options, mig_manager)
+    kept = _kept
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2]
+    layout = _layout(snapshot)
+    empty = State(NodeState(**fields, gpu_free=list(free), mig_layout=list(mig_layout), gpu_ids=list(uuids))
+                  for fields, free, mig_layout, uuids in layout.nodes)
+    _kept = (key, empty, {})
+    return empty, _kept[2]
 
 
 def _cause(snapshot: ClusterSnapshot, empty: State, by_name: Mapping[str, Node], job: Job, w: Workload,

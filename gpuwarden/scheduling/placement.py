@@ -111,6 +111,8 @@ def find_placement(state: State, job: Job, options: PlacementOptions = DEFAULT_O
         return _place_mig(nodes, job, options)
     if job.milli < MILLI:
         if options.fractions == FractionMode.MIG_OR_WHOLE:
+            if job.pods > 1:  # each pod of the gang takes a whole GPU (every pod, or none)
+                return _place_whole(nodes, job, options)
             placements, reason = _place_fraction_on_mig(nodes, job)
             return (placements, reason) if placements is not None else _place_one(state, job, options, MILLI)
         return None, "fractional gangs are not supported; submit pods separately"
@@ -277,11 +279,15 @@ def _place_mig(nodes: list[NodeState], job: Job, options: PlacementOptions) -> P
     tightest_cpu = options.scorer == "fgd" and options.ties == "tightest_cpu"
     placements: list[Slot] = []
     taken: dict[tuple[str, int], list[str]] = {}
+    pods_on: dict[str, int] = {}  # pods of this gang placed on each node so far: their CPU and memory too
     for _ in range(job.pods):
         best = None
         for n in nodes:
             table = mig.mig_table(n.model)
             if profile not in table:
+                continue
+            more = pods_on.get(n.name, 0) + 1
+            if n.cpu_free < job.cpu_milli * more or n.mem_free < job.mem_bytes * more:
                 continue
             for g, layout in enumerate(n.mig_layout):
                 if layout is None:
@@ -303,6 +309,7 @@ def _place_mig(nodes: list[NodeState], job: Job, options: PlacementOptions) -> P
                 return None, f"no allowed node offers MIG profile {profile}"
             return None, f"capacity: no free {profile} MIG instance (MIG layouts may need changing)"
         taken.setdefault((best[1], best[2]), []).append(profile)
+        pods_on[best[1]] = pods_on.get(best[1], 0) + 1
         placements.append((best[1], best[2], profile))
     return placements, ""
 

@@ -198,6 +198,8 @@ def _job_of(ws: WorkloadState, key: str, origin: datetime, known: KnownJobs | No
         job.preempted_at = [-1.0] * ws.preemptions
     job.foreign = foreign
     job.recreated = ws.controller != "Pod"  # a bare pod is lost when evicted
+    # nothing resumes a bare pod: it cannot be suspended, whatever it saves
+    job.checkpointable = w.checkpointable and job.recreated
     job.cpu_milli, job.mem_bytes = w.cpu_milli, w.memory_bytes
     # a stopping workload is no victim, nor is work outside the scheduler's scope
     job.protected_until = math.inf if ws.stopping or protected else -math.inf

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api import Json, KubeApi, KubeFailure, MERGE_PATCH
-from .gates import ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, gated_by_gpuwarden, scheduling_gates
+from .gates import (ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, RESERVED_AT_ANNOTATION,
+                    RESERVED_NODES_ANNOTATION, gated_by_gpuwarden, scheduling_gates)
 
 CONFLICT_RETRIES = 3
 
@@ -68,9 +69,11 @@ def admitted_terms(terms: list[Json], node: str) -> list[Json]:
 def admit_patch(pod: PodView, node: str, at_iso: str) -> Json:
     """The merge patch that admits ``pod`` to ``node`` (``at_iso``: the admission time, ISO-8601 UTC)."""
     gates = [{"name": name} for name in pod.gates if name != ADMISSION_GATE]
+    notes: dict[str, str | None] = {ADMITTED_NODE_ANNOTATION: node, ADMITTED_AT_ANNOTATION: at_iso}
+    # a hold for it (gpuwarden.io/reserved-nodes) ends with its admission
+    notes.update({key: None for key in (RESERVED_NODES_ANNOTATION, RESERVED_AT_ANNOTATION) if key in pod.annotations})
     return {
-        "metadata": {"resourceVersion": pod.resource_version,
-                     "annotations": {ADMITTED_NODE_ANNOTATION: node, ADMITTED_AT_ANNOTATION: at_iso}},
+        "metadata": {"resourceVersion": pod.resource_version, "annotations": notes},
         "spec": {"schedulingGates": gates or None,
                  "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                      "nodeSelectorTerms": admitted_terms(pod.terms, node)}}}},

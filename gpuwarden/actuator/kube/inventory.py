@@ -25,7 +25,8 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
-from .inventory_workloads import Group, Inventory, WorkloadReader
+from .inventory_model import Group, Inventory
+from .inventory_workloads import WorkloadReader
 from .team_quotas import TeamQuotas
 
 log = logging.getLogger("gpuwarden.actuator.kube")

@@ -235,16 +235,19 @@ class Layout:
         self.whole: dict[str, int] = {}
         self.shares: dict[str, int] = {}
         self.mig_used: dict[str, set[int]] = {}
+        self.overfull: set[str] = set()  # nodes where pods were laid past what they offer
 
     def lay(self, node: str, request: PodRequest) -> list[Placement]:
         offer = self.offers.get(node)
         if offer is None or not offer.gpus:
             return []  # not a GPU node we read (gone, or its GPUs unreadable)
         if request.mig:
+            # an instance of its own profile: the device plugin publishes each profile's count exactly, so a
+            # pod found none of its profile free (admitted past what the node offers) holds none of another's
             used = self.mig_used.setdefault(node, set())
-            free = [i for i, (_, _, profile) in enumerate(offer.mig) if profile == request.mig and i not in used] or \
-                   [i for i in range(len(offer.mig)) if i not in used]
+            free = [i for i, (_, _, profile) in enumerate(offer.mig) if profile == request.mig and i not in used]
             if not free:
+                self.overfull.add(node)
                 return []
             used.add(free[0])
             uuid, instance, _ = offer.mig[free[0]]

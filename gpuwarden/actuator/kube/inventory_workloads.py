@@ -19,27 +19,29 @@ every pod is there (``KubeCluster`` BIND). A workload holding pods and waiting f
 replacement pod) holds its running pods under ``<name>~held`` and queues the rest under its name;
 a suspended Job whose pods are still stopping holds them there too, marked ``stopping`` (no victim).
 A pod whose GPU request cannot be read (an unparseable quantity, an unknown MIG profile, shares
-no node offers) leaves its workload out, named in ``Inventory.refused`` with the reason.
+no node offers) leaves its workload out, named in ``Inventory.refused`` with the reason; waiting
+work of the queue among them is listed (:meth:`WorkloadReader.unreadable`). A pod gated by hand in a
+namespace outside the queue is left alone and named in ``Inventory.ignored``. Bound pods asking no
+GPU are summed per node (:meth:`WorkloadReader.node_overhead`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpuwarden.fleet.node_selection import NodeSelection
 from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, UnreadableWorkload, Workload, WorkloadKind, WorkloadPhase,
                              WorkloadState, workload_key)
 from gpuwarden.scheduling.errors import UnknownMigProfile
 from gpuwarden.scheduling.feasibility import NO_WHOLE_GPU_POOL
 
 from .api import Json
-from .admission import PodView, pod_view
+from .admission import pod_view
 from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
+from .inventory_model import Group, Inventory
 from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest
 from .inventory_pods import (_tolerations, _unscheduled_reason, cpu_memory_request, gpu_request, node_selection,
                              parse_time, priority_of)
@@ -51,61 +53,6 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it states none
 HELD_SUFFIX = "~held"  # the running part of a workload that also waits for admission
 TRAINING_CONTROLLERS = ("Job", "JobSet", "Workload", "PyTorchJob", "Gang")
-
-
-@dataclass
-class Inventory:
-    """What the cluster needs beyond the snapshot to act: how each workload is run."""
-
-    controller: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Job, JobSet, Workload, Pod, ...
-    names: dict[str, str] = field(default_factory=dict)  # key -> the owner's name, where not the key's
-    pods: dict[str, list[str]] = field(default_factory=dict)
-    gated: dict[str, list[PodView]] = field(default_factory=dict)  # gated pods, in name order
-    gang_size: dict[str, int] = field(default_factory=dict)  # pods a pending workload needs admitted
-    objects: dict[str, dict[tuple[str, str], dict[str, str]]] = field(default_factory=dict)  # (kind, name) -> annotations
-    unschedulable: dict[str, str] = field(default_factory=dict)  # admitted, not bound in time: kube-scheduler's reason
-    refused: dict[str, str] = field(default_factory=dict)  # left out: why its request cannot be read
-    queue_namespaces: set[str] = field(default_factory=set)
-    refused_teams: dict[str, str] = field(default_factory=dict)  # team -> the namespace whose quota annotation is wrong
-    ignored: dict[str, str] = field(default_factory=dict)  # "ns/pod" -> why the scheduler leaves it alone
-    suspended_by: dict[str, str] = field(default_factory=dict)  # key -> gpuwarden.io/suspended-by
-    reserved: dict[str, list[str]] = field(default_factory=dict)  # key -> nodes held for its pods since a resume
-    stop_seconds: dict[str, float] = field(default_factory=dict)  # node -> the longest grace period of its GPU pods
-    kueue_workload: dict[str, str] = field(default_factory=dict)  # "ns/name" -> Kueue Workload name
-    pdbs: int = 0
-    priority_classes: dict[str, int] = field(default_factory=dict)
-    workload_priority_classes: dict[str, int] = field(default_factory=dict)
-    kueue: bool = False
-
-
-@dataclass
-class Group:
-    """The pods (and Job) of one workload, as read."""
-
-    controller: str
-    namespace: str
-    name: str
-    request: PodRequest = PodRequest()
-    held: list[tuple[Json, str]] = field(default_factory=list)  # (pod, node it holds)
-    gated: list[PodView] = field(default_factory=list)
-    pod_names: list[str] = field(default_factory=list)
-    annotations: dict[str, str] = field(default_factory=dict)
-    objects: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
-    created: list[datetime] = field(default_factory=list)
-    started: list[datetime] = field(default_factory=list)
-    priority: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    tolerations: tuple[str, ...] = ()
-    node_selection: NodeSelection = ()
-    size: int | None = None  # the pods it will have, where its owner says
-    suspended: bool = False
-    cpu_milli: int = 0  # what one pod asks besides GPUs
-    memory_bytes: int = 0
-    waiting: bool = False  # a pod of it waits behind gpuwarden's gate
-
-    @property
-    def key(self) -> str:
-        return workload_key(self.namespace, self.name)
 
 
 def _owner(meta: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[str, str]:
@@ -134,6 +81,7 @@ class WorkloadReader:
         self.groups: dict[str, Group] = {}
         self.teams_by_ns: Mapping[str, str] = {}
         self._overhead: dict[str, tuple[int, int]] = {}
+        self._laid_past: set[str] = set()
 
     def _refuse(self, key: str, reason: str) -> None:
         self.inventory.refused.setdefault(key, reason)
@@ -298,11 +246,28 @@ class WorkloadReader:
     # -- building --------------------------------------------------------------------------------
     def build(self, teams_by_ns: Mapping[str, str], offers: Mapping[str, NodeOffer],
               kueue: Callable[[Group], Json | None]) -> list[WorkloadState]:
+        """The workloads. A reservation on a node others have filled since (a pod outside the queue
+        that kube-scheduler bound there while the reserved pods were being made) is dropped: that
+        workload waits again and is planned anew, rather than admitted onto GPUs that are taken."""
+        out = self._build(teams_by_ns, offers, kueue, frozenset())
+        full = _overfull_nodes(out, offers) | self._laid_past
+        taken = {key for key, nodes in self.inventory.reserved.items() if full & set(nodes)}
+        if not taken:
+            return out
+        for key in sorted(taken):
+            log.warning("%s: the GPUs held for it on %s were taken by pods gpuwarden does not schedule; planned anew",
+                        key, ", ".join(sorted(full & set(self.inventory.reserved[key]))))
+            del self.inventory.reserved[key]
+        return self._build(teams_by_ns, offers, kueue, frozenset(taken))
+
+    def _build(self, teams_by_ns: Mapping[str, str], offers: Mapping[str, NodeOffer],
+               kueue: Callable[[Group], Json | None], unreserved: frozenset[str]) -> list[WorkloadState]:
         self.teams_by_ns = teams_by_ns
         shared_replicas = [o.replicas for o in offers.values() if o.replicas > 1]
         shared_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas > 1}))
         whole_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas == 1}))
         layout = Layout(offers)
+        self._laid_past = layout.overfull  # nodes whose pods needed a MIG instance of theirs none was left of
         # nodes where pods are still stopping (a suspended Job's, or being deleted): a reservation
         # there is admitted only once they are gone, or kube-scheduler would make room itself
         stopping = {node for g in self.groups.values() for pod, node in g.held
@@ -331,7 +296,7 @@ class WorkloadReader:
                     out.append(self._state(key + HELD_SUFFIX, group, w, WorkloadPhase.RUNNING, len(group.held),
                                            placements, pools, milli, stopping=True))
                 continue
-            waiting_for = self._reservation(group)
+            waiting_for = self._reservation(group) if key not in unreserved else []
             if waiting_for:  # resumed: its pods are admitted onto the nodes the plan held for them
                 held = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
                 reserved = tuple(p for node in waiting_for for p in layout.lay(node, group.request))
@@ -364,7 +329,10 @@ class WorkloadReader:
         at = parse_time(group.annotations.get(RESERVED_AT_ANNOTATION))
         if not nodes or at is None or (self.now - at).total_seconds() >= self.timeout_seconds:
             return []
-        self.inventory.reserved[group.key] = list(nodes)
+        self.inventory.reserved[group.key] = list(nodes)  # on the objects until a suspend or the lapse clears it
+        running = [pod for pod, _ in group.held if not pod["metadata"].get("deletionTimestamp")]
+        if not group.gated and group.size is not None and len(running) >= group.size:
+            return []  # every pod of it admitted (there, or elsewhere when planned anew): nothing left to hold
         if any(RESERVED_NODES_ANNOTATION in p.annotations for p in group.gated):
             # held for its gated pods themselves (a start after its victims stop): the running pods
             # of the gang are not from it
@@ -423,3 +391,25 @@ class WorkloadReader:
             log.warning("%s: annotation %s=%r is not one of: %s; ignored", key, PRIORITY_CLASS_ANNOTATION, wanted,
                         ", ".join(allowed))
         return priority_name if priority_name and priority_of(priority_name).value != priority_name else None
+
+
+def _overfull_nodes(workloads: list[WorkloadState], offers: Mapping[str, NodeOffer]) -> set[str]:
+    """Nodes whose pods, as laid, need more than the node offers of a kind: whole GPUs, time-sliced
+    shares, or one MIG instance twice."""
+    used: dict[tuple[str, object], int] = {}
+    for ws in workloads:
+        for p in ws.placements:
+            offer = offers.get(p.node)
+            if offer is None:
+                continue
+            kind: object = (p.gpu_uuid, p.mig_instance_id) if p.mig_instance_id is not None else (
+                "shares" if offer.replicas > 1 else "whole")
+            used[(p.node, kind)] = used.get((p.node, kind), 0) + 1
+    full = set()
+    for (node, kind), count in used.items():
+        offer = offers[node]
+        capacity = 1 if isinstance(kind, tuple) else len(offer.gpus) * offer.replicas if kind == "shares" \
+            else len(offer.whole)
+        if count > capacity:
+            full.add(node)
+    return full
