@@ -6,9 +6,10 @@ combination: lint, schemas, lock-down, RBAC owners). Here a handful of renders, 
 them (``portal.teams`` is no switch), go through the same checks (``tests/test_helm.py``'s own
 functions) and the specifics are asserted: with defaults none of it renders; the scheduler
 Deployment, Service, webhook configuration and RBAC (exact verbs, secrets and the webhook
-configuration by name only); cert-manager or the scheduler's own certificates; the portal's
-ConfigMap, the dashboard's identity and per-namespace Roles; the rendered webhook agrees with the
-code that serves it (path, labels, certificate names).
+configuration by name only); the node label keys (the CLI's defaults) and ``extraArgs`` last;
+cert-manager or the scheduler's own certificates; the portal's ConfigMap, the dashboard's identity
+and per-namespace Roles; the rendered webhook agrees with the code that serves it (path, labels,
+certificate names).
 """
 
 from __future__ import annotations
@@ -41,11 +42,21 @@ OWN_CERTS = ("scheduling.enabled=true",)
 CERT_MANAGER_ALL = ("scheduling.enabled=true", "scheduling.webhook.certManager.enabled=true",
                     "scheduling.migManager.enabled=true", "scheduling.kueue=true", "serviceMonitor.enabled=true")
 PORTAL = ("scheduling.enabled=true", "dashboard.enabled=true", *TEAMS)
+DEFAULT_LABELS = {"leaf_switch_label": "gpuwarden.io/leaf-switch", "nvlink_domain_label": "nvidia.com/gpu.clique",
+                  "pool_label": "gpuwarden.io/pool"}
+EXTRA_ARGS = ["--page-size=200", "--pool-label=pool.example.com/tier"]
+NODE_LABELS = ("scheduling.enabled=true", "scheduling.nodeLabels.leafSwitch=net.example.com/tor",
+               "scheduling.nodeLabels.nvlinkDomain=nvl", "scheduling.nodeLabels.pool=pool.example.com/name",
+               f"scheduling.extraArgs={{{','.join(EXTRA_ARGS)}}}")
 
 
 def named(docs, kind, name):
     (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
     return doc
+
+
+def scheduler_args(docs) -> list[str]:
+    return named(docs, "Deployment", SCHEDULER)["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def grants(docs) -> dict[tuple[str, str, str], set[str]]:
@@ -65,7 +76,7 @@ def grants(docs) -> dict[tuple[str, str, str], set[str]]:
 def renders(helm):
     """The renders this file checks, each linted once."""
     out = {}
-    for sets in (OWN_CERTS, CERT_MANAGER_ALL, PORTAL):
+    for sets in (OWN_CERTS, CERT_MANAGER_ALL, PORTAL, NODE_LABELS):
         args = [arg for item in sets for arg in ("--set", item)]
         out[sets] = (render(helm, *sets), run_helm(helm, "lint", "--strict", str(CHART), *args))
     return out
@@ -126,9 +137,33 @@ def test_the_rendered_arguments_are_ones_the_cli_accepts(renders):
     commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001 (argparse keeps them nowhere public)
     if "scheduler" not in commands:
         pytest.skip("`gpuwarden scheduler run` is not in this branch (wired at integration)")
-    for sets in (OWN_CERTS, CERT_MANAGER_ALL):
-        container = named(renders[sets][0], "Deployment", SCHEDULER)["spec"]["template"]["spec"]["containers"][0]
-        parser.parse_args([a.replace("$(POD_NAME)", "scheduler-0") for a in container["args"]])
+    parsed = {}
+    for sets in (OWN_CERTS, CERT_MANAGER_ALL, NODE_LABELS):
+        parsed[sets] = parser.parse_args([a.replace("$(POD_NAME)", "scheduler-0") for a in scheduler_args(renders[sets][0])])
+    # The chart's label defaults are the CLI's; the last of a repeated flag (extraArgs) wins.
+    cli_defaults = parser.parse_args(["scheduler", "run"])
+    assert {key: getattr(cli_defaults, key) for key in DEFAULT_LABELS} == DEFAULT_LABELS
+    assert {key: getattr(parsed[OWN_CERTS], key) for key in DEFAULT_LABELS} == DEFAULT_LABELS
+    custom = parsed[NODE_LABELS]
+    assert (custom.leaf_switch_label, custom.nvlink_domain_label, custom.pool_label, custom.page_size) == \
+        ("net.example.com/tor", "nvl", "pool.example.com/tier", 200)
+    assert (custom.source, custom.prometheus_url) == ("prometheus", "http://prometheus-operated.monitoring.svc:9090")
+
+
+def test_node_label_keys_render_and_extra_args_come_last(renders):
+    defaults = scheduler_args(renders[OWN_CERTS][0])
+    for arg in ("--leaf-switch-label=gpuwarden.io/leaf-switch", "--nvlink-domain-label=nvidia.com/gpu.clique",
+                "--pool-label=gpuwarden.io/pool", "--source=prometheus",
+                "--prometheus-url=http://prometheus-operated.monitoring.svc:9090"):
+        assert defaults.count(arg) == 1, arg
+    assert not [a for a in defaults if a.startswith("--page-size")]
+    custom = scheduler_args(renders[NODE_LABELS][0])
+    for arg in ("--leaf-switch-label=net.example.com/tor", "--nvlink-domain-label=nvl",
+                "--pool-label=pool.example.com/name"):
+        assert arg in custom, arg
+    assert custom[-len(EXTRA_ARGS):] == EXTRA_ARGS  # verbatim, after every flag the chart sets
+    chart_own = custom[:-len(EXTRA_ARGS)]
+    assert [a.split("=")[0] for a in chart_own] == [a.split("=")[0] for a in defaults]
 
 
 def test_the_webhook_configuration_never_blocks_and_matches_the_server(renders):
@@ -228,7 +263,15 @@ def test_the_portal_templates_reach_the_dashboard_with_job_rights_in_team_namesp
      ["portal.teams.research.priorityClasses.0", '"best-effort", "low", "normal", "high", "critical"']),
     (["scheduling.enabled=true", "scheduling.webhook.timeoutSeconds=60"], ["scheduling.webhook.timeoutSeconds", "30"]),
     (["scheduling.enabled=true", "scheduling.webhook.port=8083"], ["scheduling.webhook.port=8083 is scheduling.port too"]),
+    (["scheduling.enabled=true", "scheduling.nodeLabels.pool=gpu pool"], ["scheduling.nodeLabels.pool", "pattern"]),
+    (["scheduling.enabled=true", "scheduling.nodeLabels.leafSwitch=Net.Example.com/tor"],
+     ["scheduling.nodeLabels.leafSwitch", "pattern"]),
+    (["scheduling.enabled=true", f"scheduling.nodeLabels.nvlinkDomain={'a' * 254}/{'b' * 63}"],
+     ["scheduling.nodeLabels.nvlinkDomain", "317"]),
+    (["scheduling.enabled=true", "scheduling.extraArgs={--page-size=200,page-size=200}"],
+     ["scheduling.extraArgs.1", "^--"]),
 ], ids=["portal-without-scheduler", "portal-without-dashboard", "two-teams-one-namespace", "unknown-shape-key",
-        "unknown-priority-class", "webhook-timeout", "one-port-for-two"])
+        "unknown-priority-class", "webhook-timeout", "one-port-for-two", "label-key-with-space",
+        "label-prefix-uppercase", "label-key-too-long", "extra-arg-not-a-flag"])
 def test_bad_values_are_refused_naming_the_key(helm, sets, expected):
     refused_naming_the_key(helm, sets, expected)

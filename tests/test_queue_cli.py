@@ -278,6 +278,27 @@ def test_scheduler_run_schedules_a_cluster_as_leader(tmp_path, capsys):
     assert "scheduler: policy gpuwarden every 0.1 s; queue http://127.0.0.1:" in capsys.readouterr().out
 
 
+def test_scheduler_run_refuses_an_attained_service_source_it_cannot_read(tmp_path, capsys):
+    """A store that is not there or a Prometheus that does not answer: one line naming it and the way
+    out, exit 2, before anything starts (not a silent empty read: LAS would see every workload as
+    unserved for as long as it ran)."""
+    from fake_kube_api import FakeKubeAPI
+    from kube_fleet import node as kube_node
+
+    api = FakeKubeAPI().start()
+    try:
+        kube_node(api, "a", gpus=8)
+        kubeconfig = api.kubeconfig(tmp_path / "kc.json")
+        for source, named in ((["--source", "local", "--store", str(tmp_path / "nothing-here")], "the embedded store"),
+                              (["--source", "prometheus", "--prometheus-url", "http://127.0.0.1:9"], "Prometheus at")):
+            assert main(["scheduler", "run", "--rounds", "1", "--port", "0", "--kubeconfig", kubeconfig, *source]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and named in err and "--no-attained-service" in err, err
+        assert not [r for r in api.requests if r.method != "GET"]  # nothing started, nothing written
+    finally:
+        api.stop()
+
+
 def test_the_actuator_no_longer_schedules_and_says_where_scheduling_went(capsys):
     assert main(["actuator", "run", "--scheduling", "gpuwarden", "--rounds", "1"]) == 2
     err = capsys.readouterr().err

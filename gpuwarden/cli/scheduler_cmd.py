@@ -8,8 +8,9 @@ Every interval the leader reads the cluster (gated pods grouped into workloads),
 scheduling policy and carries its decisions out: admits gated pods onto the planned nodes,
 suspends or preempts for guarantees and priority, resumes what it suspended. It serves the live
 queue on ``/queue``, its metrics on ``/metrics`` and ``/healthz`` on ``--port``. Attained service
-(the LAS order) is measured from the fleet-samples source over ``--since`` (default 7d); with
-``--no-attained-service`` or a source that cannot be opened every workload counts as unserved.
+(the LAS order) is measured from the fleet-samples source over ``--since`` (default 7d): the chart
+passes its Prometheus; a source that cannot be read at start is an error (exit 2), and with
+``--no-attained-service`` every workload counts as unserved.
 A pod created between rounds is admitted at the next one: admission takes up to one interval.
 """
 
@@ -69,7 +70,9 @@ def add_parser(subparsers) -> None:
 
 
 def _attained(args: argparse.Namespace):
-    """The attained-service source the options name, or None (said on stderr once)."""
+    """The attained-service source the options name, checked at start: a store that is not there or
+    a Prometheus that does not answer is a UserError (exit 2), never a silent empty read all along
+    (every workload would then count as unserved). None with ``--no-attained-service``."""
     if args.no_attained_service:
         return None
     from gpuwarden.actuator.scheduler_service import attained_from_samples
@@ -77,12 +80,16 @@ def _attained(args: argparse.Namespace):
 
     from .sources import open_source
 
+    where = {"local": f"the embedded store {args.store}", "file": f"the samples file {args.file}",
+             "prometheus": f"Prometheus at {args.prometheus_url}"}[args.source]
     try:
         source = open_source(args)
+        if args.source == "prometheus":
+            source.query("vector(1)")  # answers: the rounds' reads will too (a passing fault is then logged)
     except (UserError, OSError, ValueError) as error:
-        print(f"scheduler: attained service not measured ({error}); LAS sees every workload as unserved",
-              file=sys.stderr, flush=True)
-        return None
+        # the way out first: the reason (a store's path, a URL) can be long, and the line is cut at 400
+        raise UserError(f"attained service (the LAS order): give --source prometheus --prometheus-url URL (the "
+                        f"chart's default) or --no-attained-service; {where} cannot be read: {error}") from None
     return attained_from_samples(source.read, args.since.total_seconds())
 
 
@@ -122,11 +129,12 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     except ValueError as error:
         print(f"gpuwarden: error: {error}", file=sys.stderr)
         return 2
+    attained = _attained(args)  # checked before anything starts
     webhook = webhook_server(args, cluster, clock)
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
     metrics = SchedulerMetrics()
-    scheduling = SchedulingRound(cluster, args.policy, attained=_attained(args), on_round=[metrics],
+    scheduling = SchedulingRound(cluster, args.policy, attained=attained, on_round=[metrics],
                                  mig_manager=args.mig_manager)
     service = SchedulerService(scheduling, args.interval_seconds, elector.is_leader if elector else None)
     server = QueueServer(lambda: scheduling.queue, metrics.registry, host=args.listen, port=args.port).start()
