@@ -48,14 +48,6 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
-class TeamSpec:
-    name: str
-    guaranteed: float
-    burst: float
-    in_queue: bool = True
-
-
-@dataclass(frozen=True)
 class WorkSpec:
     name: str
     team: str
@@ -76,7 +68,8 @@ class WorkSpec:
 @dataclass(frozen=True)
 class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
-    teams: tuple[TeamSpec, ...]
+    teams: tuple[Team, ...]  # the queue's
+    outside: tuple[str, ...]  # namespaces that never opted in, running work of their own
     work: tuple[WorkSpec, ...]
 
 
@@ -96,16 +89,15 @@ def cluster_specs(draw, max_nodes: int = 5, max_work: int = 30) -> ClusterSpec:
     for t in range(draw(st.integers(2, 4))):
         guaranteed = float(draw(st.sampled_from([0, 2, 4, 8, 8])))
         burst = guaranteed + float(draw(st.sampled_from([2, 4, 8, 1000, 1000])))
-        teams.append(TeamSpec(f"team{t}", guaranteed, burst))
-    if draw(st.booleans()):
-        teams.append(TeamSpec("outside", 0.0, 0.0, in_queue=False))  # a namespace that never opted in
+        teams.append(Team(f"team{t}", guaranteed, burst))
+    outside = ("outside",) if draw(st.booleans()) else ()
     work = []
     for w in range(draw(st.integers(8, max_work))):
         arrive = draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4, 6, 8]))
         kind = draw(st.sampled_from(["whole", "whole", "whole", "share", "mig"]))
         pods = draw(st.sampled_from([1, 1, 1, 2, 3])) if kind == "whole" else draw(st.sampled_from([1, 1, 2]))
         work.append(WorkSpec(
-            f"w{w}", draw(st.sampled_from([t.name for t in teams])), kind,
+            f"w{w}", draw(st.sampled_from([t.name for t in teams] + list(outside))), kind,
             count=draw(st.sampled_from([1, 1, 1, 2, 4, 8])) if kind == "whole" else 1, pods=pods,
             # later arrivals into the full cluster tend to matter more: preemption is asked for
             priority=draw(st.sampled_from(["low", "low", "normal", "high"] if arrive < 2 else ["normal", "high", "high"])),
@@ -114,7 +106,7 @@ def cluster_specs(draw, max_nodes: int = 5, max_work: int = 30) -> ClusterSpec:
             zone=draw(st.sampled_from([None, None, None, None, "a", "b", "nowhere"])), tolerates=draw(st.booleans()),
             profile=draw(st.sampled_from(["1g.10gb", "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"])),
             cpu_milli=draw(st.sampled_from([1000, 4000, 16000]))))
-    return ClusterSpec(tuple(nodes), tuple(teams), tuple(work))
+    return ClusterSpec(tuple(nodes), tuple(teams), outside, tuple(work))
 
 
 # -- the cluster it describes -------------------------------------------------------------------------
@@ -150,8 +142,7 @@ class ModelCluster:
         self.node_specs = {n.name: n for n in spec.nodes}
         self.gpus = [g for n in spec.nodes for g in fleet_gpus(n)]
         self.gpu = {g.uuid: g for g in self.gpus}
-        self.teams = {t.name: t for t in spec.teams}
-        self.queue = frozenset(t.name for t in spec.teams if t.in_queue)
+        self.queue = frozenset(t.name for t in spec.teams)
         self.shared_milli = {n.name: 1000 // n.replicas for n in spec.nodes if n.kind == "shared"}
         self.round = 0
         self.states: dict[str, WorkloadState] = {}
@@ -165,7 +156,7 @@ class ModelCluster:
         self.labels = {n.name: {"zone": n.zone} for n in spec.nodes}
         self._arrive(0)
         for work in spec.work:  # work outside the queue already runs where it fits, as kube-scheduler put it
-            if not self.teams[work.team].in_queue and work.arrive == 0:
+            if work.team in spec.outside and work.arrive == 0:
                 self._place_outside(work)
 
     # -- the protocol -------------------------------------------------------------------------------
@@ -173,7 +164,7 @@ class ModelCluster:
         return ClusterSnapshot(
             taken_at=START + self.round * ROUND, nodes=tuple(self.nodes.values()), gpus=tuple(self.gpus),
             workloads=tuple(self.states.values()),
-            teams=tuple(Team(t.name, t.guaranteed, t.burst) for t in self.spec.teams if t.in_queue),
+            teams=self.spec.teams,
             taints=self.taints, node_labels=self.labels, queue_namespaces=self.queue)
 
     def apply(self, action: Action) -> ActionResult:
@@ -225,7 +216,7 @@ class ModelCluster:
 
     def _arrive(self, round_number: int) -> None:
         for work in self.spec.work:
-            if work.arrive == round_number and self.teams[work.team].in_queue:
+            if work.arrive == round_number and work.team in self.queue:
                 self.states[f"{work.team}/{work.name}"] = self._state(work, WorkloadPhase.PENDING, ())
                 self.runs_left[f"{work.team}/{work.name}"] = work.runs
 

@@ -125,10 +125,12 @@ class Watch:
 
 def _play(cluster: Shared, spec: ClusterSpec, rounds: int) -> Watch:
     _install_nodes(cluster, spec.nodes)
-    outside = {t.name for t in spec.teams if not t.in_queue}
+    outside = set(spec.outside)
     for team in spec.teams:
-        team_namespace(cluster.api, team.name, guaranteed=f"{team.guaranteed:g}" if team.in_queue else None,
-                       burst=f"{team.burst:g}" if team.in_queue and team.burst < 1000 else None, queue=team.in_queue)
+        team_namespace(cluster.api, team.name, guaranteed=f"{team.guaranteed_gpus:g}",
+                       burst=f"{team.burst_limit_gpus:g}" if team.burst_limit_gpus < 1000 else None)
+    for name in outside:
+        team_namespace(cluster.api, name, queue=False)
     watch = Watch(cluster, outside)
     for r in range(rounds):
         for work in spec.work:

@@ -194,3 +194,40 @@ def test_everything_that_waits_is_listed_annotated_and_told_with_its_cause(share
             assert QUEUE_POSITION_ANNOTATION in notes and notes[QUEUE_REASON_ANNOTATION] == rows[key]["reason"], key
         involved = [e for e in cluster.events(ns) if e["involvedObject"]["name"] in {name, *(p["metadata"]["name"] for p in pods)}]
         assert len(involved) == 1, (key, [e["message"] for e in involved])
+
+
+def test_a_webhook_sent_every_namespace_still_gates_only_the_queues(shared, tmp_path):
+    """A MutatingWebhookConfiguration edited to send every namespace (no namespaceSelector): the
+    webhook's own list of the queue's namespaces (``QueueNamespaces``, listed apart from any review)
+    keeps a pod outside the queue ungated, so kube-scheduler places it; a queue pod is gated."""
+    import functools
+
+    from kube_fleet import mutating_webhook
+
+    from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
+    from gpuwarden.actuator.kube.queue_namespaces import QueueNamespaces
+    from gpuwarden.actuator.kube.webhook import WebhookService
+
+    cluster = shared()
+    api = cluster.api
+    gpu_node(api, "gpu-0")
+    team_namespace(api, "research", guaranteed="8")
+    team_namespace(api, "ops", queue=False)
+    team_namespace(api, "gpuwarden", queue=False)
+    mutating_webhook(api, "gw", None, service=("gpuwarden", "gw", "/mutate-pods"))  # no namespaceSelector
+    certificates = WebhookCertificates(cluster.cluster.api, CertPolicy("gw", "gpuwarden"), "gw-cert", "gw")
+    queue = QueueNamespaces(cluster.cluster.api).start()
+    webhook = WebhookService(tmp_path / "certs", 0, host="127.0.0.1", namespaces=queue,
+                             refresh=functools.partial(certificates.ensure, tmp_path / "certs")).start()
+    try:
+        api.webhook_services[("gpuwarden", "gw")] = f"https://127.0.0.1:{webhook.server.port}"
+        cluster.pod("research", "queued", pod_spec(count=1, gated=False))
+        cluster.pod("ops", "theirs", pod_spec(count=1, gated=False))
+        assert {c.review["request"]["namespace"] for c in api.webhook_calls} == {"research", "ops"}  # both sent
+        assert _gated(cluster.pod_named("research", "queued"))
+        assert not cluster.pod_named("ops", "theirs")["spec"].get("schedulingGates")
+        cluster.fake.step(0)
+        assert cluster.pod_named("ops", "theirs")["spec"].get("nodeName") == "gpu-0"  # kube-scheduler's, at once
+    finally:
+        webhook.stop()
+        queue.stop()

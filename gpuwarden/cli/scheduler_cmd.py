@@ -93,7 +93,7 @@ def _attained(args: argparse.Namespace):
     return attained_from_samples(source.read, args.since.total_seconds())
 
 
-def webhook_server(args: argparse.Namespace, cluster, clock: Clock):
+def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=None):
     """The admission webhook's HTTPS service on ``--webhook-port`` (every replica serves it, the
     leader or not), or None. Without cert-manager (``--webhook-secret`` given) the scheduler keeps
     the CA and serving pair in that Secret and the webhook configuration's caBundle current."""
@@ -112,10 +112,12 @@ def webhook_server(args: argparse.Namespace, cluster, clock: Clock):
         certificates = WebhookCertificates(cluster.api, CertPolicy(args.webhook_service, args.namespace),
                                            args.webhook_secret, args.webhook_configuration, clock=clock)
         refresh = functools.partial(certificates.ensure, args.webhook_cert_dir)
-    return WebhookService(args.webhook_cert_dir, args.webhook_port, refresh=refresh, clock=clock)
+    return WebhookService(args.webhook_cert_dir, args.webhook_port, refresh=refresh, clock=clock,
+                          namespaces=namespaces)
 
 
 def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
+    from gpuwarden.actuator.kube.queue_namespaces import QueueNamespaces
     from gpuwarden.actuator.queue_server import QueueServer
     from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
     from gpuwarden.actuator.scheduler_service import SchedulerService
@@ -130,7 +132,8 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         print(f"gpuwarden: error: {error}", file=sys.stderr)
         return 2
     attained = _attained(args)  # checked before anything starts
-    webhook = webhook_server(args, cluster, clock)
+    queue = QueueNamespaces(cluster.api, clock=clock)  # the webhook gates only there, whatever it is sent
+    webhook = webhook_server(args, cluster, clock, queue)
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
     metrics = SchedulerMetrics()
@@ -142,6 +145,7 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
     if webhook is not None:
+        queue.start()
         webhook.start()
     try:
         done, succeeded = run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
@@ -149,6 +153,7 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         server.stop()
         if webhook is not None:
             webhook.stop()
+            queue.stop()
     if done and not succeeded:  # e.g. --rounds 1 against an API server that does not answer
         print(f"gpuwarden scheduler: error: every round failed ({done} of {done}); see the errors above", file=sys.stderr)
         return 1

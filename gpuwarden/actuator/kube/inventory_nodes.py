@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kubernetes.utils import parse_quantity
 
-from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology
+from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology, WorkloadState
 from gpuwarden.fleet.price_tiers import TIER_LABEL, tier_from_labels
 from gpuwarden.scheduling.mig import compute_slices, fits, mig_table
 
@@ -263,3 +263,25 @@ class Layout:
             self.whole[node] = index + 1
             out.append(Placement(node, gpus[min(index, len(gpus) - 1)]))
         return out
+
+
+def overfull_nodes(workloads: Sequence[WorkloadState], offers: Mapping[str, NodeOffer]) -> set[str]:
+    """Nodes whose pods, as laid, need more than the node offers of a kind: whole GPUs, time-sliced
+    shares, or one MIG instance twice."""
+    used: dict[tuple[str, object], int] = {}
+    for ws in workloads:
+        for p in ws.placements:
+            offer = offers.get(p.node)
+            if offer is None:
+                continue
+            kind: object = (p.gpu_uuid, p.mig_instance_id) if p.mig_instance_id is not None else (
+                "shares" if offer.replicas > 1 else "whole")
+            used[(p.node, kind)] = used.get((p.node, kind), 0) + 1
+    full = set()
+    for (node, kind), count in used.items():
+        offer = offers[node]
+        capacity = 1 if isinstance(kind, tuple) else len(offer.gpus) * offer.replicas if kind == "shares" \
+            else len(offer.whole)
+        if count > capacity:
+            full.add(node)
+    return full

@@ -42,7 +42,7 @@ from .admission import pod_view
 from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
                     PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
 from .inventory_model import Group, Inventory
-from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest
+from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest, overfull_nodes
 from .inventory_pods import (_tolerations, _unscheduled_reason, cpu_memory_request, gpu_request, node_selection,
                              parse_time, priority_of)
 
@@ -250,7 +250,7 @@ class WorkloadReader:
         that kube-scheduler bound there while the reserved pods were being made) is dropped: that
         workload waits again and is planned anew, rather than admitted onto GPUs that are taken."""
         out = self._build(teams_by_ns, offers, kueue, frozenset())
-        full = _overfull_nodes(out, offers) | self._laid_past
+        full = overfull_nodes(out, offers) | self._laid_past
         taken = {key for key, nodes in self.inventory.reserved.items() if full & set(nodes)}
         if not taken:
             return out
@@ -392,24 +392,3 @@ class WorkloadReader:
                         ", ".join(allowed))
         return priority_name if priority_name and priority_of(priority_name).value != priority_name else None
 
-
-def _overfull_nodes(workloads: list[WorkloadState], offers: Mapping[str, NodeOffer]) -> set[str]:
-    """Nodes whose pods, as laid, need more than the node offers of a kind: whole GPUs, time-sliced
-    shares, or one MIG instance twice."""
-    used: dict[tuple[str, object], int] = {}
-    for ws in workloads:
-        for p in ws.placements:
-            offer = offers.get(p.node)
-            if offer is None:
-                continue
-            kind: object = (p.gpu_uuid, p.mig_instance_id) if p.mig_instance_id is not None else (
-                "shares" if offer.replicas > 1 else "whole")
-            used[(p.node, kind)] = used.get((p.node, kind), 0) + 1
-    full = set()
-    for (node, kind), count in used.items():
-        offer = offers[node]
-        capacity = 1 if isinstance(kind, tuple) else len(offer.gpus) * offer.replicas if kind == "shares" \
-            else len(offer.whole)
-        if count > capacity:
-            full.add(node)
-    return full

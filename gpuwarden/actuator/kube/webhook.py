@@ -303,8 +303,11 @@ class WebhookService:
 
     def __init__(self, cert_dir: str | Path, port: int, host: str = "0.0.0.0",
                  refresh: Callable[[], object] | None = None, refresh_seconds: float = 3600.0,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, namespaces: Container[str] | None = None) -> None:
+        """``namespaces``: the only namespaces whose pods it gates (``queue_namespaces.QueueNamespaces``);
+        None trusts the configuration's namespaceSelector."""
         self.cert_dir, self.port, self.host = cert_dir, port, host
+        self.namespaces = namespaces
         self.refresh, self.refresh_seconds, self.clock = refresh, refresh_seconds, clock
         self.server: WebhookServer | None = None
         self.refreshes = 0  # attempts done, failed ones included
@@ -327,7 +330,7 @@ class WebhookService:
 
     def start(self) -> WebhookService:
         self._refresh()
-        self.server = serve_webhook(self.cert_dir, self.port, self.host)
+        self.server = serve_webhook(self.cert_dir, self.port, self.host, namespaces=self.namespaces)
         if self.refresh is not None:
             threading.Thread(target=self._loop, name="gpuwarden-webhook-certs", daemon=True).start()
         return self
