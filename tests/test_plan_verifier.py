@@ -152,3 +152,25 @@ def test_every_invariant_is_named_in_the_docs(name):
     from pathlib import Path
 
     assert f"`{name}`" in (Path(__file__).parents[1] / "docs" / "scheduling-live.md").read_text()
+
+
+def test_a_replay_pass_that_breaks_a_rule_stops_the_replay(monkeypatch):
+    """A replay's figures are the shipped policy's only while every pass keeps the rules: a pass whose
+    decisions start a job on a GPU another holds stops the replay with the rule named (a bug, exit 1)."""
+    from gpuwarden.scheduling import Job, NodeState, Scheduler, State
+    from gpuwarden.scheduling.errors import PlanRefused
+    from gpuwarden.scheduling.replay import Replay
+    from gpuwarden.scheduling.scheduler import Decision, DecisionKind
+
+    real = Scheduler.schedule
+
+    def doubled(self, state, now):  # the real pass, and the second job on the first one's GPU
+        decisions = real(self, state, now)
+        waiting = [j for j in state.jobs.values() if j.state.value == "pending"]
+        return decisions + [Decision(DecisionKind.BIND, j.name, (("n0", 0, 1000),)) for j in waiting[:1]]
+
+    monkeypatch.setattr(Scheduler, "schedule", doubled)
+    jobs = [Job(name, "a", submitted=0.0, duration=100.0) for name in ("first", "second")]
+    replay = Replay(State([NodeState("n0", "gpu", 1, 10**6, 10**12)]), Scheduler("fifo"), jobs)
+    with pytest.raises(PlanRefused, match=r"over-commit: GPU 0 of n0 \(milli-GPU\) would hold 2000 of 1000"):
+        replay.run()

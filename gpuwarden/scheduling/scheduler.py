@@ -245,33 +245,42 @@ class Scheduler(VictimSearch):
 
 def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[QueueEntry]:
     """Where each waiting job stands and why it waits."""
+    free: dict[tuple[object, ...], tuple[int, int]] = {}  # what is free of a kind on a set of nodes, worked out once
     return [
         QueueEntry(position=i + 1, job=j.name, team=j.team, priority=j.priority, state=j.state.value,
-                   waiting_seconds=now - j.submitted, reason=_said(scheduler, state, j))
+                   waiting_seconds=now - j.submitted, reason=_said(scheduler, state, j, free))
         for i, j in enumerate(scheduler.queue(state, now))
     ]
 
 
-def _said(scheduler: Scheduler, state: State, job: Job) -> str:
+def _said(scheduler: Scheduler, state: State, job: Job, free: dict[tuple[object, ...], tuple[int, int]]) -> str:
     reason = job.wait_reason or "not yet considered"
     if not reason.startswith(CAPACITY):
         return reason
-    figures = capacity_figures(state, job, scheduler._allowed_nodes(state, job))
-    return f"{figures}{reason[len(CAPACITY):]}" if figures else reason
+    key = (*allowed_key(job), job.mig_profile, job.milli)
+    if key not in free:
+        nodes = scheduler._allowed_nodes(state, job)
+        free[key] = (free_of_kind(job, nodes), len(nodes))
+    return capacity_figures(job, *free[key]) + reason[len(CAPACITY):]
 
 
-def capacity_figures(state: State, job: Job, nodes: list[NodeState]) -> str:
-    """What ``job`` needs and what is free of that resource kind on the nodes it may use, from their
-    allocatable: whole GPUs (MIG-partitioned and time-sliced GPUs are not), instances of its MIG
-    profile, or time-sliced shares."""
+def free_of_kind(job: Job, nodes: list[NodeState]) -> int:
+    """What is free of ``job``'s resource kind on ``nodes``, from their allocatable: whole GPUs
+    (MIG-partitioned and time-sliced GPUs are not), instances of its MIG profile, or shares of its size."""
     if job.mig_profile:
-        free = sum(max(0, layout.count(job.mig_profile) - node.mig_used[g].count(job.mig_profile))
+        return sum(max(0, layout.count(job.mig_profile) - node.mig_used[g].count(job.mig_profile))
                    for node in nodes for g, layout in enumerate(node.mig_layout) if layout)
-        return (f"capacity: needs {job.pods} x {job.mig_profile}; {free} free on the {len(nodes)} node(s) "
-                "it may use")
     if job.milli < MILLI:
-        free = sum(f // job.milli for node in nodes for g, f in enumerate(node.gpu_free) if node.mig_layout[g] is None)
-        return f"capacity: needs {job.pods} share(s) of {job.milli} milli-GPU; {free} free on the {len(nodes)} node(s) it may use"
-    free = sum(node.whole_free() for node in nodes)
-    return (f"capacity: needs {job.pods * job.gpus_per_pod} whole GPUs; {free} free on the {len(nodes)} node(s) "
-            "it may use")
+        return sum(f // job.milli for node in nodes for g, f in enumerate(node.gpu_free) if node.mig_layout[g] is None)
+    return sum(node.whole_free() for node in nodes)
+
+
+def capacity_figures(job: Job, free: int, nodes: int) -> str:
+    """What ``job`` needs beside what is free of that kind (:func:`free_of_kind`) on the ``nodes`` it may use."""
+    if job.mig_profile:
+        needs = f"{job.pods} x {job.mig_profile}"
+    elif job.milli < MILLI:
+        needs = f"{job.pods} share(s) of {job.milli} milli-GPU"
+    else:
+        needs = f"{job.pods * job.gpus_per_pod} whole GPUs"
+    return f"capacity: needs {needs}; {free} free on the {nodes} node(s) it may use"

@@ -23,18 +23,21 @@ the engine's own bookkeeping: usage is summed again from where each workload's p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Workload, WorkloadPhase, WorkloadState
 from gpuwarden.fleet.semantics_scalar import request_gpu_equivalents
 
-from .state import MILLI, Job, JobState, State
+from .state import MILLI, Job, Slot, State
 
 EPSILON = 1e-6
 INVARIANTS = ("over-commit", "guarantee", "burst", "gang", "victim", "scope")
 Amount = int | str  # milli-GPU on a GPU, or the MIG profile of one instance
+GpuKey = tuple[str, "str | int"]  # (node, the GPU's id there: a UUID live, an index in a replay)
+Slot3 = tuple[str, "str | int", Amount]  # (node, GPU, amount)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Holder:
     team: str
     gpus: float  # whole-GPU equivalents of the whole workload, as quotas count them
     pods: int
-    slots: tuple[tuple[str, str, Amount], ...] = ()  # (node, GPU id, amount): empty unless it runs
+    slots: tuple[Slot3, ...] = ()  # (node, GPU, amount): empty unless it runs
     cpu_milli: int = 0  # per pod
     memory_bytes: int = 0
     slots_per_pod: int = 1
@@ -65,13 +68,16 @@ class Holder:
 class Ledger:
     """What the cluster holds before the plan."""
 
-    gpu_node: dict[str, str] = field(default_factory=dict)  # GPU id -> its node
-    mig_layout: dict[str, tuple[str, ...]] = field(default_factory=dict)  # MIG GPU id -> its instances
+    # every GPU, and the instances of a MIG GPU (None: a GPU offered whole or by shares)
+    gpus: dict[GpuKey, tuple[str, ...] | None] = field(default_factory=dict)
     shared_nodes: frozenset[str] = frozenset()  # nodes whose GPUs take fractions (time-sliced)
     host: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> CPU milli, memory bytes for workloads
     running: dict[str, Holder] = field(default_factory=dict)
     waiting: dict[str, Holder] = field(default_factory=dict)
     teams: dict[str, tuple[float, float]] = field(default_factory=dict)  # team -> (guaranteed, burst)
+    # GPUs each team holds, where the ledger lists only the running work a plan touches (a replay's);
+    # None: summed from ``running``
+    used: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class Step:
 
     start: bool
     key: str
-    slots: tuple[tuple[str, str, Amount], ...] = ()
+    slots: tuple[Slot3, ...] = ()
     deferred: bool = False  # held for its victims, admitted once they are gone
     reserved: bool = False  # admitted onto GPUs the ledger already counts as its own
     beneficiary: str = ""  # a stop: the workload it makes room for
@@ -119,11 +125,18 @@ def violations(ledger: Ledger, steps: Sequence[Step], in_scope: Callable[[str], 
 
 
 def _over_commit(ledger: Ledger, starts: list[Step], stops: list[Step]) -> list[Violation]:
+    """Usage is summed again, from where each workload's pods are, on the nodes the plan starts work on."""
     stopped = {s.key for s in stops}
-    before = _usage(ledger, ledger.running.values())
-    victims = _usage(ledger, (h for k, h in ledger.running.items() if k in stopped))
-    now_added = _usage(ledger, (_placed(ledger, s) for s in starts if not s.deferred and not s.reserved))
-    all_added = _usage(ledger, (_placed(ledger, s) for s in starts if not s.reserved))
+    placed = [_placed(ledger, s) for s in starts if not s.reserved]
+    touched = {node for holder in placed for node, _, _ in holder.slots}
+    if not touched:
+        return []
+    near = [h for h in ledger.running.values() if any(node in touched for node, _, _ in h.slots)]
+    before = _usage(ledger, near)
+    victims = _usage(ledger, (h for h in near if h.key in stopped))
+    now_added = _usage(ledger, (h for h, s in zip(placed, (s for s in starts if not s.reserved), strict=True)
+                                if not s.deferred))
+    all_added = _usage(ledger, placed)
     found: list[Violation] = []
     for when, added, less in (("while its victims still stop", now_added, None),
                               ("once its victims stopped", all_added, victims)):
@@ -141,10 +154,11 @@ def _quota(ledger: Ledger, steps: Sequence[Step], moved: set[str]) -> list[Viola
     pass decides them): at each start, no team it took work from is below its guarantee while the
     starting team is over its own, and the starting team is within its burst. Work moved (stopped
     and started again in the plan) keeps its team's GPUs throughout."""
-    used: dict[str, float] = {}
-    for held in ledger.running.values():
-        if held.in_scope:
-            used[held.team] = used.get(held.team, 0.0) + held.gpus
+    used: dict[str, float] = dict(ledger.used) if ledger.used is not None else {}
+    if ledger.used is None:
+        for held in ledger.running.values():
+            if held.in_scope:
+                used[held.team] = used.get(held.team, 0.0) + held.gpus
     taken: dict[str, list[Holder]] = {}  # beneficiary -> the victims stopped for it so far
     found: list[Violation] = []
     for step in steps:
@@ -194,7 +208,7 @@ def _placed(ledger: Ledger, step: Step) -> Holder:
                   holder.memory_bytes, holder.slots_per_pod, holder.in_scope)
 
 
-Resource = tuple[str, str, str]  # ("gpu", GPU id, "" | profile) or ("cpu" | "memory", node, "")
+Resource = tuple[str, str, "str | int", str]  # ("gpu", node, GPU, "" | profile) or ("cpu" | "memory", node, "", "")
 
 
 def _usage(ledger: Ledger, holders: Iterable[Holder]) -> dict[Resource, float]:
@@ -204,38 +218,40 @@ def _usage(ledger: Ledger, holders: Iterable[Holder]) -> dict[Resource, float]:
         for node, gpu, amount in holder.slots:
             pods_on[node] = pods_on.get(node, 0) + 1
             if isinstance(amount, str):
-                key: Resource = ("gpu", gpu, amount)
+                key: Resource = ("gpu", node, gpu, amount)
                 used[key] = used.get(key, 0) + 1
             elif amount:  # 0: a pod asking CPU and memory only
                 # a GPU that takes no fractions is held whole by any pod on it
                 taken = amount if node in ledger.shared_nodes else max(amount, MILLI)
-                key = ("gpu", gpu, "")
+                key = ("gpu", node, gpu, "")
                 used[key] = used.get(key, 0) + taken
         total = len(holder.slots)
         for node, count in pods_on.items():
             pods = holder.pods * count / total
             for kind, per_pod in (("cpu", holder.cpu_milli), ("memory", holder.memory_bytes)):
                 if per_pod:
-                    used[(kind, node, "")] = used.get((kind, node, ""), 0) + per_pod * pods
+                    used[(kind, node, "", "")] = used.get((kind, node, "", ""), 0) + per_pod * pods
     return used
 
 
 def _capacity(ledger: Ledger, resource: Resource) -> float:
-    kind, where, profile = resource
+    kind, node, gpu, profile = resource
     if kind in ("cpu", "memory"):
-        cpu, memory = ledger.host.get(where, (0, 0))
+        cpu, memory = ledger.host.get(node, (0, 0))
         return cpu if kind == "cpu" else memory
-    layout = ledger.mig_layout.get(where)
+    if (node, gpu) not in ledger.gpus:
+        return 0  # no such GPU
+    layout = ledger.gpus[(node, gpu)]
     if profile:
         return layout.count(profile) if layout else 0
-    return 0 if layout or where not in ledger.gpu_node else MILLI
+    return 0 if layout else MILLI
 
 
 def _name(resource: Resource) -> str:
-    kind, where, profile = resource
+    kind, node, gpu, profile = resource
     if kind == "gpu":
-        return f"GPU {where}" + (f" ({profile} instances)" if profile else " (milli-GPU)")
-    return f"node {where} ({kind})"
+        return f"GPU {gpu} of {node}" + (f" ({profile} instances)" if profile else " (milli-GPU)")
+    return f"node {node} ({kind})"
 
 
 def _fmt(value: float) -> str:
@@ -248,45 +264,62 @@ STARTS = (ActionKind.BIND, ActionKind.RESUME)
 STOPS = (ActionKind.SUSPEND, ActionKind.PREEMPT, ActionKind.EVICT)
 
 
-def ledger_of_snapshot(snapshot: ClusterSnapshot, quotas: bool = True) -> Ledger:
+def ledger_of_snapshot(snapshot: ClusterSnapshot, quotas: bool = True, actions: Sequence[Action] | None = None) -> Ledger:
+    """The ledger of a snapshot; with the plan's ``actions``, only the work they touch is listed (the
+    workloads they name and the running work on the nodes they start work on) and each team's GPUs
+    are summed: a round of 10,000 workloads judges a plan of a few dozen actions."""
     ledger = Ledger(shared_nodes=frozenset(n.name for n in snapshot.nodes if n.shares_gpus))
     profile_of: dict[tuple[str, int], str] = {}
     for gpu in snapshot.gpus:
-        ledger.gpu_node[gpu.uuid] = gpu.node
+        ledger.gpus[(gpu.node, gpu.uuid)] = tuple(i.profile for i in gpu.mig_instances) if gpu.mig_enabled else None
         if gpu.mig_enabled:
-            ledger.mig_layout[gpu.uuid] = tuple(i.profile for i in gpu.mig_instances)
             profile_of.update(((gpu.uuid, i.gpu_instance_id), i.profile) for i in gpu.mig_instances)
     for node in snapshot.nodes:
         cpu, memory = snapshot.node_overhead.get(node.name, (0, 0))
         ledger.host[node.name] = (node.cpu_milli - cpu, node.memory_bytes - memory)
-    refused = snapshot.refused_teams
+    named = touched = None
+    if actions is not None:
+        named = {a.target for a in actions}
+        touched = {str(p["node"]) for a in actions if a.kind in STARTS for p in a.params.get("placements", ())}
+        ledger.used = {}
+    refused, used = snapshot.refused_teams, ledger.used
     for ws in snapshot.workloads:
-        holder = _holder_of(ws, snapshot.in_queue(ws.workload.namespace) and ws.workload.team not in refused,
-                            profile_of)
-        if ws.phase == WorkloadPhase.RUNNING:
+        w = ws.workload
+        in_scope = snapshot.in_queue(w.namespace) and w.team not in refused
+        running = ws.phase == WorkloadPhase.RUNNING
+        if used is not None and running and in_scope:
+            used[w.team] = used.get(w.team, 0.0) + _gpus_of(w)
+        if named is not None and touched is not None and w.key not in named and not (
+                running and any(p.node in touched for p in ws.placements)):
+            continue
+        holder = _holder_of(ws, in_scope, profile_of)
+        if running:
             ledger.running[holder.key] = holder
         elif ws.phase in (WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED):
-            ledger.waiting[holder.key] = Holder(holder.key, holder.team, holder.gpus, holder.pods, (),
-                                                holder.cpu_milli, holder.memory_bytes, holder.slots_per_pod,
-                                                holder.in_scope)
+            ledger.waiting[holder.key] = dataclasses.replace(holder, slots=())
     if quotas:
         ledger.teams = {t.name: (t.guaranteed_gpus, t.burst_limit_gpus) for t in snapshot.teams}
     return ledger
 
 
+def _gpus_of(w: Workload) -> float:
+    """Whole-GPU equivalents of a workload, as the engine's quotas count them (its model for MIG)."""
+    request = w.gpus
+    return request_gpu_equivalents(request.mig_profile, w.gang_size * max(request.count, 1) if not request.mig_profile
+                                   else w.gang_size, request.fraction_milli, model=request.gpu_model)
+
+
 def _holder_of(ws: WorkloadState, in_scope: bool, profile_of: Mapping[tuple[str, int], str]) -> Holder:
     w = ws.workload
     request = w.gpus
-    slots: list[tuple[str, str, Amount]] = []
+    slots: list[Slot3] = []
     for p in ws.placements:
         if p.mig_instance_id is not None:
             slots.append((p.node, p.gpu_uuid, profile_of.get((p.gpu_uuid, p.mig_instance_id), request.mig_profile or "")))
         else:
             slots.append((p.node, p.gpu_uuid, request.fraction_milli if request.count else MILLI))
     per_pod = request.count if not request.mig_profile and request.fraction_milli == MILLI else 1
-    gpus = request_gpu_equivalents(request.mig_profile, w.gang_size * max(request.count, 1) if not request.mig_profile
-                                   else w.gang_size, request.fraction_milli, model=request.gpu_model)
-    return Holder(w.key, w.team, gpus, w.gang_size, tuple(slots), w.cpu_milli, w.memory_bytes, max(per_pod, 1),
+    return Holder(w.key, w.team, _gpus_of(w), w.gang_size, tuple(slots), w.cpu_milli, w.memory_bytes, max(per_pod, 1),
                   in_scope)
 
 
@@ -313,49 +346,59 @@ def workload_scope(snapshot: ClusterSnapshot) -> Callable[[str], bool]:
 def check_actions(snapshot: ClusterSnapshot, actions: Iterable[Action], quotas: bool = True) -> list[Violation]:
     """The rules on a live round's plan: the snapshot it was made on, the actions it would apply.
     ``quotas``: the policy keeps guarantees and burst limits (the baselines fifo and tiresias do not)."""
-    return violations(ledger_of_snapshot(snapshot, quotas), steps_of_actions(actions), workload_scope(snapshot))
+    actions = list(actions)
+    return violations(ledger_of_snapshot(snapshot, quotas, actions), steps_of_actions(actions), workload_scope(snapshot))
 
 
 # -- the replays: the engine's state and decisions --------------------------------------------------------
 
-def ledger_of_state(state: State, quotas: bool = True) -> Ledger:
-    """The ledger of a ``State`` before a pass (every running job where it runs); ``quotas`` as for
-    :func:`check_actions`."""
-    ledger = Ledger()
+def capacity_of_state(state: State) -> Ledger:
+    """What a ``State``'s nodes offer (a replay's stay as they are: worked out once per replay)."""
+    ledger = Ledger(shared_nodes=frozenset(state.nodes))  # the engine books fractions as it places them
     for node in state.nodes.values():
         ledger.host[node.name] = (node.cpu_capacity, node.mem_capacity)
-        for g, gpu_id in enumerate(node.gpu_ids):
-            ledger.gpu_node[gpu_id] = node.name
-            if node.mig_layout[g] is not None:
-                ledger.mig_layout[gpu_id] = tuple(node.mig_layout[g] or ())
-    ids = {name: node.gpu_ids for name, node in state.nodes.items()}
-    for job in state.jobs.values():
-        holder = _holder_of_job(job, ids if job.state == JobState.RUNNING else None)
-        (ledger.running if job.state == JobState.RUNNING else ledger.waiting)[job.name] = holder
-    if quotas:
-        ledger.teams = {team: (spec.guaranteed, spec.burst) for (team, _), spec in state.quotas.specs.items()}
-    ledger.shared_nodes = frozenset(state.nodes)  # the engine books fractions as it places them
+        for g, layout in enumerate(node.mig_layout):
+            ledger.gpus[(node.name, g)] = tuple(layout) if layout is not None else None
     return ledger
 
 
-def _gpu_id(ids: Mapping[str, list[str]], node: str, g: int) -> str:
-    """The id of GPU ``g`` of ``node`` (a CPU-only pod's slot names GPU 0 of a node that may have none)."""
-    on_node = ids[node]
-    return on_node[g] if g < len(on_node) else f"{node}/no-gpu"
+def ledger_of_state(state: State, running: Mapping[str, list[Slot]], decisions: Sequence[Any],
+                    quotas: bool = True, capacity: Ledger | None = None) -> Ledger:
+    """The ledger a pass's ``decisions`` are judged on, from a ``State`` and ``running``: each running
+    job's placements as the pass found them (a pass replaces a job's list, never changes it in place,
+    so the lists taken before it are that). It lists the running work the decisions stop or share a
+    node with, the waiting work they start, and each team's GPUs (the rest of the thousands of jobs a
+    replay holds cannot break a rule of this plan); ``capacity``: :func:`capacity_of_state`, kept.
+    ``quotas`` as for :func:`check_actions`."""
+    base = capacity or capacity_of_state(state)
+    used: dict[str, float] = {}
+    ledger = Ledger(gpus=base.gpus, shared_nodes=base.shared_nodes, host=base.host, used=used)
+    touched = {node for d in decisions for node, _, _ in d.placements}
+    named = {d.job for d in decisions}
+    jobs = state.jobs
+    for name, placements in running.items():
+        job = jobs[name]
+        if not job.foreign:
+            used[job.team] = used.get(job.team, 0.0) + job.gpu_equivalents
+        if name in named or any(node in touched for node, _, _ in placements):
+            ledger.running[name] = _holder_of_job(job, placements)
+    for name in named - set(running):
+        ledger.waiting[name] = _holder_of_job(jobs[name], [])
+    if quotas:
+        ledger.teams = {team: (spec.guaranteed, spec.burst) for (team, _), spec in state.quotas.specs.items()}
+    return ledger
 
 
-def _holder_of_job(job: Job, ids: Mapping[str, list[str]] | None) -> Holder:
-    slots = tuple((node, _gpu_id(ids, node, g), amount) for node, g, amount in job.placements) if ids else ()
-    return Holder(job.name, job.team, job.gpu_equivalents, job.pods, slots, job.cpu_milli, job.mem_bytes,
+def _holder_of_job(job: Job, placements: list[Slot]) -> Holder:
+    return Holder(job.name, job.team, job.gpu_equivalents, job.pods, tuple(placements), job.cpu_milli, job.mem_bytes,
                   job.gpus_per_pod if job.whole else 1, not job.foreign)
 
 
-def steps_of_decisions(state: State, decisions: Iterable[Any]) -> list[Step]:
-    """The pass's decisions (``scheduler.Decision``) as steps; starts land at once in a replay."""
-    ids = {name: node.gpu_ids for name, node in state.nodes.items()}
+def steps_of_decisions(decisions: Iterable[Any]) -> list[Step]:
+    """The pass's decisions (``scheduler.Decision``) as steps, GPUs by (node, index) as the engine names
+    them; starts land at once in a replay."""
     steps = []
     for d in decisions:
         start = d.kind in ("bind", "resume")
-        slots = tuple((node, _gpu_id(ids, node, g), amount) for node, g, amount in d.placements) if start else ()
-        steps.append(Step(start, d.job, slots, deferred=True, beneficiary=d.beneficiary))
+        steps.append(Step(start, d.job, tuple(d.placements) if start else (), deferred=True, beneficiary=d.beneficiary))
     return steps

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from ..policy import QueueOrder
 from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
 from ..errors import PlanRefused
-from ..state import Job, JobState, State
-from ..verify import ledger_of_state, steps_of_decisions, violations
+from ..state import Job, JobState, Slot, State
+from ..verify import capacity_of_state, ledger_of_state, steps_of_decisions, violations
 from .accrual import Accrual
 from .jobs import JobModel
 
@@ -76,6 +76,7 @@ class Replay:
         self._completions: list[tuple[float, int, str]] = []  # (time, epoch, job); stale when the epoch moved on
         self._epoch: dict[str, int] = {}
         self._accrual = Accrual()
+        self._capacity = capacity_of_state(state)  # what the nodes offer, for the plan verifier
 
     def run(self) -> Replay:
         next_arrival = 0
@@ -111,15 +112,21 @@ class Replay:
             if changed:
                 if reads_service:  # nothing else in a pass reads what the running jobs accrued
                     self._accrual.write_back(progress=False)
-                before = ledger_of_state(self.state, self.scheduler.policy.quotas)
+                before = {name: job.placements for name, job in self.running.items()}  # lists a pass replaces
                 decisions = self.scheduler.schedule(self.state, self.now)
-                broken = violations(before, steps_of_decisions(self.state, decisions))
-                if broken:  # the figures a replay publishes are the shipped policy's only while it keeps the rules
-                    raise PlanRefused(f"replay at {self.now:g} s: the pass's plan breaks "
-                                      + "; ".join(map(str, broken)))
+                if decisions:
+                    self._verify(before, decisions)
                 self._apply(decisions)
         self._accrual.write_back()
         return self
+
+    def _verify(self, before: dict[str, list[Slot]], decisions: list[Decision]) -> None:
+        """The pass's plan against the rules (:mod:`..verify`): the figures a replay publishes are the
+        shipped policy's only while it keeps them."""
+        ledger = ledger_of_state(self.state, before, decisions, self.scheduler.policy.quotas, self._capacity)
+        broken = violations(ledger, steps_of_decisions(decisions))
+        if broken:
+            raise PlanRefused(f"replay at {self.now:g} s: the pass's plan breaks " + "; ".join(map(str, broken)))
 
     def computing_seconds(self, name: str, start: float, end: float) -> float:
         """Seconds of ``[start, end)`` running job ``name`` computed (not paying its resume overhead)."""
