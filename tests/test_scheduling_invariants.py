@@ -65,5 +65,5 @@ def test_the_kueue_baseline_keeps_them_too(spec):
 def test_the_random_clusters_exercised_the_round():
     """Not vacuous: the examples above admitted, preempted and ran many rounds (runs after them)."""
     assert SEEN["clusters"] >= EXAMPLES and SEEN["rounds"] >= EXAMPLES * ROUNDS, SEEN
-    print(SEEN)
+    print(f"random clusters in memory: {SEEN}")
     assert SEEN["binds"] > 5 * EXAMPLES and SEEN["stops"] > EXAMPLES // 4, SEEN

@@ -171,6 +171,7 @@ def test_the_random_kubernetes_clusters_exercised_admission():
     """Not vacuous: the examples above admitted work (much of what random clusters ask can never
     start: a zone no node has, a MIG profile no node offers; each waits with its reason, and the
     soak below is where preemption runs hundreds of times)."""
+    print(f"random clusters on Kubernetes: {SEEN}")
     assert SEEN["clusters"] >= 30 and SEEN["rounds"] >= 300, SEEN
     assert SEEN["admissions"] >= 60, SEEN
 

@@ -2,9 +2,11 @@
 
 Each round reads ``cluster.snapshot()``, fills each workload's attained service where it was given
 a source of it (``attained``: the live service measures it from the metrics source; the simulator
-counts it itself), holds out workloads it can never place (bad input, :mod:`.round_screen`), plans
+counts it itself), holds out workloads that cannot start as they stand (:mod:`.round_screen`), plans
 on the rest with the scheduling engine (``scheduling.planner``: every fact it uses is in the
-snapshot), applies the actions through ``cluster.apply`` and builds the live queue
+snapshot; work outside the queue's namespaces only holds capacity), checks the whole plan against
+the invariants (``scheduling.verify``: a plan that breaks one is refused whole, logged and counted,
+and nothing of it is done), applies the actions through ``cluster.apply`` and builds the live queue
 (:func:`gpuwarden.scheduling.live_queue.queue_document`). Where the cluster can publish
 (``record_workload_event`` / ``annotate_workload``, :mod:`.queue_publication`) each waiting
 workload gets its position, reason and estimated start. Between rounds it keeps only what a live
