@@ -136,6 +136,29 @@ def test_gpuwarden_queue_prints_the_live_queue(served, capsys):
         ("1", "beta/big", "18000.0"), ("2", "beta/small", "3600.0")]
 
 
+def test_gpuwarden_queue_names_a_refused_team_and_the_pods_left_alone(capsys):
+    """A team whose quota annotation cannot be read carries its error in the team table, and pods
+    gated by hand outside the queue are listed, as /queue has them (issue 31)."""
+    document = {"taken_at": NOW.isoformat(), "policy": "gpuwarden", "round": 3, "workloads": [],
+                "teams": [{"team": "research", "guaranteed_gpus": None, "burst_limit_gpus": None, "allocated_gpus": 4.0,
+                           "borrowed_gpus": 0.0, "lent_gpus": 0.0, "pending_workloads": 0, "pending_gpus": 0.0,
+                           "error": "namespace research: gpuwarden.io/guaranteed-gpus='8Gi' is not a number of GPUs"},
+                          {"team": "vision", "guaranteed_gpus": 4.0, "burst_limit_gpus": None, "allocated_gpus": 0.0,
+                           "borrowed_gpus": 0.0, "lent_gpus": 0.0, "pending_workloads": 0, "pending_gpus": 0.0}],
+                "ignored_pods": [{"pod": "ops/by-hand", "reason": "carries the gpuwarden.io/admission gate in namespace "
+                                                                 "ops, which has no gpuwarden.io/queue label"}]}
+    server = QueueServer(lambda: document, port=0).start()
+    try:
+        assert main(["queue", "--scheduler-url", server.url, "--wide"]) == 0
+        out = capsys.readouterr().out
+        assert "guaranteed-gpus='8Gi' is not a number of GPUs" in out
+        assert "ignored pods" in out and "ops/by-hand" in out
+        assert main(["queue", "--scheduler-url", server.url, "--format", "json", "--namespace", "vision"]) == 0
+        assert json.loads(capsys.readouterr().out)["ignored_pods"] == []  # another namespace's pods
+    finally:
+        server.stop()
+
+
 def test_gpuwarden_queue_says_in_one_line_when_the_scheduler_is_unreachable(capsys):
     server = QueueServer(lambda: {}, port=0)
     url = server.url

@@ -2,7 +2,7 @@
 portal submissions.
 
 - ``GET /queue``: the latest round's queue document (:mod:`gpuwarden.scheduling.live_queue`);
-  ``?namespace=N`` keeps that namespace's workloads (the team table stays whole); 503 before the
+  ``?namespace=N`` keeps that namespace's workloads and ignored pods (the team table stays whole); 503 before the
   first round;
 - ``GET /metrics``: the scheduler's Prometheus registry (:mod:`.scheduler_metrics`);
 - ``GET /healthz``: 200 ``ok`` while the process serves (the chart's liveness probe);
@@ -33,7 +33,9 @@ def filter_namespace(document: Mapping[str, Any], namespace: str | None) -> dict
     """The queue document with only ``namespace``'s workloads (all of them when None)."""
     if not namespace:
         return dict(document)
-    return {**document, "workloads": [w for w in document.get("workloads", ()) if w.get("namespace") == namespace]}
+    return {**document, "workloads": [w for w in document.get("workloads", ()) if w.get("namespace") == namespace],
+            "ignored_pods": [p for p in document.get("ignored_pods", ())
+                             if str(p.get("pod", "")).partition("/")[0] == namespace]}
 
 
 class QueueServer:

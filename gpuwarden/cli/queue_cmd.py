@@ -121,6 +121,13 @@ def run(args: argparse.Namespace) -> int:
              "start": _short_time(w.get("estimated_start")), "reason": w.get("reason")} for w in workloads]
     heading = (f"queue at {document.get('taken_at')} (policy {document.get('policy')}, round {document.get('round')}): "
                f"{len(workloads)} waiting" + (f" in {args.namespace}" if args.namespace else "") + "\n")
-    teams = [{c: t.get(c) for c in TEAM_COLUMNS} for t in document.get("teams", [])]
-    emit(args, heading + render_rows(rows, args.format, args.wide) + "\nteams\n" + render_rows(teams, args.format, args.wide))
+    refused = any(t.get("error") for t in document.get("teams", []))  # a quota annotation that cannot be read
+    teams = [{**{c: t.get(c) for c in TEAM_COLUMNS}, **({"error": t.get("error") or ""} if refused else {})}
+             for t in document.get("teams", [])]
+    text = heading + render_rows(rows, args.format, args.wide) + "\nteams\n" + render_rows(teams, args.format, args.wide)
+    ignored = [{"pod": p.get("pod"), "reason": p.get("reason")} for p in document.get("ignored_pods") or ()
+               if isinstance(p, dict)]
+    if ignored:  # gated by hand outside the queue: gpuwarden leaves them alone
+        text += "\nignored pods\n" + render_rows(ignored, args.format, args.wide)
+    emit(args, text)
     return 0
