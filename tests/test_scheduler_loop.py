@@ -297,6 +297,18 @@ def test_a_leads_priority_change_is_planned_once_where_kueue_manages_the_workloa
     assert len([a for a in cluster.applied if a.kind == ActionKind.SET_PRIORITY]) == 1
 
 
+def test_no_priority_change_is_asked_outside_the_queue():
+    """Kueue manages work in namespaces gpuwarden does not queue too: a lead's annotation there is
+    never carried into Kueue by gpuwarden (issue 31: nothing written outside the queue)."""
+    theirs = pending("theirs", "beta", priority_override="high")
+    cluster = RecordingCluster([node("n0", gpus=1)], [workload("busy", on="n0"), theirs])
+    cluster.base = dataclasses.replace(cluster.base, queue_namespaces=frozenset({"alpha"}))
+    cluster.inventory.kueue_workload["beta/theirs"] = "job-theirs-1a2b"
+    scheduling = SchedulingRound(cluster)
+    scheduling.run_round()
+    assert cluster.applied == [] and scheduling.plans_refused == 0
+
+
 # -- the queue document and the metrics --------------------------------------------------------------
 
 

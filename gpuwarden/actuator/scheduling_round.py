@@ -265,7 +265,7 @@ class SchedulingRound:
         for ws in snapshot.workloads:
             key, wanted = ws.workload.key, ws.priority_override
             if (key in managed and wanted and wanted != ws.workload.priority_class.value
-                    and self.priorities_asked.get(key) != wanted):
+                    and self.priorities_asked.get(key) != wanted and snapshot.in_queue(ws.workload.namespace)):
                 self.priorities_asked[key] = wanted
                 actions.append(Action(ActionKind.SET_PRIORITY, key, f"priority changed to {wanted} by its team's lead",
                                       {"priority_class": wanted}))
@@ -312,7 +312,8 @@ def _reserved_admissions(snapshot: ClusterSnapshot, stopped: set[str]) -> tuple[
                         {"placements": tuple({"node": p.node, "gpu_uuid": p.gpu_uuid} for p in ws.reserved),
                          "reserved": True})
                  for ws in snapshot.workloads
-                 if ws.reserved and ws.phase == WorkloadPhase.RUNNING and ws.workload.key not in stopped)
+                 if ws.reserved and ws.phase == WorkloadPhase.RUNNING and ws.workload.key not in stopped
+                 and snapshot.in_queue(ws.workload.namespace) and ws.workload.team not in snapshot.refused_teams)
 
 
 def _after_stops(actions: tuple[Action, ...], decisions: Iterable[Decision],
