@@ -17,7 +17,7 @@ from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
 from gpuwarden.actuator.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind, ActionResult, Gpu, GpuRequest, MigInstance, Team, WorkloadPhase
 from gpuwarden.scheduling import verify
-from gpuwarden.scheduling.verify import check_actions
+from gpuwarden.scheduling.ledgers import check_actions
 
 TEAMS = (Team("alpha", 4, 8), Team("beta", 0, 4))
 

@@ -51,7 +51,8 @@ from gpuwarden.scheduling import JobState, Scheduler, State
 from gpuwarden.scheduling.live_queue import queue_document
 from gpuwarden.scheduling.planner import KnownJobs, Schedule, actions_for, policy_for, state_from_snapshot
 from gpuwarden.scheduling.scheduler import Decision, DecisionKind, QueueEntry, queue_positions
-from gpuwarden.scheduling.verify import Violation, check_actions
+from gpuwarden.scheduling.ledgers import check_actions
+from gpuwarden.scheduling.verify import Violation
 
 from .plan import IDLE_RECLAIM as BY_IDLE_RECLAIM
 from .kube.gates import REQUESTED_BY_ANNOTATION, RESUME_REQUESTED_ANNOTATION, SUSPENDED_BY_ANNOTATION

@@ -170,8 +170,9 @@ class Runner:
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already started")
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        thread.start()
+        self._thread = thread  # set once started: a signal between the two must leave nothing to join
         return self
 
     def stop(self, timeout_seconds: float = 30.0) -> bool:
@@ -181,12 +182,12 @@ class Runner:
             self._stopping = True
         self._wake.set()
         thread, self._thread = self._thread, None
-        if thread is not None:
+        if thread is not None and thread.ident is not None:
             thread.join(timeout_seconds)
         still = []
         for job in self.jobs.values():
             worker = job._thread
-            if worker is not None:
+            if worker is not None and worker.ident is not None:  # started (a signal may land in between)
                 worker.join(timeout_seconds)
                 if worker.is_alive():
                     still.append(job.name)

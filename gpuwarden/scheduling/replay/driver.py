@@ -31,7 +31,8 @@ from ..policy import QueueOrder
 from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
 from ..errors import PlanRefused
 from ..state import Job, JobState, Slot, State
-from ..verify import capacity_of_state, ledger_of_state, steps_of_decisions, violations
+from ..ledgers import capacity_of_state, ledger_of_state, steps_of_decisions
+from ..verify import violations
 from .accrual import Accrual
 from .jobs import JobModel
 
