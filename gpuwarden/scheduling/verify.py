@@ -191,10 +191,6 @@ def _started(ledger: Ledger, step: Step, stopped: set[str]) -> Holder | None:
     return ledger.waiting.get(step.key)
 
 
-def _holder(ledger: Ledger, key: str) -> Holder | None:
-    return ledger.waiting.get(key) or ledger.running.get(key)
-
-
 def _placed(ledger: Ledger, step: Step) -> Holder:
     """The started workload with the plan's slots."""
     holder = ledger.waiting.get(step.key) or ledger.running.get(step.key) or Holder(step.key, "", 0.0, 1)
