@@ -123,18 +123,13 @@ def _offering(nodes: list[NodeState], by_name: Mapping[str, Node], job: Job,
     if job.milli < MILLI:
         return "a GPU or a MIG instance", [n for n in nodes if n.gpu_count]
     # a time-sliced node (Kubernetes) offers no whole GPU: its pool keeps whole-GPU work off it
-    return "whole GPUs", [n for n in nodes if _whole(n)]
+    return "whole GPUs", [n for n in nodes if n.whole_free()]
 
 
 def _pools_text(kind: str, pools: tuple[str, ...]) -> str:
     if pools == (NO_WHOLE_GPU_POOL,):
         return f"no node offers {kind}: every GPU node is time-sliced (nvidia.com/gpu.shared) or MIG"
     return f"no node offering {kind} is in its pool(s) {', '.join(pools)}"
-
-
-def _whole(node: NodeState) -> int:
-    """Whole GPUs the node offers (its GPUs that are neither MIG-partitioned nor unhealthy)."""
-    return node.whole_free()
 
 
 def _no_kind(nodes: list[NodeState], kind: str, job: Job) -> str:
@@ -182,7 +177,7 @@ def _too_large(nodes: list[NodeState], job: Job, kind: str) -> str | None:
         return None
     if not job.whole:
         return None
-    largest, total = max(_whole(n) for n in nodes), sum(_whole(n) for n in nodes)
+    largest, total = max(n.whole_free() for n in nodes), sum(n.whole_free() for n in nodes)
     if job.gpus_per_pod > largest:
         return (f"asks for {job.gpus_per_pod} whole GPUs per pod; the largest node it may use offers {largest} "
                 f"whole GPUs (nvidia.com/gpu allocatable)")
@@ -202,7 +197,7 @@ def _by_placement(empty: State, nodes: list[NodeState], job: Job, options: Place
     if reason.startswith("topology"):
         leaves: dict[str, int] = {}
         for node in nodes:
-            leaves[node.leaf_switch] = leaves.get(node.leaf_switch, 0) + _whole(node) // max(job.gpus_per_pod, 1)
+            leaves[node.leaf_switch] = leaves.get(node.leaf_switch, 0) + node.whole_free() // max(job.gpus_per_pod, 1)
         most = max(leaves.values(), default=0)
         return (f"gang of {job.pods} pods x {job.gpus_per_pod} GPUs fits under no single leaf switch (the most one "
                 f"leaf switch holds is {most} such pod(s))")

@@ -64,7 +64,7 @@ def ledger_of_snapshot(snapshot: ClusterSnapshot, quotas: bool = True, actions: 
 def _gpus_of(w: Workload) -> float:
     """Whole-GPU equivalents of a workload, as the engine's quotas count them (its model for MIG)."""
     request = w.gpus
-    return request_gpu_equivalents(request.mig_profile, w.gang_size * max(request.count, 1) if not request.mig_profile
+    return request_gpu_equivalents(request.mig_profile, w.gang_size * request.count if not request.mig_profile
                                    else w.gang_size, request.fraction_milli, model=request.gpu_model)
 
 

@@ -39,9 +39,7 @@ class Decision:
     job: str
     placements: tuple[Slot, ...] = ()  # a start's: where it goes
     reason: str = ""
-    # a stop's: the job it makes room for, and where it ran until now (what the plan verifier reads)
-    beneficiary: str = ""
-    held: tuple[Slot, ...] = ()
+    beneficiary: str = ""  # a stop's: the job it makes room for (what the plan verifier reads)
 
 
 class QueueEntry(TypedDict):
@@ -140,8 +138,7 @@ class Scheduler(VictimSearch):
             if victims:
                 failed_shapes.clear()  # evictions free room a failed shape may now fit in
             for victim in victims:
-                decisions.append(self._evict(victim, now, f"preempted for {job.name}", job.name,
-                                             tuple(statement.evicted_placements(victim))))
+                decisions.append(self._evict(victim, now, f"preempted for {job.name}", job.name))
             before = state.free_whole(touched := {name for name, _, _ in placements})  # not O(nodes) per job
             statement.allocate(job, placements)
             free_whole = state.free_whole() if victims else free_whole - before + state.free_whole(touched)
@@ -182,8 +179,7 @@ class Scheduler(VictimSearch):
                     continue
                 placements, moved = moves
                 decisions.extend(Decision(DecisionKind.SUSPEND, m.name, (), f"moved to make room for {job.name} "
-                                          "(checkpoint, then resume on other GPUs)", job.name,
-                                          tuple(statement.evicted_placements(m))) for m, _ in moved)
+                                          "(checkpoint, then resume on other GPUs)", job.name) for m, _ in moved)
                 decisions.append(self._started(job, placements, now))
                 decisions.extend(self._started(mover, slots, now, f"moved for {job.name}") for mover, slots in moved)
                 break
@@ -224,8 +220,7 @@ class Scheduler(VictimSearch):
             moved.append((mover, slots))
         return placements, moved
 
-    def _evict(self, victim: Job, now: float, reason: str, beneficiary: str = "",
-               held: tuple[Slot, ...] = ()) -> Decision:
+    def _evict(self, victim: Job, now: float, reason: str, beneficiary: str = "") -> Decision:
         victim.preempted_at.append(now)
         recent = [t for t in victim.preempted_at if now - t <= self.policy.protect_window]
         if len(recent) >= self.policy.protect_after:
@@ -233,14 +228,14 @@ class Scheduler(VictimSearch):
         if self.policy.checkpoint and victim.checkpointable:
             victim.state = JobState.SUSPENDED
             return Decision(DecisionKind.SUSPEND, victim.name, (),
-                            reason + " (checkpoint, then pause; resumes when capacity returns)", beneficiary, held)
+                            reason + " (checkpoint, then pause; resumes when capacity returns)", beneficiary)
         victim.state = JobState.PENDING  # the caller rolls progress back to the last periodic checkpoint
         if not victim.recreated:
             return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (a bare pod: nothing makes it again, "
                             "so it was taken only as the last resort, when no other work could make room)",
-                            beneficiary, held)
+                            beneficiary)
         return Decision(DecisionKind.PREEMPT, victim.name, (), reason + " (not checkpointable: restarts from scratch)",
-                        beneficiary, held)
+                        beneficiary)
 
 
 def queue_positions(scheduler: Scheduler, state: State, now: float) -> list[QueueEntry]:

@@ -82,6 +82,7 @@ class WorkloadReader:
         self.teams_by_ns: Mapping[str, str] = {}
         self._overhead: dict[str, tuple[int, int]] = {}
         self._laid_past: set[str] = set()
+        self._holding: set[str] = set()  # workloads whose reservation holds GPUs for pods still to admit
 
     def _refuse(self, key: str, reason: str) -> None:
         self.inventory.refused.setdefault(key, reason)
@@ -251,7 +252,9 @@ class WorkloadReader:
         workload waits again and is planned anew, rather than admitted onto GPUs that are taken."""
         out = self._build(teams_by_ns, offers, kueue, frozenset())
         full = overfull_nodes(out, offers) | self._laid_past
-        taken = {key for key, nodes in self.inventory.reserved.items() if full & set(nodes)}
+        # a hold still waiting for pods (one whose pods are all admitted holds nothing: its stale
+        # annotation lapses by itself)
+        taken = {key for key in self._holding if full & set(self.inventory.reserved[key])}
         if not taken:
             return out
         for key in sorted(taken):
@@ -268,6 +271,7 @@ class WorkloadReader:
         whole_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas == 1}))
         layout = Layout(offers)
         self._laid_past = layout.overfull  # nodes whose pods needed a MIG instance of theirs none was left of
+        self._holding = set()
         # nodes where pods are still stopping (a suspended Job's, or being deleted): a reservation
         # there is admitted only once they are gone, or kube-scheduler would make room itself
         stopping = {node for g in self.groups.values() for pod, node in g.held
@@ -298,6 +302,7 @@ class WorkloadReader:
                 continue
             waiting_for = self._reservation(group) if key not in unreserved else []
             if waiting_for:  # resumed: its pods are admitted onto the nodes the plan held for them
+                self._holding.add(key)
                 held = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
                 reserved = tuple(p for node in waiting_for for p in layout.lay(node, group.request))
                 self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
