@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_kube_api import FakeKubeAPI  # noqa: E402
 from kube_fleet import namespace, node, pod  # noqa: E402
 
-from gpuwarden.actuator import Actuator, Mode, PlanningPolicy, SafetyLimits, plan_from_findings  # noqa: E402
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client  # noqa: E402
+from gpuwarden.remediation import Actuator, Mode, PlanningPolicy, SafetyLimits, plan_from_findings  # noqa: E402
+from gpuwarden.kube import KubeApi, KubeCluster, load_client  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, Severity  # noqa: E402
 from gpuwarden.fleet.clock import FakeClock  # noqa: E402
 from gpuwarden.scheduling.planner import plan as schedule_plan  # noqa: E402

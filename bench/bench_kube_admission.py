@@ -44,9 +44,9 @@ from bench_actuator import api_server  # noqa: E402
 from fake_kube_api import FakeKubeAPI  # noqa: E402
 from kube_fleet import job, namespace, node, pod  # noqa: E402
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client  # noqa: E402
-from gpuwarden.actuator.kube.gates import QUEUE_LABEL  # noqa: E402
-from gpuwarden.actuator.scheduling_round import EPOCH  # noqa: E402
+from gpuwarden.kube import KubeApi, KubeCluster, load_client  # noqa: E402
+from gpuwarden.kube.gates import QUEUE_LABEL  # noqa: E402
+from gpuwarden.scheduler.scheduling_round import EPOCH  # noqa: E402
 from gpuwarden.fleet import ActionKind  # noqa: E402
 from gpuwarden.fleet.clock import FakeClock  # noqa: E402
 from gpuwarden.scheduling import Scheduler  # noqa: E402

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_kube_api import FakeKubeAPI  # noqa: E402
 from kube_fleet import node  # noqa: E402
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client  # noqa: E402
+from gpuwarden.kube import KubeApi, KubeCluster, load_client  # noqa: E402
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity  # noqa: E402
 from gpuwarden.fleet.clock import FakeClock  # noqa: E402
 

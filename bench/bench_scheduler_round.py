@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from builders import NOW, node, snapshot, workload  # noqa: E402
 
-from gpuwarden.actuator.scheduling_round import SchedulingRound  # noqa: E402
+from gpuwarden.scheduler.scheduling_round import SchedulingRound  # noqa: E402
 from gpuwarden.fleet import ActionResult, Placement, Team, WorkloadPhase  # noqa: E402
 from gpuwarden.scheduling import plan  # noqa: E402
 

@@ -38,7 +38,7 @@ def one_run(days: float, nodes: int, seed: int) -> dict[str, float]:
 
     try:
         from gpuwarden.cli.simfleet import simulated_fleet
-        import gpuwarden.actuator.scheduling_round  # noqa: F401 (what simulated_fleet imports when called)
+        import gpuwarden.scheduler.scheduling_round  # noqa: F401 (what simulated_fleet imports when called)
     except ImportError:  # a checkout from before the simulator became a cluster scheduled it itself
         from gpuwarden.sim import Simulation as simulated_fleet  # type: ignore[assignment]
     started, cpu = time.perf_counter(), time.process_time()

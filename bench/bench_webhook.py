@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_webhook import pod, review  # noqa: E402  (the tests' AdmissionReview shape)
 
-from gpuwarden.actuator.kube.certs import CertPolicy, plan_rotation, write_cert_files  # noqa: E402
-from gpuwarden.actuator.kube.webhook import admission_response, serve_webhook  # noqa: E402
+from gpuwarden.kube.certs import CertPolicy, plan_rotation, write_cert_files  # noqa: E402
+from gpuwarden.kube.webhook import admission_response, serve_webhook  # noqa: E402
 
 
 def median_seconds(step: Callable[[], object], repeat: int) -> float:

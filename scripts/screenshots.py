@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Reconciler
 from gpuwarden.cli.demo import precompute_reports
 from gpuwarden.fleet import cluster_state as cs
 from gpuwarden.dashboards.cdp import Chromium, find_chromium

@@ -32,7 +32,7 @@ from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
 from fake_kube_scheduler import FakeKubeScheduler, StepResult
 from kube_fleet import namespace, priority_class
 
-from gpuwarden.actuator.kube.gates import ADMISSION_GATE, QUEUE_LABEL  # the names a user writes in manifests
+from gpuwarden.kube.gates import ADMISSION_GATE, QUEUE_LABEL  # the names a user writes in manifests
 H100 = "NVIDIA-H100-80GB-HBM3"
 START_SECONDS = epoch_seconds("2026-12-01T08:00:00Z")
 TEAMS = {"research": (16, 40), "vision": (16, 32), "nlp": (8, 24)}  # team -> (guaranteed, burst) GPUs

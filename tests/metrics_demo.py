@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpuwarden.actuator.audit import AuditEntry, AuditLog, Outcome
+from gpuwarden.remediation.audit import AuditEntry, AuditLog, Outcome
 from gpuwarden.cli.metrics_cmd import add_parser
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import cluster_state

@@ -38,10 +38,10 @@ from fake_kube_api import CORE, FakeKubeAPI
 from gated_scenario import START_SECONDS, FakeCluster, job_manifest, submit
 from kube_fleet import namespace, priority_class
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import CHECKPOINT_ANNOTATION, QUEUE_LABEL
-from gpuwarden.actuator.kube.team_quotas import BURST_ANNOTATION, GUARANTEE_ANNOTATION, WEIGHT_ANNOTATION
-from gpuwarden.actuator.scheduling_round import RoundOutcome, SchedulingRound
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.gates import CHECKPOINT_ANNOTATION, QUEUE_LABEL
+from gpuwarden.kube.team_quotas import BURST_ANNOTATION, GUARANTEE_ANNOTATION, WEIGHT_ANNOTATION
+from gpuwarden.scheduler.scheduling_round import RoundOutcome, SchedulingRound
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import ActionKind, ClusterSnapshot, PriorityClass, Workload, WorkloadKind, WorkloadPhase
 from gpuwarden.fleet.clock import ModelClock

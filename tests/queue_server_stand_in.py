@@ -1,7 +1,7 @@
 """A small real HTTP server speaking the scheduler's queue contract (``GET /queue``, ``POST /submit``,
 see /work/prompts/contract21.md "Live queue JSON"), for the portal and Queue page tests.
 
-It is a stand-in for the scheduler's own server (``gpuwarden.actuator.queue_server``), which is
+It is a stand-in for the scheduler's own server (``gpuwarden.scheduler.queue_server``), which is
 wired to these pages at integration; it serves contract-shaped JSON the test writes, and records
 what was posted. ``submit`` decides the answer to a POST (default: accept as ``ns/name-1``).
 """

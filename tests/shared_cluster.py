@@ -18,10 +18,10 @@ from fake_kube_api import BATCH, CORE, FakeKubeAPI
 from gated_scenario import H100, FakeCluster
 from kube_fleet import namespace, priority_class
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import ADMISSION_GATE, QUEUE_LABEL
-from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.gates import ADMISSION_GATE, QUEUE_LABEL
+from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionResult, ClusterSnapshot
 from gpuwarden.fleet.clock import ModelClock
 

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 from builders import InterceptedCluster, node, snapshot
 from polling import tick, wait_for
 
-from gpuwarden.actuator import (
+from gpuwarden.remediation import (
     Actuator,
     AuditLog,
     Mode,

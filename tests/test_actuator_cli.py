@@ -12,7 +12,7 @@ from builders import fleet_samples
 from fake_kube_api import COORDINATION, CORE, FakeKubeAPI
 from kube_fleet import node
 
-from gpuwarden.actuator.approvals import pending
+from gpuwarden.remediation.approvals import pending
 from gpuwarden.cli import main
 
 START = pd.Timestamp("2026-11-23T00:00:00Z")

@@ -73,8 +73,8 @@ def test_a_wait_ends_when_the_clock_passes_its_deadline_or_its_event_is_set() ->
 def test_a_reconcile_round_that_overruns_is_never_doubled_and_the_next_keeps_to_the_grid() -> None:
     """APScheduler's rules (max_instances=1, coalesce): the fire times at 120, 180 and 240 come while
     the first round runs and are skipped; the next round is at 300, on the interval's grid."""
-    from gpuwarden.actuator.loop import Reconciler, RoundReport
-    from gpuwarden.actuator.plan import Plan
+    from gpuwarden.remediation.loop import Reconciler, RoundReport
+    from gpuwarden.remediation.plan import Plan
 
     clock = FakeClock()
     release = threading.Event()

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from gpuwarden.actuator import AuditEntry, AuditLog, Mode, Outcome
-from gpuwarden.actuator import audit_report as av
+from gpuwarden.remediation import AuditEntry, AuditLog, Mode, Outcome
+from gpuwarden.remediation import audit_report as av
 from gpuwarden.dashboards.launch import APP_PATH
 
 PAGE = APP_PATH.parent / "views" / "actions.py"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.actuator import (
+from gpuwarden.remediation import (
     Actuator,
     AuditLog,
     Mode,
@@ -29,10 +29,10 @@ from gpuwarden.actuator import (
     SafetyLimits,
     approvals,
 )
-from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH
+from gpuwarden.portal.submit import DEMO_TEMPLATES_PATH
 from gpuwarden.dashboards.cdp import EXCEPTION_MARKERS, Chromium, find_chromium
-from gpuwarden.actuator.kube.gates import REQUESTED_BY_ANNOTATION
-from gpuwarden.actuator.queue_server import QueueServer
+from gpuwarden.kube.gates import REQUESTED_BY_ANNOTATION
+from gpuwarden.scheduler.queue_server import QueueServer
 from gpuwarden.cli.demo_live import portal_submitter
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from test_dashboard_idle_cost import fleet
 
-from gpuwarden.actuator import approvals
+from gpuwarden.remediation import approvals
 from gpuwarden.analytics import health_report as hv
 from gpuwarden.dashboards import STORE_ENV, auth, fmt, palette
 from gpuwarden.fleet import cluster_state as cs

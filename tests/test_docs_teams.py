@@ -22,9 +22,9 @@ from fake_kube_api import BATCH, CORE, SCHEDULING
 from kube_fleet import mutating_webhook, namespace
 from shared_cluster import Shared, gpu_node
 
-from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
-from gpuwarden.actuator.kube.gates import QUEUE_REASON_ANNOTATION
-from gpuwarden.actuator.kube.webhook import WebhookService
+from gpuwarden.kube.certs import CertPolicy, WebhookCertificates
+from gpuwarden.kube.gates import QUEUE_REASON_ANNOTATION
+from gpuwarden.kube.webhook import WebhookService
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduling-live.md"
 PATHS = {("v1", "Namespace"): ("/api/v1/namespaces", False), ("v1", "Pod"): ("/api/v1/namespaces/{ns}/pods", True),

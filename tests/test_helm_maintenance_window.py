@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_helm import CHART, NAMESPACE, RELEASE, helm, one, render, run_helm  # noqa: F401 (helm is a fixture)
 
-from gpuwarden.actuator.maintenance import MaintenanceWindow
+from gpuwarden.remediation.maintenance import MaintenanceWindow
 from gpuwarden.cli import build_parser
 
 

@@ -23,9 +23,9 @@ from test_helm import test_every_3way_combination_passes_helm_lint_strict as lin
 from test_helm import test_every_container_is_locked_down_in_every_combination as locked_down
 from test_helm import test_every_manifest_validates_against_kubernetes_1_29_to_1_37 as validates
 
-from gpuwarden.actuator.kube.certs import CertPolicy
-from gpuwarden.actuator.kube.gates import KUEUE_QUEUE_LABEL, QUEUE_LABEL
-from gpuwarden.actuator.kube.webhook import MUTATE_PATH
+from gpuwarden.kube.certs import CertPolicy
+from gpuwarden.kube.gates import KUEUE_QUEUE_LABEL, QUEUE_LABEL
+from gpuwarden.kube.webhook import MUTATE_PATH
 from gpuwarden.cli import build_parser
 
 SCHEDULER = f"{RELEASE}-gpuwarden-scheduler"

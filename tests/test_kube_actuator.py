@@ -17,11 +17,11 @@ from fake_kube_api import BATCH, CORE, KUEUE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, kueue_workload, namespace, node, pdb, pod
 from polling import tick
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.approvals import decide, pending
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.scheduling_round import SchedulingRound
-from gpuwarden.actuator.plan import NOTIFIED_ANNOTATION
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
+from gpuwarden.remediation.approvals import decide, pending
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
+from gpuwarden.remediation.plan import NOTIFIED_ANNOTATION
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 

@@ -11,12 +11,12 @@ import pytest
 from fake_kube_api import BATCH, CORE, SCHEDULING, FakeKubeAPI
 from kube_fleet import namespace, node
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import (ADMISSION_GATE, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION,
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.gates import (ADMISSION_GATE, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION,
                                            GANG_LABEL, GANG_SIZE_LABEL, PRIORITY_CLASS_ANNOTATION,
                                            QUEUE_POSITION_ANNOTATION, QUEUE_LABEL, SUSPENDED_BY_ANNOTATION)
-from gpuwarden.actuator.kube.inventory import NodeLabels
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube.inventory import NodeLabels
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind, WorkloadPhase
 from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.scheduling.mig import fits
@@ -349,7 +349,7 @@ def test_bad_input_is_named_and_never_stops_the_snapshot(api, tmp_path, caplog):
     gpu_pod(api, "ml", "slice", 1, resource="nvidia.com/gpu.shared")  # no node shares its GPUs
     gpu_pod(api, "ml", "g-0", 1, labels={GANG_LABEL: "g", GANG_SIZE_LABEL: "many"})
     cluster = connect(api, tmp_path)
-    with caplog.at_level("WARNING", logger="gpuwarden.actuator.kube"):
+    with caplog.at_level("WARNING", logger="gpuwarden.kube"):
         states = states_of(cluster.snapshot())
     assert set(states) == {"ml/train"} and states["ml/train"].priority_override is None
     assert "annotation gpuwarden.io/priority-class='urgent' is not one of: best-effort, low, normal, high, critical" \

@@ -9,7 +9,7 @@ import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import node, pod
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, KubeFailure, load_client
+from gpuwarden.kube import KubeApi, KubeCluster, KubeFailure, load_client
 from gpuwarden.cli import main
 
 
@@ -65,8 +65,8 @@ def test_actuator_plan_on_a_wrong_shaped_answer_exits_1_with_the_reason_not_a_tr
 def test_an_unreadable_answer_to_a_write_does_not_say_nothing_was_done():
     """The server answers a write after acting on it: an answer that is not JSON leaves open whether
     it did, where an unreadable answer to a read means nothing was done."""
-    from gpuwarden.actuator.kube.answers import parse_object
-    from gpuwarden.actuator.kube.failure import KubeFailure
+    from gpuwarden.kube.answers import parse_object
+    from gpuwarden.kube.failure import KubeFailure
 
     with pytest.raises(KubeFailure, match="patch nodes: the API server's answer is not JSON .*; the change may have been made"):
         parse_object(b"<html>proxy</html>", "patch", "nodes")

@@ -10,8 +10,8 @@ from fake_kube_api import COORDINATION, FakeKubeAPI
 from kube_fleet import node
 from polling import tick, wait_for
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, LeaderElector, load_client
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
+from gpuwarden.kube import KubeApi, KubeCluster, LeaderElector, load_client
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 from gpuwarden.fleet.runner import Runner

@@ -13,9 +13,9 @@ import pytest
 from fake_kube_api import BATCH, CORE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, namespace, node, pod
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.ownership import CORDON_ANNOTATION, DRAINING_ANNOTATION, TAINTS_ANNOTATION
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, SafetyLimits, plan_from_findings
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.ownership import CORDON_ANNOTATION, DRAINING_ANNOTATION, TAINTS_ANNOTATION
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 

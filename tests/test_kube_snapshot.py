@@ -7,8 +7,8 @@ import pytest
 from fake_kube_api import BATCH, CORE, JOBSET, KUEUE, FakeKubeAPI
 from kube_fleet import job, job_with_pods, namespace, node, pod
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind
 
 
@@ -71,7 +71,7 @@ def test_snapshot_reads_nodes_pods_owners_teams_and_pages_through_lists(api, tmp
 def test_a_node_label_outside_the_vocabulary_is_named_and_the_node_kept_with_defaults(api, tmp_path, caplog):
     node(api, "odd", labels={"gpuwarden.io/pool": "train", "gpuwarden.io/price-tier": "cheap"})
     node(api, "cloudy", labels={"gpuwarden.io/location": "cloud"})
-    with caplog.at_level("WARNING", logger="gpuwarden.actuator.kube"):
+    with caplog.at_level("WARNING", logger="gpuwarden.kube"):
         snapshot = connect(api, tmp_path).snapshot()
     odd, cloudy = sorted(snapshot.nodes, key=lambda n: n.name != "odd")
     assert (odd.name, odd.pool, odd.location.value, odd.price_tier.value) == ("odd", "default", "on-prem", "on-demand")

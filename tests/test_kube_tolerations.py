@@ -8,7 +8,7 @@ import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import namespace, node
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
 from gpuwarden.fleet import ActionKind
 from gpuwarden.scheduling import plan
 

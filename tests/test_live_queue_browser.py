@@ -21,10 +21,10 @@ from fake_kube_api import FakeKubeAPI
 from gated_scenario import FakeCluster, build, install_cluster, submit_due
 from test_dashboard_browser import chrome, load, require, serve  # noqa: F401 - chrome is a fixture
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.queue_server import QueueServer
-from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.scheduler.queue_server import QueueServer
+from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.dashboards.cdp import find_chromium
 from gpuwarden.fleet.clock import ModelClock
 

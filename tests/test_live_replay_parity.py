@@ -44,9 +44,9 @@ from gated_scenario import FakeCluster, job_manifest, submit
 from kube_fleet import namespace, priority_class
 from parity_harness import START, Played, config, first_divergence, install, play_live, play_sim, record_slice
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import QUEUE_LABEL
-from gpuwarden.actuator.kube.team_quotas import WEIGHT_ANNOTATION
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.gates import QUEUE_LABEL
+from gpuwarden.kube.team_quotas import WEIGHT_ANNOTATION
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet.clock import ModelClock
 from gpuwarden.sim import ConfigError

@@ -24,10 +24,10 @@ from fake_kube_api import BATCH, CORE, FakeKubeAPI
 from gated_scenario import PRIORITY_CLASSES, TEAMS, FakeCluster, build, install_cluster, job_manifest, submit_due
 from kube_fleet import namespace
 
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.kube.gates import (ADMITTED_NODE_ANNOTATION, QUEUE_LABEL, QUEUE_POSITION_ANNOTATION,
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.kube.gates import (ADMITTED_NODE_ANNOTATION, QUEUE_LABEL, QUEUE_POSITION_ANNOTATION,
                                            QUEUE_REASON_ANNOTATION)
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionKind
 from gpuwarden.fleet.clock import ModelClock
 
@@ -249,8 +249,8 @@ def test_the_webhook_gates_queue_pods_over_tls_and_the_round_admits_them(tmp_pat
     namespace is gated and waits for the round; one elsewhere goes straight to kube-scheduler."""
     import functools
 
-    from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
-    from gpuwarden.actuator.kube.webhook import WebhookService
+    from gpuwarden.kube.certs import CertPolicy, WebhookCertificates
+    from gpuwarden.kube.webhook import WebhookService
     from kube_fleet import mutating_webhook
 
     api = FakeKubeAPI().start()

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.maintenance import DISRUPTIVE, MaintenanceWindow
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
+from gpuwarden.remediation.maintenance import DISRUPTIVE, MaintenanceWindow
 from gpuwarden.cli import main
 from gpuwarden.fleet import Action, ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock

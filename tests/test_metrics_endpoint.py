@@ -18,7 +18,7 @@ from polling import wait_for
 from prometheus_client import CollectorRegistry
 from test_prometheus import free_port
 
-from gpuwarden.actuator.approvals import decision_record
+from gpuwarden.remediation.approvals import decision_record
 from gpuwarden.analytics import IdleParams, Inventory, PriceBook, build_ledger, idle_report
 from gpuwarden.analytics.metrics_collector import METRICS, PREFIX, SnapshotCollector
 from gpuwarden.analytics.metrics_snapshot import (

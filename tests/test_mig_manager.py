@@ -9,7 +9,7 @@ import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from test_kube_admission import connect, gpu_pod
 
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind
 from gpuwarden.scheduling.mig_configs import MigNode, advise_change, named_configs
 

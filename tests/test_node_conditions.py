@@ -11,8 +11,8 @@ import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import node
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.remediation import Actuator, AuditLog, Mode, SafetyLimits, plan_from_findings
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 

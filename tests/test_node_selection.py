@@ -11,8 +11,8 @@ from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import namespace, node
 from test_kube_admission import connect, gated_job, gpu_pod
 
-from gpuwarden.actuator.kube.gates import QUEUE_LABEL
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube.gates import QUEUE_LABEL
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import ActionKind
 from gpuwarden.fleet.cluster_state import snapshot_from_dict, snapshot_to_dict
 from gpuwarden.fleet.node_selection import LabelRequirement, selection_of, selects

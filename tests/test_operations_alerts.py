@@ -48,7 +48,7 @@ def test_alerts_read_metrics_gpuwarden_serves():
     served = {PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _, _) in METRICS.items()}
     served |= {"gpuwarden_actuator_circuit_open",  # the actuator process's own gauges (actuator/apply.py, loop.py)
                "gpuwarden_actuator_last_round_timestamp_seconds"}
-    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics  # the scheduler process's own /metrics
+    from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics  # the scheduler process's own /metrics
 
     served |= {sample.name for family in SchedulerMetrics().registry.collect() for sample in family.samples}
     for name, rule in _alerts().items():

@@ -13,8 +13,8 @@ import logging
 import pytest
 from builders import node, snapshot, workload
 
-from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import Action, ActionKind, ActionResult, Gpu, GpuRequest, MigInstance, Team, WorkloadPhase
 from gpuwarden.scheduling import verify
 from gpuwarden.scheduling.ledgers import check_actions
@@ -130,7 +130,7 @@ def test_a_round_whose_plan_breaks_a_rule_carries_out_none_of_it(monkeypatch, ca
     cluster = _Fixed(snapshot([node("node-0", gpus=8)], [workload("fine", phase=WorkloadPhase.PENDING),
                                                          workload("big", "beta", gpus=6, phase=WorkloadPhase.PENDING)],
                               TEAMS))
-    import gpuwarden.actuator.scheduling_round as scheduling_round
+    import gpuwarden.scheduler.scheduling_round as scheduling_round
 
     real = scheduling_round.actions_for
     bad = bind("beta/big", *(f"GPU-node-0-{g}" for g in range(2, 8)))

@@ -1,4 +1,4 @@
-"""The portal's submissions (gpuwarden.actuator.submit, .submitters): a team template file, a request
+"""The portal's submissions (gpuwarden.portal.submit, .submitters): a team template file, a request
 refused naming the field when it leaves its template, the exact Job created through the official
 client against the fake API server, the lead-only priority change, and the scheduler endpoint the
 demo serves (a stand-in HTTP server here; the scheduler's own is wired at integration)."""
@@ -12,9 +12,9 @@ import pytest
 from fake_kube_api import BATCH, FakeKubeAPI
 from queue_server_stand_in import QueueServerStandIn, queue
 
-from gpuwarden.actuator import submit as sub
-from gpuwarden.actuator.kube import KubeApi, load_client
-from gpuwarden.actuator.submitters import KubeSubmitter, SchedulerEndpoint, submitter_from_env
+from gpuwarden.portal import submit as sub
+from gpuwarden.kube import KubeApi, load_client
+from gpuwarden.portal.submitters import KubeSubmitter, SchedulerEndpoint, submitter_from_env
 
 TEMPLATES = """
 teams:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpuwarden.actuator.kube.inventory_nodes import read_node
+from gpuwarden.kube.inventory_nodes import read_node
 from gpuwarden.analytics import Inventory, PriceBook
 from gpuwarden.analytics.params import AnalyticsError
 from gpuwarden.analytics.pricing_files import INVENTORY_ENV, PRICE_BOOK_ENV, PRICING_SOURCE_ENV, load_pricing

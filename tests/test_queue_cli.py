@@ -21,10 +21,10 @@ from builders import NOW, node, workload
 from polling import wait_for
 from test_scheduler_loop import OWNER_AND_BORROWER, RecordingCluster, pending
 
-from gpuwarden.actuator.kube.gates import REQUESTED_BY_ANNOTATION
-from gpuwarden.actuator.queue_server import QueueServer
-from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.kube.gates import REQUESTED_BY_ANNOTATION
+from gpuwarden.scheduler.queue_server import QueueServer
+from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.cli import main
 from gpuwarden.cli.demo_live import portal_submitter
 from gpuwarden.fleet import WorkloadPhase
@@ -249,7 +249,7 @@ def test_prometheus_scrapes_the_scheduler_and_the_queue_depth_is_read_back(serve
     import yaml
     from servers import ServerProcess, binary
 
-    from gpuwarden.actuator.scheduler_metrics import pending_gpus_history
+    from gpuwarden.scheduler.scheduler_metrics import pending_gpus_history
     from gpuwarden.store.prometheus import PrometheusSource
 
     server, scheduling, _ = served

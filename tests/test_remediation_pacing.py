@@ -15,9 +15,9 @@ from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import node
 from prometheus_client import REGISTRY
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
-from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-from gpuwarden.actuator.pacing import PacingPolicy, pace_from_records
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
+from gpuwarden.remediation.pacing import PacingPolicy, pace_from_records
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
 from gpuwarden.fleet.clock import FakeClock
 
@@ -176,8 +176,8 @@ def test_bad_pacing_settings_are_refused_by_name(field, value):
 def test_the_actions_page_shows_the_pace_the_audit_log_leaves(api, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from gpuwarden.actuator import audit_report as av
-    from gpuwarden.actuator.pacing import pace_rows
+    from gpuwarden.remediation import audit_report as av
+    from gpuwarden.remediation.pacing import pace_rows
     from gpuwarden.dashboards.launch import APP_PATH
 
     store = tmp_path / "store"

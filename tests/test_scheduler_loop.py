@@ -14,7 +14,7 @@ import pytest
 from builders import NOW, node, snapshot, workload
 from polling import tick, wait_for
 
-from gpuwarden.actuator.kube.gates import (
+from gpuwarden.kube.gates import (
     ESTIMATED_START_ANNOTATION,
     QUEUE_POSITION_ANNOTATION,
     QUEUE_REASON_ANNOTATION,
@@ -22,9 +22,9 @@ from gpuwarden.actuator.kube.gates import (
     RESUME_REQUESTED_ANNOTATION,
     SUSPENDED_BY_ANNOTATION,
 )
-from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-from gpuwarden.actuator.scheduler_service import SchedulerService, attained_from_frame, attained_from_samples
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+from gpuwarden.scheduler.scheduler_service import SchedulerService, attained_from_frame, attained_from_samples
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.fleet import (
     Action,
     ActionKind,

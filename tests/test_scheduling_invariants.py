@@ -22,7 +22,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from random_clusters import ClusterSpec, ModelCluster, cluster_specs
 
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.scheduling.verify import Violation
 
 ROUNDS = 12

@@ -28,7 +28,7 @@ from random_clusters import MIG_LAYOUTS, ClusterSpec, NodeSpec, WorkSpec, cluste
 from fake_kube_api import BATCH, CORE
 from shared_cluster import Shared, gpu_node, pod_spec, team_namespace
 
-from gpuwarden.actuator.kube.gates import ADMITTED_NODE_ANNOTATION
+from gpuwarden.kube.gates import ADMITTED_NODE_ANNOTATION
 
 ROUND_SECONDS = 30
 PRIORITY = {"low": "low", "normal": "normal", "high": "high"}

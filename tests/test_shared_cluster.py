@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from shared_cluster import Shared, gpu_node, pod_spec, team_namespace
 
-from gpuwarden.actuator.kube.gates import (QUEUE_POSITION_ANNOTATION,
+from gpuwarden.kube.gates import (QUEUE_POSITION_ANNOTATION,
                                            QUEUE_REASON_ANNOTATION)
 from gpuwarden.fleet import ActionKind
 
@@ -204,9 +204,9 @@ def test_a_webhook_sent_every_namespace_still_gates_only_the_queues(shared, tmp_
 
     from kube_fleet import mutating_webhook
 
-    from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
-    from gpuwarden.actuator.kube.queue_namespaces import QueueNamespaces
-    from gpuwarden.actuator.kube.webhook import WebhookService
+    from gpuwarden.kube.certs import CertPolicy, WebhookCertificates
+    from gpuwarden.kube.queue_namespaces import QueueNamespaces
+    from gpuwarden.kube.webhook import WebhookService
 
     cluster = shared()
     api = cluster.api

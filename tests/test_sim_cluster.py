@@ -430,7 +430,7 @@ def test_the_simulator_is_scheduled_by_the_production_scheduler(sim, cluster):
     disagree."""
     import inspect
 
-    from gpuwarden.actuator.scheduling_round import SchedulingRound
+    from gpuwarden.scheduler.scheduling_round import SchedulingRound
     from gpuwarden.sim import engine
 
     source = inspect.getsource(engine)

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from builders import node, snapshot, workload
-from gpuwarden.actuator import scheduling_round
+from gpuwarden.scheduler import scheduling_round
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import GpuRequest, PriorityClass, Workload, WorkloadKind
 from gpuwarden.scheduling import Scheduler, planner

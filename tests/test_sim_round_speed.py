@@ -8,7 +8,7 @@ import dataclasses
 import threading
 
 from builders import node, snapshot, workload
-from gpuwarden.actuator.scheduling_round import SchedulingRound
+from gpuwarden.scheduler.scheduling_round import SchedulingRound
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import WorkloadPhase
 from gpuwarden.scheduling import state_from_snapshot

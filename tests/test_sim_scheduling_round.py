@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from builders import node, snapshot, workload
-from gpuwarden.actuator.scheduling_round import EPOCH, SchedulingRound
+from gpuwarden.scheduler.scheduling_round import EPOCH, SchedulingRound
 from gpuwarden.cli.simfleet import simulated_fleet
 from gpuwarden.fleet import Action, ActionKind, PriorityClass, WorkloadKind, WorkloadPhase
 from gpuwarden.fleet.taints import taint_blocks

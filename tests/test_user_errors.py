@@ -30,12 +30,12 @@ USER_ERRORS = {
     "gpuwarden.store.prometheus.client.PrometheusError", "gpuwarden.store.prometheus.client.PrometheusUnavailable",
     "gpuwarden.store.prometheus.client.PrometheusQueryError", "gpuwarden.analytics.params.AnalyticsError",
     "gpuwarden.analytics.pricebook.PriceBookError", "gpuwarden.scheduling.errors.SchedulingError",
-    "gpuwarden.scheduling.errors.UnknownMigProfile", "gpuwarden.scheduling.errors.QuotaError",
+    "gpuwarden.fleet.mig_geometry.UnknownMigProfile", "gpuwarden.scheduling.errors.QuotaError",
     "gpuwarden.scheduling.errors.TraceOrderError", "gpuwarden.scheduling.whatif.WhatIfError",
     "gpuwarden.sim.config.ConfigError", "gpuwarden.exporter.main.ExporterError",
     "gpuwarden.exporter.replay.files.ReplayError", "gpuwarden.cli.demo.DemoError", "gpuwarden.cli.demo.DashboardError",
     "gpuwarden.dashboards.sources.StoreUnreadable", "gpuwarden.dashboards.sources.SourceMisconfigured",
-    "gpuwarden.cli.actuator_cmd.SchedulingMoved", "gpuwarden.actuator.submit.PortalError",
+    "gpuwarden.cli.actuator_cmd.SchedulingMoved", "gpuwarden.portal.submit.PortalError",
     "gpuwarden.cli.queue_cmd.SchedulerUnreachable",
     "gpuwarden.fleet.inputs.InputFileError", "gpuwarden.cli.storemark.StorePathError",
     "gpuwarden.fleet.cluster_state.ClusterStateError",
@@ -45,13 +45,13 @@ NOT_USER_ERRORS = {
     "gpuwarden.exporter.nvml.query.NvmlUnavailable": "the host has no NVML; the exporter turns it into an ExporterError naming --backend",
     "gpuwarden.exporter.nvml.query.GpuLost": "a GPU fell off the bus: the exporter marks it lost and carries on",
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",
-    "gpuwarden.actuator.kube.failure.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
+    "gpuwarden.kube.failure.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
     "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
     "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",
     "gpuwarden.store.http_fetch.AnswerTooLarge": "a server's answer too large; each client says which (PrometheusError, a failed scrape)",
     "gpuwarden.scheduling.errors.PlanRefused": "a replay's pass broke an invariant: a bug in the engine (exit 1), never input",
-    "gpuwarden.actuator.kube.team_quotas._Refusal": "a quota annotation that cannot be read; internal control flow: the team "
+    "gpuwarden.kube.team_quotas._Refusal": "a quota annotation that cannot be read; internal control flow: the team "
                                                     "is refused with an Event and a line in /queue",
 }
 

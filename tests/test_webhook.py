@@ -28,10 +28,10 @@ from cryptography import x509
 from fake_kube_api import CORE, FakeKubeAPI
 from polling import tick, wait_for
 
-from gpuwarden.actuator.kube.api import KubeApi, load_client
-from gpuwarden.actuator.kube.certs import CA_CERT, CertPolicy, WebhookCertificates, plan_rotation, write_cert_files
-from gpuwarden.actuator.kube.gates import ADMISSION_GATE, gated_by_gpuwarden
-from gpuwarden.actuator.kube.webhook import CERT_FILE, WebhookService, admission_response, serve_webhook
+from gpuwarden.kube.api import KubeApi, load_client
+from gpuwarden.kube.certs import CA_CERT, CertPolicy, WebhookCertificates, plan_rotation, write_cert_files
+from gpuwarden.kube.gates import ADMISSION_GATE, gated_by_gpuwarden
+from gpuwarden.kube.webhook import CERT_FILE, WebhookService, admission_response, serve_webhook
 from gpuwarden.fleet.clock import FakeClock
 
 ADMISSION = "apis/admissionregistration.k8s.io/v1"
@@ -144,7 +144,7 @@ def test_only_pod_creates_in_the_given_namespaces_are_gated():
     review({"metadata": {"ownerReferences": "x"}, "spec": {}}),
 ], ids=["null", "string", "list", "request-string", "uid-number", "containers-string", "limits-list", "owners-string"])
 def test_what_cannot_be_read_is_allowed_unchanged_and_logged(body, caplog):
-    with caplog.at_level(logging.WARNING, "gpuwarden.actuator.kube.webhook"):
+    with caplog.at_level(logging.WARNING, "gpuwarden.kube.webhook"):
         response = admission_response(body)
     answer = response["response"]
     assert answer["allowed"] is True and "patch" not in answer
@@ -368,7 +368,7 @@ def test_two_replicas_racing_agree_on_one_certificate(api, tmp_path):
 
 def test_a_missing_webhook_configuration_is_reported_not_fatal(api, tmp_path, caplog):
     api.store[(ADMISSION, "mutatingwebhookconfigurations")].clear()
-    with caplog.at_level(logging.WARNING, "gpuwarden.actuator.kube.certs"):
+    with caplog.at_level(logging.WARNING, "gpuwarden.kube.certs"):
         result = manager(api, tmp_path, FakeClock(T0)).ensure()
     assert result.rotated and not result.ca_bundle_patched
     assert "not found" in caplog.text
@@ -384,7 +384,7 @@ def test_the_service_writes_its_pair_before_serving_and_refreshes_it_on_the_cloc
         assert ca_bundle(api) == secret_data(api)[CA_CERT]
         assert _post(service.server, json.dumps(review(pod())).encode(), ca)[0] == 200  # served from the first moment
         api.inject("GET", "/secrets/gw-webhook-cert$", 503, times=1)
-        with caplog.at_level(logging.WARNING, "gpuwarden.actuator.kube.webhook"):
+        with caplog.at_level(logging.WARNING, "gpuwarden.kube.webhook"):
             tick(clock, 3600)
             wait_for(lambda: service.refreshes == 2, what="the hourly refresh")
         assert "refresh failed" in caplog.text  # a warning; it keeps serving

@@ -23,25 +23,25 @@ import threading
 from typing import TYPE_CHECKING
 from pathlib import Path
 
-from gpuwarden.actuator import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
-from gpuwarden.actuator.approvals import decide, pending_from
+from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
+from gpuwarden.remediation.approvals import decide, pending_from
 from gpuwarden.analytics.findings import findings_from_frame
-from gpuwarden.actuator.maintenance import MaintenanceWindow
-from gpuwarden.actuator.pacing import PacingPolicy
+from gpuwarden.remediation.maintenance import MaintenanceWindow
+from gpuwarden.remediation.pacing import PacingPolicy
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.errors import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gpuwarden.actuator.kube import KubeCluster, LeaderElector
+    from gpuwarden.kube import KubeCluster, LeaderElector
     from gpuwarden.fleet.runner import Runner
 
 from .args import host_port, non_negative_int, positive_float, positive_int, ratio
 from .source_notes import rejected_rows_note
 from .sources import add_source_options, open_window
 
-DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")
+DEFAULT_AUDIT = Path(".gpuwarden/remediation/audit.jsonl")
 log = logging.getLogger("gpuwarden.actuator")
 
 
@@ -161,8 +161,8 @@ def _fail(message: str, code: int = 2) -> int:
 
 def kube_cluster(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> KubeCluster:
     # Imported here: the kubernetes client takes a second to import, and other commands never need it.
-    from gpuwarden.actuator.kube import KubeApi, KubeCluster, load_client
-    from gpuwarden.actuator.kube.inventory_nodes import NodeLabels
+    from gpuwarden.kube import KubeApi, KubeCluster, load_client
+    from gpuwarden.kube.inventory_nodes import NodeLabels
 
     client = load_client(str(args.kubeconfig) if args.kubeconfig else None, args.in_cluster, args.context,
                          args.request_timeout)
@@ -211,7 +211,7 @@ def _reconciler(args: argparse.Namespace, actuator: Actuator, interval: float = 
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from gpuwarden.actuator.kube import KubeFailure
+    from gpuwarden.kube import KubeFailure
 
     try:
         cluster = kube_cluster(args)
@@ -271,7 +271,7 @@ def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runne
     leader) and renewed on ``runner`` every third of its duration; else None."""
     if not args.leader_elect:
         return None
-    from gpuwarden.actuator.kube import LeaderElector
+    from gpuwarden.kube import LeaderElector
     from gpuwarden.fleet.triggers import every
 
     elector = LeaderElector(cluster.api, args.namespace, args.lease_name, args.identity, args.lease_duration, clock)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.fleet.errors import UserError
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
-from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH, TEMPLATES_ENV
+from gpuwarden.portal.submit import DEMO_TEMPLATES_PATH, TEMPLATES_ENV
 
 from .args import host_port, number, plain, port
 from .demo_live import (HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, count_series,
@@ -53,7 +53,7 @@ from .storemark import (
 )
 
 if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when it parses
-    from gpuwarden.actuator import Reconciler
+    from gpuwarden.remediation import Reconciler
     from gpuwarden.sim import Simulation
     from gpuwarden.store import LocalStore
     from gpuwarden.store.scraper import Scraper
@@ -182,11 +182,11 @@ def run(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
 
 
 def _run(args: argparse.Namespace, config, clock: Clock) -> int:
-    from gpuwarden.actuator import Actuator, AuditLog, Mode, Reconciler
-    from gpuwarden.actuator.kube.gates import REQUESTED_BY_ANNOTATION
-    from gpuwarden.actuator.queue_server import QueueServer
-    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-    from gpuwarden.actuator.scheduling_round import SchedulingRound
+    from gpuwarden.remediation import Actuator, AuditLog, Mode, Reconciler
+    from gpuwarden.fleet.object_names import REQUESTED_BY_ANNOTATION
+    from gpuwarden.scheduler.queue_server import QueueServer
+    from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+    from gpuwarden.scheduler.scheduling_round import SchedulingRound
     from gpuwarden.dashboards.launch import dashboard_url, launch_dashboard
     from gpuwarden.exporter import ExporterService
     from gpuwarden.cli.simfleet import simulated_fleet

@@ -7,7 +7,7 @@ Jobs (each an APScheduler ``IntervalTrigger`` on the runner's clock, see :mod:`g
   order (one simulated step, one scrape: the four are one job so they never interleave);
 - ``compact`` every :data:`COMPACT_EVERY_STEPS` steps: merge the store's small live files;
 - ``reconcile`` every :data:`RECONCILE_INTERVAL_S`: a health scan of the newest samples and the
-  actuator's observe-mode round (:meth:`gpuwarden.actuator.Reconciler.register`).
+  actuator's observe-mode round (:meth:`gpuwarden.remediation.Reconciler.register`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy rooms are imported when the demo runs, not when it parses
-    from gpuwarden.actuator import Reconciler
+    from gpuwarden.remediation import Reconciler
     from gpuwarden.exporter import ExporterService
     from gpuwarden.fleet.runner import Runner
     from gpuwarden.sim import Simulation
@@ -100,7 +100,7 @@ def portal_submitter(simulation: Simulation, requested_by_annotation: str, templ
     body the portal posts, checked against the same team templates a cluster's portal uses) to the
     simulated fleet as a workload that waits in the queue for the scheduling round; PortalError
     naming the field when the request leaves its team's template."""
-    from gpuwarden.actuator.submit import DEMO_TEMPLATES_PATH, PortalError, PortalRequest, load_templates, workload_of
+    from gpuwarden.portal.submit import DEMO_TEMPLATES_PATH, PortalError, PortalRequest, load_templates, workload_of
 
     templates = load_templates(templates_path or DEMO_TEMPLATES_PATH)
 

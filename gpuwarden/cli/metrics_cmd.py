@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gpuwarden.analytics.metrics_snapshot import MetricsSnapshot
 
 log = logging.getLogger("gpuwarden.cli.metrics")
-DEFAULT_AUDIT = Path(".gpuwarden/actuator/audit.jsonl")  # the actuator command's default, so both agree
+DEFAULT_AUDIT = Path(".gpuwarden/remediation/audit.jsonl")  # the actuator command's default, so both agree
 MIN_INTERVAL_SECONDS = 10.0
 
 

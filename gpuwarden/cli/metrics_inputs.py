@@ -8,8 +8,8 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from gpuwarden.actuator import approvals
-from gpuwarden.actuator.audit import AuditLog, Record, breaker_open_in
+from gpuwarden.remediation import approvals
+from gpuwarden.remediation.audit import AuditLog, Record, breaker_open_in
 from gpuwarden.analytics.metrics_snapshot import ActuatorFigures, QueueFigure
 from gpuwarden.fleet.protocols import ClusterSnapshot
 from gpuwarden.fleet.semantics import to_utc

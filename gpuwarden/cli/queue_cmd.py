@@ -52,8 +52,8 @@ def add_parser(subparsers) -> None:
 def fetch_queue(url: str, namespace: str | None = None, timeout_seconds: float = 10.0) -> dict:
     """The scheduler's queue document; SchedulerUnreachable (one line) when it cannot be read, the
     whole request within ``timeout_seconds``."""
-    from gpuwarden.actuator.submit import PortalError
-    from gpuwarden.actuator.submitters import http_json
+    from gpuwarden.portal.submit import PortalError
+    from gpuwarden.portal.submitters import http_json
 
     query = "?" + urllib.parse.urlencode({"namespace": namespace}) if namespace else ""
     target = url.rstrip("/") + "/queue" + query

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                           params=IdleParams(hoard_grace=args.hoard_grace), bucket=bucket)
     if ledger.rows.empty:
         raise AnalyticsError(f"no samples between {window.start.isoformat()} and {window.end.isoformat()}")
-    from gpuwarden.actuator.scheduler_metrics import pending_gpus_history  # the queue depth the scheduler exported
+    from gpuwarden.scheduler.scheduler_metrics import pending_gpus_history  # the queue depth the scheduler exported
 
     pending = pending_gpus_history(window.source, window.start, window.end) if args.kind == "efficiency" else None
     options = {"cost": {"reclaim_fractions": args.reclaim}, "chargeback": {"unallocated": args.unallocated},

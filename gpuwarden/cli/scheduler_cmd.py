@@ -75,7 +75,7 @@ def _attained(args: argparse.Namespace):
     (every workload would then count as unserved). None with ``--no-attained-service``."""
     if args.no_attained_service:
         return None
-    from gpuwarden.actuator.scheduler_service import attained_from_samples
+    from gpuwarden.scheduler.scheduler_service import attained_from_samples
     from gpuwarden.fleet.errors import UserError
 
     from .sources import open_source
@@ -101,8 +101,8 @@ def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=N
         return None
     import functools
 
-    from gpuwarden.actuator.kube.certs import CertPolicy, WebhookCertificates
-    from gpuwarden.actuator.kube.webhook import WebhookService
+    from gpuwarden.kube.certs import CertPolicy, WebhookCertificates
+    from gpuwarden.kube.webhook import WebhookService
 
     refresh = None
     if args.webhook_secret:
@@ -117,11 +117,11 @@ def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=N
 
 
 def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
-    from gpuwarden.actuator.kube.queue_namespaces import QueueNamespaces
-    from gpuwarden.actuator.queue_server import QueueServer
-    from gpuwarden.actuator.scheduler_metrics import SchedulerMetrics
-    from gpuwarden.actuator.scheduler_service import SchedulerService
-    from gpuwarden.actuator.scheduling_round import SchedulingRound
+    from gpuwarden.kube.queue_namespaces import QueueNamespaces
+    from gpuwarden.scheduler.queue_server import QueueServer
+    from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
+    from gpuwarden.scheduler.scheduler_service import SchedulerService
+    from gpuwarden.scheduler.scheduling_round import SchedulingRound
     from gpuwarden.fleet.runner import Runner
 
     from .actuator_cmd import kube_cluster, leader_elector, run_until_stopped

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def simulated_fleet(config: SimConfig | None = None) -> Simulation:
     """A ``Simulation`` of ``config`` scheduled by the actuator's round with its ``scheduler_policy``
     (imports the simulator only now: ``--help`` stays fast)."""
-    from gpuwarden.actuator.scheduling_round import SchedulingRound
+    from gpuwarden.scheduler.scheduling_round import SchedulingRound
     from gpuwarden.scheduling import POLICIES
     from gpuwarden.sim import SimConfig, Simulation
 

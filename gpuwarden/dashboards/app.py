@@ -8,7 +8,7 @@ Environment:
     unset, or the store holds no samples, each page says how to fill it (``gpuwarden demo``)
     instead of failing.
 ``GPUWARDEN_AUDIT``, ``GPUWARDEN_CLUSTER_STATE``, ``GPUWARDEN_APPROVER_TOKEN_FILE``...
-    See :mod:`gpuwarden.actuator.audit_report`, :mod:`~gpuwarden.fleet.cluster_state` and
+    See :mod:`gpuwarden.remediation.audit_report`, :mod:`~gpuwarden.fleet.cluster_state` and
     :mod:`~gpuwarden.dashboards.auth`.
 
 This file is only a router: ``st.navigation`` over pages grouped in sections, plus what every

@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.actuator.submit import PortalError
-from gpuwarden.actuator.submitters import SCHEDULER_URL_ENV, http_json
+from gpuwarden.portal.submit import PortalError
+from gpuwarden.portal.submitters import SCHEDULER_URL_ENV, http_json
 
 QUEUE_TTL_S = 5
 TIMEOUT_SECONDS = 3.0  # a page waits at most this long for a scheduler that does not answer

@@ -41,6 +41,7 @@ from .vocabulary import (
     MigInstance,
     MigProfile,
     NO_CAP_GPUS,
+    NO_WHOLE_GPU_POOL,
     Node,
     PriceTier,
     PriorityClass,

@@ -301,8 +301,7 @@ class Workload:
     gang_size: int = 1
     checkpointable: bool = False
     checkpoint_interval_seconds: float | None = None
-    # Node pools it may run in (a node selector on the pool label); empty: any pool.
-    pools: tuple[str, ...] = ()
+    pools: tuple[str, ...] = ()  # node pools it may run in (a selector on the pool label); empty: any
     # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
     # ``key`` (any value): see :func:`gpuwarden.fleet.taints.taint_blocks`.
     tolerations: tuple[str, ...] = ()
@@ -335,6 +334,7 @@ class Workload:
 
 
 NO_CAP_GPUS = 1e9  # a team's burst limit when it has none (lists show it as null)
+NO_WHOLE_GPU_POOL = "(no whole-GPU pool)"  # whole-GPU work's pool where every GPU node is time-sliced
 
 
 @dataclass(frozen=True)

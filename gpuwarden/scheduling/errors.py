@@ -7,14 +7,11 @@ Placement *failures* (a pod that does not fit) are not errors: they are recorded
 from __future__ import annotations
 
 from gpuwarden.fleet import FleetValueError
+from gpuwarden.fleet.mig_geometry import UnknownMigProfile as UnknownMigProfile  # a fact about hardware, raised in fleet
 
 
 class SchedulingError(FleetValueError):
     """Bad scheduling input: an unknown MIG profile, a negative quota, an out-of-order trace..."""
-
-
-class UnknownMigProfile(SchedulingError):
-    pass
 
 
 class QuotaError(SchedulingError):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from gpuwarden.fleet import ClusterSnapshot, Node, Workload, WorkloadPhase, WorkloadState
+from gpuwarden.fleet import NO_WHOLE_GPU_POOL, ClusterSnapshot, Node, Workload, WorkloadPhase, WorkloadState
 from gpuwarden.fleet.node_selection import LabelRequirement, NodeSelection, selects
 from gpuwarden.fleet.taints import taint_blocks
 
@@ -31,8 +31,6 @@ from .planner import _blocked_nodes, _job_of, _layout
 from .state import MILLI, Job, NodeState, State
 
 WAITING = (WorkloadPhase.PENDING, WorkloadPhase.SUSPENDED)
-# The pool of whole-GPU work on a cluster whose GPU nodes are all time-sliced (no node is in it)
-NO_WHOLE_GPU_POOL = "(no whole-GPU pool)"
 
 
 def never_fits(snapshot: ClusterSnapshot, workloads: Iterable[WorkloadState], options: PlacementOptions,

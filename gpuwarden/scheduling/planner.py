@@ -13,7 +13,7 @@ workload's attained service (``WorkloadState.attained_gpu_seconds``), which LAS 
 A ``Schedule`` is the scheduler's proposal in the fleet's action vocabulary; the actuator's
 ``Plan`` (the one plan that is applied) takes these actions in as findings of kind ``scheduling``.
 ``actions_for`` is the one translation of decisions into actions; the actuator's scheduling round
-(``gpuwarden.actuator.scheduling_round``) applies them through any ``Cluster``, ``SimCluster`` too.
+(``gpuwarden.scheduler.scheduling_round``) applies them through any ``Cluster``, ``SimCluster`` too.
 """
 
 from __future__ import annotations

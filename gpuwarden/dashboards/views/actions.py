@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gpuwarden.actuator import approvals
-from gpuwarden.actuator import audit_report as av
-from gpuwarden.actuator.pacing import pace_rows
+from gpuwarden.remediation import approvals
+from gpuwarden.remediation import audit_report as av
+from gpuwarden.remediation.pacing import pace_rows
 from gpuwarden.analytics.health_report import findings_on_node
 from gpuwarden.analytics.windows import window_for
 from gpuwarden.dashboards import auth, data, show

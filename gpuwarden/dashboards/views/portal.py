@@ -1,5 +1,5 @@
 """Request GPUs: a signed-in team member submits a Job from their team's template (images, GPU
-shapes, priority classes: :mod:`gpuwarden.actuator.submit`); it is created through the Kubernetes
+shapes, priority classes: :mod:`gpuwarden.portal.submit`); it is created through the Kubernetes
 API (or the demo's scheduler) with gpuwarden's scheduling gate and the requester's identity, and
 the page shows its live position and why it waits. A team's leads raise or lower its waiting jobs
 within the template's classes."""
@@ -11,8 +11,8 @@ import shlex
 
 import streamlit as st
 
-from gpuwarden.actuator.submit import TEMPLATES_ENV, PortalError, PortalRequest, TeamTemplate, load_templates
-from gpuwarden.actuator.submitters import KUBECONFIG_ENV, SCHEDULER_URL_ENV, SETTINGS_ENVS, Submitter, submitter_from_env
+from gpuwarden.portal.submit import TEMPLATES_ENV, PortalError, PortalRequest, TeamTemplate, load_templates
+from gpuwarden.portal.submitters import KUBECONFIG_ENV, SCHEDULER_URL_ENV, SETTINGS_ENVS, Submitter, submitter_from_env
 from gpuwarden.dashboards import auth, live_queue
 
 SUBMITTED_KEY = "portal_submitted"  # the workloads this session submitted, newest last
