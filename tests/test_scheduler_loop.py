@@ -47,11 +47,6 @@ TEAMS = (Team("alpha", 4, 8), Team("beta", 4, 8))
 OWNER_AND_BORROWER = (Team("alpha", 8, 8), Team("beta", 0, 8))  # alpha holds its own; beta may only borrow
 
 
-class Inventory:
-    def __init__(self) -> None:
-        self.kueue_workload: dict[str, str] = {}
-
-
 class RecordingCluster:
     """A cluster of whole-GPU nodes that carries BIND / RESUME / SUSPEND / PREEMPT / SET_PRIORITY
     out on its workloads (writing suspended-by as the contract says), keeps annotations written
@@ -63,7 +58,6 @@ class RecordingCluster:
         self.applied: list[Action] = []
         self.events: list[tuple[str, str, str, str]] = []
         self.annotations: list[tuple[str, dict]] = []
-        self.inventory = Inventory()
         self.unreadable: dict[str, UnreadableWorkload] = {}  # what a cluster could not read into a workload
         self.unschedulable: dict[str, str] = {}  # admitted, left Pending by kube-scheduler
         self.now = NOW
@@ -287,7 +281,7 @@ def test_a_leads_priority_change_is_planned_once_where_kueue_manages_the_workloa
     raised = pending("raised", priority_override="high")
     other = pending("other", priority_override="high")  # not Kueue's: the override only orders the queue
     cluster = RecordingCluster([node("n0", gpus=1)], [workload("busy", on="n0"), raised, other])
-    cluster.inventory.kueue_workload["alpha/raised"] = "job-raised-1a2b"
+    cluster.base = dataclasses.replace(cluster.base, kueue_managed=frozenset({"alpha/raised"}))
     scheduling = SchedulingRound(cluster)
     scheduling.run_round()
     changes = [a for a in cluster.applied if a.kind == ActionKind.SET_PRIORITY]
@@ -302,8 +296,8 @@ def test_no_priority_change_is_asked_outside_the_queue():
     never carried into Kueue by gpuwarden (issue 31: nothing written outside the queue)."""
     theirs = pending("theirs", "beta", priority_override="high")
     cluster = RecordingCluster([node("n0", gpus=1)], [workload("busy", on="n0"), theirs])
-    cluster.base = dataclasses.replace(cluster.base, queue_namespaces=frozenset({"alpha"}))
-    cluster.inventory.kueue_workload["beta/theirs"] = "job-theirs-1a2b"
+    cluster.base = dataclasses.replace(cluster.base, queue_namespaces=frozenset({"alpha"}),
+                                       kueue_managed=frozenset({"beta/theirs"}))
     scheduling = SchedulingRound(cluster)
     scheduling.run_round()
     assert cluster.applied == [] and scheduling.plans_refused == 0

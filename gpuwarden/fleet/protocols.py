@@ -5,7 +5,9 @@
   the official client, or the simulated fleet).
 - ``SchedulingHook``: what the simulated fleet calls when its scheduler would run; the CLI hands it
   the actuator's round over the simulator's own ``Cluster``.
-The CLI wires implementations to users; planning code never knows which one it has.
+What a ``Cluster`` may offer beyond these (Events, annotations, node conditions) are small protocols
+in :mod:`.capabilities`. The CLI wires implementations to users; planning code never knows which
+one it has.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 from collections.abc import Callable, Mapping, Sequence
 
+from .capabilities import EventSink as EventSink  # TODO(seam): callers import it from .capabilities
 from .vocabulary import Action, Gpu, Node, Team, Workload
 
 
@@ -154,6 +157,9 @@ class ClusterSnapshot:
     # CPU (milli) and memory (bytes) requested on each node by pods that are no workload of the
     # snapshot (pods asking no GPU, DaemonSets): capacity the workloads cannot have.
     node_overhead: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Workloads Kueue admits, by key: a team lead's priority override becomes a SET_PRIORITY on these
+    # (Kueue runs them at its priority class); elsewhere it only orders gpuwarden's queue.
+    kueue_managed: frozenset[str] = frozenset()
 
     def in_queue(self, namespace: str) -> bool:
         """Whether the scheduler may act on work in ``namespace``: the one scope rule."""
@@ -192,10 +198,3 @@ class SchedulingHook(Protocol):
 # What a simulated cluster is given at construction: the round to run on its own ``Cluster`` view
 # (the CLI hands it the actuator's round, so the simulator never decides).
 SchedulingHookFactory = Callable[[Cluster], SchedulingHook]
-
-
-@runtime_checkable
-class EventSink(Protocol):
-    """Optional for a ``Cluster``: where the actuator tells people it stopped (circuit breaker)."""
-
-    def record_event(self, reason: str, message: str) -> None: ...

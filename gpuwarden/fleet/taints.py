@@ -13,6 +13,15 @@ def _parse_taint(text: str) -> tuple[str, str | None, str | None]:
     return key, value if has_value else None, effect or None
 
 
+def taint_object(text: str) -> dict[str, str]:
+    """``key=value:Effect`` (value optional, effect required) as a Kubernetes Node taint object."""
+    head, _, effect = text.rpartition(":")
+    key, _, value = head.partition("=")
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(f"taint {text!r} is not key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)")
+    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+
+
 def taint_blocks(taint: str, tolerations: tuple[str, ...]) -> bool:
     """Whether kube-scheduler keeps a pod with ``tolerations`` off a node with ``taint``: a
     NoSchedule or NoExecute taint that no toleration matches (same key, or none: every key; same

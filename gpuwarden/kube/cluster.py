@@ -23,10 +23,10 @@ Actions and the requests they make:
 - evict: the Eviction API for each pod of the workload;
 - set-priority: a Kueue Workload's ``spec.priorityClassName`` and ``spec.priority``; anything else
   is refused with the reason (a pod's priority is fixed at creation);
-- notify: an Event on the pod and the ``gpuwarden.io/idle-notified-at`` annotation;
-- ``record_workload_event`` / ``annotate_workload``: the queue's Events and annotations (position,
-  reason, estimated start) on a workload's owner and pods, a PATCH only where a value changes.
+- notify: an Event on the pod and the ``gpuwarden.io/idle-notified-at`` annotation.
 Every result is an ``ActionResult``: ok, or a permanent or temporary failure with one line why.
+``HANDLERS`` maps each ``ActionKind`` to its handler (checked complete at import). It also offers
+fleet's capabilities: Events, node conditions, workload and team notices (:mod:`.queue_notes`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuwarden.fleet import Action, ActionKind, ActionResult, ClusterSnapshot, Finding
+from gpuwarden.fleet.capabilities import handler_table
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
+from gpuwarden.fleet.taints import taint_object
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
 from . import conditions, drain
@@ -56,15 +58,6 @@ log = logging.getLogger("gpuwarden.kube")
 CONFLICT_RETRIES = 3
 
 Done = tuple[str, Action | None]  # what an action handler did, and the action that takes it back
-
-
-def _taint(text: str) -> Json:
-    """``key=value:Effect`` (value optional) as a Node taint."""
-    head, _, effect = text.rpartition(":")
-    key, _, value = head.partition("=")
-    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-        raise ValueError(f"taint {text!r} is not key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)")
-    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
 
 
 class KubeCluster(WorkloadNotes):
@@ -91,11 +84,11 @@ class KubeCluster(WorkloadNotes):
 
     # -- acting --------------------------------------------------------------------------------
     def apply(self, action: Action) -> ActionResult:
-        handler = getattr(self, f"_do_{action.kind.value.replace('-', '_')}", None)
-        if handler is None:
-            return ActionResult(action, False, f"{action.kind.value}: not done on Kubernetes (the scheduler binds pods)")
+        handler = HANDLERS[action.kind]
+        if isinstance(handler, str):
+            return ActionResult(action, False, f"{action.kind.value}: {handler}")
         try:
-            message, undo = self._with_conflict_retries(handler, action)
+            message, undo = self._with_conflict_retries(lambda a: handler(self, a), action)
         except KubeFailure as failure:
             if failure.gone and action.kind in (ActionKind.EVICT, ActionKind.PREEMPT):
                 return ActionResult(action, True, f"{action.target} already gone: {failure.message}")
@@ -156,7 +149,7 @@ class KubeCluster(WorkloadNotes):
 
     def _do_taint(self, action: Action) -> Done:
         wanted = str(action.params.get("taint", "gpuwarden.io/unhealthy=true:NoSchedule"))
-        taint = _taint(wanted)
+        taint = taint_object(wanted)
         patch = taint_patch(self._read_node(action.target), taint, action.reason, self.clock.now())
         self._patch_node(action.target, patch)
         if "spec" not in patch:
@@ -166,7 +159,7 @@ class KubeCluster(WorkloadNotes):
 
     def _do_untaint(self, action: Action) -> Done:
         wanted = action.params.get("taint")
-        patch, kept = untaint_patch(self._read_node(action.target), _taint(str(wanted)) if wanted else None)
+        patch, kept = untaint_patch(self._read_node(action.target), taint_object(str(wanted)) if wanted else None)
         self._patch_node(action.target, patch)
         theirs = f"; left {', '.join(kept)} (set by someone else)" if kept else ""
         return f"removed taint {wanted or '(all of gpuwarden)'} from {action.target}{theirs}", None
@@ -392,3 +385,14 @@ class KubeCluster(WorkloadNotes):
                           {"metadata": {"annotations": {annotation: at}}}, verb="patch", resource="pods",
                           _content_type=MERGE_PATCH)
         return f"notified {action.target}: an Event and {annotation}={at} on {len(pods)} pod(s)", None
+
+
+HANDLERS = handler_table("KubeCluster", {
+    ActionKind.CORDON: KubeCluster._do_cordon, ActionKind.UNCORDON: KubeCluster._do_uncordon,
+    ActionKind.TAINT: KubeCluster._do_taint, ActionKind.UNTAINT: KubeCluster._do_untaint,
+    ActionKind.DRAIN: KubeCluster._do_drain, ActionKind.EVICT: KubeCluster._do_evict,
+    ActionKind.SUSPEND: KubeCluster._do_suspend, ActionKind.RESUME: KubeCluster._do_resume,
+    ActionKind.PREEMPT: KubeCluster._do_preempt, ActionKind.SET_PRIORITY: KubeCluster._do_set_priority,
+    ActionKind.BIND: KubeCluster._do_bind, ActionKind.NOTIFY: KubeCluster._do_notify,
+    ActionKind.SET_MIG_CONFIG: KubeCluster._do_set_mig_config,
+})

@@ -1,8 +1,8 @@
 """Queue visibility on the cluster itself: what each waiting workload's owner sees with kubectl.
 
-Where the cluster can (``record_workload_event(target, reason, message, type)`` and
-``annotate_workload(target, {key: value or None})``, duck-typed: ``KubeCluster`` has both, the
-simulated cluster neither), after each round:
+Where the cluster offers fleet's :class:`~gpuwarden.fleet.capabilities.WorkloadNotices` (and
+:class:`~gpuwarden.fleet.capabilities.TeamNotices` for a refused team's Event): ``KubeCluster``
+does, the simulated cluster does not. After each round:
 
 - each waiting workload carries annotations with its queue position, reason and estimated start,
   written only when one of them changed (what the snapshot read back is compared, so a restart
@@ -10,7 +10,7 @@ simulated cluster neither), after each round:
 - an Event ``Queued`` when the kind of its reason changes (``capacity``, ``quota``, ``fifo``...;
   not when only its figures move, not every round);
 - a workload the round held as bad input gets one Warning Event ``NotAdmitted`` naming why;
-- a pod admitted but left Pending by kube-scheduler (``cluster.inventory.unschedulable``: {workload
+- a pod admitted but left Pending by kube-scheduler (the snapshot's ``unschedulable``: {workload
   key: kube-scheduler's message}) gets one Warning Event ``AdmittedButUnschedulable`` with
   kube-scheduler's reason; its capacity is already released by the snapshot.
 Writes are bounded per round (``writes_per_round``, default 50 Events or annotation writes):
@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.fleet import ActionKind, ActionResult, ClusterSnapshot
+from gpuwarden.fleet.capabilities import TeamNotices, WorkloadNotices
 
 from gpuwarden.fleet.object_names import ESTIMATED_START_ANNOTATION, QUEUE_POSITION_ANNOTATION, QUEUE_REASON_ANNOTATION
 
@@ -37,9 +38,10 @@ DEFAULT_WRITES_PER_ROUND = 50
 
 class Publisher:
     def __init__(self, cluster: object, writes_per_round: int = DEFAULT_WRITES_PER_ROUND) -> None:
-        self.event = getattr(cluster, "record_workload_event", None)
-        self.annotate = getattr(cluster, "annotate_workload", None)
-        self.team_event = getattr(cluster, "record_team_event", None)
+        notices = cluster if isinstance(cluster, WorkloadNotices) else None
+        self.event = notices.record_workload_event if notices else None
+        self.annotate = notices.annotate_workload if notices else None
+        self.team_event = cluster.record_team_event if isinstance(cluster, TeamNotices) else None
         self.cluster = cluster
         self.writes_per_round = writes_per_round
         self.told: dict[str, str] = {}  # the reason each workload was last told of

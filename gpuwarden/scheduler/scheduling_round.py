@@ -261,9 +261,9 @@ class SchedulingRound:
 
     def _priority_changes(self, snapshot: ClusterSnapshot) -> tuple[Action, ...]:
         """SET_PRIORITY where a team lead's override differs from the class Kueue runs the workload
-        at (a cluster that says which workloads Kueue manages); elsewhere the override only orders
-        gpuwarden's queue (the planner reads it)."""
-        managed = getattr(getattr(self.cluster, "inventory", None), "kueue_workload", None)
+        at (the snapshot's ``kueue_managed``); elsewhere the override only orders gpuwarden's queue
+        (the planner reads it)."""
+        managed = snapshot.kueue_managed
         if not managed:
             return ()
         actions = []

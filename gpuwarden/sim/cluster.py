@@ -13,12 +13,13 @@ running) is ``ok=False`` with the reason, never an exception.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gpuwarden.fleet import (
     Action,
+    ActionKind,
     ActionResult,
     ClusterSnapshot,
     Placement,
@@ -26,16 +27,17 @@ from gpuwarden.fleet import (
     WorkloadPhase,
     WorkloadState,
 )
+from gpuwarden.fleet.capabilities import handler_table
 
-if TYPE_CHECKING:
-    from .engine import SimJob, Simulation
+from .fleet_state import SimulatedFleet
+from .jobs import SimJob
 
 _LIVE = (WorkloadPhase.PENDING, WorkloadPhase.RUNNING, WorkloadPhase.SUSPENDED)
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable=:NoExecute"  # what Kubernetes puts on a lost node
 
 
 class SimCluster:
-    def __init__(self, simulation: Simulation) -> None:
+    def __init__(self, simulation: SimulatedFleet) -> None:
         self.sim = simulation
         # nodes and their GPUs in name order, as a Kubernetes API lists them: the planner breaks ties
         # in the order it is given, so a live cluster and its simulation must give the same one
@@ -127,12 +129,12 @@ class SimCluster:
 
     # -- acting --------------------------------------------------------------------------------
     def apply(self, action: Action) -> ActionResult:
-        handler = getattr(self, f"_do_{action.kind.value.replace('-', '_')}", None)
-        if handler is None:
-            return ActionResult(action, False, f"{action.kind.value} is not supported by the simulated cluster")
+        handler = HANDLERS[action.kind]
+        if isinstance(handler, str):
+            return ActionResult(action, False, f"{action.kind.value} is not supported by the simulated cluster: {handler}")
         with self.sim.lock:
             try:
-                message = handler(action)
+                message = handler(self, action)
             except (LookupError, TypeError, ValueError) as error:  # bad target or params: refused, not raised
                 return ActionResult(action, False, f"{action.kind.value} {action.target}: {error}")
             self.sim._capacity_changed = self.sim.acted = True
@@ -305,3 +307,14 @@ class SimCluster:
                 raise LookupError(f"cannot place {action.target}: no free {what} on {uuid}")
             devices.append(int(on_gpu[0]))
         return np.array(devices)
+
+
+HANDLERS = handler_table("SimCluster", {
+    ActionKind.CORDON: SimCluster._do_cordon, ActionKind.UNCORDON: SimCluster._do_uncordon,
+    ActionKind.TAINT: SimCluster._do_taint, ActionKind.UNTAINT: SimCluster._do_untaint,
+    ActionKind.DRAIN: SimCluster._do_drain, ActionKind.EVICT: SimCluster._do_evict,
+    ActionKind.SUSPEND: SimCluster._do_suspend, ActionKind.RESUME: SimCluster._do_resume,
+    ActionKind.PREEMPT: SimCluster._do_preempt, ActionKind.SET_PRIORITY: SimCluster._do_set_priority,
+    ActionKind.BIND: SimCluster._do_bind, ActionKind.NOTIFY: SimCluster._do_notify,
+    ActionKind.SET_MIG_CONFIG: "its GPUs' MIG layouts are fixed when the fleet is built",
+})
