@@ -34,7 +34,8 @@ the way the API server does for what gpuwarden uses:
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed);
 - injectable faults per method and path: any HTTP status, a JSON answer that is not an object, or a hang longer than the client's
-  timeout.
+  timeout; with ``retry_after`` the Status carries ``details.retryAfterSeconds`` and, as
+  kube-apiserver writes it from there, a ``Retry-After`` header (a 429 from API Priority and Fairness).
 Every request is recorded (method, path, query, content type, body, and ``user``: "" for HTTP
 clients, the actor's name for the in-process stand-ins of kube-scheduler and the Job controller,
 which go through ``handle`` and so through the same rules) so a test can assert the exact call the
@@ -106,6 +107,7 @@ class Fault:
     status: int | str  # an HTTP status, "timeout" (hang for ``hang_seconds``) or "not-an-object" (200, a JSON list)
     times: int = 1
     hang_seconds: float = 3.0
+    retry_after: int | None = None  # seconds: the answer's details.retryAfterSeconds and Retry-After header
 
 
 @dataclass
@@ -154,8 +156,11 @@ class FakeKubeAPI:
         with self._lock:
             return copy.deepcopy(self.store.get((prefix, plural), {}).get((namespace, name)))
 
-    def inject(self, method: str, path_regex: str, status: int | str, times: int = 1, hang_seconds: float = 3.0) -> None:
-        self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, hang_seconds))
+    def inject(self, method: str, path_regex: str, status: int | str, times: int = 1, hang_seconds: float = 3.0,
+               retry_after: int | None = None) -> None:
+        """The next ``times`` requests matching answer ``status``; ``retry_after`` (seconds) adds the
+        server's Retry-After (e.g. ``inject("PATCH", "/nodes/n0$", 429, times=2, retry_after=7)``)."""
+        self.faults.append(Fault(method.upper(), re.compile(path_regex), status, times, hang_seconds, retry_after))
 
     def calls(self, method: str | None = None, path_regex: str = "", user: str | None = None) -> list[Request]:
         pattern = re.compile(path_regex)
@@ -201,6 +206,9 @@ class FakeKubeAPI:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    retry_after = _retry_after_of(body)
+                    if retry_after is not None:  # kube-apiserver's writer sets it from the Status's details
+                        self.send_header("Retry-After", str(retry_after))
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
@@ -265,8 +273,11 @@ class FakeKubeAPI:
             return 200, ["not", "an", "object"]  # type: ignore[return-value]
         if fault:
             reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests"}
-            return self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),
-                                f"injected {fault.status} for {method} {url.path}")
+            code, answer = self._status(int(fault.status), reasons.get(int(fault.status), "InternalError"),
+                                        f"injected {fault.status} for {method} {url.path}")
+            if fault.retry_after is not None:
+                answer["details"] = {"retryAfterSeconds": fault.retry_after}
+            return code, answer
         parsed = self._parse(url.path)
         if method == "POST" and parsed and parsed[:2] == (CORE, "pods") and parsed[3] is None and isinstance(body, dict):
             body, refusal = self._admit(parsed[2], body, user)  # outside the lock: a webhook may call back
@@ -450,6 +461,14 @@ class FakeKubeAPI:
             objects[key] = pod
         return 200, pod
 
+
+
+def _retry_after_of(body) -> int | None:
+    """A Status's ``details.retryAfterSeconds`` (what kube-apiserver turns into the Retry-After header)."""
+    if isinstance(body, dict) and body.get("kind") == "Status" and isinstance(body.get("details"), dict):
+        seconds = body["details"].get("retryAfterSeconds")
+        return seconds if isinstance(seconds, int) and seconds > 0 else None
+    return None
 
 
 def _labels_match(obj, selector: str) -> bool:

@@ -46,11 +46,27 @@ NOT_USER_ERRORS = {
     "gpuwarden.exporter.nvml.query.GpuLost": "a GPU fell off the bus: the exporter marks it lost and carries on",
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",
     "gpuwarden.kube.failure.KubeFailure": "the API server's answer (retryable or not); the actuator decides per call",
+    # Its kinds (gpuwarden/kube/failure.py): each the cluster's answer, never the user's input. A
+    # command that cannot reach or may not use the cluster exits 1 naming it (the actuator's run_plan).
+    "gpuwarden.kube.failure._Kind": "the base of the kinds below: a status and temporary-or-not per class",
+    "gpuwarden.kube.failure.PermanentFailure": "an API answer a retry cannot change (any other 4xx); recorded, not retried",
+    "gpuwarden.kube.failure.TemporaryFailure": "an API answer a later try may change; retried now or next round",
+    "gpuwarden.kube.failure.NotFound": "404: the object is gone (often the outcome wanted); the caller decides",
+    "gpuwarden.kube.failure.Forbidden": "403: the chart's RBAC lacks a verb; the message names it for the operator",
+    "gpuwarden.kube.failure.Unauthorized": "401: the cluster refused the credentials of the pod's service account",
+    "gpuwarden.kube.failure.Invalid": "422: the API server refused a change gpuwarden built; a bug or a cluster rule",
+    "gpuwarden.kube.failure.Conflict": "409: someone else wrote first; the caller re-reads and retries",
+    "gpuwarden.kube.failure.TooManyRequests": "429: throttled or a PodDisruptionBudget; retried after Retry-After",
+    "gpuwarden.kube.failure.ServerFailure": "5xx: the API server failed; retried with back-off",
+    "gpuwarden.kube.failure.Unreachable": "no HTTP answer (refused, reset, timed out); retried with back-off",
+    "gpuwarden.kube.failure.UnexpectedAnswer": "an API answer of the wrong shape; the round acts on nothing, retried",
     "gpuwarden.cli.demo.Stopped": "a signal ending the demo (a BaseException, never an error)",
     "gpuwarden.dashboards.live_queue.QueueUnavailable": "the scheduler's /queue did not answer; the Queue page says so in one line",
     "gpuwarden.store.http_fetch.DeadlineExceeded": "a server too slow; each client says which (PrometheusUnavailable, a failed scrape)",
     "gpuwarden.store.http_fetch.AnswerTooLarge": "a server's answer too large; each client says which (PrometheusError, a failed scrape)",
     "gpuwarden.scheduling.errors.PlanRefused": "a replay's pass broke an invariant: a bug in the engine (exit 1), never input",
+    "gpuwarden.fleet.capabilities.IncompleteHandlerTable": "a Cluster implementation left an ActionKind unhandled: "
+                                                           "a bug, raised at import",
     "gpuwarden.kube.team_quotas._Refusal": "a quota annotation that cannot be read; internal control flow: the team "
                                                     "is refused with an Event and a line in /queue",
 }

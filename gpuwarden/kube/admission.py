@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api import Json, KubeApi, KubeFailure, MERGE_PATCH
+from .failure import Conflict
 from .gates import (ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, RESERVED_AT_ANNOTATION,
                     RESERVED_NODES_ANNOTATION, gated_by_gpuwarden, scheduling_gates)
 
@@ -111,7 +112,7 @@ def admit_pods(api: KubeApi, namespace: str, pods: Sequence[PodView], nodes: Seq
             status = error.status if isinstance(error, KubeFailure) and not error.conflict else None
             raise KubeFailure(status, f"pod {pod.name}: {error}; admitted before the failure: {done}; "
                                       f"still gated: {', '.join(left)}",
-                              isinstance(error, KubeFailure) and error.temporary) from None
+                              isinstance(error, KubeFailure) and error.temporary) from error
         admitted.append(pod.name)
     return admitted
 
@@ -123,8 +124,8 @@ def _admit(api: KubeApi, namespace: str, pod: PodView, node: str, at_iso: str) -
             api.call(api.core.patch_namespaced_pod, pod.name, namespace, admit_patch(pod, node, at_iso), verb="patch",
                      resource="pods", _content_type=MERGE_PATCH)
             return
-        except KubeFailure as failure:
-            if not failure.conflict or attempt == CONFLICT_RETRIES:
+        except Conflict:
+            if attempt == CONFLICT_RETRIES:
                 raise
         fresh = api.call(api.core.read_namespaced_pod, pod.name, namespace, verb="get", resource="pods")
         if not gated_by_gpuwarden(fresh):

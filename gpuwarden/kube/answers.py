@@ -1,9 +1,9 @@
 """What an API server's answer must look like before gpuwarden uses it.
 
 Valid JSON of the wrong shape (a list where an object belongs, an item without ``metadata.name``,
-a ``spec`` that is a string) is a temporary :class:`KubeFailure` naming the resource and the object,
-never a traceback and never half a snapshot: a round that cannot read the cluster acts on nothing
-and is retried at the next one.
+a ``spec`` that is a string) is an :class:`UnexpectedAnswer` (a temporary ``KubeFailure``) naming
+the resource and the object, never a traceback and never half a snapshot: a round that cannot
+read the cluster acts on nothing and is retried at the next one.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .failure import KubeFailure
+from .failure import UnexpectedAnswer
 
 
 _READS = ("get", "list")
 
 
-def _unexpected(verb: str, resource: str, what: str) -> KubeFailure:
+def _unexpected(verb: str, resource: str, what: str) -> UnexpectedAnswer:
     # a write's answer comes after the server acted: an unreadable one says nothing of whether it did
     outcome = "nothing was acted on" if verb in _READS else "the change may have been made"
-    return KubeFailure(None, f"{verb} {resource}: the API server's answer {what}; {outcome}", temporary=True)
+    return UnexpectedAnswer(f"{verb} {resource}: the API server's answer {what}; {outcome}")
 
 
 def parse_object(data: bytes | str, verb: str, resource: str) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def parse_object(data: bytes | str, verb: str, resource: str) -> dict[str, Any]:
     try:
         parsed = json.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
-        raise _unexpected(verb, resource, f"is not JSON ({error})") from None
+        raise _unexpected(verb, resource, f"is not JSON ({error})") from error
     if not isinstance(parsed, dict):
         raise _unexpected(verb, resource, f"is a JSON {type(parsed).__name__}, not an object")
     return parsed
@@ -61,10 +61,10 @@ def object_name(item: dict[str, Any]) -> str:
 @contextmanager
 def reading(resource: str, item: dict[str, Any] | None = None) -> Iterator[None]:
     """Read one object (or, without ``item``, what was gathered from a list): a field of the wrong
-    type inside it becomes a KubeFailure naming the object."""
+    type inside it becomes an UnexpectedAnswer naming the object."""
     try:
         yield
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as error:
         where = f"{resource} {object_name(item)}" if item is not None else resource
-        raise KubeFailure(None, f"{where}: the API server's answer has an unexpected shape "
-                                f"({type(error).__name__}: {error}); nothing was acted on", temporary=True) from None
+        raise UnexpectedAnswer(f"{where}: the API server's answer has an unexpected shape "
+                               f"({type(error).__name__}: {error}); nothing was acted on") from error

@@ -37,7 +37,8 @@ from kubernetes import client
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
-from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from .api import MERGE_PATCH, Json, KubeApi
+from .failure import Conflict, NotFound
 from .webhook import CERT_FILE, KEY_FILE
 
 log = logging.getLogger("gpuwarden.kube.certs")
@@ -219,10 +220,8 @@ class WebhookCertificates:
         try:
             return self.api.call(self.api.core.read_namespaced_secret, self.secret_name, self.policy.namespace,
                                  verb="get", resource="secrets")
-        except KubeFailure as failure:
-            if failure.gone:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def _write_secret(self, current: Json | None, data: dict[str, str]) -> None:
         if current is None:
@@ -247,17 +246,15 @@ class WebhookCertificates:
                 return data, None
             try:
                 self._write_secret(current, rotation.data)
-            except KubeFailure as failure:
-                if failure.conflict or failure.status == 409:  # another replica wrote first: use theirs
-                    log.info("secret %s/%s: another replica wrote it first; re-reading", self.policy.namespace,
-                             self.secret_name)
-                    continue
-                raise
+            except Conflict:  # another replica wrote first: use theirs
+                log.info("secret %s/%s: another replica wrote it first; re-reading", self.policy.namespace,
+                         self.secret_name)
+                continue
             log.info("secret %s/%s: new webhook certificate (%s)", self.policy.namespace, self.secret_name,
                      rotation.reason)
             return rotation.data, rotation.reason
-        raise KubeFailure(409, f"secret {self.policy.namespace}/{self.secret_name}: still conflicting after "
-                               f"{self.attempts} tries; retry later", temporary=True)
+        raise Conflict(f"secret {self.policy.namespace}/{self.secret_name}: still conflicting after "
+                       f"{self.attempts} tries; retry later")
 
     def inject_ca_bundle(self, ca_bundle: str) -> bool:
         """Set every webhook's caBundle in the configuration; True when it had to be patched."""
@@ -265,12 +262,10 @@ class WebhookCertificates:
             try:
                 config = self.api.call(self.admission.read_mutating_webhook_configuration, self.webhook_configuration,
                                        verb="get", resource="mutatingwebhookconfigurations")
-            except KubeFailure as failure:
-                if failure.gone:
-                    log.warning("mutatingwebhookconfiguration %s not found: no caBundle to set (is the chart's "
-                                "scheduling.enabled on?)", self.webhook_configuration)
-                    return False
-                raise
+            except NotFound:
+                log.warning("mutatingwebhookconfiguration %s not found: no caBundle to set (is the chart's "
+                            "scheduling.enabled on?)", self.webhook_configuration)
+                return False
             webhooks: list[dict[str, Any]] = config.get("webhooks") or []
             if all((w.get("clientConfig") or {}).get("caBundle") == ca_bundle for w in webhooks):
                 return False
@@ -282,14 +277,12 @@ class WebhookCertificates:
             try:
                 self.api.call(self.admission.patch_mutating_webhook_configuration, self.webhook_configuration, body,
                               verb="patch", resource="mutatingwebhookconfigurations", _content_type=MERGE_PATCH)
-            except KubeFailure as failure:
-                if failure.conflict or failure.status == 409:
-                    continue
-                raise
+            except Conflict:
+                continue
             log.info("mutatingwebhookconfiguration %s: caBundle set", self.webhook_configuration)
             return True
-        raise KubeFailure(409, f"mutatingwebhookconfiguration {self.webhook_configuration}: still conflicting "
-                               f"after {self.attempts} tries; retry later", temporary=True)
+        raise Conflict(f"mutatingwebhookconfiguration {self.webhook_configuration}: still conflicting "
+                       f"after {self.attempts} tries; retry later")
 
     def ensure(self, cert_dir: str | Path | None = None) -> EnsureResult:
         """One pass: the Secret current, the caBundle its ``ca.crt``, and ``cert_dir``'s files its pair.

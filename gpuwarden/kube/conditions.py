@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from gpuwarden.fleet import Finding
 from gpuwarden.fleet.clock import Clock
 
-from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from .api import MERGE_PATCH, Json, KubeApi
+from .failure import Conflict
 from .inventory_nodes import GPU, MIG_PREFIX
 
 log = logging.getLogger("gpuwarden.kube")
@@ -80,8 +81,8 @@ def publish(api: KubeApi, health: Mapping[str, Sequence[Finding]], clock: Clock,
                          verb="patch", resource="nodes/status", _content_type=MERGE_PATCH)
                 written += 1
                 break
-            except KubeFailure as failure:
-                if not failure.conflict or attempt == CONFLICT_RETRIES:
+            except Conflict:
+                if attempt == CONFLICT_RETRIES:
                     raise
                 node = api.call(api.core.read_node, name, verb="get", resource="nodes")
     log.info("node conditions: %s written on %d node(s)", CONDITION, written)

@@ -20,7 +20,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .api import Json, KubeApi, KubeFailure
+from .api import Json, KubeApi
+from .failure import NotFound
 
 DRAIN_MODE_LABEL = "gpuwarden.io/drain-mode"
 DRAIN_TIMEOUT_LABEL = "gpuwarden.io/drain-timeout-seconds"
@@ -129,8 +130,6 @@ def drain_labels(api: KubeApi, namespace: str) -> dict[str, str]:
     """A namespace's labels (its drain mode and timeout); none for a namespace that is gone."""
     try:
         found = api.call(api.core.read_namespace, namespace, verb="get", resource="namespaces")
-    except KubeFailure as failure:
-        if failure.gone:
-            return {}
-        raise
+    except NotFound:
+        return {}
     return dict(found["metadata"].get("labels") or {})

@@ -6,7 +6,8 @@ renewed within ``lease_duration_seconds`` may be replaced. ``is_leader`` is true
 successful renewal is younger than the lease duration, so a leader that cannot reach the API server
 stops acting within one lease duration, and the other replica takes over after it expires. Time is
 the injected clock's (``FakeClock`` in tests); the process's runner calls :meth:`LeaderElector.try_acquire_or_renew`
-every :attr:`LeaderElector.renew_interval_seconds` (a third of the lease).
+every :attr:`LeaderElector.renew_interval_seconds` (a third of the lease); one renewal's retries
+(a throttled API server's ``Retry-After`` included) end before the next is due.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import datetime, timedelta, UTC
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import MERGE_PATCH, KubeApi, KubeFailure
+from .failure import Conflict, NotFound
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -49,14 +51,15 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         now = self.clock.now()
+        deadline = self.api.clock.monotonic() + self.renew_interval_seconds  # the next renewal's turn
         try:
             lease = self.api.call(self.api.coordination.read_namespaced_lease, self.name, self.namespace, verb="get",
-                                  resource="leases")
-        except KubeFailure as failure:
-            if not failure.gone:
-                log.warning("lease %s/%s: %s", self.namespace, self.name, failure.message)
-                return self.is_leader()
+                                  resource="leases", deadline=deadline)
+        except NotFound:
             lease = None
+        except KubeFailure as failure:
+            log.warning("lease %s/%s: %s", self.namespace, self.name, failure.message)
+            return self.is_leader()
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration.total_seconds()),
                 "renewTime": _format(now)}
         try:
@@ -65,7 +68,7 @@ class LeaderElector:
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                         "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
                 self.api.call(self.api.coordination.create_namespaced_lease, self.namespace, body, verb="create",
-                              resource="leases")
+                              resource="leases", deadline=deadline)
             else:
                 current = lease.get("spec") or {}
                 holder = current.get("holderIdentity")
@@ -79,11 +82,11 @@ class LeaderElector:
                 # A merge patch carrying the read resourceVersion: a stale one is a 409 (RBAC needs only patch).
                 body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
                 self.api.call(self.api.coordination.patch_namespaced_lease, self.name, self.namespace, body,
-                              verb="patch", resource="leases", _content_type=MERGE_PATCH)
+                              verb="patch", resource="leases", _content_type=MERGE_PATCH, deadline=deadline)
+        except Conflict:
+            self.renewed_at = None  # another replica wrote first (or created it first): it leads
+            return False
         except KubeFailure as failure:
-            if failure.conflict or failure.status == 409:
-                self.renewed_at = None  # another replica wrote first: it leads
-                return False
             log.warning("lease %s/%s: %s", self.namespace, self.name, failure.message)
             return self.is_leader()
         self.renewed_at = now

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from gpuwarden.fleet import Action, ActionKind
 
-from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from .api import MERGE_PATCH, Json, KubeApi
+from .failure import TemporaryFailure
 from .inventory import ACTIVE_PHASES
 from .inventory_pods import gpu_request
 
@@ -39,8 +40,8 @@ def set_mig_config(api: KubeApi, action: Action, page_size: int = 500) -> tuple[
                         field_selector=f"spec.nodeName={node_name},{ACTIVE_PHASES}")
     running = [f"{p['metadata'].get('namespace')}/{p['metadata']['name']}" for p in pods if _uses_gpus(p)]
     if running:
-        raise KubeFailure(None, f"{len(running)} GPU pod(s) run on it ({', '.join(running[:3])}): a new MIG layout "
-                                "would destroy their instances; retried once it is drained", True)
+        raise TemporaryFailure(f"{len(running)} GPU pod(s) run on it ({', '.join(running[:3])}): a new MIG layout "
+                               "would destroy their instances; retried once it is drained")
     api.call(api.core.patch_node, node_name,
              {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"], "labels": {MIG_CONFIG_LABEL: wanted}}},
              verb="patch", resource="nodes", _content_type=MERGE_PATCH)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .api import MERGE_PATCH, Json, KubeApi, KubeFailure
+from .failure import NotFound
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -31,9 +32,10 @@ def annotate_objects(api: KubeApi, namespace: str, objects: Mapping[tuple[str, s
         try:
             api.call(method, name, namespace, {"metadata": {"annotations": changed}}, verb="patch",
                      resource="jobs" if kind == "Job" else "pods", _content_type=MERGE_PATCH)
+        except NotFound:  # gone since the snapshot: nothing to annotate
+            continue
         except KubeFailure as failure:
-            if not failure.gone:
-                log.warning("annotate %s %s/%s: %s", kind, namespace, name, failure.message)
+            log.warning("annotate %s %s/%s: %s", kind, namespace, name, failure.message)
             continue
         sent += 1
         for key, value in changed.items():
