@@ -3,7 +3,9 @@
 ``gpu_models.csv`` (memory, TDP, clocks, GPM, MIG slices, NVLink, aliases) and
 ``gpu_mig_profiles.csv`` (NVIDIA's MIG profiles per model) sit beside this module; their header
 comments document the columns. :func:`load_gpu_catalogue` parses and checks both, naming the file
-and line of the first broken row; :func:`gpu_catalogue` is the bundled one, loaded once.
+and line of the first broken row; :func:`gpu_catalogue` is the one every room reads, loaded once:
+the bundled files, or the two files of the folder ``$GPUWARDEN_GPU_CATALOGUE`` names (a GPU model
+the bundle lacks is then one row there, prices included: nothing else names models).
 
 Names resolve through :meth:`GpuCatalogue.resolve`: the NVML name, an alias, or GPU feature
 discovery's label form, ignoring case and treating runs of spaces, ``-`` and ``_`` alike. Standard
@@ -13,6 +15,7 @@ library only: the exporter imports :mod:`gpuwarden.fleet` and carries no numpy.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +26,15 @@ from .catalogue import CatalogueError, data_rows
 
 MODELS_PATH = Path(__file__).with_name("gpu_models.csv")
 MIG_PROFILES_PATH = Path(__file__).with_name("gpu_mig_profiles.csv")
+CATALOGUE_ENV = "GPUWARDEN_GPU_CATALOGUE"  # a folder holding its own gpu_models.csv and gpu_mig_profiles.csv
 GIB = 1024**3
 
+# Price columns, in the order of the price tiers' values (gpuwarden.fleet.PriceTier): on-demand,
+# reserved, spot, owned. Tier values, not PriceTier: vocabulary imports this module.
+PRICE_TIERS = ("on-demand", "reserved", "spot", "owned")
+_PRICE_COLUMNS = tuple(f"price_{tier.replace('-', '_')}" for tier in PRICE_TIERS)
 _MODEL_COLUMNS = ("model", "memory_gib", "tdp_watts", "max_sm_clock_mhz", "gpm_supported", "mig_compute_slices",
-                  "mig_memory_slices", "nvlink_links", "nvlink_gbytes_per_second", "aliases")
+                  "mig_memory_slices", "nvlink_links", "nvlink_gbytes_per_second", "aliases", *_PRICE_COLUMNS)
 _PROFILE_COLUMNS = ("models", "profile", "compute_slices", "memory_slices", "memory_gib", "max_instances",
                     "placements")
 _PROFILE_NAME = re.compile(r"^(\d+)g\.(\d+)gb$")
@@ -66,6 +74,8 @@ class GpuSpec:
     nvlink_gbytes_per_second: float
     aliases: tuple[str, ...] = ()
     mig_profiles: Mapping[str, MigProfileSpec] = field(default_factory=dict)  # NVIDIA's order
+    # (tier value, price per GPU-hour) for every tier of PRICE_TIERS, or () for a model not priced
+    price_per_hour: tuple[tuple[str, float], ...] = ()
 
 
 def name_key(name: str) -> str:
@@ -150,7 +160,19 @@ def _model(row: Mapping[str, str]) -> GpuSpec:
         nvlink_links=int(_number(row, "nvlink_links", int)),
         nvlink_gbytes_per_second=_number(row, "nvlink_gbytes_per_second"),
         aliases=tuple(a.strip() for a in row["aliases"].split("|") if a.strip()),
+        price_per_hour=_prices(row),
     )
+
+
+def _prices(row: Mapping[str, str]) -> tuple[tuple[str, float], ...]:
+    """Every tier's price, or none (all price columns empty)."""
+    given = [column for column in _PRICE_COLUMNS if row[column]]
+    if not given:
+        return ()
+    if len(given) != len(_PRICE_COLUMNS):
+        missing = [column for column in _PRICE_COLUMNS if column not in given]
+        raise ValueError(f"{', '.join(missing)} empty: give every price column ({', '.join(_PRICE_COLUMNS)}) or none")
+    return tuple((tier, _number(row, column)) for tier, column in zip(PRICE_TIERS, _PRICE_COLUMNS))
 
 
 def _profile(row: Mapping[str, str], model: GpuSpec) -> MigProfileSpec:
@@ -219,5 +241,8 @@ def load_gpu_catalogue(models_path: str | Path = MODELS_PATH,
 
 @functools.cache
 def gpu_catalogue() -> GpuCatalogue:
-    """The bundled catalogue (loaded on first use)."""
-    return load_gpu_catalogue()
+    """The catalogue (loaded on first use): the bundled files, or those of ``$GPUWARDEN_GPU_CATALOGUE``."""
+    folder = os.environ.get(CATALOGUE_ENV, "").strip()
+    if not folder:
+        return load_gpu_catalogue()
+    return load_gpu_catalogue(Path(folder) / MODELS_PATH.name, Path(folder) / MIG_PROFILES_PATH.name)

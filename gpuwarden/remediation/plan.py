@@ -1,7 +1,12 @@
 """From findings and a cluster snapshot to a plan of actions: pure, decided on an immutable snapshot.
 
 One plan vocabulary for every source of actions, each action carrying the findings behind it:
-- health findings become node actions, strongest first (drain > cordon > taint), one per node;
+- health findings become node actions, strongest first (drain > cordon > taint, the ladder of
+  :mod:`gpuwarden.fleet.node_actions`), one per node. Which action a fault gets is not decided
+  here: a finding carries its kind's action from the fault catalogue
+  (:data:`gpuwarden.analytics.health.catalogue.FAULT_ACTIONS`), and the plan takes it as it stands,
+  applying only policy (severity and confidence bars, protected nodes, the strongest per node, a
+  drain's mode by severity);
 - idle findings (``hoarded``, ``allocated-idle``) on a workload in a namespace that opted in
   (label ``gpuwarden.io/reclaim-idle=true``) become a notice (an Event and an annotation) once the
   GPU has idled past ``notify_grace_seconds``, then, ``reclaim_grace_seconds`` after the notice, a
@@ -32,10 +37,9 @@ from gpuwarden.fleet import (
     WorkloadPhase,
     WorkloadState,
 )
+from gpuwarden.fleet.node_actions import NODE_ACTIONS, stronger
 from gpuwarden.fleet.object_names import SUSPENDED_BY_IDLE_RECLAIM
 
-# Node actions a health finding may lead to, weakest to strongest.
-NODE_ACTIONS = (ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN)
 WORKLOAD_ACTIONS = (ActionKind.SET_PRIORITY, ActionKind.RESUME, ActionKind.NOTIFY, ActionKind.SUSPEND,
                     ActionKind.EVICT, ActionKind.PREEMPT)
 SUSPENDABLE_CONTROLLERS = ("Job", "JobSet", "Workload")  # batch/v1 spec.suspend, JobSet spec.suspend, Kueue spec.active
@@ -152,7 +156,7 @@ def _node_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: Plann
             skipped.append((finding, f"node {finding.node!r} is protected"))
             continue
         current = strongest.get(finding.node)
-        if current is None or NODE_ACTIONS.index(action) > NODE_ACTIONS.index(current[0]):
+        if current is None or stronger(action, current[0]):
             strongest[finding.node] = (action, [finding] + (current[1] if current else []))
         else:
             current[1].append(finding)

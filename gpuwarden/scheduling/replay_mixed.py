@@ -1,14 +1,17 @@
-"""Mixed inference + training on a simulated H100/H200 fleet: naive whole-GPU first-fit vs gpuwarden.
+"""Mixed inference + training on a simulated two-model fleet (H100 and H200 by default): naive
+whole-GPU first-fit vs gpuwarden.
 
 The fleet is the caller's cluster snapshot, read into the scheduling engine the way the live
 planner reads a cluster (``planner.state_from_snapshot``). ``gpuwarden simulate mixed`` and the
-bench build it with the simulator's fleet generator from :meth:`MixedSpec.pools` (default 8 H100
-nodes, a quarter of them spot, and 8 H200 nodes, 8 GPUs each = 128 GPUs; one node per NVLink
-domain, 4 nodes per leaf switch): scheduling never imports the simulator. The fleet receives the
+bench build it with the simulator's fleet generator from :meth:`MixedSpec.pools` (default 8 cloud
+nodes of ``cloud_model``, a quarter of them spot, and 8 on-prem nodes of ``on_prem_model``, 8 GPUs
+each = 128 GPUs; one node per NVLink domain, 4 nodes per leaf switch): scheduling never imports the
+simulator. The two models are any MIG models of the GPU catalogue (:mod:`gpuwarden.fleet.gpu_catalogue`),
+by any name it resolves; their MIG profiles come from it too. The fleet receives the
 *same* seeded stream of jobs under both policies, in the same run, through the one replay driver
 (:mod:`.replay`):
 
-- inference services: each asks for one MIG slice (1g, 2g or 3g of H100 / H200, mix below) for its
+- inference services: each asks for one MIG slice (1g, 2g or 3g of either model, mix below) for its
   lifetime; a service keeps its slice ~70% busy (on a whole GPU the same service leaves most of it
   idle);
 - training jobs: 1, 2, 4, 8 or 16 GPUs (16 = a 2-pod gang), checkpointable, log-normal hours.
@@ -40,29 +43,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuwarden.fleet import ClusterSnapshot, Location, PriceTier, WorkloadKind
+from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
 from gpuwarden.fleet.semantics import mig_share
 
 from .engine import (WAITING, DecisionKind, Job, NodeState, PlacementOptions, PreemptMode, QueueOrder, QueuePolicy,
                      Scheduler, State)
-from .mig import MODEL_ALIASES, advise_layouts
+from .errors import SchedulingError
+from .mig import advise_layouts
 from .planner import state_from_snapshot
 from .replay import JobModel, Replay, ReplayMetrics, fresh_copy
 
 # A node pool for the fleet generator: (pool, GPU model, location, price tier, share of the nodes,
 # MIG share of the pool's nodes), the simulator's ``fleetgen.PoolSpec`` (scheduling does not import it).
 PoolSpec = tuple[str, str, Location, PriceTier, float, float]
-INFERENCE_MIX = {"1g": 0.5, "2g": 0.3, "3g": 0.2}
-PROFILES = {"H100": {"1g": "1g.10gb", "2g": "2g.20gb", "3g": "3g.40gb"},
-            "H200": {"1g": "1g.18gb", "2g": "2g.35gb", "3g": "3g.71gb"}}
+INFERENCE_MIX = {"1g": 0.5, "2g": 0.3, "3g": 0.2}  # a service's slice by compute slices
 TRAINING_GPUS = {1: 0.3, 2: 0.2, 4: 0.2, 8: 0.2, 16: 0.1}
 TRAINING_BUSY_RATIO = 0.9  # a training GPU's busy compute
 SERVICE_BUSY_RATIO = 0.7  # a service's busy share of its slice
 
 
+def mig_profiles(model: str) -> dict[str, str]:
+    """Size (``1g``, ...) -> the catalogue's smallest-memory MIG profile of ``model`` with that many
+    compute slices (NVIDIA's order breaks ties): H100 1g.10gb, 2g.20gb, 3g.40gb."""
+    spec = gpu_catalogue().model(model)
+    out = {}
+    for size in INFERENCE_MIX:
+        sized = [p for p in spec.mig_profiles.values() if p.compute_slices == int(size.rstrip("g"))]
+        if not sized:
+            raise SchedulingError(f"the mixed replay needs a MIG model with {size} profiles; {spec.name} has "
+                                  f"{', '.join(spec.mig_profiles) or 'no MIG'}")
+        out[size] = min(sized, key=lambda p: p.memory_slices).name
+    return out
+
+
 @dataclass(frozen=True)
 class MixedSpec:
-    h100_nodes: int = 8
-    h200_nodes: int = 8
+    cloud_model: str = "H100"  # reserved cloud nodes, a quarter of them spot
+    cloud_nodes: int = 8
+    on_prem_model: str = "H200"  # reserved on-prem nodes
+    on_prem_nodes: int = 8
     gpus_per_node: int = 8
     hours: float = 72.0
     warmup_hours: float = 24.0  # not measured: the fleet starts empty (at most a third of a short run)
@@ -76,37 +95,52 @@ class MixedSpec:
     # no progress and no useful work.
     restore_seconds: float = 300.0
 
+    def __post_init__(self) -> None:
+        cloud, on_prem = (gpu_catalogue().model(m).name for m in self.models)
+        if cloud == on_prem:
+            raise SchedulingError(f"the mixed replay's two models are one ({cloud}): name two models")
+
     @property
     def measured_from_seconds(self) -> float:
         return min(self.warmup_hours, self.hours / 3) * 3600
 
     @property
     def nodes(self) -> int:
-        return self.h100_nodes + self.h200_nodes
+        return self.cloud_nodes + self.on_prem_nodes
+
+    @property
+    def models(self) -> tuple[str, str]:
+        """The two models as written (``H100``): the services' MIG profiles and the pools' names."""
+        return (self.cloud_model, self.on_prem_model)
 
     def pools(self) -> tuple[PoolSpec, ...]:
-        """The fleet's node pools, for the caller's fleet generator."""
+        """The fleet's node pools, for the caller's fleet generator (named by the models as written:
+        ``mixed-h100``, ``mixed-h100-spot``, ``mixed-h200``)."""
         total = self.nodes
-        spot = self.h100_nodes // 4
+        spot = self.cloud_nodes // 4
+        cloud, on_prem = (gpu_catalogue().model(m).name for m in self.models)
+        cloud_pool, on_prem_pool = (f"mixed-{m.lower()}" for m in self.models)
         return (
-            ("mixed-h100", MODEL_ALIASES["H100"], Location.CLOUD, PriceTier.RESERVED, (self.h100_nodes - spot) / total, 0.0),
-            ("mixed-h100-spot", MODEL_ALIASES["H100"], Location.CLOUD, PriceTier.SPOT, spot / total, 0.0),
-            ("mixed-h200", MODEL_ALIASES["H200"], Location.ON_PREM, PriceTier.RESERVED, self.h200_nodes / total, 0.0),
+            (cloud_pool, cloud, Location.CLOUD, PriceTier.RESERVED, (self.cloud_nodes - spot) / total, 0.0),
+            (f"{cloud_pool}-spot", cloud, Location.CLOUD, PriceTier.SPOT, spot / total, 0.0),
+            (on_prem_pool, on_prem, Location.ON_PREM, PriceTier.RESERVED, self.on_prem_nodes / total, 0.0),
         )
 
 
 def workload(spec: MixedSpec) -> list[Job]:
     rng = np.random.default_rng(spec.seed)
+    profiles = {model: mig_profiles(model) for model in spec.models}
+    names = {model: gpu_catalogue().model(model).name for model in spec.models}
     jobs: list[Job] = []
     t = 0.0
     while True:
         t += rng.exponential(3600.0 / spec.inference_per_hour)
         if t >= spec.hours * 3600:
             break
-        model = "H100" if rng.random() < 0.5 else "H200"
+        model = spec.models[0] if rng.random() < 0.5 else spec.models[1]
         size = str(rng.choice(list(INFERENCE_MIX), p=list(INFERENCE_MIX.values())))
         jobs.append(Job(name=f"svc-{len(jobs):04d}", team="inference", kind=WorkloadKind.INFERENCE, priority=3,
-                        mig_profile=PROFILES[model][size], gpu_model=MODEL_ALIASES[model], submitted=t,
+                        mig_profile=profiles[model][size], gpu_model=names[model], submitted=t,
                         duration=float(rng.exponential(spec.inference_hours * 3600))))
     t = 0.0
     while True:
@@ -139,10 +173,10 @@ def run_mixed(spec: MixedSpec, fleet: ClusterSnapshot) -> list[dict[str, object]
 
 def _advise_mig(nodes: list[NodeState], spec: MixedSpec) -> None:
     """MIG on for as many non-spot GPUs of each model as the expected live services need."""
-    for short, profiles in PROFILES.items():
-        model = MODEL_ALIASES[short]
+    for written in spec.models:
+        model, profiles = gpu_catalogue().model(written).name, mig_profiles(written)
         pool = [n for n in nodes if n.model == model and n.tier != PriceTier.SPOT]
-        alive = spec.inference_per_hour / len(PROFILES) * spec.inference_hours * spec.mig_headroom
+        alive = spec.inference_per_hour / len(spec.models) * spec.inference_hours * spec.mig_headroom
         demand = {profiles[k]: int(math.ceil(alive * p)) for k, p in INFERENCE_MIX.items()}
         advice = advise_layouts(model, len(pool) * spec.gpus_per_node, demand)
         layouts = [layout for layout, count in advice.layouts for _ in range(count)]

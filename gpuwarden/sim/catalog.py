@@ -1,43 +1,86 @@
-"""GPU models the simulated fleet is built from: the GPU catalogue's hardware (memory, power,
-clocks, GPM support, MIG profiles) plus the prices that seed the simulated nodes.
+"""GPU models the simulated fleet is built from: every model the GPU catalogue prices, with its
+hardware (memory, power, clocks, GPM support, MIG profiles) and the prices that seed the simulated
+nodes, all read from :mod:`gpuwarden.fleet.gpu_catalogue` (``gpu_models.csv``: the one place they
+are written; analytics has its own price book, these only seed the simulated nodes).
 
-Hardware comes from :mod:`gpuwarden.fleet.gpu_catalogue`, the one place it is written. Prices per
-GPU-hour are round public list figures of late 2025 (on-demand / reserved / spot cloud; ``owned``
-is capex amortised over 4 years plus power at 0.12 $/kWh and a 1.5 PUE); analytics has its own
-price book, these only seed the simulated nodes.
+A model new to the simulator is one priced row of the catalogue: :data:`MODELS` and
+:data:`MIG_LAYOUTS` read the catalogue in force (:func:`~gpuwarden.fleet.gpu_catalogue.gpu_catalogue`)
+on each lookup.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
 from gpuwarden.fleet import GpuModel, MigProfile, PriceTier
-from gpuwarden.fleet.gpu_catalogue import GIB, gpu_catalogue
+from gpuwarden.fleet.gpu_catalogue import GIB, GpuCatalogue, GpuSpec, gpu_catalogue
 
-__all__ = ["GIB", "MIG_LAYOUTS", "MODELS"]
+__all__ = ["GIB", "MIG_LAYOUTS", "MODELS", "sim_models"]
 
-# on-demand, reserved, spot, owned per GPU-hour
-_PRICES: dict[str, tuple[float, float, float, float]] = {
-    "NVIDIA H100 80GB HBM3": (6.88, 4.30, 2.75, 1.05),
-    "NVIDIA H200": (7.91, 5.00, 3.20, 1.20),
-    "NVIDIA A100-SXM4-80GB": (4.10, 2.60, 1.60, 0.62),
-    "NVIDIA L40S": (1.86, 1.20, 0.80, 0.38),
-}
+V = TypeVar("V")
 
 
-def _model(name: str, prices: tuple[float, float, float, float]) -> GpuModel:
-    spec = gpu_catalogue().model(name)
+def _model(spec: GpuSpec) -> GpuModel:
     profiles = tuple(MigProfile(p.name, p.compute_slices, p.memory_bytes, p.max_instances)
                      for p in spec.mig_profiles.values())
-    tiers = (PriceTier.ON_DEMAND, PriceTier.RESERVED, PriceTier.SPOT, PriceTier.OWNED)
+    prices = tuple((PriceTier(tier), price) for tier, price in spec.price_per_hour)
     return GpuModel(spec.name, spec.memory_bytes, spec.tdp_watts, spec.max_sm_clock_mhz, spec.gpm_supported,
-                    profiles, tuple(zip(tiers, prices)))
+                    profiles, prices)
 
 
-MODELS: dict[str, GpuModel] = {name: _model(name, prices) for name, prices in _PRICES.items()}
+def _mixed_layout(spec: GpuSpec) -> tuple[str, ...] | None:
+    """The simulated MIG nodes' layout: a mixed one using every compute slice, half of what is left
+    at a time (7 slices: 3g + 2g + 1g + 1g), each the smallest-memory profile of its size (NVIDIA's
+    order breaks ties); None when the model's profiles allow no such layout (tests/test_gpu_catalogue.py
+    checks the layouts against the placement rules)."""
+    layout = []
+    left = spec.mig_compute_slices
+    while left:
+        size = max(1, left // 2)
+        sized = [p for p in spec.mig_profiles.values() if p.compute_slices == size]
+        if not sized:
+            return None
+        layout.append(min(sized, key=lambda p: p.memory_slices))
+        left -= size
+    if (sum(p.memory_slices for p in layout) > spec.mig_memory_slices
+            or any(layout.count(p) > p.max_instances for p in layout)):
+        return None
+    return tuple(p.name for p in layout) or None
 
-# The simulated MIG nodes' layout: a mixed one using every compute slice (a valid placement per
-# NVIDIA's MIG user guide; checked against the catalogue in tests/test_gpu_catalogue.py).
-MIG_LAYOUTS: dict[str, tuple[str, ...]] = {
-    "NVIDIA A100-SXM4-80GB": ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
-    "NVIDIA H100 80GB HBM3": ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
-    "NVIDIA H200": ("3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"),
-}
+
+@functools.cache
+def sim_models(catalogue: GpuCatalogue) -> tuple[dict[str, GpuModel], dict[str, tuple[str, ...]]]:
+    """The priced models of ``catalogue`` as the simulator's :class:`GpuModel` s, and the MIG layout
+    of those with MIG."""
+    priced = [spec for spec in catalogue.models.values() if spec.price_per_hour]
+    layouts = {spec.name: _mixed_layout(spec) for spec in priced if spec.mig_compute_slices}
+    return ({spec.name: _model(spec) for spec in priced},
+            {name: layout for name, layout in layouts.items() if layout is not None})
+
+
+class _CatalogueView(Mapping[str, V]):
+    """A read-only mapping over the catalogue in force."""
+
+    def __init__(self, table: Callable[[GpuCatalogue], Mapping[str, V]]) -> None:
+        self._of = table
+
+    def _table(self) -> Mapping[str, V]:
+        return self._of(gpu_catalogue())
+
+    def __getitem__(self, name: str) -> V:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(dict(self._table()))
+
+
+MODELS: Mapping[str, GpuModel] = _CatalogueView(lambda catalogue: sim_models(catalogue)[0])
+MIG_LAYOUTS: Mapping[str, tuple[str, ...]] = _CatalogueView(lambda catalogue: sim_models(catalogue)[1])

@@ -8,7 +8,7 @@ import numpy as np
 
 from gpuwarden.fleet import FindingKind, Severity
 
-from .catalogue import APPLICATION_XIDS, EARLY_WARNING_KINDS, NVML_RECOVERY, XID_RULES, action_for
+from .catalogue import APPLICATION_XIDS, EARLY_WARNING_KINDS, FAULT_ACTIONS, NVML_RECOVERY, XID_RULES
 from .finding_builder import FindingBuilder, nanmax
 
 
@@ -26,7 +26,7 @@ def _xid_rules(b: FindingBuilder) -> None:
             continue
         if code in (63, 64):
             continue  # folded into the row-remap state rules below (XID or NVML state, one finding)
-        b.emit(rule.kind, inc > 0, rule.severity, rule.action,
+        b.emit(rule.kind, inc > 0, rule.severity,
                lambda rows, code=code, rule=rule, inc=inc: {
                    "signal": f"xid_{code}_total", "xid": code, "title": rule.title, "events": inc[rows].sum(),
                    "recovery": rule.recovery, "implicates_gpu": rule.implicates_gpu,
@@ -35,8 +35,9 @@ def _xid_rules(b: FindingBuilder) -> None:
                lambda rows, rule=rule: rule.confidence)
     inc = s["inc_xid_other_total"]
     if inc.any():
-        b.emit(FindingKind.XID_OTHER, inc > 0, Severity.WARNING, None,
-               lambda rows: {"signal": "xid_other_total", "events": inc[rows].sum(), "recovery": "inspect",
+        recovery = FAULT_ACTIONS[FindingKind.XID_OTHER].recovery
+        b.emit(FindingKind.XID_OTHER, inc > 0, Severity.WARNING,
+               lambda rows: {"signal": "xid_other_total", "events": inc[rows].sum(), "recovery": recovery,
                              "note": "an XID code without its own column; read the kernel log for the code"},
                lambda rows: 0.5)
 
@@ -49,7 +50,7 @@ def _state_rules(b: FindingBuilder) -> None:
         inc = s[f"inc_xid_{code}_total"]
         state = np.nan_to_num(s[gauge]) > 0
         flag = (inc > 0) | state
-        b.emit(kind, flag, rule.severity, rule.action,
+        b.emit(kind, flag, rule.severity,
                lambda rows, code=code, gauge=gauge, inc=inc, state=state, rule=rule: {
                    "signal": f"xid_{code}_total / {gauge}", "xid": code, "title": rule.title,
                    "xid_events": inc[rows].sum(), f"{gauge}": bool(state[rows].any()),
@@ -58,10 +59,10 @@ def _state_rules(b: FindingBuilder) -> None:
                lambda rows, rule=rule: rule.confidence)
     # NVML's recovery action.
     action_value = np.nan_to_num(s["recovery_action"]).astype(int)
-    for value, (kind, recovery) in NVML_RECOVERY.items():
+    for value, (kind, _) in NVML_RECOVERY.items():
         flag = action_value == value
-        b.emit(kind, flag, Severity.CRITICAL, action_for(recovery),
-               lambda rows, value=value, recovery=recovery: {
+        b.emit(kind, flag, Severity.CRITICAL,
+               lambda rows, value=value, recovery=FAULT_ACTIONS[kind].recovery: {
                    "signal": "recovery_action", "value": value, "recovery": recovery,
                    "note": "NVML GPU recovery action"},
                lambda rows: 0.95)
@@ -70,8 +71,8 @@ def _state_rules(b: FindingBuilder) -> None:
     if dbe.any():
         window = b.config.dbe_explained_within_s
         explained = sum(b.s.window_sum(s[f"inc_xid_{c}_total"], window) for c in (48, 94, 95)) > 0
-        recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.UNCORRECTABLE_ECC]
-        b.emit(FindingKind.UNCORRECTABLE_ECC, (dbe > 0) & ~explained, severity, action,
+        severity, recovery = EARLY_WARNING_KINDS[FindingKind.UNCORRECTABLE_ECC], FAULT_ACTIONS[FindingKind.UNCORRECTABLE_ECC].recovery
+        b.emit(FindingKind.UNCORRECTABLE_ECC, (dbe > 0) & ~explained, severity,
                lambda rows: {"signal": "ecc_dbe_volatile_total", "events": dbe[rows].sum(), "recovery": recovery,
                              "note": "double-bit ECC errors with no XID 48/94/95 logged"},
                lambda rows: 0.9)

@@ -1,5 +1,6 @@
 """Turning a per-row condition over a GPU's series into findings: one finding per episode of the
-condition on one GPU, with its evidence, confidence, recommended action and first / last seen."""
+condition on one GPU, with its evidence, confidence, recommended action (the fault catalogue's for
+its kind) and first / last seen."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.fleet import ActionKind, Finding, FindingKind, Severity
+from gpuwarden.fleet.node_actions import CORDONING_ACTIONS
 
+from .catalogue import recommended_action
 from .features import GpuSeries
 from .scan_config import HealthConfig
 
@@ -58,16 +61,18 @@ class FindingBuilder:
         new = np.r_[True, (of[1:] != of[:-1]) | ((ts[1:] - ts[:-1]) > gap)]
         return idx, np.flatnonzero(new)
 
-    def emit(self, kind: FindingKind, flag: np.ndarray, severity: Severity, action: ActionKind | None,
+    def emit(self, kind: FindingKind, flag: np.ndarray, severity: Severity,
              evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float],
              sustain_s: float = 0.0, unit: str = "gpu") -> None:
-        """One finding per episode of ``flag``; ``evidence`` and ``confidence`` see the episode's rows.
-        With ``sustain_s``, a cordon is recommended only once the episode has lasted that long; a
-        shorter one only taints (noise is brief, wear persists). ``unit="node"``: one finding per
-        episode of the node (``gpu_uuid`` None), for conditions its GPUs share."""
+        """One finding per episode of ``flag``, recommending the catalogue's action for ``kind``;
+        ``evidence`` and ``confidence`` see the episode's rows. With ``sustain_s``, a cordon (or
+        drain) is recommended only once the episode has lasted that long; a shorter one only taints
+        (noise is brief, wear persists). ``unit="node"``: one finding per episode of the node
+        (``gpu_uuid`` None), for conditions its GPUs share."""
         idx, starts = self.episodes(flag, unit)
         if idx.size == 0:
             return
+        action = recommended_action(kind)
         ends = np.r_[starts[1:], idx.size] - 1
         s = self.s
         for a, b in zip(starts.tolist(), ends.tolist()):
@@ -75,7 +80,7 @@ class FindingBuilder:
             first, last = int(s["ts"][rows[0]]), int(s["ts"][rows[-1]])
             details = {k: _plain(v) for k, v in evidence(rows).items()}
             recommended = action
-            if sustain_s and action in (ActionKind.CORDON, ActionKind.DRAIN):
+            if sustain_s and action in CORDONING_ACTIONS:
                 lasted_s = (last - first) / _NS
                 details["sustained_minutes"] = round(lasted_s / 60.0, 1)
                 if lasted_s < sustain_s:

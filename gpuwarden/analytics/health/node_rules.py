@@ -103,7 +103,7 @@ def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list
         if not flag.any():
             continue
         severity, note = NODE_KINDS[kind]
-        b.emit(kind, flag, severity, None,
+        b.emit(kind, flag, severity,
                lambda rows, parts=parts, note=note: {
                    "signal": "; ".join(name for name, part in parts if part[rows].any()),
                    "gpus_affected": int(np.unique(s["gpu"][rows]).size),

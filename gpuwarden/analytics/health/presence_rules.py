@@ -15,7 +15,7 @@ import pandas as pd
 
 from gpuwarden.fleet import Finding, FindingKind
 
-from .catalogue import EARLY_WARNING_KINDS
+from .catalogue import EARLY_WARNING_KINDS, FAULT_ACTIONS
 from .finding_builder import FindingBuilder
 
 _NS = 1_000_000_000
@@ -25,7 +25,7 @@ def series_lost_findings(b: FindingBuilder) -> None:
     s = b.s
     if len(s) == 0:
         return
-    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.GPU_SERIES_LOST]
+    severity, fault = EARLY_WARNING_KINDS[FindingKind.GPU_SERIES_LOST], FAULT_ACTIONS[FindingKind.GPU_SERIES_LOST]
     after_ns = int(b.config.series_lost_after_s * _NS)
     ts, gpu, node = s["ts"], s["gpu"], s["node"]
     for node_code in np.unique(node).tolist():
@@ -43,10 +43,10 @@ def series_lost_findings(b: FindingBuilder) -> None:
                 row = int(np.flatnonzero(gpu == gpu_code)[0])
                 b.findings.append(Finding(
                     kind=FindingKind.GPU_SERIES_LOST, severity=severity, node=str(s.nodes[node_code]),
-                    gpu_uuid=str(s.gpus[gpu_code]), recommended_action=action, confidence=0.8,
+                    gpu_uuid=str(s.gpus[gpu_code]), recommended_action=fault.action, confidence=0.8,
                     evidence={"signal": "series presence", "last_sample": _iso(last_seen),
                               "silent_minutes": round((int(missing[-1]) - last_seen) / _NS / 60.0, 1),
-                              "node_mates_reporting": mates, "recovery": recovery,
+                              "node_mates_reporting": mates, "recovery": fault.recovery,
                               "note": "its series stopped while other GPUs of the node kept reporting: it fell off "
                                       "the bus, or its exporter lost it"},
                     first_seen=pd.Timestamp(first, tz="UTC").to_pydatetime(),

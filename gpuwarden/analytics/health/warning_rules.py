@@ -11,7 +11,7 @@ from scipy.stats import poisson
 
 from gpuwarden.fleet import FindingKind
 
-from .catalogue import EARLY_WARNING_KINDS, XID_RULES
+from .catalogue import EARLY_WARNING_KINDS, FAULT_ACTIONS, XID_RULES
 from .detectors import CounterBurstDetector, PeerDeviationDetector
 from .features import NVLINK_COUNTERS, GpuSeries
 from .finding_builder import _NS, FindingBuilder, nanmax
@@ -88,9 +88,9 @@ def _hbm(b: FindingBuilder) -> None:
     recent = s.window_sum(events, 1800, floor)
     before = s.lag_sum(events, 1800, 1800)
     groups = b.groups()
-    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.HBM_DEGRADING]
+    severity, recovery = EARLY_WARNING_KINDS[FindingKind.HBM_DEGRADING], FAULT_ACTIONS[FindingKind.HBM_DEGRADING].recovery
     short, long = min(c.hbm_windows_s), max(c.hbm_windows_s)
-    b.emit(FindingKind.HBM_DEGRADING, flag, severity, action,
+    b.emit(FindingKind.HBM_DEGRADING, flag, severity,
            lambda rows: {
                "signal": "ecc_sbe_volatile_total + remapped_rows_correctable_total",
                f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
@@ -118,8 +118,8 @@ def _nvlink(b: FindingBuilder) -> None:
     short = min(c.nvlink_windows_s)
     totals = {name: s.window_sum(s[f"inc_{name}"], short, floor) for name in NVLINK_COUNTERS}
     groups = b.groups()
-    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.NVLINK_DEGRADING]
-    b.emit(FindingKind.NVLINK_DEGRADING, flag, severity, action,
+    severity, recovery = EARLY_WARNING_KINDS[FindingKind.NVLINK_DEGRADING], FAULT_ACTIONS[FindingKind.NVLINK_DEGRADING].recovery
+    b.emit(FindingKind.NVLINK_DEGRADING, flag, severity,
            lambda rows: {
                "signal": "nvlink_{crc_flit,crc_data,replay,recovery}_errors_total",
                **{f"{name.removeprefix('nvlink_').removesuffix('_total')}_last_{int(short // 60)}m": totals[name][rows[-1]]
@@ -147,8 +147,8 @@ def _pcie(b: FindingBuilder) -> None:
     storm = anomalous & (storm_steps > 0)
     degrading = anomalous & (storm_steps == 0)
     for kind, flag in ((FindingKind.PCIE_REPLAY_STORM, storm), (FindingKind.PCIE_DEGRADING, degrading)):
-        recovery, severity, action = EARLY_WARNING_KINDS[kind]
-        b.emit(kind, flag, severity, action,
+        severity, recovery = EARLY_WARNING_KINDS[kind], FAULT_ACTIONS[kind].recovery
+        b.emit(kind, flag, severity,
                lambda rows, recovery=recovery, kind=kind: {
                    "signal": "pcie_replay_total", f"replays_last_{int(c.pcie_window_s // 60)}m": count[rows[-1]],
                    "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(), "recovery": recovery,
@@ -193,8 +193,8 @@ def _throttle(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.nd
         shared.setdefault(_NODE_THROTTLE[kind], []).append(
             (f"throttle_reasons_bitmask ({column.replace('_', ' ')})", flag & node_wide))
         flag &= ~node_wide
-        recovery, severity, action = EARLY_WARNING_KINDS[kind]
-        b.emit(kind, flag, severity, action,
+        severity, recovery = EARLY_WARNING_KINDS[kind], FAULT_ACTIONS[kind].recovery
+        b.emit(kind, flag, severity,
                lambda rows, share=share, recovery=recovery, column=column: {
                    "signal": f"throttle_reasons_bitmask ({column.replace('_', ' ')})",
                    f"share_last_{int(c.throttle_window_s // 60)}m": share[rows].max(),
@@ -218,9 +218,9 @@ def _cooling(b: FindingBuilder) -> None:
     excess = recent - np.where(np.isfinite(baseline), baseline, 0.0)
     limit = np.where(np.isfinite(baseline), c.cooling_excess_celsius, c.cooling_excess_no_history_celsius)
     flag = (n_recent >= b.min_samples(c.cooling_min_s)) & np.isfinite(excess) & (excess >= limit)
-    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.COOLING_DEGRADING]
+    severity, recovery = EARLY_WARNING_KINDS[FindingKind.COOLING_DEGRADING], FAULT_ACTIONS[FindingKind.COOLING_DEGRADING].recovery
     temperature = s["temperature_celsius"]
-    b.emit(FindingKind.COOLING_DEGRADING, flag, severity, action,
+    b.emit(FindingKind.COOLING_DEGRADING, flag, severity,
            lambda rows: {"signal": "temperature_celsius at comparable power vs node-mates and the GPU's own history",
                          f"excess_over_own_history_celsius_{int(c.cooling_window_s // 60)}m": np.nanmax(excess[rows]),
                          "own_history_baseline_celsius": None if not np.isfinite(baseline[rows[0]]) else baseline[rows[0]],
@@ -295,8 +295,8 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
     shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
         ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's", node_wide))
-    recovery, severity, action = EARLY_WARNING_KINDS[FindingKind.STRAGGLER]
-    b.emit(FindingKind.STRAGGLER, flag, severity, action,
+    severity, recovery = EARLY_WARNING_KINDS[FindingKind.STRAGGLER], FAULT_ACTIONS[FindingKind.STRAGGLER].recovery
+    b.emit(FindingKind.STRAGGLER, flag, severity,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
                          f"clock_vs_peers_{int(window // 60)}m": float(np.exp(clock[rows].min())),
                          f"power_vs_peers_{int(window // 60)}m": (float(np.exp(np.nanmin(power[rows])))
