@@ -46,7 +46,7 @@ def test_every_alert_has_a_firing_and_a_must_not_fire_case():
 
 def test_alerts_read_metrics_gpuwarden_serves():
     served = {PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _, _) in METRICS.items()}
-    served |= {"gpuwarden_actuator_circuit_open",  # the actuator process's own gauges (actuator/apply.py, loop.py)
+    served |= {"gpuwarden_actuator_circuit_open",  # the actuator process's own gauges (remediation/breaker.py, pacing.py, loop.py)
                "gpuwarden_actuator_last_round_timestamp_seconds"}
     from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics  # the scheduler process's own /metrics
 

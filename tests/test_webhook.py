@@ -1,5 +1,5 @@
-"""The admission webhook (``actuator/kube/webhook.py``) and its self-managed certificates
-(``actuator/kube/certs.py``).
+"""The admission webhook (``kube/webhook.py``) and its self-managed certificates
+(``kube/certs.py``).
 
 - the decision on AdmissionReview v1 JSON shaped as the API server sends it: a GPU pod is gated by a
   base64 JSONPatch; already gated, Kueue's, no GPU, DaemonSet, static and bound pods are left

@@ -2,7 +2,7 @@
 
 :func:`admission_response` is a pure function from an AdmissionReview v1 request to its response:
 a pod CREATE asking for a GPU gets the gate ``gpuwarden.io/admission`` as a base64 JSONPatch, so
-kube-scheduler leaves it alone until gpuwarden's scheduler admits it (``actuator/kube/gates.py``).
+kube-scheduler leaves it alone until gpuwarden's scheduler admits it (``fleet/object_names.py``).
 It never refuses a pod: anything it cannot parse is answered "allowed, unchanged" with a warning
 line, so a broken request can never block pod creation (the chart's ``failurePolicy: Ignore``
 covers an outage the same way). Left ungated: pods already gated, Kueue's pods (its label or gate),
