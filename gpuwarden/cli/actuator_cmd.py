@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.remediation.approvals import decide, pending_from
+from gpuwarden.remediation.breaker import breaker_verdict, record_breaker_reset
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.remediation.maintenance import MaintenanceWindow
 from gpuwarden.remediation.pacing import PacingPolicy
@@ -363,20 +364,11 @@ def run_undo(args: argparse.Namespace) -> int:
 
 
 def run_reset(args: argparse.Namespace) -> int:
-    audit = AuditLog(args.audit)
-
-    class _NoCluster:  # resetting the breaker touches only the audit log
-        def snapshot(self):  # pragma: no cover - never called
-            raise RuntimeError("no cluster")
-
-        def apply(self, action):  # pragma: no cover - never called
-            raise RuntimeError("no cluster")
-
-    actuator = Actuator(_NoCluster(), Mode.AUTO, audit=audit)
-    if not actuator.breaker_open:
+    audit = AuditLog(args.audit)  # resetting the breaker touches only the audit log: no cluster is reached
+    if breaker_verdict(audit.records()).allowed:
         print("the circuit breaker is closed; nothing to reset")
         return 0
-    actuator.reset_breaker(args.by, args.comment)
+    # Recorded as the running actuator's reset has always been: auto mode, target "actuator".
+    record_breaker_reset(audit, args.by, args.comment, at=SYSTEM_CLOCK.now(), mode=Mode.AUTO)
     print(f"circuit breaker reset by {args.by}")
     return 0
-

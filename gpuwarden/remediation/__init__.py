@@ -1,10 +1,10 @@
-"""Remediation: findings + snapshot -> plan -> verdicts (maintenance window, pace, budget, breaker)
--> actions through the ``Cluster`` protocol, in observe / approve / auto modes, with an audit log,
-approvals, repair and undo. Observe is the default. It imports only ``fleet``: the CLI hands it a
-cluster (Kubernetes or the simulator)."""
+"""Remediation: findings + snapshot -> plan -> verdicts (breaker, maintenance window, pace, budget:
+pure functions, :mod:`.verdict`) -> actions through the ``Cluster`` protocol, in observe / approve /
+auto modes, with an audit log, approvals, repair and undo. Observe is the default. It imports only
+``fleet``: the CLI hands it a cluster (Kubernetes or the simulator)."""
 
-from .apply import Actuator, Mode
-from .audit import AuditEntry, AuditLog, Outcome
+from .apply import Actuator
+from .audit import AuditEntry, AuditLog, Mode, Outcome
 from .limits import SafetyLimits
 from .loop import Reconciler, RoundReport
 from .plan import Plan, PlannedAction, PlanningPolicy, plan_from_findings

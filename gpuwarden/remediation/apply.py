@@ -1,56 +1,52 @@
-"""Applying a plan through the ``Cluster`` protocol, under a mode, safety limits and an audit log.
+"""The applier: a plan through the ``Cluster`` protocol, under a mode, the gates' verdicts and an audit log.
 
 Modes:
-- ``observe``: nothing is applied. The limits are still evaluated as if the plan were carried out,
-  so each planned action is recorded as ``planned`` or as ``blocked-by-limit`` ("would be
-  blocked"); a plan that stands round after round is recorded once.
+- ``observe``: nothing is applied. The gates are still asked as if the plan were carried out, so
+  each planned action is recorded as ``planned`` or as ``blocked-by-limit`` ("would be blocked");
+  a plan that stands round after round is recorded once.
 - ``approve``: actions wait in the approval queue (:mod:`gpuwarden.remediation.approvals`); an
   approved action is applied at the next round (or at once through :meth:`Actuator.approve`),
-  with the limits checked at that moment.
-- ``auto``: actions are applied at once, within the limits.
+  with the gates asked at that moment.
+- ``auto``: actions are applied at once, as the gates allow.
 
-Safety: the hourly limit counts applied actions in the audit log (so restarts do not reset it),
-in the last hour of the injected clock (a ``FakeClock`` moves it);
-the node share counts cordoned nodes and nodes carrying a gpuwarden taint. When a limit is reached
-the circuit breaker opens: nothing more is applied, a metric and an Event say so, and a person
-resets it (``gpuwarden actuator reset``). Every outcome is written to the audit log before the next
-action is tried, so a plan interrupted half-way leaves a record of exactly what was done. With a
-maintenance window (:mod:`.maintenance`), disruptive actions outside it are held back: recorded
-once as blocked, never tripping the breaker, and applied at a round inside it. Options: pacing by
-outcome (:mod:`.pacing`), repair (:mod:`.repair`), node conditions in every mode (:mod:`.node_health`).
+The gates (:mod:`.verdict`) are pure functions returning a verdict, asked in this order: the
+circuit breaker (:mod:`.breaker`), the maintenance window (:mod:`.maintenance`), the pace
+(:mod:`.pacing`) and the budget of safety limits (:mod:`.limits`: the hourly limit counts applied
+actions in the audit log, so restarts do not reset it; the node share counts cordoned and
+gpuwarden-tainted nodes). The applier applies what they allow and records every outcome in the
+audit log before the next action is tried, so a plan interrupted half-way leaves a record of
+exactly what was done. The window's and the pace's holds are recorded once while they stand and
+never trip the breaker; the budget's refusal trips it: nothing more is applied, a metric and an
+Event say so, and a person resets it (``gpuwarden actuator reset``). Options: pacing by outcome,
+repair (:mod:`.repair`), node conditions in every mode (:mod:`.node_health`).
 """
 
 from __future__ import annotations
 
-import enum
-import logging
 import threading
-from datetime import datetime, timedelta
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TypedDict, Unpack
-
-from prometheus_client import Gauge
 
 from gpuwarden.fleet import Action, Cluster, ClusterSnapshot
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
-from gpuwarden.fleet.protocols import EventSink
 
 from . import approvals
-from .audit import (AuditEntry, AuditLog, Outcome, Record, action_from_record, action_record, breaker_open_in,
-                    finding_record, new_id)
-from .limits import Budget, SafetyLimits, applied_since, parse_at
-from .maintenance import MaintenanceWindow
+from .audit import (AuditEntry, AuditLog, Mode, Outcome, Record, action_entry, action_from_record, finding_record,
+                    new_id, parse_at)
+from .breaker import BREAKER_GAUGE, OPEN, WAITING, breaker_verdict, record_breaker_reset, record_breaker_trip
+from .limits import BudgetUse, SafetyLimits, budget_use, budget_verdict
+from .maintenance import MaintenanceWindow, window_verdict
 from .node_health import publish_health
-from .pacing import Pacer, PacingPolicy, Verdict
+from .pacing import FindingLike, PaceEvent, Pacer, PacingPolicy
 from .plan import Plan, PlannedAction
 from .repair import Repair
 from .undo import inverse, undo_applied
+from .verdict import ALLOWED, Verdict
 
-log = logging.getLogger("gpuwarden.actuator")
+__all__ = ["Actuator", "Mode"]
 
-BREAKER_GAUGE = Gauge("gpuwarden_actuator_circuit_open",
-                      "1 while the actuator's circuit breaker is open (a safety limit was reached; a person must reset it)")
-REJECTED_QUIET = timedelta(hours=24)  # a rejected action is not asked again for this long
+Key = tuple[str, str]  # (kind, target): a planned action's key
 
 
 class _EntryContext(TypedDict, total=False):
@@ -62,10 +58,17 @@ class _EntryContext(TypedDict, total=False):
     by: str | None
 
 
-class Mode(str, enum.Enum):
-    OBSERVE = "observe"
-    APPROVE = "approve"
-    AUTO = "auto"
+class _Round:
+    """One round as the gates see it: the snapshot (read from the cluster the first time one needs
+    it) and what the round has used of the safety limits so far."""
+
+    def __init__(self, cluster: Cluster, snapshot: ClusterSnapshot | None, use: BudgetUse) -> None:
+        self._cluster, self._snapshot, self.use = cluster, snapshot, use
+
+    def snapshot(self) -> ClusterSnapshot:
+        if self._snapshot is None:
+            self._snapshot = self._cluster.snapshot()
+        return self._snapshot
 
 
 class Actuator:
@@ -86,130 +89,147 @@ class Actuator:
         self.leader = leader or (lambda: True)
         self.name = name
         self.window = window
-        self._held: set[tuple[str, str]] = set()  # held back by the window: recorded once while it is shut
+        # Holds recorded once while they stand (the audit log says it once, not every round):
+        self._held: set[Key] = set()  # by the window, while it is shut
+        self._paced: set[Key] = set()  # by the pace
+        self._breaker_noted: set[Key] = set()  # by the open breaker
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
-        self._breaker_noted: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
         self.pacer = Pacer(pacing, self.audit.records()) if pacing is not None else None
         self.repair = Repair(repair_after_healthy_seconds) if repair_after_healthy_seconds is not None else None
         self.node_conditions = node_conditions
-        self._paced: set[tuple[str, str]] = set()  # held by the pace: recorded once while held
         BREAKER_GAUGE.set(1 if self.breaker_open else 0)
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
     def applied_in_last_hour(self) -> int:
-        return applied_since(self.audit.records(), self.clock.now() - timedelta(hours=1))
+        return budget_use(self.audit.records(), self.clock.now()).applied_last_hour
 
     @property
     def breaker_open(self) -> bool:
-        return breaker_open_in(self.audit.records())
+        return not breaker_verdict(self.audit.records()).allowed
 
     @property
     def awaiting(self) -> dict[str, approvals.PendingApproval]:
         return {p.approval_id: p for p in approvals.pending_from(self.audit.records())}
 
+    # -- the gates, on this actuator's policies ----------------------------------------------------
+    def _round(self, snapshot: ClusterSnapshot | None) -> _Round:
+        return _Round(self.cluster, snapshot, budget_use(self.audit.records(), self.clock.now()))
+
+    def _pace(self, action: Action, findings: Sequence[FindingLike], round_: _Round,
+              starts: dict[Key, int] | None = None) -> Verdict:
+        if self.pacer is None:
+            return ALLOWED
+        return self.pacer.verdict(action, findings, round_.snapshot(), self.clock.now(), starts)
+
+    def _budget(self, action: Action, round_: _Round) -> Verdict:
+        return budget_verdict(action, round_.use, self.limits, round_.snapshot)
+
     # -- recording ---------------------------------------------------------------------------------
     def _entry(self, outcome: Outcome, action: Action, message: str = "", approval_id: str | None = None,
                findings: tuple[Record, ...] = (), snapshot_at: datetime | None = None, by: str | None = None,
-               undo: Action | None = None, undo_of: str | None = None) -> AuditEntry:
-        entry = AuditEntry(self.clock.now(), self.mode, outcome, action.kind.value, action.target, action.reason, message,
-                           approval_id, dict(action.params), tuple(findings), snapshot_at, new_id(),
-                           by or self.name, action_record(undo), undo_of)
+               undo: Action | None = None) -> AuditEntry:
+        entry = action_entry(self.clock.now(), self.mode, outcome, action, message, by=by or self.name,
+                             approval_id=approval_id, findings=findings, snapshot_at=snapshot_at, undo=undo)
         self.audit.record(entry)
         return entry
-
-    def _held_back(self, action: Action) -> str | None:
-        """Why the maintenance window holds ``action`` back now (None: it may go)."""
-        return self.window.holds_back(action, self.clock.now()) if self.window is not None else None
 
     @staticmethod
     def _findings(planned: PlannedAction) -> tuple[Record, ...]:
         return tuple(finding_record(f) for f in planned.findings)
 
-    # -- a round -----------------------------------------------------------------------------------
-    def execute(self, plan: Plan, snapshot: ClusterSnapshot | None = None) -> list[AuditEntry]:
-        """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
-        with self._lock:
-            budget = Budget(self, snapshot)
-            if self.node_conditions:
-                publish_health(self.cluster, plan.health)
-            if self.mode == Mode.OBSERVE:
-                return self._observe(plan, budget)
-            out: list[AuditEntry] = []
-            if self.mode == Mode.APPROVE:
-                out += self._observe_pace(plan, budget)
-                out += self._apply_approved(budget)
-                done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
-                return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
-                                              plan.snapshot_at))
-            breaker = self.breaker_open
-            if not breaker:
-                self._breaker_noted.clear()
-            if self.window is None or self.window.is_open(self.clock.now()):
-                self._held.clear()
-            out += self._judge(plan, budget, breaker)
-            for position, planned in enumerate(plan.actions):
-                action, findings = planned.action, self._findings(planned)
-                if not self.leader():
-                    out += [self._entry(Outcome.NOT_APPLIED, rest.action, "not the leader (lease lost): stopped acting",
-                                        findings=self._findings(rest), snapshot_at=plan.snapshot_at)
-                            for rest in plan.actions[position:]]
-                    break
-                if breaker:
-                    out += self._hold_once(self._breaker_noted, planned, Outcome.BLOCKED, "circuit breaker open: "
-                                           "waiting for a person (gpuwarden actuator reset)", plan.snapshot_at)
-                    continue
-                held = self._held_back(action)
-                if held:
-                    out += self._hold_once(self._held, planned, Outcome.BLOCKED, held, plan.snapshot_at)
-                    continue
-                paced = self._pace_holds(planned, budget)
-                if paced:
-                    out += self._hold_once(self._paced, planned, Outcome.HELD, paced, plan.snapshot_at)
-                    continue
-                self._paced.discard(planned.key)
-                why = budget.why_not(action)
-                if why:
-                    out.append(self._entry(Outcome.BLOCKED, action, why, findings=findings, snapshot_at=plan.snapshot_at))
-                    out.append(self._trip(why))
-                    self._breaker_noted.add(planned.key)
-                    breaker = True
-                    continue
-                entry = self._apply(action, budget, findings=findings, snapshot_at=plan.snapshot_at)
-                out.append(entry)
-                out += self._paced_outcome(planned, entry, budget)
-                if entry.outcome == Outcome.ERROR:
-                    out += [self._entry(Outcome.NOT_APPLIED, rest.action, "an earlier action failed",
-                                        findings=self._findings(rest), snapshot_at=plan.snapshot_at)
-                            for rest in plan.actions[position + 1:]]
-                    break
-            return out
+    def _refusal(self, planned: PlannedAction, verdict: Verdict, snapshot_at: datetime | None) -> AuditEntry:
+        assert verdict.outcome is not None  # a refusal always names one (Verdict checks)
+        return self._entry(verdict.outcome, planned.action, verdict.reason, findings=self._findings(planned),
+                           snapshot_at=snapshot_at)
 
-    def _hold_once(self, seen: set[tuple[str, str]], planned: PlannedAction, outcome: Outcome, message: str,
+    def _hold_once(self, seen: set[Key], planned: PlannedAction, verdict: Verdict,
                    snapshot_at: datetime | None) -> list[AuditEntry]:
         """A hold (the breaker, the window, the pace) recorded once while it stands."""
         if planned.key in seen:
             return []
         seen.add(planned.key)
-        return [self._entry(outcome, planned.action, message, findings=self._findings(planned), snapshot_at=snapshot_at)]
+        return [self._refusal(planned, verdict, snapshot_at)]
 
-    def _observe(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
+    def _not_applied(self, rest: Sequence[PlannedAction], why: str, snapshot_at: datetime | None) -> list[AuditEntry]:
+        return [self._entry(Outcome.NOT_APPLIED, p.action, why, findings=self._findings(p), snapshot_at=snapshot_at)
+                for p in rest]
+
+    def _pace_entry(self, event: PaceEvent) -> AuditEntry:
+        self.audit.record(entry := event.entry(self.clock.now(), self.mode, self.name))
+        return entry
+
+    # -- a round -----------------------------------------------------------------------------------
+    def execute(self, plan: Plan, snapshot: ClusterSnapshot | None = None) -> list[AuditEntry]:
+        """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
+        with self._lock:
+            round_ = self._round(snapshot)
+            if self.node_conditions:
+                publish_health(self.cluster, plan.health)
+            if self.mode == Mode.OBSERVE:
+                return self._observe(plan, round_)
+            if self.mode == Mode.APPROVE:
+                out = self._observe_pace(plan, round_) + self._apply_approved(round_)
+                done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
+                return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
+                                              plan.snapshot_at))
+            return self._auto(plan, round_)
+
+    def _auto(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
+        breaker = breaker_verdict(self.audit.records())
+        if breaker.allowed:
+            self._breaker_noted.clear()
+        if self.window is None or self.window.is_open(self.clock.now()):
+            self._held.clear()
+        out = self._judge(plan, round_, breaker.allowed)
+        for position, planned in enumerate(plan.actions):
+            action = planned.action
+            if not self.leader():
+                out += self._not_applied(plan.actions[position:], "not the leader (lease lost): stopped acting",
+                                         plan.snapshot_at)
+                break
+            if not breaker.allowed:
+                out += self._hold_once(self._breaker_noted, planned, breaker, plan.snapshot_at)
+                continue
+            held = window_verdict(action, self.clock.now(), self.window)
+            if not held.allowed:
+                out += self._hold_once(self._held, planned, held, plan.snapshot_at)
+                continue
+            paced = self._pace(action, planned.findings, round_)
+            if not paced.allowed:
+                out += self._hold_once(self._paced, planned, paced, plan.snapshot_at)
+                continue
+            self._paced.discard(planned.key)
+            budget = self._budget(action, round_)
+            if not budget.allowed:  # a limit reached: the breaker opens and holds the rest
+                out += [self._refusal(planned, budget, plan.snapshot_at), self._trip(budget.reason)]
+                self._breaker_noted.add(planned.key)
+                breaker = OPEN
+                continue
+            entry = self._apply(action, round_, findings=self._findings(planned), snapshot_at=plan.snapshot_at)
+            out += [entry, *self._pace_outcome(action, planned.findings, entry, round_)]
+            if entry.outcome == Outcome.ERROR:
+                out += self._not_applied(plan.actions[position + 1:], "an earlier action failed", plan.snapshot_at)
+                break
+        return out
+
+    def _observe(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
         out, seen = [], set()
-        breaker = self.breaker_open
-        starts: dict[tuple[str, str], int] = {}  # what auto mode would start this round, per pool and detector
+        breaker = not breaker_verdict(self.audit.records()).allowed
+        starts: dict[Key, int] = {}  # what auto mode would start this round, per pool and detector
         for planned in plan.actions:
-            held = self._held_back(planned.action)
-            paced = None if held or breaker else self._pace_holds(planned, budget, starts)
-            why = held or ("circuit breaker open" if breaker else budget.why_not(planned.action))
-            if paced:
-                outcome, message = Outcome.HELD, f"would be held: {paced}"
-            elif held:
-                outcome, message = Outcome.BLOCKED, f"would be blocked: {held}"  # a schedule, not a fault
-            elif why:
+            held = window_verdict(planned.action, self.clock.now(), self.window)
+            if not held.allowed:
+                outcome, message = Outcome.BLOCKED, f"would be blocked: {held.reason}"  # a schedule, not a fault
+            elif breaker:
+                outcome, message = Outcome.BLOCKED, "would be blocked: circuit breaker open"
+            elif not (paced := self._pace(planned.action, planned.findings, round_, starts)).allowed:
+                outcome, message = Outcome.HELD, f"would be held: {paced.reason}"
+            elif not (budget := self._budget(planned.action, round_)).allowed:
                 breaker = True  # auto mode would stop here: everything after it is blocked too
-                outcome, message = Outcome.BLOCKED, f"would be blocked: {why}"
+                outcome, message = Outcome.BLOCKED, f"would be blocked: {budget.reason}"
             else:
-                budget.take(planned.action)
+                round_.use = round_.use.taking(planned.action)
                 outcome, message = Outcome.PLANNED, ""
             key = (*planned.key, outcome.value)
             seen.add(key)
@@ -219,161 +239,117 @@ class Actuator:
         self._observed = seen
         return out
 
-    # -- pacing and repair -------------------------------------------------------------------------------
-    def _pace_holds(self, planned: PlannedAction, budget: Budget,
-                    starts: dict[tuple[str, str], int] | None = None) -> str | None:
-        return None if self.pacer is None else self.pacer.holds(planned.action, planned.findings, budget.current(),
-                                                                self.clock.now(), starts)
+    # -- pacing and repair -------------------------------------------------------------------------
+    def _pace_outcome(self, action: Action, findings: Sequence[FindingLike], entry: AuditEntry,
+                      round_: _Round) -> list[AuditEntry]:
+        """The pace event of an applied (or failed) disruptive action; a blocked one never started."""
+        if self.pacer is None or entry.outcome == Outcome.BLOCKED:
+            return []
+        event = self.pacer.outcome(action, findings, round_.snapshot(), self.clock.now(),
+                                   entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
+        return [self._pace_entry(event)] if event is not None else []
 
-    def _paced_outcome(self, planned: PlannedAction, entry: AuditEntry, budget: Budget) -> list[AuditEntry]:
+    def _observe_pace(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
+        """Pace events on what is in flight (proven, failed) on this round's snapshot."""
         if self.pacer is None:
             return []
-        verdict = self.pacer.outcome(planned.action, planned.findings, budget.current(), self.clock.now(),
-                                     entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
-        return [self._pace_entry(verdict)] if verdict is not None else []
+        return [self._pace_entry(e) for e in self.pacer.observe(round_.snapshot(), plan.health, self.clock.now())]
 
-    def _pace_entry(self, verdict: Verdict) -> AuditEntry:
-        self.audit.record(entry := verdict.entry(self.clock.now(), self.mode, self.name))
-        return entry
-
-    def _observe_pace(self, plan: Plan, budget: Budget) -> list[AuditEntry]:
-        """Pace verdicts on what is in flight (proven, failed) on this round's snapshot."""
-        if self.pacer is None:
-            return []
-        return [self._pace_entry(v) for v in self.pacer.observe(budget.current(), plan.health, self.clock.now())]
-
-    def _judge(self, plan: Plan, budget: Budget, breaker: bool) -> list[AuditEntry]:
-        """Pace verdicts on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
-        now, current = self.clock.now(), budget.current()
-        out = self._observe_pace(plan, budget)
-        if self.repair is not None and not breaker:
-            out += [self._apply(a, budget, by="repair") for a in self.repair.actions(self.audit.records(), current,
+    def _judge(self, plan: Plan, round_: _Round, breaker_closed: bool) -> list[AuditEntry]:
+        """Pace events on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
+        now, current = self.clock.now(), round_.snapshot()
+        out = self._observe_pace(plan, round_)
+        if self.repair is not None and breaker_closed:
+            out += [self._apply(a, round_, by="repair") for a in self.repair.actions(self.audit.records(), current,
                                                                                      plan.health, now)]
         return out
 
+    # -- approve mode --------------------------------------------------------------------------------
     def _queue(self, plan: Plan) -> list[AuditEntry]:
-        records = self.audit.records()
-        # waiting for a person, or approved and held (by the window or the pace): never asked again
-        waiting = {(p.kind, p.target) for p in approvals.pending_from(records)}
-        waiting |= {(str(a.get("kind")), str(a.get("target"))) for a, _ in approvals.approved_not_applied(records)}
-        quiet_since = self.clock.now() - REJECTED_QUIET
-        by_id = {str(r["approval_id"]): r for r in records
-                 if r.get("outcome") == Outcome.AWAITING_APPROVAL.value and r.get("approval_id") is not None}
-        rejected = {(by_id[str(r["approval_id"])]["kind"], by_id[str(r["approval_id"])]["target"]) for r in records
-                    if r.get("outcome") == Outcome.REJECTED.value and str(r.get("approval_id")) in by_id
-                    and (parse_at(r.get("at")) or quiet_since) > quiet_since}
-        out = []
-        for planned in plan.actions:
-            if planned.key in waiting or planned.key in rejected:
-                continue  # already waiting for a person, or a person said no recently
-            out.append(self._entry(Outcome.AWAITING_APPROVAL, planned.action, approval_id=new_id(),
-                                   findings=self._findings(planned), snapshot_at=plan.snapshot_at))
-        return out
+        asked = approvals.already_asked(self.audit.records(), self.clock.now())
+        return [self._entry(Outcome.AWAITING_APPROVAL, p.action, approval_id=new_id(), findings=self._findings(p),
+                            snapshot_at=plan.snapshot_at) for p in plan.actions if p.key not in asked]
 
-    def _apply_approved(self, budget: Budget) -> list[AuditEntry]:
+    @staticmethod
+    def _approved(awaiting: Record, by: str) -> _EntryContext:
+        return {"approval_id": str(awaiting["approval_id"]), "findings": tuple(awaiting.get("findings") or ()),
+                "snapshot_at": parse_at(awaiting.get("snapshot_at")), "by": by}
+
+    def _apply_approved(self, round_: _Round) -> list[AuditEntry]:
         out = []
         for awaiting, decision in approvals.approved_not_applied(self.audit.records()):
-            action = action_from_record(awaiting)
-            kwargs: _EntryContext = {
-                "approval_id": str(awaiting["approval_id"]), "findings": tuple(awaiting.get("findings") or ()),
-                "snapshot_at": parse_at(awaiting.get("snapshot_at")), "by": decision.get("by") or "operator"}
+            action, context = action_from_record(awaiting), self._approved(awaiting, decision.get("by") or "operator")
+            findings, key = context.get("findings", ()), (action.kind.value, action.target)
             if not self.leader():
-                out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **kwargs))
+                out.append(self._entry(Outcome.NOT_APPLIED, action, "not the leader (lease lost)", **context))
                 continue
-            if self._held_back(action):
+            if not window_verdict(action, self.clock.now(), self.window).allowed:
                 continue  # it stays approved and is applied at the first round inside the window
-            paced = self._pace_holds_approved(action, kwargs, budget)
-            if paced:  # recorded once, without its approval id: it stays approved and waits for the pace
-                if (action.kind.value, action.target) not in self._paced:
-                    self._paced.add((action.kind.value, action.target))
-                    out.append(self._entry(Outcome.HELD, action, f"approved; {paced}", by=kwargs.get("by"),
-                                           findings=kwargs.get("findings", ()), snapshot_at=kwargs.get("snapshot_at")))
+            paced = self._pace(action, findings, round_)  # approve mode is paced like auto
+            if not paced.allowed:  # recorded once, without its approval id: it stays approved and waits for the pace
+                if key not in self._paced:
+                    self._paced.add(key)
+                    out.append(self._entry(Outcome.HELD, action, f"approved; {paced.reason}", by=context.get("by"),
+                                           findings=findings, snapshot_at=context.get("snapshot_at")))
                 continue
-            self._paced.discard((action.kind.value, action.target))
-            entry = self._guarded_apply(action, budget, **kwargs)
-            out += [entry, *self._approved_pace_outcome(action, kwargs, entry, budget)]
+            self._paced.discard(key)
+            entry = self._guarded_apply(action, round_, **context)
+            out += [entry, *self._pace_outcome(action, findings, entry, round_)]
         return out
 
-    def _pace_holds_approved(self, action: Action, context: _EntryContext, budget: Budget) -> str | None:
-        """The pace over an approved action (approve mode is paced like auto: a person approving
-        fifty cordons at once still gets the slow start); its findings are the awaiting entry's."""
-        if self.pacer is None:
-            return None
-        return self.pacer.holds(action, context.get("findings", ()), budget.current(), self.clock.now())
-
-    def _approved_pace_outcome(self, action: Action, context: _EntryContext, entry: AuditEntry,
-                               budget: Budget) -> list[AuditEntry]:
-        if self.pacer is None or entry.outcome == Outcome.BLOCKED:
-            return []
-        verdict = self.pacer.outcome(action, context.get("findings", ()), budget.current(), self.clock.now(),
-                                     entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
-        return [self._pace_entry(verdict)] if verdict is not None else []
-
-    def _guarded_apply(self, action: Action, budget: Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
-        if self.breaker_open:
-            return self._entry(Outcome.BLOCKED, action, "circuit breaker open: waiting for a person", **kwargs)
-        why = budget.why_not(action)
-        if why:
-            entry = self._entry(Outcome.BLOCKED, action, why, **kwargs)
-            self._trip(why)
+    def _guarded_apply(self, action: Action, round_: _Round, **context: Unpack[_EntryContext]) -> AuditEntry:
+        """An approved action through the breaker and the budget (the breaker read afresh: an earlier
+        approved action may have tripped it)."""
+        if not breaker_verdict(self.audit.records()).allowed:
+            return self._entry(Outcome.BLOCKED, action, WAITING, **context)
+        budget = self._budget(action, round_)
+        if not budget.allowed:
+            assert budget.outcome is not None  # a refusal always names one (Verdict checks)
+            entry = self._entry(budget.outcome, action, budget.reason, **context)
+            self._trip(budget.reason)
             return entry
-        return self._apply(action, budget, **kwargs)
+        return self._apply(action, round_, **context)
 
-    def _apply(self, action: Action, budget: Budget, **kwargs: Unpack[_EntryContext]) -> AuditEntry:
+    def _apply(self, action: Action, round_: _Round, **context: Unpack[_EntryContext]) -> AuditEntry:
         try:
             result = self.cluster.apply(action)
         except Exception as error:  # noqa: BLE001 the protocol says never raise; a client bug or outage still must be recorded
-            return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", **kwargs)
+            return self._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", **context)
         if result.ok:
-            budget.take(action)
-            return self._entry(Outcome.APPLIED, action, result.message, undo=result.undo or inverse(action), **kwargs)
+            round_.use = round_.use.taking(action)
+            return self._entry(Outcome.APPLIED, action, result.message, undo=result.undo or inverse(action), **context)
         outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED
-        return self._entry(outcome, action, result.message, **kwargs)
+        return self._entry(outcome, action, result.message, **context)
 
     # -- the circuit breaker ---------------------------------------------------------------------
     def _trip(self, why: str) -> AuditEntry:
-        BREAKER_GAUGE.set(1)
-        message = f"circuit breaker opened: {why}; nothing more is applied until a person resets it"
-        log.warning("actuator: %s", message)
-        if isinstance(self.cluster, EventSink):
-            try:
-                self.cluster.record_event("CircuitBreakerOpen", message)
-            except Exception as error:  # noqa: BLE001 the Event is a courtesy; the audit entry and metric are the record
-                log.warning("actuator: could not post the breaker Event: %s", error)
-        return self._note(Outcome.BREAKER_OPEN, why, message, self.name)
+        return record_breaker_trip(self.audit, why, clock=self.clock, mode=self.mode, name=self.name,
+                                   events=self.cluster)
 
     def reset_breaker(self, by: str, comment: str = "") -> AuditEntry:
         with self._lock:
-            BREAKER_GAUGE.set(0)
             self._breaker_noted.clear()
-            return self._note(Outcome.BREAKER_RESET, comment or "reset", f"reset by {by}", by)
-
-    def _note(self, outcome: Outcome, reason: str, message: str, by: str) -> AuditEntry:
-        entry = AuditEntry(self.clock.now(), self.mode, outcome, "circuit-breaker", self.name, reason, message, by=by)
-        self.audit.record(entry)
-        return entry
+            return record_breaker_reset(self.audit, by, comment, at=self.clock.now(), mode=self.mode, name=self.name)
 
     # -- people ------------------------------------------------------------------------------------
     def approve(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
-        """Record the approval and apply the action now (limits checked). ValueError if not waiting."""
+        """Record the approval and apply the action now (gates asked). ValueError if not waiting."""
         with self._lock:
             awaiting = self._decide(approval_id, True, by, comment)
             action = action_from_record(awaiting)
-            held = self._held_back(action)
-            if held:  # recorded without its approval id, so the approval stays waiting to be applied
-                return self._entry(Outcome.BLOCKED, action, f"approved; {held} (applied at the first round inside it)",
-                                   by=by)
-            context: _EntryContext = {"approval_id": str(approval_id), "by": by,
-                                      "findings": tuple(awaiting.get("findings") or ()),
-                                      "snapshot_at": parse_at(awaiting.get("snapshot_at"))}
-            budget = Budget(self, None)
-            paced = self._pace_holds_approved(action, context, budget)
-            if paced:  # as with the window: it stays approved and goes at a round the pace allows
+            held = window_verdict(action, self.clock.now(), self.window)
+            if not held.allowed:  # recorded without its approval id, so the approval stays waiting to be applied
+                return self._entry(Outcome.BLOCKED, action, f"approved; {held.reason} (applied at the first round "
+                                   "inside it)", by=by)
+            context = self._approved(awaiting, by)
+            round_ = self._round(None)
+            paced = self._pace(action, context.get("findings", ()), round_)
+            if not paced.allowed:  # as with the window: it stays approved and goes at a round the pace allows
                 self._paced.add((action.kind.value, action.target))
-                return self._entry(Outcome.HELD, action, f"approved; {paced} (applied at a later round once the "
-                                   "pace allows)", by=by, findings=context["findings"])
-            entry = self._guarded_apply(action, budget, **context)
-            self._approved_pace_outcome(action, context, entry, budget)  # in the audit log; the answer is the action's
+                return self._entry(Outcome.HELD, action, f"approved; {paced.reason} (applied at a later round once "
+                                   "the pace allows)", by=by, findings=context.get("findings", ()))
+            entry = self._guarded_apply(action, round_, **context)
+            self._pace_outcome(action, context.get("findings", ()), entry, round_)  # in the log; the answer is the action's
             return entry
 
     def reject(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:
@@ -397,4 +373,4 @@ class Actuator:
     def undo(self, entry_id: str, by: str = "operator") -> AuditEntry:
         """Apply the inverse of an applied action (uncordon, untaint, resume). ValueError if it cannot be."""
         with self._lock:
-            return undo_applied(self, entry_id, by)
+            return undo_applied(self.audit, self.cluster, entry_id, by or self.name, clock=self.clock, mode=self.mode)

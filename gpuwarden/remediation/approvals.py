@@ -10,13 +10,15 @@ carrying the approver's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from collections.abc import Iterable
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
-from .audit import AuditLog, Outcome, Record, append_line, locked
+from .audit import AuditLog, Outcome, Record, append_line, locked, parse_at
+
+REJECTED_QUIET = timedelta(hours=24)  # a rejected action is not asked again for this long
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,20 @@ def approved_not_applied(records: list[Record]) -> list[tuple[Record, Record]]:
             and r.get("outcome") not in (Outcome.AWAITING_APPROVAL.value, *_DECISIONS)}
     return [(waiting[i], d) for i, d in decided.items()
             if d.get("outcome") == Outcome.APPROVED.value and i in waiting and i not in done]
+
+
+def already_asked(records: list[Record], now: datetime) -> set[tuple[str, str]]:
+    """(kind, target) of actions a person need not be asked about again at ``now``: waiting for a
+    person, approved and not yet applied (held by the window or the pace), or rejected recently."""
+    asked = {(p.kind, p.target) for p in pending_from(records)}
+    asked |= {(str(a.get("kind")), str(a.get("target"))) for a, _ in approved_not_applied(records)}
+    quiet_since = now - REJECTED_QUIET
+    by_id = {str(r["approval_id"]): r for r in records
+             if r.get("outcome") == Outcome.AWAITING_APPROVAL.value and r.get("approval_id") is not None}
+    asked |= {(by_id[str(r["approval_id"])]["kind"], by_id[str(r["approval_id"])]["target"]) for r in records
+              if r.get("outcome") == Outcome.REJECTED.value and str(r.get("approval_id")) in by_id
+              and (parse_at(r.get("at")) or quiet_since) > quiet_since}
+    return asked
 
 
 def pending(audit_path: str | Path) -> list[PendingApproval]:

@@ -31,6 +31,14 @@ log = logging.getLogger("gpuwarden.actuator")
 
 Record = dict[str, Any]  # one JSON line of the log, as written and as read back
 
+
+class Mode(str, enum.Enum):
+    """How the actuator acts (recorded on every entry): observe, approve or auto."""
+
+    OBSERVE = "observe"
+    APPROVE = "approve"
+    AUTO = "auto"
+
 EVIDENCE_KEYS_KEPT = 8  # the first few evidence items are the key ones; a finding's full frame stays in analytics
 
 
@@ -50,6 +58,14 @@ class Outcome(str, enum.Enum):
     UNDONE = "undone"  # a person took an applied action back; ``undo_of`` names it
     HELD = "held-by-pace"  # a disruptive action waiting for its pool and detector's pace (auto; observe: would be)
     PACED = "paced"  # a pace event: a disruptive action started, proven or failed, and the window it leaves
+
+
+def parse_at(at: str | None) -> datetime | None:
+    """A record's ISO time (``at``, ``snapshot_at``, a pace's ``next_at``); None if absent or unreadable."""
+    try:
+        return datetime.fromisoformat(at) if at else None
+    except ValueError:
+        return None
 
 
 def breaker_open_in(records: Iterable[Mapping[str, Any]]) -> bool:
@@ -89,7 +105,7 @@ def new_id() -> str:
 @dataclass(frozen=True)
 class AuditEntry:
     at: datetime
-    mode: Any  # Mode; typed loosely so this module does not import apply
+    mode: Any  # Mode; typed loosely: tests and readers hand it the mode's string too
     outcome: Outcome
     kind: str
     target: str
@@ -113,6 +129,13 @@ class AuditEntry:
             "by": self.by, "undo": self.undo, "undo_of": self.undo_of,
         }
 
+
+def action_entry(at: datetime, mode: Any, outcome: Outcome, action: Action, message: str = "", *, by: str,
+                 approval_id: str | None = None, findings: tuple[Record, ...] = (), snapshot_at: datetime | None = None,
+                 undo: Action | None = None, undo_of: str | None = None) -> AuditEntry:
+    """The entry recording ``outcome`` for ``action`` (the applier's and undo's one shape)."""
+    return AuditEntry(at, mode, outcome, action.kind.value, action.target, action.reason, message, approval_id,
+                      dict(action.params), tuple(findings), snapshot_at, new_id(), by, action_record(undo), undo_of)
 
 
 class AuditLog:

@@ -20,6 +20,9 @@ from apscheduler.triggers.cron import CronTrigger
 from gpuwarden.fleet import Action, ActionKind
 from gpuwarden.fleet.triggers import cron
 
+from .audit import Outcome
+from .verdict import ALLOWED, Verdict, refused
+
 DISRUPTIVE = frozenset({ActionKind.CORDON, ActionKind.TAINT, ActionKind.DRAIN, ActionKind.EVICT,
                         ActionKind.SUSPEND, ActionKind.PREEMPT})
 _FORM = re.compile(r"^\s*(?P<days>\S+)\s+(?P<h1>\d{1,2}):(?P<m1>\d{2})\s*-\s*(?P<h2>\d{1,2}):(?P<m2>\d{2})\s*$")
@@ -70,3 +73,10 @@ class MaintenanceWindow:
 
     def __str__(self) -> str:
         return self.text
+
+
+def window_verdict(action: Action, now: datetime, window: MaintenanceWindow | None) -> Verdict:
+    """The maintenance window's verdict on ``action`` at ``now``: a disruptive action outside the
+    window waits (blocked, recorded once by the applier; never a fault); no window, no wait."""
+    why = window.holds_back(action, now) if window is not None else None
+    return ALLOWED if why is None else refused(Outcome.BLOCKED, why)

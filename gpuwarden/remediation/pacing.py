@@ -17,13 +17,15 @@ State lives in the audit log, like the rest of the actuator's: every start and v
 ``paced`` entry carrying the pool, detector, node, window and the cooldown's end, so a restart
 folds the log back into the same windows (:func:`pace_from_records`; the Actions page reads the
 same fold). Only how long an in-flight node has been quiet is kept in memory: after a restart the
-proving time starts again, which can only make the pace slower.
+proving time starts again, which can only make the pace slower. Whether the pace holds an action
+back is :func:`pace_verdict`, a function of that state, the policy, the snapshot and ``now``; the
+:class:`Pacer` keeps the state between rounds and makes the events the applier records.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,8 +34,8 @@ from prometheus_client import Gauge
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding
 
-from .audit import AuditEntry, Outcome
-from .limits import parse_at
+from .audit import AuditEntry, Outcome, parse_at
+from .verdict import ALLOWED, Verdict, refused
 
 DISRUPTIVE = (ActionKind.CORDON, ActionKind.DRAIN, ActionKind.TAINT, ActionKind.EVICT)
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -146,7 +148,7 @@ def ready(snapshot: ClusterSnapshot, node: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class PaceEvent:
     """A pace event to record: a start or a judgement, with the window it leaves."""
 
     key: Key
@@ -169,6 +171,36 @@ class Verdict:
                           params=self.params(), by=by)
 
 
+def why_held(state: PaceState, policy: PacingPolicy, kind: ActionKind, key: Key, node: str, now: datetime,
+             extra: int = 0, batch: Set[Key] = frozenset()) -> str | None:
+    """Why the pace holds a disruptive action on ``node`` back now (None: it may go). ``extra``:
+    starts counted this round that are not in the state (observe mode); ``batch``: keys that
+    started actions this round, which share one cooldown."""
+    if kind not in DISRUPTIVE or node in state.in_flight:
+        return None  # not disruptive, or the same repair going on (a drain's retry)
+    window, flying = state.window(key, policy), state.flying(key) + extra
+    pool, detector = key
+    if flying >= window:
+        return f"pace: {flying} of {window} in flight for {detector} in pool {pool} (slow start)"
+    until = state.next_at.get(key)
+    if until is not None and now < until and not extra and key not in batch:
+        return f"pace: cooldown for {detector} in pool {pool} until {until.isoformat()}"
+    return None
+
+
+def pace_verdict(action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
+                 state: PaceState, policy: PacingPolicy, *, batch: Set[Key] = frozenset(),
+                 extra_starts: int = 0) -> Verdict:
+    """The pace's verdict on ``action`` at ``now``: a disruptive action is held while its pool and
+    detector have their window's worth in flight, or until the cooldown after their last batch.
+    ``state`` is the pace the audit history leaves (:func:`pace_from_records`)."""
+    if action.kind not in DISRUPTIVE:
+        return ALLOWED
+    key, node = pace_key(action.kind, findings, action.target, snapshot)
+    why = why_held(state, policy, action.kind, key, node, now, extra_starts, batch)
+    return ALLOWED if why is None else refused(Outcome.HELD, why)
+
+
 class Pacer:
     """The slow start over the audit log's pace state. Not thread-safe: the actuator's lock holds."""
 
@@ -183,7 +215,7 @@ class Pacer:
         stretch = 1.0 + self._random.uniform(0.0, self.policy.jitter_ratio)
         return now + timedelta(seconds=self.policy.cooldown_seconds * stretch)
 
-    def _verdict(self, key: Key, node: str, verdict: str, now: datetime, why: str) -> Verdict:
+    def _event(self, key: Key, node: str, verdict: str, now: datetime, why: str) -> PaceEvent:
         state, policy = self.state, self.policy
         window = state.window(key, policy)
         if verdict == "proven":
@@ -200,11 +232,11 @@ class Pacer:
         state.windows[key] = window
         if next_at is not None:
             state.next_at[key] = next_at
-        return Verdict(key, node, verdict, window, state.flying(key), next_at, why)
+        return PaceEvent(key, node, verdict, window, state.flying(key), next_at, why)
 
     # -- each round -----------------------------------------------------------------------------
     def observe(self, snapshot: ClusterSnapshot, open_by_node: Mapping[str, Sequence[Finding]],
-                now: datetime) -> list[Verdict]:
+                now: datetime) -> list[PaceEvent]:
         """Judge what is in flight on this round's snapshot and open findings (a new round begins)."""
         self._batch.clear()
         out = []
@@ -214,50 +246,38 @@ class Pacer:
             if is_ready and not findings:
                 flight.quiet_since = flight.quiet_since or now
                 if now - flight.quiet_since >= proof:
-                    out.append(self._verdict(flight.key, node, "proven", now, f"{node} Ready with no open finding for "
-                                             f"{(now - flight.quiet_since).total_seconds():.0f} s"))
+                    out.append(self._event(flight.key, node, "proven", now, f"{node} Ready with no open finding for "
+                                           f"{(now - flight.quiet_since).total_seconds():.0f} s"))
                 continue
             if flight.quiet_since is not None and findings:
                 kinds = ", ".join(sorted({str(f.kind) for f in findings}))
-                out.append(self._verdict(flight.key, node, "failed", now,
-                                         f"{kinds} back on {node} after it had gone quiet (a flapping detector?)"))
+                out.append(self._event(flight.key, node, "failed", now,
+                                       f"{kinds} back on {node} after it had gone quiet (a flapping detector?)"))
                 continue
             flight.quiet_since = None
             if (now - flight.started_at).total_seconds() >= self.policy.give_up_after_seconds:
                 why = "not Ready" if not is_ready else f"{len(findings)} finding(s) still open"
-                out.append(self._verdict(flight.key, node, "failed", now, f"{node} not proven within "
-                                         f"{self.policy.give_up_after_seconds:.0f} s ({why})"))
+                out.append(self._event(flight.key, node, "failed", now, f"{node} not proven within "
+                                       f"{self.policy.give_up_after_seconds:.0f} s ({why})"))
         self.export()
         return out
 
-    def why_held(self, kind: ActionKind, key: Key, node: str, now: datetime, extra: int = 0) -> str | None:
-        """Why the pace holds a disruptive action on ``node`` back now (None: it may go).
-        ``extra``: starts counted this round that are not in the state (observe mode)."""
-        if kind not in DISRUPTIVE or node in self.state.in_flight:
-            return None  # not disruptive, or the same repair going on (a drain's retry)
-        window, flying = self.state.window(key, self.policy), self.state.flying(key) + extra
-        pool, detector = key
-        if flying >= window:
-            return f"pace: {flying} of {window} in flight for {detector} in pool {pool} (slow start)"
-        until = self.state.next_at.get(key)
-        if until is not None and now < until and not extra and key not in self._batch:
-            return f"pace: cooldown for {detector} in pool {pool} until {until.isoformat()}"
-        return None
-
-    def holds(self, action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
-              starts: dict[Key, int] | None = None) -> str | None:
-        """Why the pace holds ``action`` back now; ``starts`` counts observe mode's would-be starts."""
+    def verdict(self, action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
+                starts: dict[Key, int] | None = None) -> Verdict:
+        """:func:`pace_verdict` on this pace and round; ``starts`` counts observe mode's would-be
+        starts (one more for each action allowed)."""
         if action.kind not in DISRUPTIVE:
-            return None
-        key, node = pace_key(action.kind, findings, action.target, snapshot)
+            return ALLOWED
+        key, _ = pace_key(action.kind, findings, action.target, snapshot)
         extra = starts.get(key, 0) if starts is not None else 0
-        why = self.why_held(action.kind, key, node, now, extra)
-        if starts is not None and why is None:
+        verdict = pace_verdict(action, findings, snapshot, now, self.state, self.policy, batch=self._batch,
+                               extra_starts=extra)
+        if starts is not None and verdict.allowed:
             starts[key] = extra + 1
-        return why
+        return verdict
 
     def outcome(self, action: Action, findings: Sequence[FindingLike], snapshot: ClusterSnapshot, now: datetime,
-                took: bool, what: str) -> Verdict | None:
+                took: bool, what: str) -> PaceEvent | None:
         """A disruptive action's start (``took``: applied, or a drain left cordoned to retry) or failure."""
         if action.kind not in DISRUPTIVE:
             return None
@@ -265,17 +285,17 @@ class Pacer:
         why = f"{action.kind.value} {action.target}: {what}"
         return self.started(key, node, now, why) if took else self.failed(key, node, now, why)
 
-    def started(self, key: Key, node: str, now: datetime, why: str) -> Verdict | None:
+    def started(self, key: Key, node: str, now: datetime, why: str) -> PaceEvent | None:
         if node in self.state.in_flight:
             return None
-        verdict = self._verdict(key, node, "started", now, why)
+        event = self._event(key, node, "started", now, why)
         self.export()
-        return verdict
+        return event
 
-    def failed(self, key: Key, node: str, now: datetime, why: str) -> Verdict:
-        verdict = self._verdict(key, node, "failed", now, why)
+    def failed(self, key: Key, node: str, now: datetime, why: str) -> PaceEvent:
+        event = self._event(key, node, "failed", now, why)
         self.export()
-        return verdict
+        return event
 
     def export(self) -> None:
         for key in self.state.keys():

@@ -6,14 +6,12 @@ same as one before it; a failed undo is recorded (error, retry, refused), never 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind
+from gpuwarden.fleet import Action, ActionKind, Cluster
+from gpuwarden.fleet.clock import Clock
 
-from .audit import AuditEntry, Outcome, action_from_record
-
-if TYPE_CHECKING:
-    from .apply import Actuator
+from .audit import AuditEntry, AuditLog, Outcome, Record, action_entry, action_from_record
 
 
 def inverse(action: Action) -> Action | None:
@@ -28,10 +26,11 @@ def inverse(action: Action) -> Action | None:
     return None
 
 
-def undo_applied(actuator: Actuator, entry_id: str, by: str) -> AuditEntry:
-    """Undo the applied action ``entry_id``. ValueError (one line) if there is none, it was
-    already undone, or it has no inverse."""
-    records = actuator.audit.records()
+def undo_applied(audit: AuditLog, cluster: Cluster, entry_id: str, by: str, *, clock: Clock,
+                 mode: Any) -> AuditEntry:
+    """Undo the applied action ``entry_id`` of ``audit`` on ``cluster``, recording the outcome
+    there. ValueError (one line) if there is none, it was already undone, or it has no inverse."""
+    records = audit.records()
     applied = next((r for r in records if r.get("entry_id") == entry_id), None)
     if applied is None or applied.get("outcome") != Outcome.APPLIED.value:
         raise ValueError(f"no applied action with id {entry_id} in the audit log")
@@ -42,12 +41,16 @@ def undo_applied(actuator: Actuator, entry_id: str, by: str) -> AuditEntry:
         raise ValueError(f"{applied.get('kind')} {applied.get('target')} cannot be undone (no inverse: "
                          f"an evicted pod is recreated by its controller, a notice stays)")
     action = action_from_record(applied["undo"])
+
+    def record(outcome: Outcome, message: str, findings: tuple[Record, ...] = ()) -> AuditEntry:
+        entry = action_entry(clock.now(), mode, outcome, action, message, by=by, findings=findings, undo_of=entry_id)
+        audit.record(entry)
+        return entry
+
     try:
-        result = actuator.cluster.apply(action)
-    except Exception as error:  # noqa: BLE001 as in Actuator._apply: a failed undo is recorded, never raised
-        return actuator._entry(Outcome.ERROR, action, f"{type(error).__name__}: {error}", by=by, undo_of=entry_id)
+        result = cluster.apply(action)
+    except Exception as error:  # noqa: BLE001 as in the applier: a failed undo is recorded, never raised
+        return record(Outcome.ERROR, f"{type(error).__name__}: {error}")
     if not result.ok:
-        outcome = Outcome.RETRY if result.temporary else Outcome.REFUSED
-        return actuator._entry(outcome, action, result.message, by=by, undo_of=entry_id)
-    return actuator._entry(Outcome.UNDONE, action, result.message, by=by, undo_of=entry_id,
-                           findings=tuple(applied.get("findings") or ()))
+        return record(Outcome.RETRY if result.temporary else Outcome.REFUSED, result.message)
+    return record(Outcome.UNDONE, result.message, tuple(applied.get("findings") or ()))
