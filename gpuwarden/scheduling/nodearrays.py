@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -18,8 +18,31 @@ MILLI = 1000  # milli-GPU in one GPU (state.MILLI; state imports this module)
 NO_PRIORITY = -(2**31)  # top_priority of a node running nothing: below every priority
 NodeKey = tuple[int, int, int, tuple[int, ...]]  # kind, CPU milli free, memory bytes free, milli free per GPU
 
-if TYPE_CHECKING:
-    from .state import NodeState
+
+
+class NodeRow(Protocol):
+    """What the arrays read of a node (``state.NodeState`` has it). A protocol, not an import of
+    ``state``: ``state`` builds the arrays, so importing it back would make an import circle."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def gpu_count(self) -> int: ...
+    @property
+    def gpu_free(self) -> list[int]: ...
+    @property
+    def cpu_free(self) -> int: ...
+    @property
+    def mem_free(self) -> int: ...
+    @property
+    def cpu_capacity(self) -> int: ...
+    @property
+    def mem_capacity(self) -> int: ...
+
+
+Node = TypeVar("Node", bound=NodeRow)  # the node type the arrays were built from, handed back by nodes and admitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +54,8 @@ class Admitted:
     everywhere: bool  # every node admitted: no mask to apply
 
 
-class NodeArrays:
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+class NodeArrays(Generic[Node]):
+    def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = tuple(nodes)
         self.names = tuple(n.name for n in nodes)
         self.index = {name: i for i, name in enumerate(self.names)}
@@ -126,7 +149,7 @@ class NodeArrays:
             self.state_keys.append(key)
         return found
 
-    def admitted(self, key: Hashable, allowed: Callable[[NodeState], bool]) -> Admitted:
+    def admitted(self, key: Hashable, allowed: Callable[[Node], bool]) -> Admitted:
         """The nodes ``allowed`` admits, computed once per ``key`` (what does not change while the state
         lives: schedulable, GPU model, pool, price tier)."""
         found = self._admitted.get(key)

@@ -1,18 +1,27 @@
-"""Queue policies: named combinations of plugins (ordering, quotas, preemption, placement).
+"""Queue policies: named combinations of registered parts (``parts``) and the knobs they read.
 
-``gpuwarden`` is the production policy; ``fifo``, ``kueue`` and ``tiresias`` are the baselines the
-replays compare against.
+A policy names a queue order (``order``: ``queue_orders.QUEUE_ORDERS``), a victim choice
+(``preempt``: ``victim_choices.VICTIM_CHOICES``), an admission check (``admission``:
+``admission_checks.ADMISSION_CHECKS``) and a placement scorer (``placement.scorer``:
+``scorers.SCORERS``). ``gpuwarden`` is the production policy; ``fifo``, ``kueue`` and ``tiresias``
+are the baselines the replays compare against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .admission_checks import ADMISSION_CHECKS
 from .errors import SchedulingError
 from .placement import PlacementOptions
+from .queue_orders import QUEUE_ORDERS
+from .victim_choices import VICTIM_CHOICES
 
 
+# The built-in parts' names, as enums (what policies were written with before parts had names;
+# a policy may name any registered part, an enum member or a plain string).
 class QueueOrder(StrEnum):
     FIFO = "fifo"  # priority, then submit time
     LAS = "las"  # priority, then attained-service level (least attained service first)
@@ -26,19 +35,20 @@ class PreemptMode(StrEnum):
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    """A named combination of plugins.
+    """A named combination of parts.
 
-    order: ``QueueOrder``; quotas: enforce guarantees / burst limits; reclaim: take lent capacity
-    back; preempt: ``PreemptMode``
+    order: a queue order's name (``QueueOrder`` for the built-in ones); quotas: enforce guarantees /
+    burst limits; reclaim: take lent capacity back; preempt: a victim choice's name (``PreemptMode``);
+    admission: an admission check's name (empty: ``quotas`` when ``quotas`` is on, else ``open``)
     checkpoint: victims that are checkpointable are suspended (progress kept) instead of killed
     defragment: move checkpointable jobs to gather a blocked job's GPUs on one node (``Scheduler``)
     """
 
     name: str
-    order: QueueOrder = QueueOrder.FIFO
+    order: QueueOrder | str = QueueOrder.FIFO
     quotas: bool = False
     reclaim: bool = False
-    preempt: PreemptMode = PreemptMode.NONE
+    preempt: PreemptMode | str = PreemptMode.NONE
     checkpoint: bool = False
     aging_seconds: float = 0.0  # every this long in the queue raises a job one level (0: off)
     las_thresholds: tuple[float, ...] = (3600.0 * 1, 3600.0 * 10)  # GPU-seconds per level
@@ -55,21 +65,38 @@ class QueuePolicy:
     las_gap: int = 1  # LAS preemption needs the victim this many levels above the job (hysteresis)
     las_keep_guarantee: bool = False  # LAS takes from another team only GPUs it borrows beyond its guarantee
     placement: PlacementOptions = PlacementOptions()
+    admission: str = ""
+
+    @property
+    def admission_check(self) -> str:
+        """The admission check's name: ``admission``, else what ``quotas`` says."""
+        return self.admission or ("quotas" if self.quotas else "open")
+
+    @property
+    def reranks_with_service(self) -> bool:
+        """Whether the queue order changes as running jobs attain service (a replay re-ranks on ticks)."""
+        return QUEUE_ORDERS[self.order].reads_service
 
     @property
     def reads_service(self) -> bool:
-        """Whether a pass reads the attained service of jobs (to order by LAS or to preempt by it)."""
-        return self.order == QueueOrder.LAS or self.preempt == PreemptMode.LAS
+        """Whether a pass reads the attained service of jobs (to order by it or to preempt by it)."""
+        return self.reranks_with_service or VICTIM_CHOICES[self.preempt].reads_service
 
     def __post_init__(self) -> None:
-        # strings are accepted where people write policies by hand (YAML, tests); stored as enums
-        for name, enum in (("order", QueueOrder), ("preempt", PreemptMode)):
+        # strings are accepted where people write policies by hand (YAML, tests); a built-in part's
+        # name is stored as its enum member (as before parts had names), another registered part's as given
+        for name, enum, registry in (("order", QueueOrder, QUEUE_ORDERS), ("preempt", PreemptMode, VICTIM_CHOICES)):
             value = getattr(self, name)
-            try:
+            _check_named(self.name, name, value, registry)
+            if value in {member.value for member in enum}:
                 object.__setattr__(self, name, enum(value))
-            except ValueError:
-                allowed = ", ".join(member.value for member in enum)
-                raise SchedulingError(f"policy {self.name!r}: {name} {value!r} is not one of: {allowed}") from None
+        if self.admission:
+            _check_named(self.name, "admission", self.admission, ADMISSION_CHECKS)
+
+
+def _check_named(policy: str, key: str, value: object, registry: Collection[str]) -> None:
+    if value not in registry:
+        raise SchedulingError(f"policy {policy!r}: {key} {value!r} is not one of: {', '.join(registry)}")
 
 
 # FGD with two extensions, measured on the openb trace (docs/scheduling.md): a penalty, in FGD score

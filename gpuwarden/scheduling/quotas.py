@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 from collections.abc import Iterable
 
 from .errors import QuotaError
 
-if TYPE_CHECKING:
-    from .state import Job
-
 ANY_FLAVOUR = "*"
+
+
+class QuotaRequest(Protocol):
+    """What admission reads of a job (``state.Job`` has it). A protocol, not an import of ``state``:
+    ``state`` keeps the quotas, so importing it back would make an import circle."""
+
+    @property
+    def team(self) -> str: ...
+    @property
+    def flavour(self) -> str: ...
+    @property
+    def gpu_equivalents(self) -> float: ...
 
 
 class Admission(StrEnum):
@@ -74,12 +83,12 @@ class Quotas:
         spec = self.spec(team, flavour)
         return max(0.0, self.used(team, flavour) - (spec.guaranteed if spec else 0.0))
 
-    def within_guarantee(self, job: Job) -> bool:
+    def within_guarantee(self, job: QuotaRequest) -> bool:
         """Whether starting ``job`` keeps its team within its guarantee."""
         spec = self.spec(job.team, job.flavour)
         return spec is not None and self.used(job.team, job.flavour) + job.gpu_equivalents <= spec.guaranteed + 1e-9
 
-    def admit(self, job: Job) -> tuple[Admission, str]:
+    def admit(self, job: QuotaRequest) -> tuple[Admission, str]:
         """(admission, reason). A team without a quota only ever borrows."""
         spec = self.spec(job.team, job.flavour)
         if spec is None:

@@ -14,7 +14,8 @@ from enum import StrEnum
 from typing import TypedDict
 
 from .placement import allowed_key, find_placement, node_allowed
-from .policy import PreemptMode, QueuePolicy, policy_named
+from .policy import QueuePolicy, policy_named
+from .queue_orders import SortKey
 from .quotas import Admission
 from .state import MILLI, WAITING, Job, JobState, NodeState, Slot, State, Statement
 from .victims import VictimSearch
@@ -52,9 +53,6 @@ class QueueEntry(TypedDict):
     reason: str
 
 
-SortKey = tuple[int, int, int, float, str] | tuple[int, int, float, str]
-
-
 class Scheduler(VictimSearch):
     """One scheduling pass over a ``State``: returns decisions and leaves the state updated."""
 
@@ -64,12 +62,9 @@ class Scheduler(VictimSearch):
         super().__init__(policy_named(policy) if isinstance(policy, str) else policy)
         self._state: State | None = None
 
-    # -- ordering (service levels: ``VictimSearch.level``) -----------------------------------------
+    # -- ordering: the policy's queue order (``queue_orders``) --------------------------------------
     def sort_key(self, job: Job, now: float) -> SortKey:
-        if self.policy.guarantee_first:
-            within = self.policy.quotas and self._state is not None and self._state.quotas.within_guarantee(job)
-            return (-job.priority, self.level(job, now), -1 if within else 0, job.submitted, job.name)
-        return (-job.priority, self.level(job, now), job.submitted, job.name)
+        return self.queue_order.sort_key(job, now, None if self._state is None else self._state.quotas)
 
     def queue(self, state: State, now: float) -> list[Job]:
         self._state = state
@@ -87,7 +82,8 @@ class Scheduler(VictimSearch):
         attempts = 0
         # whole GPUs of the largest node (a MIG-partitioned GPU is no whole GPU)
         biggest = max((n.mig_layout.count(None) for n in state.nodes.values() if n.schedulable), default=0)
-        may_preempt = policy.preempt != PreemptMode.NONE or policy.reclaim
+        may_preempt = self.victim_choice.preempts or policy.reclaim
+        admit = self.admission_check
         # A whole-GPU shape that found no room cannot fit later in the pass either until an eviction
         # frees some: free capacity only shrinks otherwise (its reason keeps the free count it saw).
         failed_shapes: dict[tuple[object, ...], str] = {}
@@ -105,12 +101,10 @@ class Scheduler(VictimSearch):
             if blocked_head and not policy.backfill:
                 job.wait_reason = "fifo: waiting behind the head of the queue"
                 continue
-            verdict = Admission.NOMINAL
-            if policy.quotas:
-                verdict, reason = state.quotas.admit(job)
-                if verdict == Admission.NO:
-                    job.wait_reason = reason
-                    continue
+            verdict, reason = admit(state.quotas, job)
+            if verdict == Admission.NO:
+                job.wait_reason = reason
+                continue
             shape = (job.pods, job.gpus_per_pod, job.cpu_milli, job.mem_bytes, *allowed_key(job))  # what placing it reads
             if whole and not may_preempt and shape in failed_shapes:
                 job.wait_reason = failed_shapes[shape]
@@ -166,7 +160,7 @@ class Scheduler(VictimSearch):
         Decisions: SUSPEND of each moved job, the waiting job's start, then each moved job's RESUME."""
         decisions: list[Decision] = []
         for job in self.queue(state, now):
-            if not job.whole or job.pods != 1 or (self.policy.quotas and state.quotas.admit(job)[0] == Admission.NO):
+            if not job.whole or job.pods != 1 or self.admission_check(state.quotas, job)[0] == Admission.NO:
                 continue
             need = job.gpus_per_pod
             allowed = [node for node in state.nodes.values() if node_allowed(job, node) and node.gpu_count >= need]

@@ -1,7 +1,8 @@
 """Placement scorers: named plugins that pick the node (and GPUs) for one pod among the feasible ones.
 
 A policy names its scorer in ``PlacementOptions.scorer`` (KAI-Scheduler's named plugins are the
-model); ``find_placement`` filters the nodes (model, pool, tier, CPU, memory, GPUs that fit) and
+model), a name in the ``SCORERS`` registry (``parts.Registry``: a new scorer is one ``register``
+call); ``find_placement`` filters the nodes (model, pool, tier, CPU, memory, GPUs that fit) and
 hands the rest to the scorer, which works on the state's ``NodeArrays``:
 
 - ``fgd``: least growth of expected fragmentation (``packing``), scored as FGD's kube-scheduler
@@ -27,6 +28,7 @@ import numpy as np
 
 from .errors import SchedulingError
 from .nodearrays import NodeKey
+from .parts import Registry
 from .packing import TargetWorkload, fgd_score, whole_gpus
 from .state import MILLI, Shape
 
@@ -40,7 +42,9 @@ TIE_RULES = ("random", "first", "tightest_cpu")
 class Scorer:
     name = "scorer"
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, cpu_weight: float = 0.0, ties: str = "random") -> None:
+        """``cpu_weight`` and ``ties``: the placement options every scorer is made with; a scorer that
+        does not weigh them ignores them."""
         # a proxy: the state keeps its scorers (State.scorers), so a strong reference back would make a
         # cycle that only the garbage collector's full passes could free
         self.state = weakref.proxy(state)
@@ -283,13 +287,10 @@ def _over(share: float) -> float:
     return share if share > 0 else 0.0
 
 
-SCORERS = ("fgd", "bestfit", "firstfit", "random")
+SCORERS: Registry[type[Scorer]] = Registry("placement scorer", "scorer")
+for _scorer in (Fgd, BestFit, FirstFit, RandomFit):
+    SCORERS.register(_scorer.name, _scorer)
 
 
 def make_scorer(state: State, name: str, cpu_weight: float = 0.0, ties: str = "random") -> Scorer:
-    if name == "fgd":
-        return Fgd(state, cpu_weight, ties)
-    for cls in (BestFit, FirstFit, RandomFit):
-        if cls.name == name:
-            return cls(state)
-    raise SchedulingError(f"placement scorer {name!r} is not one of: {', '.join(SCORERS)}")
+    return SCORERS[name](state, cpu_weight, ties)

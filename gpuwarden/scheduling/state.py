@@ -227,7 +227,7 @@ class State:
         self.quotas = quotas or Quotas()
         self.jobs: dict[str, Job] = {}
         self.capacity = sum(n.gpu_count for n in self.nodes.values() if n.schedulable)
-        self._arrays: NodeArrays | None = None
+        self._arrays: NodeArrays[NodeState] | None = None
         # the pod shapes the fragmentation scorer expects: counted from the jobs known (pods per
         # shape), or given by ``expect`` (a trace's distribution); the version tells scorers to rebuild
         self._demand: dict[Shape, float] = {}
@@ -242,7 +242,7 @@ class State:
         self._running_priorities: dict[int, int] = {}  # priority -> (job, node) bookings in all
 
     @property
-    def arrays(self) -> NodeArrays:
+    def arrays(self) -> NodeArrays[NodeState]:
         if self._arrays is None:
             self._arrays = NodeArrays(list(self.nodes.values()))
             for name, counts in self._priorities.items():

@@ -13,16 +13,18 @@ the most attained service (levels only grow with it).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Collection
 from operator import attrgetter
 
 import numpy as np
 
 from .placement import allowed_key, find_placement, node_allowed
-from .policy import PreemptMode, QueueOrder, QueuePolicy
+from .admission_checks import ADMISSION_CHECKS
+from .policy import QueuePolicy
+from .queue_orders import QUEUE_ORDERS
 from .quotas import Admission
 from .state import MILLI, Job, JobState, NodeState, Slot, State, Statement
+from .victim_choices import VICTIM_CHOICES
 
 _ATTAINED, _PRIORITY = attrgetter("attained"), attrgetter("priority")
 # why a borrowing job found no victim: the running work of other teams is within their guarantees
@@ -35,7 +37,10 @@ class VictimSearch:
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self._level_edges = tuple(sorted(policy.las_thresholds))  # level = edges at or below attained service
+        # the policy's parts, looked up once by the names it gives (``parts``)
+        self.queue_order = QUEUE_ORDERS[policy.order](policy)
+        self.victim_choice = VICTIM_CHOICES[policy.preempt](policy)
+        self.admission_check = ADMISSION_CHECKS[policy.admission_check]
         self._mixed_fleet = True  # MIG GPUs or nodes some jobs may not use: victims need filtering
         # (highest service level, lowest priority) any job running in this pass has had: None until
         # asked for. Bounds, not exact: an eviction does not lower them.
@@ -143,19 +148,10 @@ class VictimSearch:
             level, priority = self._running_bounds
             self._running_bounds = (max(level, self.level(job, now, aging=False)), min(priority, job.priority))
 
-    def _service_level(self, attained: float) -> int:
-        """Level edges (GPU-seconds) at or below ``attained``; 0 for a policy that does not order by LAS."""
-        return bisect_right(self._level_edges, attained) if self.policy.order == QueueOrder.LAS else 0
-
     def level(self, job: Job, now: float, aging: bool = True) -> int:
-        """Service level (LAS): 0 for jobs that received little service, higher for more.
-        Aging lifts waiting jobs in the *order* only; preemption compares levels without aging."""
-        if self.policy.order != QueueOrder.LAS:
-            return 0
-        level = bisect_right(self._level_edges, job.attained)
-        if aging and self.policy.aging_seconds and job.state != JobState.RUNNING:
-            level -= int((now - job.submitted) // self.policy.aging_seconds)
-        return level
+        """Service level in the queue order (LAS: 0 for jobs that received little service, higher for
+        more). Aging lifts waiting jobs in the *order* only; preemption compares levels without aging."""
+        return self.queue_order.level(job, now, aging)
 
     def _may_have_victims(self, state: State, job: Job, las_floor: int, reclaiming: bool, now: float) -> bool:
         """False when no running job can be a victim of ``job``: none of a lower priority, none at
@@ -163,11 +159,10 @@ class VictimSearch:
         if self._running_bounds is None:  # the running list may hold jobs evicted since: bounds all the same
             running = self._running(state)
             most = max(map(_ATTAINED, running), default=None)  # levels only grow with attained service
-            self._running_bounds = (-1 if most is None else self._service_level(most),
+            self._running_bounds = (-1 if most is None else self.queue_order.service_level(most),
                                     min(map(_PRIORITY, running), default=job.priority))
         top_level, lowest_priority = self._running_bounds
-        return ((self.policy.preempt != PreemptMode.NONE and lowest_priority < job.priority)
-                or (self.policy.preempt == PreemptMode.LAS and top_level >= las_floor)
+        return (self.victim_choice.may_have_victims(job.priority, lowest_priority, top_level, las_floor)
                 or (reclaiming and any(team != job.team and state.quotas.borrowed(team, flavour) > 1e-9
                                        for team, flavour in state.quotas.usage)))
 
@@ -175,9 +170,8 @@ class VictimSearch:
                     now: float) -> tuple[tuple[object, ...], list[Job]]:
         """(what the candidates depend on, the candidates)."""
         policy = self.policy
-        las_mode = policy.preempt == PreemptMode.LAS
         # levels do not change within a pass: the job's once, not once per running job
-        las_floor = self.level(job, now, aging=False) + policy.las_gap if las_mode else 0
+        las_floor = self.victim_choice.floor(self.level(job, now, aging=False))
         allowed = self._allowed_for(state, job) if self._mixed_fleet else None
         # what the answer depends on: the same for the next blocked job alike until a start changes the state
         key = (job.team, job.flavour, job.priority, las_floor, verdict, job.mig_profile is not None, job.milli < MILLI,
@@ -194,20 +188,16 @@ class VictimSearch:
               key: tuple[object, ...] = ()) -> list[Job]:
         """The candidates, cheapest first: running jobs on nodes ``job`` may use (any when ``allowed``
         is None) that the policy lets it evict."""
-        policy = self.policy
-        las_mode = policy.preempt == PreemptMode.LAS
+        policy, choice = self.policy, self.victim_choice
         reclaiming = policy.reclaim and verdict == Admission.NOMINAL
         usable = None if allowed is None else _usable_victim(job, allowed[1])
-        edges, min_run = self._level_edges, policy.min_run_seconds
-        preempting = policy.preempt != PreemptMode.NONE
-        # LAS takes from another team only what the team can give: never below its guarantee to
-        # serve another team's borrowing, and not for a borrowing job unless borrower_las
-        guarded, borrowing_blocks = las_mode and policy.quotas, verdict == Admission.BORROW and not policy.borrower_las
-        # whatever the mode (priority too): a borrowing job never takes a team below its guarantee
+        outranking = choice.outranks
+        # whatever the choice (priority too): a borrowing job never takes a team below its guarantee
         borrowing = policy.quotas and verdict == Admission.BORROW
         reclaimable: dict[tuple[str, str], bool] = {}  # per (team, flavour): the state does not change in the scan
         keeps: dict[tuple[str, str, float], bool] = {}
         stays: dict[tuple[str, str, float], bool] = {}
+        same_class = choice.same_class(job, now, las_floor, verdict, lambda victim: self._keeps(state, victim, keeps))
         started = self._started_in_pass
         out = []
         running, priority, team = JobState.RUNNING, job.priority, job.team
@@ -217,32 +207,24 @@ class VictimSearch:
             if borrowing and victim.team != team and not self._stays(state, victim, stays):
                 self._guarded.add(key)
                 continue
-            if not (preempting and victim.priority < priority):
-                other_team = victim.team != team
+            if not (outranking and victim.priority < priority):
                 reclaim = False
-                if reclaiming and other_team and victim.priority <= priority:
-                    key = (victim.team, victim.flavour)
-                    if (found := reclaimable.get(key)) is None:
-                        found = reclaimable[key] = state.quotas.borrowed(*key) > 1e-9
+                if reclaiming and victim.team != team and victim.priority <= priority:
+                    team_flavour = (victim.team, victim.flavour)
+                    if (found := reclaimable.get(team_flavour)) is None:
+                        found = reclaimable[team_flavour] = state.quotas.borrowed(*team_flavour) > 1e-9
                     reclaim = found
-                if not reclaim:
-                    # LAS, with hysteresis: a job that (re)started less than min_run_seconds ago is not
-                    # demoted (reclaim of a guarantee and higher priority classes still may preempt it)
-                    if not (las_mode and victim.priority == priority
-                            and bisect_right(edges, victim.attained) >= las_floor  # self.level, inlined
-                            and now - (victim.started if victim.started is not None else now) >= min_run):
-                        continue
-                    if guarded and other_team and (borrowing_blocks or not self._keeps(state, victim, keeps)):
-                        continue
+                if not reclaim and (same_class is None or not same_class(victim)):
+                    continue  # neither outranked, nor reclaimed, nor the choice's own victim
             if usable is None or usable(victim):
                 out.append(victim)
 
-        rank, by_level = self._in_state_order(state), policy.order == QueueOrder.LAS
+        rank, service_level = self._in_state_order(state), self.queue_order.service_level
 
         def cost(v: Job) -> tuple[bool, int, bool, int, float, float, int]:
             started = v.started
             lost = (now - (started or now)) if not v.checkpointable else 0.0
-            level = bisect_right(edges, v.attained) if by_level else 0  # self.level of a running job, inlined
+            level = service_level(v.attained)  # self.level of a running job
             # a bare pod (nothing makes it again) only as the last resort
             return (not v.recreated, v.priority, not v.checkpointable, -level, lost, -(started or 0), rank[v.name])
 
@@ -282,7 +264,7 @@ class VictimSearch:
     def _preempt_for(self, state: State, statement: Statement, job: Job, verdict: Admission,
                      now: float) -> tuple[list[Job], list[Slot] | None, str]:
         policy = self.policy
-        if policy.preempt == PreemptMode.NONE and not policy.reclaim:
+        if not self.victim_choice.preempts and not policy.reclaim:
             return [], None, ""
         key, candidates = self._candidates(state, job, verdict, now)
         if not candidates:

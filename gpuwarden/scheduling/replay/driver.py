@@ -27,7 +27,6 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from ..policy import QueueOrder
 from ..scheduler import STARTS, Decision, DecisionKind, Scheduler
 from ..errors import PlanRefused
 from ..state import Job, JobState, Slot, State
@@ -81,7 +80,7 @@ class Replay:
 
     def run(self) -> Replay:
         next_arrival = 0
-        rerank = self.tick_seconds is not None and self.scheduler.policy.order == QueueOrder.LAS
+        rerank = self.tick_seconds is not None and self.scheduler.policy.reranks_with_service
         reads_service = self.scheduler.policy.reads_service
         next_tick = self.now + self.tick_seconds if self.tick_seconds is not None else math.inf
         while True:
