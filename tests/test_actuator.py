@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from prometheus_client import REGISTRY
 from builders import InterceptedCluster, node, snapshot
 from polling import tick, wait_for
 
@@ -188,7 +187,8 @@ def test_reconciler_runs_rounds_on_a_schedule_in_observe_mode(cluster):
     assert all(r.entries == () and len(r.plan.actions) == 1 for r in reconciler.rounds[1:])  # recorded once
     assert a not in cluster.snapshot().cordoned
     # the round's end, on the actuator's clock, for GpuwardenActuatorRoundsStopped
-    assert REGISTRY.get_sample_value("gpuwarden_actuator_last_round_timestamp_seconds") == clock.now().timestamp()
+    assert reconciler.actuator.metrics.registry.get_sample_value("gpuwarden_actuator_last_round_timestamp_seconds") == \
+        clock.now().timestamp()
 
 
 def test_bad_limits_name_the_setting():

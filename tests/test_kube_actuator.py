@@ -408,8 +408,6 @@ def test_a_409_mid_plan_is_re_read_and_retried(api, tmp_path):
 
 
 def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_person(api, tmp_path):
-    from prometheus_client import REGISTRY
-
     small_fleet(api)
     cluster = connect(api, tmp_path)
     cluster.namespace = "gpuwarden"
@@ -417,7 +415,7 @@ def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_pe
                         AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     snapshot = cluster.snapshot()
     actuator.execute(plan_from_findings([health("n0"), health("n1")], snapshot), snapshot)
-    assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 1.0
+    assert actuator.metrics.registry.get_sample_value("gpuwarden_actuator_circuit_open") == 1.0
     (event,) = api.calls("POST", "/namespaces/gpuwarden/events")
     assert event.body["reason"] == "CircuitBreakerOpen" and "1 actions in the last hour" in event.body["message"]
     breaker = [r for r in audit_of(tmp_path) if r["outcome"] == "breaker-open"]
@@ -425,7 +423,7 @@ def test_the_circuit_breaker_posts_an_event_raises_the_metric_and_waits_for_a_pe
     restarted = Actuator(cluster, Mode.AUTO, ROOMY, AuditLog(tmp_path / "audit.jsonl"), clock=FakeClock(NOW))
     assert restarted.breaker_open  # a restart does not close it; a person does
     restarted.reset_breaker(by="ops")
-    assert REGISTRY.get_sample_value("gpuwarden_actuator_circuit_open") == 0.0
+    assert restarted.metrics.registry.get_sample_value("gpuwarden_actuator_circuit_open") == 0.0
     entries = restarted.execute(plan_from_findings([health("n1")], cluster.snapshot()))
     assert [e.outcome for e in entries] == [Outcome.APPLIED]
 

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fake_kube_api import CORE, FakeKubeAPI
 from kube_fleet import node
-from prometheus_client import REGISTRY
 
 from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, SafetyLimits, plan_from_findings
 from gpuwarden.kube import KubeApi, KubeCluster, load_client
@@ -76,8 +75,10 @@ def verdicts(entries) -> list[tuple[str, str, int]]:
     return [(e.params["node"], e.params["verdict"], e.params["window"]) for e in entries if e.outcome == Outcome.PACED]
 
 
-def pace_metric(detector: FindingKind) -> float | None:
-    return REGISTRY.get_sample_value("gpuwarden_remediation_pace", {"pool": POOL, "detector": str(detector)})
+def pace_metric(fleet: Fleet, detector: FindingKind) -> float | None:
+    """The pace gauge on the registry the fleet's actuator fills (its own, never the global one)."""
+    return fleet.actuator.metrics.registry.get_sample_value(
+        "gpuwarden_remediation_pace", {"pool": POOL, "detector": str(detector)})
 
 
 def test_a_fleet_wide_event_and_a_flapping_detector_are_paced_by_outcome_inside_the_breaker(api, tmp_path):
@@ -92,7 +93,7 @@ def test_a_fleet_wide_event_and_a_flapping_detector_are_paced_by_outcome_inside_
                if e.outcome == Outcome.HELD)
     assert verdicts(first) == [("n0", "started", 1), ("n7", "started", 1)]
     assert fleet.cordoned() == ["n0", "n7"] and not fleet.actuator.breaker_open
-    assert pace_metric(EVENT) == 1.0
+    assert pace_metric(fleet, EVENT) == 1.0
 
     # t=60 s: n0 repaired (its finding gone), n7's detector quiet for a round; nothing new starts and
     # the holds are not written again.
@@ -109,7 +110,7 @@ def test_a_fleet_wide_event_and_a_flapping_detector_are_paced_by_outcome_inside_
     assert verdicts(fourth)[0] == ("n0", "proven", 2)
     assert applied(fourth) == ["n1", "n2"]
     assert verdicts(fourth)[1:] == [("n1", "started", 2), ("n2", "started", 2)]
-    assert pace_metric(EVENT) == 2.0
+    assert pace_metric(fleet, EVENT) == 2.0
 
     # The pace survives a restart: the audit log folds back into the same windows and flights.
     restarted = fleet.restart()
@@ -123,7 +124,7 @@ def test_a_fleet_wide_event_and_a_flapping_detector_are_paced_by_outcome_inside_
     fifth = fleet.round([fleet.finding(n, EVENT) for n in ["n1", *half[3:]]], 120)
     assert verdicts(fifth) == [("n1", "failed", 1)]
     assert applied(fifth) == [] and held(fifth) == []  # n3, n4 were already recorded as held
-    assert pace_metric(EVENT) == 1.0
+    assert pace_metric(fleet, EVENT) == 1.0
 
     # n2 proven (quiet 300 s): window 2, and the next start meets the breaker, which stays the outer
     # limit: 5 of 10 nodes out would pass the 40% share (n0, n1, n2, n7 are cordoned).
@@ -249,7 +250,7 @@ def test_approve_mode_is_paced_like_auto_a_person_approving_a_fleet_wide_event_g
     assert [e.approval_id for e in proven if e.outcome == Outcome.APPLIED] == [queued[1].approval_id,
                                                                                queued[2].approval_id]
     assert fleet.cordoned() == ["n0", "n1", "n2"]
-    assert pace_metric(EVENT) == 2.0
+    assert pace_metric(fleet, EVENT) == 2.0
 
     # A restart keeps n3 approved and held (the proving time starts again after a restart): it is
     # applied once n1 and n2 are proven, and nobody is asked again.

@@ -251,11 +251,14 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         return _fail(str(error))
     runner = Runner(clock, name="gpuwarden-actuator")
     elector = leader_elector(args, cluster, runner, clock)
-    if args.metrics_listen:
-        from prometheus_client import start_http_server
-        start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0])
     actuator = _actuator(args, cluster, AuditLog(args.audit), elector.is_leader if elector else None, clock,
                          node_conditions=True)  # GPUHealthy on each GPU node in every mode (issue 24)
+    if args.metrics_listen:
+        from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, start_http_server
+        registry = actuator.metrics.registry  # its own gauges, and the process's as the default registry has them
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        start_http_server(args.metrics_listen[1], addr=args.metrics_listen[0], registry=registry)
     reconciler = _reconciler(args, actuator, args.interval)
     print(f"actuator: {args.mode} mode every {args.interval:g} s; audit {args.audit}"
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")

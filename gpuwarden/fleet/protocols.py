@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 from collections.abc import Callable, Mapping, Sequence
 
-from .capabilities import EventSink as EventSink  # TODO(seam): callers import it from .capabilities
 from .vocabulary import Action, Gpu, Node, Team, Workload
 
 

@@ -34,9 +34,10 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from . import approvals
 from .audit import (AuditEntry, AuditLog, Mode, Outcome, Record, action_entry, action_from_record, finding_record,
                     new_id, parse_at)
-from .breaker import BREAKER_GAUGE, OPEN, WAITING, breaker_verdict, record_breaker_reset, record_breaker_trip
+from .breaker import OPEN, WAITING, breaker_verdict, record_breaker_reset, record_breaker_trip
 from .limits import BudgetUse, SafetyLimits, budget_use, budget_verdict
 from .maintenance import MaintenanceWindow, window_verdict
+from .metrics import RemediationMetrics
 from .node_health import publish_health
 from .pacing import FindingLike, PaceEvent, Pacer, PacingPolicy
 from .plan import Plan, PlannedAction
@@ -78,9 +79,12 @@ class Actuator:
                  audit: AuditLog | None = None, clock: Clock = SYSTEM_CLOCK,
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
                  window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
-                 repair_after_healthy_seconds: float | None = None, node_conditions: bool = False) -> None:
+                 repair_after_healthy_seconds: float | None = None, node_conditions: bool = False,
+                 metrics: RemediationMetrics | None = None) -> None:
         """``pacing`` (auto and approve modes; None: only the limits), ``repair_after_healthy_seconds`` (None:
-        never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default."""
+        never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default; ``metrics``:
+        the gauges it sets (a fresh registry when not given; the CLI serves the one it hands in)."""
+        self.metrics = metrics if metrics is not None else RemediationMetrics()
         self.cluster = cluster
         self.mode = Mode(mode)
         self.limits = limits or SafetyLimits()
@@ -95,10 +99,10 @@ class Actuator:
         self._breaker_noted: set[Key] = set()  # by the open breaker
         self._observed: set[tuple[str, str, str]] = set()  # observe mode records a standing plan once
         self._lock = threading.RLock()
-        self.pacer = Pacer(pacing, self.audit.records()) if pacing is not None else None
+        self.pacer = Pacer(pacing, self.audit.records(), self.metrics) if pacing is not None else None
         self.repair = Repair(repair_after_healthy_seconds) if repair_after_healthy_seconds is not None else None
         self.node_conditions = node_conditions
-        BREAKER_GAUGE.set(1 if self.breaker_open else 0)
+        self.metrics.breaker_open.set(1 if self.breaker_open else 0)
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
     def applied_in_last_hour(self) -> int:
@@ -324,12 +328,13 @@ class Actuator:
     # -- the circuit breaker ---------------------------------------------------------------------
     def _trip(self, why: str) -> AuditEntry:
         return record_breaker_trip(self.audit, why, clock=self.clock, mode=self.mode, name=self.name,
-                                   events=self.cluster)
+                                   events=self.cluster, metrics=self.metrics)
 
     def reset_breaker(self, by: str, comment: str = "") -> AuditEntry:
         with self._lock:
             self._breaker_noted.clear()
-            return record_breaker_reset(self.audit, by, comment, at=self.clock.now(), mode=self.mode, name=self.name)
+            return record_breaker_reset(self.audit, by, comment, at=self.clock.now(), mode=self.mode, name=self.name,
+                                        metrics=self.metrics)
 
     # -- people ------------------------------------------------------------------------------------
     def approve(self, approval_id: str, by: str = "operator", comment: str = "") -> AuditEntry:

@@ -13,18 +13,15 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import Gauge
-
+from gpuwarden.fleet.capabilities import EventSink
 from gpuwarden.fleet.clock import Clock
-from gpuwarden.fleet.protocols import EventSink
 
 from .audit import AuditEntry, AuditLog, Outcome, breaker_open_in
+from .metrics import RemediationMetrics
 from .verdict import ALLOWED, Verdict, refused
 
 log = logging.getLogger("gpuwarden.actuator")
 
-BREAKER_GAUGE = Gauge("gpuwarden_actuator_circuit_open",
-                      "1 while the actuator's circuit breaker is open (a safety limit was reached; a person must reset it)")
 BREAKER_KIND = "circuit-breaker"  # its audit entries' kind; their target is the actuator's name
 WAITING = "circuit breaker open: waiting for a person"
 OPEN = refused(Outcome.BLOCKED, f"{WAITING} (gpuwarden actuator reset)")
@@ -36,10 +33,11 @@ def breaker_verdict(records: Iterable[Mapping[str, Any]]) -> Verdict:
 
 
 def record_breaker_trip(audit: AuditLog, why: str, *, clock: Clock, mode: Any, name: str,
-                        events: object = None) -> AuditEntry:
+                        events: object = None, metrics: RemediationMetrics | None = None) -> AuditEntry:
     """Open the breaker for ``why``: the metric, a warning, an Event where ``events`` takes one
     (an :class:`EventSink`), then the audit entry that keeps it open across restarts."""
-    BREAKER_GAUGE.set(1)
+    if metrics is not None:
+        metrics.breaker_open.set(1)
     message = f"circuit breaker opened: {why}; nothing more is applied until a person resets it"
     log.warning("actuator: %s", message)
     if isinstance(events, EventSink):
@@ -53,9 +51,10 @@ def record_breaker_trip(audit: AuditLog, why: str, *, clock: Clock, mode: Any, n
 
 
 def record_breaker_reset(audit: AuditLog, by: str, comment: str = "", *, at: datetime, mode: Any,
-                         name: str = "actuator") -> AuditEntry:
+                         name: str = "actuator", metrics: RemediationMetrics | None = None) -> AuditEntry:
     """Close the breaker: ``by`` (a person) looked at what tripped it, at ``at``."""
-    BREAKER_GAUGE.set(0)
+    if metrics is not None:
+        metrics.breaker_open.set(0)
     entry = AuditEntry(at, mode, Outcome.BREAKER_RESET, BREAKER_KIND, name, comment or "reset", f"reset by {by}", by=by)
     audit.record(entry)
     return entry

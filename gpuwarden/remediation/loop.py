@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import Gauge
-
 from gpuwarden.fleet import ClusterSnapshot, Finding
 from gpuwarden.fleet.runner import Job, Runner
 from gpuwarden.fleet.triggers import every
@@ -25,11 +23,6 @@ from .audit import AuditEntry
 from .plan import Plan, PlanningPolicy, plan_from_findings
 
 log = logging.getLogger("gpuwarden.actuator")
-
-# Set when a round this replica led ends (standbys never set it): a live process whose rounds stop
-# (a hung API call, a round failing every time) is seen by GpuwardenActuatorRoundsStopped.
-LAST_ROUND_GAUGE = Gauge("gpuwarden_actuator_last_round_timestamp_seconds",
-                         "When the latest reconcile round this replica led ended (Unix seconds)")
 
 
 @dataclass(frozen=True)
@@ -65,7 +58,7 @@ class Reconciler:
             entries = tuple(self.actuator.execute(plan, snapshot))
             report = RoundReport(len(findings), plan, entries)
             self.rounds.append(report)
-            LAST_ROUND_GAUGE.set(self.actuator.clock.now().timestamp())
+            self.actuator.metrics.last_round.set(self.actuator.clock.now().timestamp())
             log.info("reconcile: %d findings -> %d planned actions (%s mode)", len(findings), len(plan.actions),
                      self.actuator.mode.value)
             return report

@@ -30,23 +30,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from prometheus_client import Gauge
 
 from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot, Finding
 
 from .audit import AuditEntry, Outcome, parse_at
+from .metrics import RemediationMetrics
 from .verdict import ALLOWED, Verdict, refused
 
 DISRUPTIVE = (ActionKind.CORDON, ActionKind.DRAIN, ActionKind.TAINT, ActionKind.EVICT)
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 PACE_KIND = "pace"  # the audit entries' kind; their outcome is Outcome.PACED
 
-PACE_GAUGE = Gauge("gpuwarden_remediation_pace",
-                   "Disruptive actions allowed in flight per node pool and detector (slow start: 1, doubled "
-                   "after each proven success, back to 1 after a failure)", ["pool", "detector"])
-IN_FLIGHT_GAUGE = Gauge("gpuwarden_remediation_in_flight",
-                        "Disruptive actions applied and not yet proven or failed, per node pool and detector",
-                        ["pool", "detector"])
 
 
 @dataclass(frozen=True)
@@ -204,8 +198,10 @@ def pace_verdict(action: Action, findings: Sequence[FindingLike], snapshot: Clus
 class Pacer:
     """The slow start over the audit log's pace state. Not thread-safe: the actuator's lock holds."""
 
-    def __init__(self, policy: PacingPolicy, records: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, policy: PacingPolicy, records: Iterable[Mapping[str, Any]] = (),
+                 metrics: RemediationMetrics | None = None) -> None:
         self.policy = policy
+        self.metrics = metrics
         self.state = pace_from_records(records)
         self._random = random.Random(policy.seed)
         self._batch: set[Key] = set()  # keys that started actions this round: one cooldown for the batch
@@ -299,8 +295,9 @@ class Pacer:
 
     def export(self) -> None:
         for key in self.state.keys():
-            PACE_GAUGE.labels(*key).set(self.state.window(key, self.policy))
-            IN_FLIGHT_GAUGE.labels(*key).set(self.state.flying(key))
+            if self.metrics is not None:
+                self.metrics.pace.labels(*key).set(self.state.window(key, self.policy))
+                self.metrics.in_flight.labels(*key).set(self.state.flying(key))
 
 
 
