@@ -83,3 +83,15 @@ def _strongly_connected(edges: dict[str, list[str]]) -> list[list[str]]:
 
 def build_graph() -> grimp.ImportGraph:
     return grimp.build_graph(PACKAGE, cache_dir=None)
+
+
+def room_imports(graph: grimp.ImportGraph) -> dict[str, set[str]]:
+    """Each room and the other rooms it imports (any module of it, any module of theirs)."""
+    found: dict[str, set[str]] = {room: set() for room in rooms()}
+    for room in found:
+        for module in graph.find_descendants(room) | {room}:
+            for imported in graph.find_modules_directly_imported_by(module):
+                other = ".".join(imported.split(".")[:2])
+                if other in found and other != room:
+                    found[room].add(other)
+    return found

@@ -27,3 +27,17 @@ def test_a_circle_is_found_and_a_package_reexporting_its_modules_is_not_one():
                                ("r.d", "r.a"), ("r.sub", "r.sub.e"), ("r.sub.e", "r.sub")):
         graph.add_import(importer=importer, imported=imported)
     assert room_circles(graph, "r") == [["r.a", "r.b", "r.c"]]
+
+
+def test_the_picture_of_the_rooms_in_the_docs_is_the_import_graph():
+    from rooms_graph import ROOT, room_imports
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("<!-- rooms-table", 1)[1].split("<!-- /rooms-table -->", 1)[0]
+    documented = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            documented[f"gpuwarden.{cells[0].strip('`')}"] = (
+                set() if cells[2] == "none" else {f"gpuwarden.{r.strip()}" for r in cells[2].split(",")})
+    assert documented == room_imports(build_graph())
