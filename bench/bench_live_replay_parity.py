@@ -17,7 +17,7 @@ live resumes were carried out (their pods admitted onto the nodes held for them)
 A resume is carried out in two steps live (the Job unsuspended with its nodes held, its new gated
 pods admitted there a round later) and decided the same; its pods start a round later, so it ends a
 round later than in the simulator, and from its end the two fleets free GPUs at different times (see
-``tests/test_live_replay_parity.py``): the first divergence is where that lag first changes a choice.
+``tests/scheduler/test_live_replay_parity.py``): the first divergence is where that lag first changes a choice.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ On a machine with an NVIDIA GPU, its driver (``nvidia-smi``) and torch with CUDA
    for ours the collection ms per GPU), and prints both tables.
 
 Where no GPU, driver or torch is found it says which, and exits 2. The parsing and table code is
-pure and tested without a GPU (``tests/test_exporter_h200_check.py``).
+pure and tested without a GPU (``tests/exporter/test_exporter_h200_check.py``).
 
     python bench/h200_check.py [--out h200_check_out] [--phase-seconds 12] [--idle-cpu-seconds 60]
 """

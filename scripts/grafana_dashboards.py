@@ -7,7 +7,7 @@ grafana-foundation-sdk: fleet and idle, cost and chargeback, health, actuator, q
 The panels are data (:data:`DASHBOARDS`); every query reads what gpuwarden serves: the metrics of
 ``gpuwarden metrics serve`` (gpuwarden/analytics/metrics_collector.py), the recording rules of
 rules/ and the exporter's (or dcgm-exporter's) DCGM_FI_* series. Queries use no Grafana variable
-but the data source, so tests/test_grafana_dashboards.py runs each one as written against a real
+but the data source, so tests/dashboards/test_grafana_dashboards.py runs each one as written against a real
 Prometheus.
 """
 

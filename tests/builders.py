@@ -8,11 +8,16 @@ are the model). Counters default to 0, everything unmeasured to null: never a fa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from gpuwarden.fleet import SAMPLE_COLUMNS
+from gpuwarden.store import coerce
 
 from gpuwarden.fleet import (
     SAMPLE_COLUMN_NAMES,
@@ -181,3 +186,84 @@ class InterceptedCluster:
             return answer
         result: ActionResult = self.inner.apply(action)
         return result
+
+
+def make_samples(start="2026-11-01T00:00:00Z", steps=30, gpus=4, step_seconds=60) -> pd.DataFrame:
+    """A small, schema-correct frame: ``gpus`` GPUs on two nodes, one with SM activity missing."""
+    rng = np.random.default_rng(0)
+    times = pd.date_range(start, periods=steps, freq=f"{step_seconds}s", tz="UTC")
+    rows = len(times) * gpus
+    frame = {}
+    for column in SAMPLE_COLUMNS:
+        if column.kind == "float":
+            frame[column.name] = rng.random(rows)
+        elif column.kind == "int":
+            frame[column.name] = np.tile(np.arange(gpus), len(times))
+    frame.update(
+        timestamp=np.repeat(times, gpus),
+        cluster="c1",
+        node=np.tile([f"node-{g // 2}" for g in range(gpus)], len(times)),
+        gpu_uuid=np.tile([f"GPU-{g:04d}" for g in range(gpus)], len(times)),
+        gpu_index=np.tile(np.arange(gpus) % 2, len(times)),
+        model="NVIDIA H100 80GB HBM3",
+        mig_instance=None,
+        namespace=np.tile(["team-a", None] * (gpus // 2), len(times)),
+        pod=np.tile(["pod-1", None] * (gpus // 2), len(times)),
+        team=np.tile(["team-a", None] * (gpus // 2), len(times)),
+        project=np.tile(["proj", None] * (gpus // 2), len(times)),
+        mem_total_bytes=80.0 * 2**30,
+    )
+    out = pd.DataFrame(frame)
+    out.loc[out["gpu_uuid"] == "GPU-0003", ["sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"]] = np.nan
+    out.loc[out["gpu_uuid"] == "GPU-0002", "recovery_action"] = None
+    return coerce(out)
+
+
+class FakeBackend:
+    """A fake GPU backend (no GPU on CI): serves ``self.readings``; can raise or block on demand."""
+
+    name = "fake"
+
+    def __init__(self, readings: list[GpuReading]):
+        self.readings = list(readings)
+        self.error: Exception | None = None
+        self.gate: threading.Event | None = None  # when set to an unset Event, read() blocks on it
+        self.reads = 0
+
+    def read(self) -> tuple[GpuReading, ...]:
+        self.reads += 1
+        gate = self.gate
+        if gate is not None:
+            gate.wait(10)
+        if self.error is not None:
+            raise self.error
+        return tuple(self.readings)
+
+    def driver_version(self) -> str:
+        return DRIVER
+
+
+HOURS = 2
+
+
+def samples() -> pd.DataFrame:
+    """One busy H100 per node for two hours, at 60 s, drawing WATTS."""
+    rows = []
+    for minute in range(HOURS * 60):
+        for index, node in enumerate(NODES):
+            row = dict.fromkeys(SAMPLE_COLUMN_NAMES, np.nan)
+            row.update(timestamp=START + pd.Timedelta(minutes=minute), cluster="c", node=node, gpu_uuid=f"GPU-{index}",
+                       gpu_index=0, model=H100, mig_instance=None, pod=f"job-{index}", namespace="ns-a", team="a",
+                       project="a-p", attribution="known", gpu_util_ratio=0.9, sm_active_ratio=0.9,
+                       mem_used_bytes=60.0 * 2**30, mem_total_bytes=80.0 * 2**30, power_watts=WATTS)
+            rows.append(row)
+    return coerce(pd.DataFrame(rows))
+
+
+DRIVER = "550.90.07"
+
+
+WATTS = 500.0
+
+
+NODES = ("gpu-spot-0", "gpu-owned-0", "gpu-plain-0")

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from builders import FakeBackend
+from gpuwarden.exporter import ExporterService
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,3 +33,20 @@ def data_dir() -> Path:
             pytest.fail(f"{reason}; CI=true, so this is a failure, not a skip", pytrace=False)
         pytest.skip(reason)
     return path
+
+
+# The exporter on a fake GPU backend, stopped after the test: the exporter's tests and the CLI's
+# bad-input probes start one.
+@pytest.fixture
+def started():
+    services: list[ExporterService] = []
+
+    def start(backend: FakeBackend, **kwargs) -> ExporterService:
+        kwargs.setdefault("interval_seconds", 60.0)
+        service = ExporterService(backend, port=0, node_name="node-a", **kwargs)
+        services.append(service.start())
+        return service
+
+    yield start
+    for service in services:
+        service.stop()

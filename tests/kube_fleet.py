@@ -4,8 +4,13 @@ the kube tests and ``bench/bench_actuator.py``. Scenario data, not logic."""
 from __future__ import annotations
 
 import base64
+from datetime import UTC, datetime
 
 from fake_kube_api import ADMISSION, BATCH, CORE, KUEUE, POLICY, SCHEDULING, FakeKubeAPI
+
+from gpuwarden.fleet.clock import FakeClock
+from gpuwarden.fleet.object_names import ADMISSION_GATE
+from gpuwarden.kube import KubeApi, KubeCluster, load_client
 
 
 def node(api: FakeKubeAPI, name: str, gpus: int = 8, labels: dict | None = None, unschedulable: bool = False,
@@ -117,3 +122,53 @@ def mutating_webhook(api: FakeKubeAPI, name: str, ca_pem: bytes | None, url: str
         "namespaceSelector": namespace_selector or {}, "objectSelector": object_selector or {},
         "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
                    "scope": "Namespaced"}]}]})
+
+
+def connect(api: FakeKubeAPI, tmp_path, **kwargs) -> KubeCluster:
+    client = load_client(api.kubeconfig(tmp_path / "kc.json"))
+    return KubeCluster(KubeApi(client, backoff_seconds=0.01, max_backoff_seconds=0.05), clock=FakeClock(NOW), **kwargs)
+
+
+def gpu_pod(api: FakeKubeAPI, ns: str, name: str, gpus: int = 1, *, owner: str | None = None, labels: dict | None = None,
+            resource: str = "nvidia.com/gpu", gates: tuple[str, ...] = (ADMISSION_GATE,), affinity: dict | None = None,
+            annotations: dict | None = None, node_name: str | None = None, phase: str = "Pending",
+            conditions: list | None = None, created: str = "2026-11-30T11:00:00Z", priority: str | None = None) -> None:
+    meta: dict = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": annotations or {},
+                  "creationTimestamp": created}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner, "uid": f"uid-{owner}",
+                                    "controller": True}]
+    spec: dict = {"containers": [{"name": "main", "image": "trainer", "resources": {"limits": {resource: str(gpus)}}}]}
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    if affinity:
+        spec["affinity"] = affinity
+    if node_name:
+        spec["nodeName"] = node_name
+    if priority:
+        spec["priorityClassName"] = priority
+    status: dict = {"phase": phase}
+    if conditions:
+        status["conditions"] = conditions
+    api.add(CORE, "pods", {"metadata": meta, "spec": spec, "status": status})
+
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def gated_job(api: FakeKubeAPI, ns: str, name: str, pods: int, gpus: int = 1, priority: str | None = None,
+              annotations: dict | None = None, created: str = "2026-11-30T11:00:00Z", running_on: str | None = None,
+              running: int = 0) -> None:
+    """A Job and its ``pods`` pods, created with gpuwarden's gate (as the webhook writes it); the first
+    ``running`` of them already ungated and bound to ``running_on``."""
+    template: dict = {"containers": [{"name": "main", "image": "trainer",
+                                      "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    api.add(BATCH, "jobs", {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {},
+                                         "creationTimestamp": created},  # a Job is created with its first pods
+                            "spec": {"parallelism": pods, "completions": pods, "template": {"spec": template}},
+                            "status": {}})
+    for i in range(pods):
+        bound = i < running
+        gpu_pod(api, ns, f"{name}-{i}", gpus, owner=name, created=created, labels={"batch.kubernetes.io/job-name": name},
+                priority=priority, gates=() if bound else (ADMISSION_GATE,), node_name=running_on if bound else None,
+                phase="Running" if bound else "Pending")

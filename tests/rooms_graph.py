@@ -1,5 +1,5 @@
 """The rooms of gpuwarden and the import graph inside each, read with grimp (import-linter's own
-graph builder), for tests/test_rooms.py and docs/architecture.md's picture."""
+graph builder), for tests/architecture/test_rooms.py and docs/architecture.md's picture."""
 
 from __future__ import annotations
 

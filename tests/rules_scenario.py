@@ -6,7 +6,7 @@ is replaced by another of the same namespace (pod churn), as per-minute input se
 expected values the state that :func:`gpuwarden.analytics.build_ledger` gives the same samples; the
 5-minute rollups are expected per GPU, namespace and state (no pod), over the window one minute
 back, with no evaluation order imposed between the groups. ``promtool test rules`` therefore checks that the PromQL rules classify like the
-Python engine; ``tests/test_rules.py`` checks the committed file is what this module renders.
+Python engine; ``tests/analytics/test_rules.py`` checks the committed file is what this module renders.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from polling import wait_for as _wait_for
+
+from gpuwarden.analytics import IdleParams
 
 # Report summary figures that are shares or per-unit prices: equal within 1% whichever way the
 # samples were read (rollups or raw).
@@ -32,6 +37,7 @@ def binary(name: str, package: str) -> str:
 
 # Scrape-time relabelling that gives each series a ``project`` label from its pod's name (as a
 # cluster would from the pod's labels): the project then reaches the rollups without the pod.
+ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FROM_POD = [{"source_labels": ["pod"], "regex": "([a-z]+)-[0-9]+", "target_label": "project",
                      "replacement": "$1"}]
 
@@ -94,3 +100,61 @@ def assert_reports_agree(from_rollup, from_raw) -> None:
         assert set(shares["rollup"].index) == set(shares["raw"].index), table
         gap = (shares["rollup"] - shares["raw"].reindex(shares["rollup"].index)).abs().max()
         assert gap < 0.01, (table, gap)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    """Servers answer errors while starting: keep polling through them."""
+    return _wait_for(condition, timeout, what, interval, tolerate_errors=True)
+
+
+class PrometheusServer(ServerProcess):
+    """A real Prometheus on 127.0.0.1 with a temp config and TSDB; ``stop()`` always kills it."""
+
+    def __init__(self, tmp: Path, targets: list[str], rule_files: list[Path], scrape_interval: str = "1s") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{
+                "job_name": "gpuwarden",
+                "scrape_interval": scrape_interval,
+                "static_configs": [{"targets": targets, "labels": {"cluster": "sim"}}],
+                "metric_relabel_configs": PROJECT_FROM_POD,
+            }],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        super().__init__(
+            [binary("prometheus", "prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            tmp / "prometheus.log", f"{self.url}/-/ready")
+
+
+FAST_PARAMS = IdleParams(hoard_grace="0s")
+
+
+def fast_rules(tmp: Path) -> list[Path]:
+    """The shipped rules at 1 s evaluations (the recording rules generated for a 1 s interval and
+    5 s rollups, so that their seconds stay seconds), so rule series appear within seconds."""
+    from gpuwarden.analytics.promrules import render_recording_rules
+
+    out = []
+    for path in sorted((ROOT / "rules").glob("*.rules.yml")):
+        target = tmp / path.name
+        if "recording" in path.name:
+            # No hoarding grace: the 1 s state rule looks back one evaluation, and a static fleet
+            # is in the same state from its first sample (no warm-up to tell rollups from raw).
+            target.write_text(render_recording_rules(FAST_PARAMS, interval_seconds=1, rollup_seconds=5))
+        else:
+            rules = yaml.safe_load(path.read_text())
+            for group in rules["groups"]:
+                group["interval"] = "1s"
+            target.write_text(yaml.safe_dump(rules))
+        out.append(target)
+    return out

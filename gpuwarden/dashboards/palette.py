@@ -31,7 +31,7 @@ STATE_COLOURS: dict[str, str] = {
     "busy": "#2e7d32",
     "unmeasured": "#cfd8dc",
 }
-# tests/test_dashboard_views.py checks every state of the taxonomy has a colour and a label; a state
+# tests/dashboards/test_dashboard_views.py checks every state of the taxonomy has a colour and a label; a state
 # added without one still draws (label_colour falls back to its name in grey) instead of crashing.
 
 SEVERITY_COLOURS: dict[str, str] = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}

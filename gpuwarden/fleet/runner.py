@@ -50,7 +50,7 @@ class Every:
     """A fixed interval from ``start``, with APScheduler's ``IntervalTrigger`` fire times (no jitter).
 
     It exists for the exporter alone: the exporter runs on every GPU node from an image that holds
-    only what it imports, and APScheduler is not in it. ``tests/test_runner.py`` checks that its
+    only what it imports, and APScheduler is not in it. ``tests/fleet/test_runner.py`` checks that its
     fire times are ``IntervalTrigger``'s."""
 
     def __init__(self, seconds: float, start: datetime) -> None:

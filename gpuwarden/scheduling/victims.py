@@ -2,7 +2,7 @@
 fewest of them that make room. ``Scheduler`` inherits it; it reads the pass's policy and the per-pass
 facts kept here (service levels, the running jobs), which are what make a pass over a busy fleet fast.
 
-Speed without changing a decision (pinned by tests/test_whatif_pinned.py): the running jobs are
+Speed without changing a decision (pinned by tests/scheduling/test_whatif_pinned.py): the running jobs are
 listed once a pass, and a start adds its job, instead of scanning every job, waiting ones included,
 for each blocked job; candidates are sorted by cost, then by their order in ``state.jobs`` (what a
 stable sort of that order gave); a search that failed fails again for a job asking the same until a

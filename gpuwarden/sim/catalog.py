@@ -33,7 +33,7 @@ def _model(spec: GpuSpec) -> GpuModel:
 def _mixed_layout(spec: GpuSpec) -> tuple[str, ...] | None:
     """The simulated MIG nodes' layout: a mixed one using every compute slice, half of what is left
     at a time (7 slices: 3g + 2g + 1g + 1g), each the smallest-memory profile of its size (NVIDIA's
-    order breaks ties); None when the model's profiles allow no such layout (tests/test_gpu_catalogue.py
+    order breaks ties); None when the model's profiles allow no such layout (tests/fleet/test_gpu_catalogue.py
     checks the layouts against the placement rules)."""
     layout = []
     left = spec.mig_compute_slices

@@ -25,7 +25,7 @@ import pandas as pd
 log = logging.getLogger("gpuwarden.store")
 
 # Test seams: ``GPUWARDEN_STORE_CRASH_AT=<step>`` makes this process SIGKILL itself at that step of
-# an operation, so tests can kill -9 a real writer at an exact point (see tests/test_store_crash.py);
+# an operation, so tests can kill -9 a real writer at an exact point (see tests/store/test_store_crash.py);
 # ``GPUWARDEN_STORE_STOP_AT=<step>`` SIGSTOPs it there (a writer caught mid-swap, for read races).
 _CRASH_ENV = "GPUWARDEN_STORE_CRASH_AT"
 _STOP_ENV = "GPUWARDEN_STORE_STOP_AT"

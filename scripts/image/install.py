@@ -20,7 +20,7 @@ image's ``PYTHONPYCACHEPREFIX`` points Python's bytecode cache at the writable `
 prefix set Python never reads a ``__pycache__`` folder beside a source, so the standard library's
 are dead weight too and ``--slim-system`` removes them.
 
-What slimming removes, and why nothing gpuwarden runs needs it (tests/test_image.py runs the CLI,
+What slimming removes, and why nothing gpuwarden runs needs it (tests/helm/test_image.py runs the CLI,
 a simulation, a report, the exporter and the dashboard's modules in the slimmed tree):
 
 - from the venv: test suites, C sources and headers, source maps, the parts listed in
