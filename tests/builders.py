@@ -243,27 +243,27 @@ class FakeBackend:
         return DRIVER
 
 
-HOURS = 2
-
-
-def samples() -> pd.DataFrame:
-    """One busy H100 per node for two hours, at 60 s, drawing WATTS."""
-    rows = []
-    for minute in range(HOURS * 60):
-        for index, node in enumerate(NODES):
-            row = dict.fromkeys(SAMPLE_COLUMN_NAMES, np.nan)
-            row.update(timestamp=START + pd.Timedelta(minutes=minute), cluster="c", node=node, gpu_uuid=f"GPU-{index}",
-                       gpu_index=0, model=H100, mig_instance=None, pod=f"job-{index}", namespace="ns-a", team="a",
-                       project="a-p", attribution="known", gpu_util_ratio=0.9, sm_active_ratio=0.9,
-                       mem_used_bytes=60.0 * 2**30, mem_total_bytes=80.0 * 2**30, power_watts=WATTS)
-            rows.append(row)
-    return coerce(pd.DataFrame(rows))
-
-
 DRIVER = "550.90.07"
 
 
-WATTS = 500.0
+# -- tiered nodes: one busy H100 per node, priced by its tier (fleet/price_tiers, the Cost page) ----
+
+TIER_START = pd.Timestamp("2026-03-02T00:00:00Z")
+TIER_HOURS = 2
+TIER_WATTS = 500.0
+TIER_NODES = ("gpu-spot-0", "gpu-owned-0", "gpu-plain-0")
 
 
-NODES = ("gpu-spot-0", "gpu-owned-0", "gpu-plain-0")
+def tier_samples() -> pd.DataFrame:
+    """One busy H100 per node of TIER_NODES for TIER_HOURS from TIER_START, at 60 s, drawing TIER_WATTS."""
+    rows = []
+    for minute in range(TIER_HOURS * 60):
+        for index, node in enumerate(TIER_NODES):
+            row = dict.fromkeys(SAMPLE_COLUMN_NAMES, np.nan)
+            row.update(timestamp=TIER_START + pd.Timedelta(minutes=minute), cluster="c", node=node,
+                       gpu_uuid=f"GPU-{index}", gpu_index=0, model=H100, mig_instance=None, pod=f"job-{index}",
+                       namespace="ns-a", team="a", project="a-p", attribution="known", gpu_util_ratio=0.9,
+                       sm_active_ratio=0.9, mem_used_bytes=60.0 * 2**30, mem_total_bytes=80.0 * 2**30,
+                       power_watts=TIER_WATTS)
+            rows.append(row)
+    return coerce(pd.DataFrame(rows))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from builders import HOURS, samples
+from builders import TIER_HOURS as HOURS, tier_samples as samples
 
 from gpuwarden.analytics import PriceBook
 from gpuwarden.analytics.pricing_files import INVENTORY_ENV, PRICE_BOOK_ENV, PRICING_SOURCE_ENV

@@ -7,9 +7,6 @@ test mutates between collections.
 
 from __future__ import annotations
 
-from builders import DRIVER  # noqa: F401 (shared with other rooms' tests)
-from builders import FakeBackend  # noqa: F401 (shared with other rooms' tests)
-
 import socket
 import subprocess
 import sys
@@ -20,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from builders import GIB, gpu_reading
+from builders import DRIVER, GIB, FakeBackend, gpu_reading
 from polling import tick, wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families

@@ -3,8 +3,8 @@ report, the metrics and the dashboard's cost data name the price book they used.
 
 from __future__ import annotations
 
-from builders import WATTS, NODES  # noqa: F401 (shared with other rooms' tests)
-from builders import HOURS, samples  # noqa: F401 (shared with other rooms' tests)
+from builders import TIER_HOURS as HOURS, TIER_START as START, TIER_WATTS as WATTS
+from builders import tier_samples as samples
 
 import json
 import re
@@ -22,7 +22,6 @@ from gpuwarden.cli import main
 from gpuwarden.fleet import FleetValueError, PriceTier
 from gpuwarden.fleet.price_tiers import ksm_label_name, parse_tier, tier_from_labels
 
-START = pd.Timestamp("2026-03-02T00:00:00Z")
 H100 = "NVIDIA H100 80GB HBM3"
 
 

@@ -5,16 +5,11 @@ would hold them: gated pods are unbound, gates are only removed, affinity only t
 
 from __future__ import annotations
 
-from kube_fleet import gated_job  # noqa: F401 (shared with other rooms' tests)
-
-from kube_fleet import NOW  # noqa: F401 (shared with other rooms' tests)
-from kube_fleet import connect, gpu_pod  # noqa: F401 (shared with other rooms' tests)
-
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from fake_kube_api import BATCH, CORE, SCHEDULING, FakeKubeAPI
-from kube_fleet import namespace, node
+from kube_fleet import NOW, connect, gated_job, gpu_pod, namespace, node
 
 from gpuwarden.kube.gates import (ADMISSION_GATE, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION,
                                            GANG_LABEL, GANG_SIZE_LABEL, PRIORITY_CLASS_ANNOTATION,

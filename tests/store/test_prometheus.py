@@ -9,8 +9,6 @@ and that recording-rule series appear.
 
 from __future__ import annotations
 
-from servers import free_port, wait_for, PrometheusServer, FAST_PARAMS, fast_rules  # noqa: F401 (shared with other rooms' tests)
-
 import json
 import math
 import threading
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from servers import assert_reports_agree, rollup_window
+from servers import assert_reports_agree, FAST_PARAMS, fast_rules, free_port, PrometheusServer, rollup_window, wait_for
 
 from gpuwarden.analytics import IdleParams
 from gpuwarden.cli.sources import add_source_options, open_window

@@ -3,7 +3,7 @@ embedded store's appends, range reads, column reads and compaction."""
 
 from __future__ import annotations
 
-from builders import make_samples  # noqa: F401 (shared with other rooms' tests)
+from builders import make_samples
 
 import gzip
 
