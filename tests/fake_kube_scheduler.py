@@ -27,8 +27,11 @@ an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-schedul
   bound in a later pass once the victims are gone. A gpuwarden test can assert none happened;
 - the kubelet's part: a terminating pod (``FakeKubeAPI.graceful_deletion``) is deleted for good
   once its ``deletionTimestamp`` passed; a bound Pending pod starts Running.
-Scoring is left out (the nominated node, else the first feasible one in name order wins):
-gpuwarden pins the pods it admits to one node. Not modelled: preemption weighing
+Scoring is left out by default (the nominated node, else the first feasible one in name order wins):
+gpuwarden pins the pods it admits to one node. ``scoring="LeastAllocated"`` scores the feasible nodes
+as kube-scheduler's default NodeResourcesFit does (LeastAllocated, weight 1 each on cpu, memory and
+``nvidia.com/gpu``: :func:`least_allocated`) and binds the highest; equal scores go to the first in
+name order (kube-scheduler picks one of them at random); a nominated node that fits still wins first. Not modelled: preemption weighing
 PodDisruptionBudgets, inter-pod (anti-)affinity, topology spread constraints, node readiness,
 host ports and volumes. Pods whose ``spec.schedulerName`` is not default-scheduler are left alone.
 """
@@ -136,6 +139,25 @@ def node_misfit(pod: dict, node: dict, free: dict[str, Decimal]) -> list[str]:
     return [f"Insufficient {r}" for r, q in sorted(pod_requests(pod).items()) if q > free.get(r, Decimal(0))]
 
 
+LEAST_ALLOCATED = "LeastAllocated"
+SCORED = (("cpu", 1000), ("memory", 1), ("nvidia.com/gpu", 1))  # resource, units of kube-scheduler's integers
+
+
+def least_allocated(requests: dict[str, Decimal], allocatable: dict[str, Decimal], free: dict[str, Decimal]) -> int:
+    """kube-scheduler's LeastAllocated score of a node for a pod: per resource the node offers,
+    ``(allocatable - requested after the pod) * 100 // allocatable`` in integers (milli-CPU, bytes,
+    GPUs); their mean, rounded down."""
+    total = count = 0
+    for resource, unit in SCORED:
+        offered = int(allocatable.get(resource, Decimal(0)) * unit)
+        if offered <= 0:
+            continue  # a resource the node does not offer is not scored
+        left = int((free.get(resource, Decimal(0)) - requests.get(resource, Decimal(0))) * unit)
+        total += max(left, 0) * 100 // offered
+        count += 1
+    return total // count if count else 0
+
+
 def unschedulable_message(nodes: int, reasons: dict[str, int]) -> str:
     listed = sorted(f"{count} {reason}" for reason, count in reasons.items())
     return f"0/{nodes} nodes are available: {', '.join(listed)}."
@@ -165,6 +187,7 @@ class FakeKubeScheduler:
     api: FakeKubeAPI
     user: str = SCHEDULER_USER
     preemption: bool = True  # kube-scheduler's DefaultPreemption: evict lower-priority pods to make room
+    scoring: str = ""  # "": the first feasible node in name order; LEAST_ALLOCATED: the default score plugin
 
     def _call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json") -> dict:
         return self.api.act(self.user, method, path, body, content_type)
@@ -202,6 +225,7 @@ class FakeKubeScheduler:
                     and (p.get("status") or {}).get("phase", "Pending") == "Pending"]
         free = {n["metadata"]["name"]: {k: Decimal(parse_quantity(v)) for k, v in
                                         ((n.get("status") or {}).get("allocatable") or {}).items()} for n in nodes}
+        allocatable = {name: dict(offered) for name, offered in free.items()}
         running: dict[str, list[dict]] = {name: [] for name in free}
         for pod in pods:
             where = (pod.get("spec") or {}).get("nodeName")
@@ -232,13 +256,20 @@ class FakeKubeScheduler:
             reasons: dict[str, int] = {}
             chosen = None
             mine = (pod.get("status") or {}).get("nominatedNodeName")
+            feasible: list[str] = []
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"] != mine):  # its nominated node first
                 misfit = node_misfit(pod, node, room[node["metadata"]["name"]])
                 if not misfit:
-                    chosen = node["metadata"]["name"]
-                    break
+                    if self.scoring != LEAST_ALLOCATED or node["metadata"]["name"] == mine:
+                        chosen = node["metadata"]["name"]
+                        break
+                    feasible.append(node["metadata"]["name"])
+                    continue
                 for reason in misfit:
                     reasons[reason] = reasons.get(reason, 0) + 1
+            if chosen is None and feasible:  # max: the first in name order among equal scores
+                asked = pod_requests(pod)
+                chosen = max(feasible, key=lambda name: least_allocated(asked, allocatable[name], room[name]))
             if chosen is None:
                 message = unschedulable_message(len(nodes), reasons)
                 result.unschedulable[_key(pod)] = message

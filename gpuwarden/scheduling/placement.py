@@ -3,7 +3,8 @@
 A one-pod request (whole GPUs, a fraction, or CPU only) goes where the policy's scorer puts it
 (``scorers``: ``fgd`` for the shipped policy, ``bestfit``, ``firstfit``, ``random``) among the nodes
 it fits on. Gangs (several pods) go under one leaf switch and into as few NVLink domains as possible
-(topology decides there, not a scorer). On fleets that cannot share a GPU a fraction takes the
+(topology decides there, not a scorer); with ``gang`` off (``kube-default``) each pod of a whole-GPU
+job goes where the scorer puts it, in turn, as kube-scheduler places pods. On fleets that cannot share a GPU a fraction takes the
 smallest free MIG instance that holds it, else a whole GPU. MIG requests take a free instance of
 their profile on the fullest MIG GPU; with the ``fgd`` scorer its tie rule then orders equal GPUs
 (FGD's GPU term and the CPU-starvation term do not apply to MIG: a MIG GPU has no shareable
@@ -12,7 +13,7 @@ milli-GPU free, so neither term changes whichever instance is taken).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from collections.abc import Callable
@@ -86,6 +87,10 @@ class PlacementOptions:
     mig: bool = True  # use MIG instances for MIG requests (else a whole GPU per request)
     fractions: FractionMode = FractionMode.SHARE
     spot_first: bool = True  # jobs allowed on spot (checkpointable training) fill it before other tiers
+    # False: no gang (kube-default); each pod of a multi-pod whole-GPU job goes where the scorer puts it,
+    # in turn, as kube-scheduler places pods; a replay then schedules such a job's pods as jobs of their
+    # own, and the job holds what its placed pods hold while the rest wait (``replay.pods``)
+    gang: bool = True
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("scorer", self.scorer, SCORERS), ("ties", self.ties, TIE_RULES)):
@@ -104,6 +109,8 @@ def find_placement(state: State, job: Job, options: PlacementOptions = DEFAULT_O
     """All pods of ``job`` or nothing: returns (placements, '') or (None, reason)."""
     if job.pods == 1 and not job.mig_profile and (job.milli == MILLI or options.fractions == FractionMode.SHARE):
         return _place_one(state, job, options, job.milli)
+    if not options.gang and job.whole:
+        return _place_pods(state, job, options)
     nodes = [n for n in state.nodes.values() if _node_ok(job, n)]
     if not nodes:
         return None, _no_node_reason(state, job)
@@ -166,6 +173,25 @@ def _place_one(state: State, job: Job, options: PlacementOptions, milli: int) ->
     node, gpus = _scorer(state, options).choose(nodes, shape)
     name = a.names[node]
     return ([(name, g, milli) for g in gpus] or [(name, 0, 0)]), ""
+
+
+def _place_pods(state: State, job: Job, options: PlacementOptions) -> Placement:
+    """No gang: each pod of ``job`` in turn where the scorer puts it, the pods before it booked (as
+    kube-scheduler binds the pods of a job one by one). A pass starts a job whole, so here all of them
+    or none; a replay gives a non-gang job's pods to the scheduler one by one (``replay.pods``)."""
+    pod = replace(job, name=f"{job.name}/pod", pods=1)
+    placed: list[list[Slot]] = []
+    try:
+        for _ in range(job.pods):
+            slots, reason = _place_one(state, pod, options, MILLI)
+            if slots is None:
+                return None, reason
+            state.occupy(pod, slots)
+            placed.append(slots)
+    finally:
+        for slots in reversed(placed):
+            state.release(pod, slots)
+    return [slot for slots in placed for slot in slots], ""
 
 
 def _keep_clear(top_priority: np.ndarray, nodes: np.ndarray, priority: int) -> np.ndarray:

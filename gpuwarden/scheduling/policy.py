@@ -4,7 +4,9 @@ A policy names a queue order (``order``: ``queue_orders.QUEUE_ORDERS``), a victi
 (``preempt``: ``victim_choices.VICTIM_CHOICES``), an admission check (``admission``:
 ``admission_checks.ADMISSION_CHECKS``) and a placement scorer (``placement.scorer``:
 ``scorers.SCORERS``). ``gpuwarden`` is the production policy; ``fifo``, ``kueue`` and ``tiresias``
-are the baselines the replays compare against.
+are the baselines the replays compare against, and ``kube-default`` is what users have without
+gpuwarden: kube-scheduler's default behaviour (PrioritySort, NodeResourcesFit with LeastAllocated
+spreading, priority preemption, no quotas and no gang).
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ class QueuePolicy:
         return self.admission or ("quotas" if self.quotas else "open")
 
     @property
+    def gang(self) -> bool:
+        """Whether every pod of a job starts together (False: ``kube-default``; see ``PlacementOptions.gang``)."""
+        return self.placement.gang
+
+    @property
     def reranks_with_service(self) -> bool:
         """Whether the queue order changes as running jobs attain service (a replay re-ranks on ticks)."""
         return QUEUE_ORDERS[self.order].reads_service
@@ -121,6 +128,17 @@ POLICIES: dict[str, QueuePolicy] = {
                              # alike (docs/scheduling.md, bench/bench_queue_pareto.py)
                              las_thresholds=(3600.0, 36000.0), placement=GPUWARDEN_PLACEMENT),
 }
+
+
+# kube-scheduler's default profile, as far as GPU jobs go: PrioritySort (priority, then creation order:
+# the fifo order), NodeResourcesFit with its default LeastAllocated scoring over CPU, memory and GPUs,
+# DefaultPreemption (a higher priority evicts a lower one; evicted pods restart, nothing is
+# checkpointed nor protected from being preempted again), no quotas, and no gang: pods placed one by
+# one, so a job may hold part of its GPUs while the rest of its pods wait.
+KUBE_DEFAULT = QueuePolicy("kube-default", preempt=PreemptMode.PRIORITY, protect_after=2**31,
+                           placement=PlacementOptions(topology=False, scorer="leastallocated", spot_first=False,
+                                                      gang=False))
+POLICIES["kube-default"] = KUBE_DEFAULT
 
 
 def policy_named(name: str) -> QueuePolicy:

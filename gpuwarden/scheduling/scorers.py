@@ -11,6 +11,8 @@ hands the rest to the scorer, which works on the state's ``NodeArrays``:
 - ``bestfit``: the node left with the least GPU share plus CPU share free (the FGD paper's BestFit).
 - ``firstfit``: the first node in order, its lowest-index GPUs.
 - ``random``: a random node and random GPUs that fit (the paper's Random), from the state's seed.
+- ``leastallocated``: kube-scheduler's default spreading (NodeResourcesFit, LeastAllocated): the node
+  left with the most CPU, memory and GPUs free, each as a share of what it offers (``kube-default``).
 
 GPUs on the chosen node: a shared-GPU pod takes the GPU its scorer picked (FGD: the lowest-index one
 of the best score; otherwise the tightest); whole GPUs go tightest first, keeping untouched GPUs whole.
@@ -88,6 +90,30 @@ class RandomFit(Scorer):
             return node, ()
         fits = np.flatnonzero(self.arrays.free[node] >= shape.milli)
         return node, tuple(int(g) for g in rng.choice(fits, size=shape.gpus, replace=False))
+
+
+class LeastAllocated(Scorer):
+    """kube-scheduler's NodeResourcesFit score with its default LeastAllocated strategy, on CPU, memory and
+    GPUs (``nvidia.com/gpu`` added to its resources, weight 1 each): per resource ``(free - asked) * 100 //
+    allocatable`` in integers (milli-CPU, bytes, milli-GPU), as kube-scheduler computes it; the node's score
+    is their mean rounded down (a node without GPUs is scored on CPU and memory only). The highest score
+    wins; equal scores go to the first node in node order (the rule of ``tests/fake_kube_scheduler.py``;
+    kube-scheduler picks one of them at random). Not modelled: the 100m CPU / 200 MB a pod asking none
+    counts as when scored, and the other default score plugins (BalancedAllocation, ImageLocality, ...)."""
+
+    name = "leastallocated"
+
+    def choose(self, nodes: np.ndarray, shape: Shape) -> Choice:
+        a = self.arrays
+        cpu = (a.cpu_free[nodes] - shape.cpu_milli) * 100 // a.cpu_cap[nodes]
+        mem = (a.mem_free[nodes] - shape.mem_bytes) * 100 // a.mem_cap[nodes]
+        gpus = a.gpu_count[nodes].astype(np.int64)
+        has_gpus = gpus > 0
+        gpu_free = a.free[nodes].sum(axis=1, dtype=np.int64) - shape.gpus * shape.milli
+        gpu = np.where(has_gpus, gpu_free * 100 // np.maximum(gpus * MILLI, 1), 0)
+        score = (cpu + mem + gpu) // np.where(has_gpus, 3, 2)
+        node = int(nodes[int(score.argmax())])  # argmax: the first in node order among equals
+        return node, self._gpus_on(node, shape)
 
 
 @dataclass
@@ -288,7 +314,7 @@ def _over(share: float) -> float:
 
 
 SCORERS: Registry[type[Scorer]] = Registry("placement scorer", "scorer")
-for _scorer in (Fgd, BestFit, FirstFit, RandomFit):
+for _scorer in (Fgd, BestFit, FirstFit, RandomFit, LeastAllocated):
     SCORERS.register(_scorer.name, _scorer)
 
 

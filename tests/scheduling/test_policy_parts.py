@@ -43,7 +43,7 @@ def test_the_built_in_parts_are_registered_under_the_names_policies_give():
     assert list(QUEUE_ORDERS) == ["fifo", "las"]
     assert list(VICTIM_CHOICES) == ["none", "priority", "las"]
     assert list(ADMISSION_CHECKS) == ["open", "quotas"]
-    assert list(SCORERS) == ["fgd", "bestfit", "firstfit", "random"]
+    assert list(SCORERS) == ["fgd", "bestfit", "firstfit", "random", "leastallocated"]
     for policy in POLICIES.values():  # every shipped policy names registered parts
         assert policy.order in QUEUE_ORDERS and policy.preempt in VICTIM_CHOICES
         assert policy.admission_check in ADMISSION_CHECKS and policy.placement.scorer in SCORERS
