@@ -1,5 +1,5 @@
-"""``gpuwarden simulate placement|queue|mixed|whatif``: replay traces, or your own history, through the
-scheduling policies (what-if)."""
+"""``gpuwarden simulate placement|queue|mixed|whatif|savings``: replay traces, or your own history, through the
+scheduling policies (what-if); ``savings`` (in :mod:`.savings_cmd`) finds each policy's smallest serving fleet."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 PLACEMENT_POLICIES = ("random", "bestfit", "fgd", "gpuwarden")  # checked against the replay at run time
 QUEUE_POLICIES = ("fifo", "kueue", "tiresias", "gpuwarden")
 WHATIF_POLICIES = QUEUE_POLICIES  # a test checks it matches scheduling.whatif.WHATIF_POLICIES
+BASELINES = ("kube-default",)  # kube-scheduler's default behaviour: what users have without a queue
 WHATIF_TABLES = ("policies", "teams")
 
 
@@ -64,8 +65,9 @@ def add_parser(subparsers) -> None:
     queue.add_argument("--nodes", type=number(int, 1, 4096), default=16, help="8-GPU nodes, 1..4096 (default 16)")
     queue.add_argument("--max-jobs", type=number(int, 1, 10**6), default=4000,
                        help="only the first N jobs of the slice (default 4000)")
-    queue.add_argument("--policies", type=_choices(QUEUE_POLICIES), default=",".join(QUEUE_POLICIES),
-                       help=f"comma-separated policies from {', '.join(QUEUE_POLICIES)} (default all)")
+    queue.add_argument("--policies", type=_choices(QUEUE_POLICIES + BASELINES), default=",".join(QUEUE_POLICIES),
+                       help=f"comma-separated policies from {', '.join(QUEUE_POLICIES + BASELINES)} (default: "
+                            f"{', '.join(QUEUE_POLICIES)})")
     queue.add_argument("--trace", type=Path, help="a Philly-format CSV instead of the bundled trace "
                                                   "(columns timestamp,duration,num_gpus,cluster; must be time-ordered)")
     _common(queue)
@@ -80,6 +82,9 @@ def add_parser(subparsers) -> None:
     _common(mixed)
     mixed.set_defaults(run=run_mixed)
     _add_whatif(commands)
+    from .savings_cmd import add_savings_parser
+
+    add_savings_parser(commands)
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 

@@ -42,6 +42,7 @@ USER_ERRORS = {
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
+    "gpuwarden.scheduling.savings._SloBroken": "a replay's team already broke the wait SLO: control flow that ends the replay early, never raised to a user",
     "gpuwarden.exporter.nvml.query.NvmlUnavailable": "the host has no NVML; the exporter turns it into an ExporterError naming --backend",
     "gpuwarden.exporter.nvml.query.GpuLost": "a GPU fell off the bus: the exporter marks it lost and carries on",
     "gpuwarden.exporter.podresources.processes._Vanished": "a process exited while it was read; internal control flow",

@@ -1,0 +1,131 @@
+"""``gpuwarden simulate savings``: the smallest fleet that serves one window of a trace, per queue
+policy, and the GPU-hours gpuwarden saves against kube-default and Kueue (docs/savings.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .args import number
+from .output import emit, render_rows
+
+if TYPE_CHECKING:
+    from gpuwarden.scheduling.savings import SavingsReport
+
+DESCRIPTION = """\
+For each queue policy, find the smallest fleet of whole 8-GPU nodes that serves one window of a
+trace: every job submitted in the window has finished by the window's end plus its tail (the
+longest job's duration), and every team's p95 wait (time between submission and finish not
+holding GPUs: queued or suspended) is within --slo-wait. The search starts at --gpus, steps
+down or up (1, 2, 4, ... nodes) and bisects; every replay is cached by (policy, nodes) and
+counted. Reports per policy the fleet, GPU-hours provisioned (nodes x 8 x the time from the
+window's start to the last job's finish), useful GPU-hours (GPUs x duration asked for),
+utilisation, mean JCT, p95 wait and the worst team's guarantee met; and gpuwarden's GPU-hours
+saved against kube-default (when that policy exists) and kueue.
+
+A jobs CSV (--trace FILE) has one row per job and the columns
+  submitted         submit time, ISO 8601 (UTC unless a zone is given), e.g. 2017-10-09 14:00:00
+  duration_seconds  run time once started, seconds >= 0
+  gpus              whole GPUs, >= 0 (0-GPU jobs are left out; more than 8: a gang of 8-GPU pods)
+  team              the submitting team, not empty (teams get equal guarantees)
+  checkpointable    optional: true/false, yes/no, 1/0 (default true)
+in any order; other columns are ignored. Example:
+  submitted,duration_seconds,gpus,team,checkpointable
+  2017-10-09 00:00:00,3600,8,vision,true
+"""
+
+
+def _policy_list(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated policy names (e.g. kueue,gpuwarden)")
+    return names
+
+
+def _date(text: str) -> str:
+    """A UTC date or date-time, as written (a one-line error for anything else)."""
+    from .sources import timestamp
+
+    timestamp(text)
+    return text.strip()
+
+
+def add_savings_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .output import add_output_options
+    from .sources import duration
+
+    savings = commands.add_parser(
+        "savings", help="smallest fleet per queue policy for one trace window; GPU-hours gpuwarden saves",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    savings.add_argument("--trace", default="philly",
+                         help="'philly' (the bundled Philly jobs) or a jobs CSV (format above; default philly)")
+    savings.add_argument("--start", type=_date, default=None,
+                         help="window start, a UTC date or date-time (default: 2017-10-09 for philly, "
+                              "the first submission for a jobs CSV)")
+    savings.add_argument("--days", type=number(float, 0, 3660, above=True), default=None,
+                         help="window length in days, > 0 (default: 2 for philly; all of a jobs CSV)")
+    savings.add_argument("--max-jobs", type=number(int, 1, 10**6), default=None,
+                         help="only the first N jobs of the window (default: all)")
+    savings.add_argument("--gpus", type=number(int, 1, 8 * 4096), default=256,
+                         help="fleet size the search starts from, in GPUs (rounded up to 8-GPU nodes; default 256)")
+    savings.add_argument("--slo-wait", type=duration, default="1h",
+                         help="each team's p95 wait must be at most this (e.g. 30m, 1h, 2h30m; default 1h)")
+    savings.add_argument("--policies", type=_policy_list, default=None,
+                         help="comma-separated queue policies (default: every queue policy: kube-default when "
+                              "present, fifo, kueue, tiresias, gpuwarden)")
+    savings.add_argument("--data-dir", type=Path, default=None, help="trace folder (default ../shared/data)")
+    add_output_options(savings)
+    savings.set_defaults(run=run_savings)
+
+
+def run_savings(args: argparse.Namespace) -> int:
+    from gpuwarden.fleet.traces import default_data_dir
+    from gpuwarden.scheduling.errors import SchedulingError
+    from gpuwarden.scheduling.policy import POLICIES
+    from gpuwarden.scheduling.savings import find_savings, savings_policies
+    from gpuwarden.scheduling.savings_jobs import file_workload, philly_workload
+
+    policies = args.policies or savings_policies()
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise SchedulingError(f"--policies: {unknown[0]!r} is not a queue policy; choose from {', '.join(POLICIES)}")
+    started = time.perf_counter()
+    if args.trace == "philly":
+        workload = philly_workload(args.data_dir or default_data_dir(), args.start, args.days, args.max_jobs)
+    else:
+        from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+
+        path = Path(args.trace)
+        checked_input(path, "--trace", MAX_SAMPLES_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
+        workload = file_workload(path, args.start, args.days, args.max_jobs)
+    report = find_savings(workload, policies, args.gpus, args.slo_wait.total_seconds())
+    emit(args, render_savings(report, args.format, args.wide, time.perf_counter() - started))
+    for line in report.unserved():  # after the results, on stderr: JSON and CSV on stdout stay clean
+        sys.stdout.flush()
+        print(f"gpuwarden: warning: {line}", file=sys.stderr)
+    return 0
+
+
+def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds: float | None = None) -> str:
+    """JSON: ``report.to_dict()``; CSV: one row per policy; a table or markdown: the rows and notes."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+    if fmt == "csv":
+        return render_rows(report.rows(), "csv")
+    w = report.workload
+    saved = ", ".join(f"{pct:.1f}% {key.removeprefix('vs_').replace('_', '-')}" if pct is not None else
+                      f"n/a {key.removeprefix('vs_').replace('_', '-')}" for key, pct in report.saved().items())
+    notes = [f"window {w.start:%Y-%m-%d %H:%M} UTC + {w.window_seconds / 86400:g} d of {w.trace}: {len(w.jobs):,} "
+             f"GPU jobs; tail {w.tail_seconds / 3600:.1f} h (the longest job): every job done by "
+             f"{w.deadline_seconds / 3600:.1f} h; every team's p95 wait <= {report.slo_seconds:g} s",
+             f"nodes = the smallest fleet of 8-GPU nodes that serves it (search from {report.start_nodes} nodes, "
+             f"bounds {w.min_nodes()}..{w.max_nodes()}); times in seconds; wait_p95 over all jobs",
+             f"gpuwarden saves GPU-hours provisioned vs: {saved}",
+             f"{sum(report.replays.values())} replays" + (f" in {seconds:.1f} s wall" if seconds is not None else "")]
+    prefix = "> " if fmt == "markdown" else "note: "
+    return render_rows(report.rows(), fmt, wide=wide) + "\n" + "".join(prefix + n + "\n" for n in notes)
