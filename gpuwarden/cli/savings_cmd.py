@@ -7,13 +7,19 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .args import number
 from .output import emit, render_rows
 
 if TYPE_CHECKING:
     from gpuwarden.scheduling.savings import SavingsReport
+    from gpuwarden.scheduling.tiers import TierPrices
+
+# gpuwarden.scheduling.tiers' defaults (a test checks they agree): not imported, so --help loads no numpy
+DEFAULT_RECLAIMS_PER_HOUR = 0.05
+DEFAULT_CHECKPOINT_SECONDS = 60.0
+DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 
 DESCRIPTION = """\
 For each queue policy, find the smallest fleet of whole 8-GPU nodes that serves one window of a
@@ -25,6 +31,13 @@ counted. Reports per policy the fleet, GPU-hours provisioned (nodes x 8 x the ti
 window's start to the last job's finish), useful GPU-hours (GPUs x duration asked for),
 utilisation, mean JCT, p95 wait and the worst team's guarantee met; and gpuwarden's GPU-hours
 saved against kube-default (when that policy exists) and kueue.
+
+--tiers adds, for each served policy's fleet, a procurement plan over its replay's GPUs in use:
+reserved GPUs by the classic rule (the r-th GPU when the load is >= r for at least
+reserved/on-demand price of the time), spot for checkpointable load above them (reclaims at
+--spot-reclaims-per-hour, checkpoints every sqrt(2 C / rate) by Young/Daly, C =
+--checkpoint-seconds, the work lost counted), on-demand for the rest; its cost against the same
+load all on-demand (cost_saved_pct), priced from the price book (--price-book, --gpu-model).
 
 A jobs CSV (--trace FILE) has one row per job and the columns
   submitted         submit time, ISO 8601 (UTC unless a zone is given), e.g. 2017-10-09 14:00:00
@@ -77,6 +90,19 @@ def add_savings_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                          help="comma-separated queue policies (default: every queue policy: kube-default when "
                               "present, fifo, kueue, tiresias, gpuwarden)")
     savings.add_argument("--data-dir", type=Path, default=None, help="trace folder (default ../shared/data)")
+    tiers = savings.add_argument_group("cost by tier (--tiers)")
+    tiers.add_argument("--tiers", action="store_true",
+                       help="add a reserved/spot/on-demand plan per served policy and its cost against all on-demand")
+    tiers.add_argument("--spot-reclaims-per-hour", type=number(float, 0, 3600), default=DEFAULT_RECLAIMS_PER_HOUR,
+                       help=f"spot reclaims per running spot job per hour, >= 0 (default {DEFAULT_RECLAIMS_PER_HOUR:g}: "
+                            "an assumption, see docs/savings.md)")
+    tiers.add_argument("--checkpoint-seconds", type=number(float, 0, 86400), default=DEFAULT_CHECKPOINT_SECONDS,
+                       help=f"seconds one checkpoint costs, >= 0 (0: free checkpoints; default "
+                            f"{DEFAULT_CHECKPOINT_SECONDS:g})")
+    tiers.add_argument("--gpu-model", default=DEFAULT_GPU_MODEL,
+                       help=f"the price book entry the fleet's GPUs are priced at (default {DEFAULT_GPU_MODEL})")
+    tiers.add_argument("--price-book", type=Path, default=None,
+                       help="price book YAML (default: $GPUWARDEN_PRICE_BOOK, else the bundled one)")
     add_output_options(savings)
     savings.set_defaults(run=run_savings)
 
@@ -101,12 +127,32 @@ def run_savings(args: argparse.Namespace) -> int:
         path = Path(args.trace)
         checked_input(path, "--trace", MAX_SAMPLES_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
         workload = file_workload(path, args.start, args.days, args.max_jobs)
+    prices = _tier_prices(args) if args.tiers else None  # a bad price book or model: refused before any replay
     report = find_savings(workload, policies, args.gpus, args.slo_wait.total_seconds())
+    if prices is not None:
+        from gpuwarden.scheduling.savings import JOB_MODEL
+        from gpuwarden.scheduling.tiers import SpotModel
+
+        report.add_tiers(prices, SpotModel(args.spot_reclaims_per_hour, args.checkpoint_seconds,
+                                           JOB_MODEL.resume_overhead))
     emit(args, render_savings(report, args.format, args.wide, time.perf_counter() - started))
     for line in report.unserved():  # after the results, on stderr: JSON and CSV on stdout stay clean
         sys.stdout.flush()
         print(f"gpuwarden: warning: {line}", file=sys.stderr)
     return 0
+
+
+def _tier_prices(args: argparse.Namespace) -> TierPrices:
+    from gpuwarden.analytics.pricebook import PriceBookError
+    from gpuwarden.analytics.pricing_files import load_pricing
+    from gpuwarden.scheduling.errors import SchedulingError
+    from gpuwarden.scheduling.tiers import TierPrices
+
+    book, _ = load_pricing(args.price_book)  # a bad file: PriceBookError naming it
+    try:
+        return TierPrices.from_book(book, args.gpu_model)
+    except PriceBookError as error:
+        raise SchedulingError(f"--gpu-model: {error}") from None
 
 
 def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds: float | None = None) -> str:
@@ -116,7 +162,7 @@ def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds:
     if fmt == "json":
         return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
-        return render_rows(report.rows(), "csv")
+        return render_rows(report.rows(with_tiers=True), "csv")
     w = report.workload
     saved = ", ".join(f"{pct:.1f}% {key.removeprefix('vs_').replace('_', '-')}" if pct is not None else
                       f"n/a {key.removeprefix('vs_').replace('_', '-')}" for key, pct in report.saved().items())
@@ -128,4 +174,21 @@ def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds:
              f"gpuwarden saves GPU-hours provisioned vs: {saved}",
              f"{sum(report.replays.values())} replays" + (f" in {seconds:.1f} s wall" if seconds is not None else "")]
     prefix = "> " if fmt == "markdown" else "note: "
-    return render_rows(report.rows(), fmt, wide=wide) + "\n" + "".join(prefix + n + "\n" for n in notes)
+    text = render_rows(report.rows(), fmt, wide=wide) + "\n" + "".join(prefix + n + "\n" for n in notes)
+    if report.tiers is None:
+        return text
+    return text + "\n" + render_rows(report.tier_rows(), fmt, wide=wide) + "\n" + "".join(
+        prefix + n + "\n" for n in _tier_notes(report.tiers))
+
+
+def _tier_notes(tiers: dict[str, Any]) -> list[str]:
+    p, interval = tiers["prices_per_gpu_hour"], tiers["checkpoint_interval_seconds"]
+    every = "never (no reclaims)" if interval is None else f"every {interval:,.0f} s (Young/Daly)"
+    return [f"price book {tiers['price_book']['identity']}: {tiers['gpu_model']} per GPU-hour on-demand "
+            f"{p['on-demand']:g}, reserved {p['reserved']:g}, spot {p['spot']:g} {tiers['currency']}",
+            f"reserved: the r-th GPU when the load is >= r for >= {p['reserved'] / p['on-demand']:.3f} of the horizon; "
+            f"spot for checkpointable load above it" + ("" if tiers["spot_used"] else " (not used: it costs more "
+                                                         "than on-demand, losses counted)") + "; on-demand the rest",
+            f"spot: {tiers['spot_reclaims_per_hour']:g} reclaims per job-hour, checkpoint {tiers['checkpoint_seconds']:g} s "
+            f"{every}, restart {tiers['restart_seconds']:g} s: {tiers['spot_lost_fraction']:.1%} of spot hours lost",
+            "cost_saved_pct: against the same GPUs-in-use all on-demand (paid only while held)"]

@@ -21,7 +21,9 @@ Per policy the report gives the fleet found and, from its replay: GPU-hours prov
 x the time from the window's start until the last job finished), useful GPU-hours (GPUs x duration
 the jobs asked for), their ratio, mean JCT, p95 wait over all jobs, and the worst team's share of
 its asked-for guarantee; and gpuwarden's GPU-hours saved against kube-default (when that policy
-exists) and Kueue.
+exists) and Kueue. Each served replay also records its load (GPUs held over time, and how many by
+jobs that cannot checkpoint): :meth:`SavingsReport.add_tiers` plans reserved, spot and on-demand
+capacity over it (:mod:`.tiers`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from .replay import JobModel, Replay, fresh_copy
 from .replay_queue import QUEUE_POLICIES, TICK_SECONDS, QueueSlice, _QueueMetrics
 from .savings_jobs import GPUS_PER_NODE, Workload
 from .state import Job
+from .tiers import LoadCurve, SpotModel, TierPlan, TierPrices, plan_tiers, tiers_header
 
+TIER_KEYS = ("reserved_gpus", "reserved_gpu_hours", "spot_gpu_hours", "on_demand_gpu_hours", "gpu_hours_lost_to_reclaims",
+             "cost", "cost_all_on_demand", "cost_saved_pct")  # --tiers: the table's and CSV's columns
 POLICY_KEYS = ("nodes", "gpu_hours_provisioned", "useful_gpu_hours", "utilisation", "jct_mean", "wait_p95",
                "worst_team_guarantee_met")
 JOB_MODEL = QueueSlice()  # the Philly queue replay's: checkpoint every 30 min, resume in 60 s
@@ -65,6 +70,7 @@ class Outcome:
     wait_p95: float = math.nan
     team_wait_p95: dict[str, float] = field(default_factory=dict)
     worst_team_guarantee_met: float = math.nan
+    load: LoadCurve | None = field(default=None, compare=False, repr=False)  # GPUs held over time (served only)
 
 
 class _SloBroken(Exception):
@@ -84,9 +90,18 @@ class _SloWatch(_QueueMetrics):
         self.breaking = {t: n - math.floor(0.95 * (n - 1)) for t, n in counts.items()}
         self.late: dict[str, set[str]] = {t: set() for t in counts}
         self.next_check = CHECK_EVERY_SECONDS
+        self.load: list[list[float]] = []  # [start, end, GPUs held, of them by jobs that cannot checkpoint]
 
     def accrue(self, replay: Replay, start: float, end: float) -> None:
         super().accrue(replay, start, end)
+        if end > start:
+            held = sum(j.gpu_equivalents for j in replay.running.values())
+            rigid = sum(j.gpu_equivalents for j in replay.running.values() if not j.checkpointable)
+            last = self.load[-1] if self.load else None
+            if last is not None and last[1] == start and last[2] == held and last[3] == rigid:
+                last[1] = end
+            else:
+                self.load.append([start, end, held, rigid])
         if end < self.next_check:
             return
         self.next_check = end + CHECK_EVERY_SECONDS
@@ -132,7 +147,8 @@ def replay_window(workload: Workload, policy: str, nodes: int, slo_seconds: floa
     return Outcome(policy, nodes, worst <= slo_seconds,
                    "" if worst <= slo_seconds else f"the worst team's p95 wait is {worst:.0f} s",
                    makespan=float(finish.max()), jct_mean=float(jct.mean()), wait_p95=float(np.percentile(wait, 95)),
-                   team_wait_p95=team_p95, worst_team_guarantee_met=min(met) if met else 1.0)
+                   team_wait_p95=team_p95, worst_team_guarantee_met=min(met) if met else 1.0,
+                   load=_load_curve(metrics.load, float(finish.max())))
 
 
 class FleetSearch:
@@ -200,6 +216,18 @@ class SavingsReport:
     start_nodes: int
     outcomes: dict[str, Outcome]
     replays: dict[str, int]
+    tiers: dict[str, Any] | None = None  # --tiers: the price book, prices and spot model every plan shares
+    plans: dict[str, TierPlan] = field(default_factory=dict)  # --tiers: per served policy, its fleet's load
+
+    def add_tiers(self, prices: TierPrices, spot: SpotModel) -> None:
+        """A procurement plan (reserved, spot, on-demand) for each served policy's load (:mod:`.tiers`)."""
+        self.tiers = tiers_header(prices, spot)
+        self.plans = {p: plan_tiers(o.load, prices, spot, fleet_gpus=o.nodes * GPUS_PER_NODE)
+                      for p, o in self.outcomes.items() if o.served and o.load is not None}
+
+    def tier_rows(self) -> list[dict[str, Any]]:
+        return [{"policy": p, **{k: v for k, v in plan.to_dict().items() if k in TIER_KEYS}}
+                for p, plan in self.plans.items()]
 
     def policy_figures(self, policy: str) -> dict[str, Any]:
         o, w = self.outcomes[policy], self.workload
@@ -237,10 +265,26 @@ class SavingsReport:
             "replays": sum(self.replays.values()), "replays_by_policy": dict(self.replays),
             "policies": {p: self.policy_figures(p) for p in self.outcomes},
             "gpu_hours_saved_pct": self.saved(),
+            **({} if self.tiers is None else {"tiers": {
+                **self.tiers, "cost_saved_pct": self.plans["gpuwarden"].saved_pct(self.plans["gpuwarden"].cost)
+                if "gpuwarden" in self.plans else None,
+                "plans": {p: plan.to_dict() for p, plan in self.plans.items()}}}),
         }
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [{"policy": p, **self.policy_figures(p), "replays": self.replays.get(p, 0)} for p in self.outcomes]
+    def rows(self, with_tiers: bool = False) -> list[dict[str, Any]]:
+        """One row per policy; ``with_tiers`` (and tiers added): its plan's columns too (empty for a
+        policy that did not serve)."""
+        plans = {row.pop("policy"): row for row in self.tier_rows()}
+        return [{"policy": p, **self.policy_figures(p), "replays": self.replays.get(p, 0),
+                 **({k: plans.get(p, {}).get(k) for k in TIER_KEYS} if with_tiers and self.tiers is not None else {})}
+                for p in self.outcomes]
+
+
+def _load_curve(segments: list[list[float]], makespan: float) -> LoadCurve:
+    """GPUs held from the window's start until the last finish (the horizon GPU-hours provisioned count)."""
+    first = segments[0][0] if segments else makespan
+    return LoadCurve.from_segments([(0.0, first, 0.0, 0.0)] + [(a, min(b, makespan), h, r)
+                                                              for a, b, h, r in segments if a < makespan])
 
 
 def _num(value: float) -> float | None:

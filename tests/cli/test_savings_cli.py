@@ -97,3 +97,63 @@ def test_a_short_philly_window(data_dir, capsys):
         assert figures["nodes"] >= report["node_bounds"][0] and 0 < figures["utilisation"] <= 1
         assert figures["wait_p95"] <= 3600.0
     assert report["replays"] >= 4 and isinstance(report["gpu_hours_saved_pct"]["vs_kueue"], float)
+
+
+TIER_KEYS = ["reserved_gpus", "reserved_gpu_hours", "spot_gpu_hours", "on_demand_gpu_hours",
+             "gpu_hours_lost_to_reclaims", "cost", "cost_all_on_demand", "cost_saved_pct"]
+
+
+def test_tiers_add_a_plan_per_served_policy_and_only_with_the_flag(jobs_csv, capsys):
+    base = ["--trace", str(jobs_csv), "--slo-wait", "30m", "--gpus", "16", "--format", "json",
+            "--policies", "kueue,gpuwarden"]
+    code, out, err = _run(base, capsys)
+    assert (code, err) == (0, "") and "tiers" not in json.loads(out)
+    code, out, err = _run([*base, "--tiers", "--checkpoint-seconds", "0"], capsys)
+    assert (code, err) == (0, "")
+    tiers = json.loads(out)["tiers"]
+    assert tiers["price_book"]["version"] == "2025-11" and tiers["price_book"]["identity"].startswith("built-in")
+    assert tiers["gpu_model"] == "NVIDIA H100 80GB HBM3" and tiers["checkpoint_interval_seconds"] == 0.0
+    assert tiers["spot_reclaims_per_hour"] == 0.05 and set(tiers["plans"]) == {"kueue", "gpuwarden"}
+    plan = tiers["plans"]["gpuwarden"]
+    assert set(TIER_KEYS) <= set(plan) and plan["reserved_gpus"] == 4 and plan["on_demand_gpu_hours"] == 4.0
+    assert tiers["cost_saved_pct"] == plan["cost_saved_pct"] and 0 < plan["cost_saved_pct"] < 100
+    assert plan["gpu_hours_lost_to_reclaims"] > 0
+
+
+def test_tiers_in_csv_and_table(jobs_csv, capsys):
+    base = ["--trace", str(jobs_csv), "--slo-wait", "30m", "--policies", "gpuwarden", "--tiers"]
+    code, out, _ = _run([*base, "--format", "csv"], capsys)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and list(rows[0]) == ["policy", *KEYS, "replays", *TIER_KEYS] and rows[0]["reserved_gpus"] == "4"
+    code, out, _ = _run(base, capsys)
+    assert code == 0 and "note: price book built-in (version 2025-11" in out and "Young/Daly" in out
+
+
+def test_the_cli_defaults_are_the_tier_models():
+    from gpuwarden.analytics.pricebook import PriceBook
+    from gpuwarden.cli import savings_cmd
+    from gpuwarden.scheduling import tiers
+
+    assert savings_cmd.DEFAULT_RECLAIMS_PER_HOUR == tiers.DEFAULT_RECLAIMS_PER_HOUR
+    assert savings_cmd.DEFAULT_CHECKPOINT_SECONDS == tiers.DEFAULT_CHECKPOINT_SECONDS
+    assert PriceBook.default().model(savings_cmd.DEFAULT_GPU_MODEL).name == savings_cmd.DEFAULT_GPU_MODEL
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["--spot-reclaims-per-hour", "-0.1"], "--spot-reclaims-per-hour"),
+    (["--spot-reclaims-per-hour", "nan"], "--spot-reclaims-per-hour"),
+    (["--checkpoint-seconds", "-1"], "--checkpoint-seconds"),
+    (["--gpu-model", "no-such-gpu"], "--gpu-model: price book (built-in) has no entry for GPU model 'no-such-gpu'"),
+])
+def test_bad_tier_flags_are_one_line_and_exit_2(jobs_csv, capsys, argv, names):
+    """A checkpoint cost of 0 is allowed (free checkpoints: only restarts are lost); negative is not."""
+    code, out, err = _run(["--trace", str(jobs_csv), "--tiers", *argv], capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and names in err, err
+
+
+def test_a_price_book_that_is_not_one(jobs_csv, tmp_path, capsys):
+    book = tmp_path / "book.yaml"
+    book.write_text("models: [1, 2]\n")
+    code, out, err = _run(["--trace", str(jobs_csv), "--tiers", "--price-book", str(book)], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "book.yaml" in err, err
