@@ -69,11 +69,34 @@ def slice_jobs(data_dir: Path, spec: QueueSlice) -> tuple[pd.DataFrame, dict[str
                               f"holds {first:%Y-%m-%d} to {last:%Y-%m-%d}")
     if spec.max_jobs:
         jobs = jobs.iloc[: spec.max_jobs]
+    return jobs.reset_index(drop=True), guarantees_of(philly_shares(data_dir), spec.nodes * spec.gpus_per_node)
+
+
+def philly_shares(data_dir: Path) -> dict[str, float]:
+    """Each Philly virtual cluster's share of the fleet: its nodes over all nodes in ``philly_vc.csv``."""
     vcs = load_philly_vcs(data_dir)
-    capacity = spec.nodes * spec.gpus_per_node
     share = vcs.set_index("virtual_cluster")["nodes"] / vcs["nodes"].sum()
-    guarantees = {team: float(math.floor(capacity * s)) for team, s in share.items()}
-    return jobs.reset_index(drop=True), guarantees
+    return {str(team): float(s) for team, s in share.items()}
+
+
+def guarantees_of(shares: dict[str, float], capacity_gpus: int) -> dict[str, float]:
+    """Each team's guaranteed GPUs: its share of ``capacity_gpus``, rounded down."""
+    return {team: float(math.floor(capacity_gpus * s)) for team, s in shares.items()}
+
+
+def philly_fleet(nodes: int, gpus_per_node: int) -> list[NodeState]:
+    """The queue replays' fleet: identical GPU nodes, each its own NVLink domain, 16 to a leaf switch;
+    CPU and memory never bind (the Philly trace records neither)."""
+    return [NodeState(name=f"node-{i:03d}", model="philly-gpu", gpu_count=gpus_per_node, cpu_free=10**9,
+                      mem_free=10**15, nvlink_domain=f"node-{i:03d}", leaf_switch=f"leaf-{i // 16}")
+            for i in range(nodes)]
+
+
+def job_waits(jobs: Sequence[Job], replay: Replay) -> np.ndarray:
+    """Per finished job of ``jobs``: every second between its submission and finish not holding GPUs
+    (queued or suspended)."""
+    return np.array([(j.finished or j.submitted) - j.submitted - sum(e - s for s, e in replay.runs[j.name])
+                     for j in jobs])
 
 
 def build_jobs(frame: pd.DataFrame, gpus_per_node: int, origin: pd.Timestamp) -> list[Job]:
@@ -114,7 +137,7 @@ class QueueResult:
         return dict(self.__dict__)
 
 
-class _QueueMetrics(ReplayMetrics):
+class QueueMetrics(ReplayMetrics):
     """Busy GPU-seconds, each team's asked-for and granted guarantee, suspends and kills."""
 
     def __init__(self, guarantees: dict[str, float]) -> None:
@@ -158,21 +181,17 @@ class _QueueMetrics(ReplayMetrics):
 def replay_queue(jobs: list[Job], guarantees: dict[str, float], policy: str | QueuePolicy,
                  spec: QueueSlice) -> QueueResult:
     started_wall = time.perf_counter()
-    nodes = [NodeState(name=f"node-{i:03d}", model="philly-gpu", gpu_count=spec.gpus_per_node, cpu_free=10**9,
-                       mem_free=10**15, nvlink_domain=f"node-{i:03d}", leaf_switch=f"leaf-{i // 16}")
-             for i in range(spec.nodes)]
+    nodes = philly_fleet(spec.nodes, spec.gpus_per_node)
     quotas = Quotas(QuotaSpec(team, g, spec.nodes * spec.gpus_per_node) for team, g in guarantees.items())
     scheduler = Scheduler(POLICIES[policy] if isinstance(policy, str) else policy)
     jobs = [fresh_copy(job) for job in jobs]
-    metrics = _QueueMetrics(guarantees)
+    metrics = QueueMetrics(guarantees)
     model = JobModel(spec.resume_overhead, spec.checkpoint_interval)
     replay = Replay(State(nodes, quotas), scheduler, jobs, model, metrics, tick_seconds=TICK_SECONDS).run()
     done = [j for j in jobs if j.finished is not None]
     delay = np.array([(j.first_started or j.submitted) - j.submitted for j in done])
     jct = np.array([(j.finished or j.submitted) - j.submitted for j in done])
-    # every second between submission and finish the job was not holding GPUs: queued or suspended
-    wait = np.array([(j.finished or j.submitted) - j.submitted - sum(e - s for s, e in replay.runs[j.name])
-                     for j in done])
+    wait = job_waits(done, replay)
     span = max(replay.now, 1.0)
     asked, granted = metrics.asked, metrics.granted
     met = {t: granted[t] / asked[t] for t in metrics.teams if asked[t] > 0}

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from .engine import POLICIES, NodeState, Quotas, QuotaSpec, Scheduler, State
+from .engine import POLICIES, Quotas, QuotaSpec, Scheduler, State
 from .errors import SchedulingError
 from .replay import JobModel, Replay, fresh_copy
-from .replay_queue import QUEUE_POLICIES, TICK_SECONDS, QueueSlice, _QueueMetrics
+from .replay_queue import QUEUE_POLICIES, TICK_SECONDS, QueueMetrics, QueueSlice, job_waits, philly_fleet
 from .savings_jobs import GPUS_PER_NODE, Workload
 from .state import Job
 from .tiers import LoadCurve, SpotModel, TierPlan, TierPrices, plan_tiers, tiers_header
@@ -77,7 +77,7 @@ class _SloBroken(Exception):
     """Raised inside a replay once a team's p95 wait must exceed the SLO: ends it early (control flow)."""
 
 
-class _SloWatch(_QueueMetrics):
+class _SloWatch(QueueMetrics):
     """The queue replay's accounting, and a watch on each team's waits."""
 
     def __init__(self, guarantees: dict[str, float], jobs: Sequence[Job], slo_seconds: float) -> None:
@@ -120,9 +120,7 @@ def replay_window(workload: Workload, policy: str, nodes: int, slo_seconds: floa
     """One replay of ``workload`` under ``policy`` on ``nodes`` 8-GPU nodes, judged against the SLO."""
     capacity = nodes * GPUS_PER_NODE
     guarantees = workload.guarantees(nodes)
-    fleet = [NodeState(name=f"node-{i:03d}", model="philly-gpu", gpu_count=GPUS_PER_NODE, cpu_free=10**9,
-                       mem_free=10**15, nvlink_domain=f"node-{i:03d}", leaf_switch=f"leaf-{i // 16}")
-             for i in range(nodes)]
+    fleet = philly_fleet(nodes, GPUS_PER_NODE)
     quotas = Quotas(QuotaSpec(team, g, capacity) for team, g in guarantees.items())
     jobs = [fresh_copy(job) for job in workload.jobs]
     metrics = _SloWatch(guarantees, jobs, slo_seconds)
@@ -138,7 +136,7 @@ def replay_window(workload: Workload, policy: str, nodes: int, slo_seconds: floa
         return Outcome(policy, nodes, False, f"{len(jobs) - len(done)} job(s) unfinished at the deadline")
     finish = np.array([j.finished or 0.0 for j in done])
     jct = finish - np.array([j.submitted for j in done])
-    wait = jct - np.array([sum(e - s for s, e in replay.runs[j.name]) for j in done])
+    wait = job_waits(done, replay)
     teams = np.array([j.team for j in done])
     team_p95 = {t: float(np.percentile(wait[teams == t], 95)) for t in sorted(set(teams.tolist()))}
     asked, granted = metrics.asked, metrics.granted

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet.traces import TraceError, load_philly_jobs, load_philly_vcs
+from gpuwarden.fleet.traces import TraceError, load_philly_jobs
 
 from .errors import SchedulingError
-from .replay_queue import build_jobs
+from .replay_queue import build_jobs, guarantees_of, philly_shares
 from .state import Job
 
 GPUS_PER_NODE = 8
@@ -65,8 +65,7 @@ class Workload:
         return tuple(sorted({job.team for job in self.jobs}))
 
     def guarantees(self, nodes: int) -> dict[str, float]:
-        capacity = nodes * GPUS_PER_NODE
-        return {team: float(math.floor(capacity * self.shares.get(team, 0.0))) for team in self.teams}
+        return guarantees_of({team: self.shares.get(team, 0.0) for team in self.teams}, nodes * GPUS_PER_NODE)
 
     def min_nodes(self) -> int:
         """Fewer nodes cannot serve the window: the widest gang does not fit, or the GPU-seconds the
@@ -92,12 +91,10 @@ def philly_workload(data_dir: Path, start: str | None, days: float | None,
                     max_jobs: int | None = None) -> Workload:
     """The Philly jobs of ``[start, start + days)`` (default: 2017-10-09, two days)."""
     frame = load_philly_jobs(data_dir)
-    vcs = load_philly_vcs(data_dir)
-    shares = (vcs.set_index("virtual_cluster")["nodes"] / vcs["nodes"].sum()).to_dict()
     frame = frame.rename(columns={"submitted_at": "submitted", "virtual_cluster": "team"})
     frame["checkpointable"] = True  # as in the Philly queue replay
     return _workload("philly", frame, start or PHILLY_START, PHILLY_DAYS if days is None else days,
-                     {str(k): float(v) for k, v in shares.items()}, max_jobs)
+                     philly_shares(data_dir), max_jobs)
 
 
 def file_workload(path: Path, start: str | None, days: float | None, max_jobs: int | None = None) -> Workload:
