@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.remediation.approvals import decide, pending_from
+from gpuwarden.remediation.audit import DEFAULT_AUDIT_PATH
 from gpuwarden.remediation.breaker import breaker_verdict, record_breaker_reset
 from gpuwarden.analytics.findings import findings_from_frame
 from gpuwarden.remediation.maintenance import MaintenanceWindow
@@ -42,7 +43,7 @@ from .args import host_port, non_negative_int, positive_float, positive_int, rat
 from .source_notes import rejected_rows_note
 from .sources import add_source_options, open_window
 
-DEFAULT_AUDIT = Path(".gpuwarden/remediation/audit.jsonl")
+DEFAULT_AUDIT = DEFAULT_AUDIT_PATH
 log = logging.getLogger("gpuwarden.actuator")
 
 

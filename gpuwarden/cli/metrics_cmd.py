@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.remediation.audit import DEFAULT_AUDIT_PATH
+
 from .args import host_port
 from .report_cmd import add_pricing_options
 from .sources import add_source_options, duration
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from gpuwarden.analytics.metrics_snapshot import MetricsSnapshot
 
 log = logging.getLogger("gpuwarden.cli.metrics")
-DEFAULT_AUDIT = Path(".gpuwarden/remediation/audit.jsonl")  # the actuator command's default, so both agree
+DEFAULT_AUDIT = DEFAULT_AUDIT_PATH  # the actuator command's default, so both agree
 MIN_INTERVAL_SECONDS = 10.0
 
 

@@ -30,6 +30,9 @@ from gpuwarden.fleet.inputs import MAX_AUDIT_FILE_BYTES, checked_input
 log = logging.getLogger("gpuwarden.actuator")
 
 Record = dict[str, Any]  # one JSON line of the log, as written and as read back
+# Where `gpuwarden actuator` and `gpuwarden metrics` keep and read the log by default. The log is the
+# actuator's memory (an open breaker, the hourly count, approvals, the pace): the path never moves.
+DEFAULT_AUDIT_PATH = Path(".gpuwarden/actuator/audit.jsonl")
 
 
 class Mode(str, enum.Enum):

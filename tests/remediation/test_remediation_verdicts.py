@@ -174,6 +174,18 @@ def test_actuator_reset_closes_the_breaker_through_the_audit_log_alone(tmp_path,
     assert breaker_verdict(AuditLog.read(path)).allowed
 
 
+
+def test_the_default_audit_log_is_where_earlier_releases_kept_it(tmp_path, monkeypatch, capsys):
+    """The log is the actuator's memory: a breaker left open by an earlier release, at its default
+    path, is still open after an upgrade (the rooms' move once renamed the default and lost it)."""
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / ".gpuwarden" / "actuator" / "audit.jsonl"
+    earlier.parent.mkdir(parents=True)
+    record_breaker_trip(AuditLog(earlier), "limit", clock=FakeClock(NOW), mode=Mode.AUTO, name="actuator")
+    assert main(["actuator", "reset", "--by", "ops"]) == 0
+    assert "reset by ops" in capsys.readouterr().out
+    assert breaker_verdict(AuditLog.read(earlier)).allowed
+
 # -- the maintenance window -------------------------------------------------------------------------
 
 WINDOW = MaintenanceWindow.parse("tue,thu 02:00-05:00")
