@@ -105,7 +105,7 @@ class _SloWatch(QueueMetrics):
         if end < self.next_check:
             return
         self.next_check = end + CHECK_EVERY_SECONDS
-        for job in replay.waiting.values():  # a running job's wait does not grow
+        for job in self._not_computing(replay):  # a computing job's wait does not grow
             late = self.late[job.team]
             if job.name in late or end - job.submitted <= self.slo:
                 continue
@@ -113,6 +113,19 @@ class _SloWatch(QueueMetrics):
                 late.add(job.name)
                 if len(late) >= self.breaking[job.team]:
                     raise _SloBroken(job.team)
+
+
+    @staticmethod
+    def _not_computing(replay: Replay) -> list[Job]:
+        """The jobs (never a policy's pods: wait is a job's) not computing now: those waiting, and,
+        where a policy places a job's pods one by one, those whose pods run only in part."""
+        found = {id(j): j for j in (replay.job_of.get(name, job) for name, job in replay.waiting.items())}
+        for name in replay.running:
+            whole = replay.job_of.get(name)
+            if whole is not None and id(whole) not in found and not all(
+                    pod.name in replay.running for pod in replay.pods_of[whole.name]):
+                found[id(whole)] = whole
+        return list(found.values())
 
 
 def replay_window(workload: Workload, policy: str, nodes: int, slo_seconds: float,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpuwarden.fleet.traces import TraceError
@@ -180,3 +181,26 @@ def test_a_window_outside_the_trace_names_the_flags(tmp_path):
 def test_the_columns_are_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "savings.md").read_text()
     assert all(f"`{column}`" in doc for column in (*JOBS_COLUMNS, "checkpointable"))
+
+
+def test_the_slo_watch_counts_a_job_whose_pods_are_placed_one_by_one_once():
+    """kube-default hands the scheduler a 3-pod job as three pods: the early stop judges the job's
+    wait, not each pod's (it once counted two waiting pods as two late jobs and stopped a replay that
+    met the SLO), and a job whose pods run only in part is still waiting."""
+    from gpuwarden.scheduling import POLICIES, Job, NodeState, Scheduler, State
+    from gpuwarden.scheduling.replay import Replay
+    from gpuwarden.scheduling.replay_queue import job_waits
+    from gpuwarden.scheduling.savings import _SloWatch
+
+    def work() -> list[Job]:
+        jobs = [Job("blocker", "t", gpus_per_pod=8, submitted=0.0, duration=10000.0),
+                Job("big", "t", pods=3, gpus_per_pod=1, submitted=1.0, duration=10.0)]
+        return jobs + [Job(f"s{i:02d}", "t", submitted=9000.0 + i, duration=10.0) for i in range(18)]
+
+    for policy in ("kube-default", "fifo"):
+        jobs = work()
+        watch = _SloWatch({"t": 8.0}, jobs, 5000.0)
+        replay = Replay(State([NodeState(name="n0", model="H100", gpu_count=8, cpu_free=64000, mem_free=2**36)]),
+                        Scheduler(POLICIES[policy]), jobs, metrics=watch).run()  # raises _SloBroken if it stops
+        assert watch.late["t"] == {"big"}, policy
+        assert float(np.percentile(job_waits(jobs, replay), 95)) <= 5000.0, policy
