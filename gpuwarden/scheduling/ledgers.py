@@ -102,17 +102,14 @@ def workload_scope(snapshot: ClusterSnapshot) -> Callable[[str], bool]:
     return in_scope
 
 
-def check_actions(snapshot: ClusterSnapshot, actions: Iterable[Action], quotas: bool = True,
-                  gangs: bool = True) -> list[Violation]:
+def check_actions(snapshot: ClusterSnapshot, actions: Iterable[Action], quotas: bool = True) -> list[Violation]:
     """The rules on a live round's plan: the snapshot it was made on, the actions it would apply.
-    ``quotas``: the policy keeps guarantees and burst limits (the baselines fifo and tiresias do not);
-    ``gangs``: it promises gangs (``verify.violations``)."""
+    ``quotas``: the policy keeps guarantees and burst limits (the baselines fifo and tiresias do not)."""
     actions = list(actions)
     in_scope = workload_scope(snapshot)
     outside = [Violation("scope", f"{a.kind.value} of {a.target}, outside the queue") for a in actions
                if a.kind == ActionKind.SET_PRIORITY and not in_scope(a.target)]  # a write, though no start or stop
-    return outside + violations(ledger_of_snapshot(snapshot, quotas, actions), steps_of_actions(actions), in_scope,
-                                gangs)
+    return outside + violations(ledger_of_snapshot(snapshot, quotas, actions), steps_of_actions(actions), in_scope)
 
 
 # -- the replays: the engine's state and decisions --------------------------------------------------------

@@ -76,7 +76,9 @@ class QueuePolicy:
 
     @property
     def gang(self) -> bool:
-        """Whether every pod of a job starts together (False: ``kube-default``; see ``PlacementOptions.gang``)."""
+        """Whether a job's pods are placed as one (False: ``kube-default``, each pod where the scorer puts
+        it; a replay then schedules them one by one, while the live loop still admits a workload
+        whole: ``PlacementOptions.gang``)."""
         return self.placement.gang
 
     @property
@@ -134,7 +136,8 @@ POLICIES: dict[str, QueuePolicy] = {
 # the fifo order), NodeResourcesFit with its default LeastAllocated scoring over CPU, memory and GPUs,
 # DefaultPreemption (a higher priority evicts a lower one; evicted pods restart, nothing is
 # checkpointed nor protected from being preempted again), no quotas, and no gang: pods placed one by
-# one, so a job may hold part of its GPUs while the rest of its pods wait.
+# one (in replays a job may hold part of its GPUs while the rest of its pods wait; live, the scheduler
+# admits a workload whole).
 KUBE_DEFAULT = QueuePolicy("kube-default", preempt=PreemptMode.PRIORITY, protect_after=2**31,
                            placement=PlacementOptions(topology=False, scorer="leastallocated", spot_first=False,
                                                       gang=False))

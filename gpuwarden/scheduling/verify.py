@@ -9,8 +9,8 @@ A plan is refused whole when it would:
 - take a team **below its guarantee** to serve another team's borrowing (a victim's team ends under
   its guarantee while the team it made room for ends over its own);
 - take a team **past its burst** limit;
-- start a gang **in part** (every pod of it, or none), for a policy that promises gangs (``gangs``;
-  ``kube-default`` does not: kube-scheduler binds pods one by one);
+- start a workload **in part** (every pod of it, or none; where ``kube-default`` binds a job's pods
+  one by one, a replay hands the scheduler each pod as a workload of its own, so the rule holds);
 - **stop what it starts** (admitted and evicted in one round), or stop work that is not running;
 - act **outside its scope**: on work in a namespace not in the queue (or of a team whose quota was
   refused).
@@ -90,10 +90,8 @@ class Step:
 # -- the rules -----------------------------------------------------------------------------------------
 
 def violations(ledger: Ledger, steps: Sequence[Step], in_scope: Callable[[str], bool] = lambda key: True,
-               gangs: bool = True) -> list[Violation]:
-    """Every rule ``steps`` break on ``ledger``; [] for a plan that may be carried out. ``gangs``: the
-    policy promises gangs (False: a start may hold some of a workload's pods; it must still start a
-    workload that waits, and every other rule holds)."""
+               ) -> list[Violation]:
+    """Every rule ``steps`` break on ``ledger``; [] for a plan that may be carried out."""
     found: list[Violation] = []
     starts = [s for s in steps if s.start]
     stops = [s for s in steps if not s.start]
@@ -107,7 +105,7 @@ def violations(ledger: Ledger, steps: Sequence[Step], in_scope: Callable[[str], 
             started.add(step.key)
             if holder is None:
                 found.append(Violation("gang", f"start of {step.key}, which waits for nothing the cluster holds"))
-            elif gangs and not step.reserved and len(step.slots) != holder.pods * holder.slots_per_pod:
+            elif not step.reserved and len(step.slots) != holder.pods * holder.slots_per_pod:
                 found.append(Violation("gang", f"{step.key} started with {len(step.slots)} of its "
                                                f"{holder.pods * holder.slots_per_pod} GPU slot(s)"))
         else:

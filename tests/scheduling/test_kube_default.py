@@ -2,8 +2,8 @@
 
 Its parts one by one: PrioritySort (priority, then creation order), LeastAllocated spreading (where
 gpuwarden's FGD packs), no gang (a job of two pods with room for one holds one pod's GPUs and waits,
-computing nothing, where gpuwarden's gang admission holds none), and the plan verifier's gang rule
-kept for the policies that promise gangs only. Pod-for-pod parity with the kube-scheduler stand-in
+computing nothing, where gpuwarden's gang admission holds none), and the plan verifier's rule that a
+workload starts whole kept for every policy (a replay hands kube-default each pod as a workload). Pod-for-pod parity with the kube-scheduler stand-in
 through the live loop: ``tests/scheduler/test_kube_default_parity.py``.
 """
 
@@ -148,19 +148,18 @@ def test_split_pods_splits_multi_pod_whole_gpu_jobs_only():
     assert set(job_of) == {"gang/pod-0", "gang/pod-1", "gang/pod-2"} and list(pods_of) == ["gang"]
 
 
-def _partial_start(gangs: bool) -> set[str]:
+def _partial_start() -> set[str]:
     ledger = Ledger(gpus={("n0", g): None for g in range(8)},
                     waiting={"t/pair": Holder("t/pair", "t", 8.0, pods=2, slots_per_pod=4)})
     step = Step(True, "t/pair", tuple(("n0", g, 1000) for g in range(4)))
-    return {v.invariant for v in violations(ledger, [step], gangs=gangs)}
+    return {v.invariant for v in violations(ledger, [step])}
 
 
-def test_the_verifier_refuses_a_partial_start_for_a_policy_that_promises_gangs_only():
-    assert _partial_start(gangs=True) == {"gang"}
-    assert _partial_start(gangs=False) == set()
-    # every other rule still holds without gangs: a start of what does not wait, an over-commit
+def test_the_verifier_refuses_a_partial_start_for_every_policy():
+    assert _partial_start() == {"gang"}
+    # and a start of what does not wait, and an over-commit
     ledger = Ledger(gpus={("n0", 0): None})
     ledger.running["t/x"] = Holder("t/x", "t", 1.0, 1, (("n0", 0, 1000),))
     ledger.waiting["t/y"] = Holder("t/y", "t", 1.0, 1)
     steps = [Step(True, "t/ghost", (("n0", 0, 1000),)), Step(True, "t/y", (("n0", 0, 1000),))]
-    assert {v.invariant for v in violations(ledger, steps, gangs=False)} == {"gang", "over-commit"}
+    assert {v.invariant for v in violations(ledger, steps)} == {"gang", "over-commit"}

@@ -138,7 +138,7 @@ class Replay:
         """The pass's plan against the rules (:mod:`..verify`): the figures a replay publishes are the
         shipped policy's only while it keeps them."""
         ledger = ledger_of_state(self.state, before, decisions, self.scheduler.policy.quotas, self._capacity)
-        broken = violations(ledger, steps_of_decisions(decisions), gangs=self.scheduler.policy.gang)
+        broken = violations(ledger, steps_of_decisions(decisions))  # a split job's pods are workloads of their own
         if broken:
             raise PlanRefused(f"replay at {self.now:g} s: the pass's plan breaks " + "; ".join(map(str, broken)))
 
