@@ -101,6 +101,11 @@ class QueuePolicy:
                 object.__setattr__(self, name, enum(value))
         if self.admission:
             _check_named(self.name, "admission", self.admission, ADMISSION_CHECKS)
+            # ``quotas`` also tells the verifier, the victim guards and guarantee-first ordering that
+            # guarantees and bursts hold: a built-in check that says otherwise would be refused live
+            if (self.admission, self.quotas) in (("open", True), ("quotas", False)):
+                raise SchedulingError(f"policy {self.name!r}: admission {self.admission!r} contradicts quotas="
+                                      f"{self.quotas}; leave admission empty, or set quotas={not self.quotas}")
 
 
 def _check_named(policy: str, key: str, value: object, registry: Collection[str]) -> None:

@@ -153,3 +153,11 @@ def test_a_victim_choice_registered_by_name_preempts_through_the_real_engine(reg
 
     assert pass_with("none") == []
     assert pass_with("other_teams_first") == [("preempt", "running"), ("bind", "waiting")]
+
+
+@pytest.mark.parametrize("admission, quotas", [("open", True), ("quotas", False)])
+def test_a_built_in_admission_check_that_contradicts_quotas_is_refused(admission, quotas):
+    """``quotas`` also drives the verifier and the victim guards: open admission with quotas on was
+    refused by the verifier on every pass (a burst it let through), so the pair is refused up front."""
+    with pytest.raises(SchedulingError, match=f"admission '{admission}' contradicts quotas={quotas}"):
+        QueuePolicy("p", quotas=quotas, admission=admission)
