@@ -77,6 +77,23 @@ class GpuSpec:
     # (tier value, price per GPU-hour) for every tier of PRICE_TIERS, or () for a model not priced
     price_per_hour: tuple[tuple[str, float], ...] = ()
 
+    def fits_mig(self, used: Sequence[str], profile: str) -> bool:
+        """Whether one more ``profile`` instance fits on a GPU of this model already holding ``used``
+        instances: compute and memory slices, and the profile's most instances per GPU."""
+        if profile not in self.mig_profiles:
+            return False
+        specs = [self.mig_profiles[name] for name in used] + [self.mig_profiles[profile]]
+        if (sum(s.compute_slices for s in specs) > self.mig_compute_slices
+                or sum(s.memory_slices for s in specs) > self.mig_memory_slices):
+            return False
+        return sum(1 for s in specs if s.name == profile) <= self.mig_profiles[profile].max_instances
+
+    def smallest_profile(self, compute_slices: int) -> MigProfileSpec | None:
+        """The smallest-memory MIG profile of ``compute_slices`` compute slices (NVIDIA's order breaks
+        ties); None when the model offers none of that size."""
+        sized = [p for p in self.mig_profiles.values() if p.compute_slices == compute_slices]
+        return min(sized, key=lambda p: p.memory_slices) if sized else None
+
 
 def name_key(name: str) -> str:
     """The form names are compared in: case folded, runs of spaces, ``-`` and ``_`` as one space."""

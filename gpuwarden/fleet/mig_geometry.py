@@ -58,11 +58,4 @@ def check_profile(profile: str) -> None:
 def fits(model: str, used: Sequence[str], profile: str) -> bool:
     """Whether one more ``profile`` instance fits on a GPU already holding ``used`` instances."""
     gpu = gpu_catalogue().get(model)
-    if gpu is None or profile not in gpu.mig_profiles:
-        return False
-    table = gpu.mig_profiles
-    specs = [table[name] for name in used] + [table[profile]]
-    if (sum(s.compute_slices for s in specs) > gpu.mig_compute_slices
-            or sum(s.memory_slices for s in specs) > gpu.mig_memory_slices):
-        return False
-    return sum(1 for s in specs if s.name == profile) <= table[profile].max_instances
+    return gpu is not None and gpu.fits_mig(used, profile)

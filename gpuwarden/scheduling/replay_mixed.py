@@ -68,11 +68,11 @@ def mig_profiles(model: str) -> dict[str, str]:
     spec = gpu_catalogue().model(model)
     out = {}
     for size in INFERENCE_MIX:
-        sized = [p for p in spec.mig_profiles.values() if p.compute_slices == int(size.rstrip("g"))]
-        if not sized:
+        profile = spec.smallest_profile(int(size.rstrip("g")))
+        if profile is None:
             raise SchedulingError(f"the mixed replay needs a MIG model with {size} profiles; {spec.name} has "
                                   f"{', '.join(spec.mig_profiles) or 'no MIG'}")
-        out[size] = min(sized, key=lambda p: p.memory_slices).name
+        out[size] = profile.name
     return out
 
 

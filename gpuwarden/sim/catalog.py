@@ -35,19 +35,16 @@ def _mixed_layout(spec: GpuSpec) -> tuple[str, ...] | None:
     at a time (7 slices: 3g + 2g + 1g + 1g), each the smallest-memory profile of its size (NVIDIA's
     order breaks ties); None when the model's profiles allow no such layout (tests/fleet/test_gpu_catalogue.py
     checks the layouts against the placement rules)."""
-    layout = []
+    layout: list[str] = []
     left = spec.mig_compute_slices
     while left:
         size = max(1, left // 2)
-        sized = [p for p in spec.mig_profiles.values() if p.compute_slices == size]
-        if not sized:
+        profile = spec.smallest_profile(size)
+        if profile is None or not spec.fits_mig(layout, profile.name):
             return None
-        layout.append(min(sized, key=lambda p: p.memory_slices))
+        layout.append(profile.name)
         left -= size
-    if (sum(p.memory_slices for p in layout) > spec.mig_memory_slices
-            or any(layout.count(p) > p.max_instances for p in layout)):
-        return None
-    return tuple(p.name for p in layout) or None
+    return tuple(layout) or None
 
 
 @functools.cache
