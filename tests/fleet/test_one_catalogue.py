@@ -120,3 +120,20 @@ def test_a_model_added_to_a_copy_of_the_catalogue_reaches_the_mixed_replay(tmp_p
     naive, ours = out["rows"]
     assert naive["gpus"] == ours["gpus"] == 64
     assert ours["inference_served"] > 0 and ours["training_started"] > 0
+
+
+def test_the_simulators_cloud_prices_are_the_shipped_price_books():
+    """The catalogue's prices seed the simulated nodes (the simulator may read only fleet); the price
+    book bills them. Their cloud tiers are the same list prices, so a simulated fleet's cost report
+    prices what the simulator was seeded with. (``owned`` differs by design: the book computes it from
+    capex and measured power, the simulator's seed is a fixed figure.)"""
+    from gpuwarden.analytics.pricebook import PriceBook
+    from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
+
+    book = PriceBook.default()
+    priced = [spec for spec in gpu_catalogue().models.values() if spec.price_per_hour]
+    assert priced
+    for spec in priced:
+        seeded = dict(spec.price_per_hour)
+        for tier in ("on-demand", "reserved", "spot"):
+            assert seeded[tier] == pytest.approx(book.hourly(spec.name, tier)), (spec.name, tier)
