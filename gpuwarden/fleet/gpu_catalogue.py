@@ -5,7 +5,8 @@
 comments document the columns. :func:`load_gpu_catalogue` parses and checks both, naming the file
 and line of the first broken row; :func:`gpu_catalogue` is the one every room reads, loaded once:
 the bundled files, or the two files of the folder ``$GPUWARDEN_GPU_CATALOGUE`` names (a GPU model
-the bundle lacks is then one row there, prices included: nothing else names models).
+the bundle lacks is then one row there; its prices there seed the simulator only, while reports
+bill from the analytics price book, whose cloud prices a test keeps equal to these).
 
 Names resolve through :meth:`GpuCatalogue.resolve`: the NVML name, an alias, or GPU feature
 discovery's label form, ignoring case and treating runs of spaces, ``-`` and ``_`` alike. Standard
