@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers kube-scheduler
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def _parse_taint(text: str) -> tuple[str, str | None, str | None]:
@@ -15,10 +16,9 @@ def _parse_taint(text: str) -> tuple[str, str | None, str | None]:
 
 def taint_object(text: str) -> dict[str, str]:
     """``key=value:Effect`` (value optional, effect required) as a Kubernetes Node taint object."""
-    head, _, effect = text.rpartition(":")
-    key, _, value = head.partition("=")
-    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-        raise ValueError(f"taint {text!r} is not key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)")
+    key, value, effect = _parse_taint(text)
+    if not key or effect not in TAINT_EFFECTS:
+        raise ValueError(f"taint {text!r} is not key=value:Effect ({', '.join(TAINT_EFFECTS)})")
     return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
 
 
