@@ -12,16 +12,15 @@ A workload is one owner (Job, JobSet, PyTorchJob, another controller) or, where 
 - *kube-scheduler's*: Pending, not gated by gpuwarden, not admitted by it (another scheduler's or
   Kueue's gate, or no gate at all in a namespace gpuwarden does not queue): left out.
 
-A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs: a Job's
-``parallelism`` (no more than the completions left), the gang-size label, else the pods seen, less
-the pods it holds. A gang missing pods is pending at its full size; admitting it is refused until
-every pod is there (``KubeCluster`` BIND). A workload holding pods and waiting for more (a Job's
-replacement pod) holds its running pods under ``<name>~held`` and queues the rest under its name;
-a suspended Job whose pods are still stopping holds them there too, marked ``stopping`` (no victim).
-A pod whose GPU request cannot be read (an unparseable quantity, an unknown MIG profile, shares
-no node offers) leaves its workload out, named in ``Inventory.refused`` with the reason; waiting
-work of the queue among them is listed (:meth:`WorkloadReader.unreadable`). A pod gated by hand in a
-namespace outside the queue is left alone and named in ``Inventory.ignored``. Bound pods asking no
+A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs: a Job's ``parallelism`` (no
+more than the completions left), the gang-size label, else the pods seen, less the pods it holds. A gang
+missing pods is pending at its full size; admitting it is refused until every pod is there (``KubeCluster``
+BIND). A workload holding pods and waiting for more (a Job's replacement pod) holds its running pods under
+``<name>~held`` and queues the rest under its name; a suspended Job whose pods are still stopping holds them
+there too, marked ``stopping`` (no victim). A pod whose GPU request cannot be read (an unparseable quantity,
+an unknown MIG profile, shares no node offers) leaves its workload out, named in ``Inventory.refused`` with
+the reason; waiting work of the queue among them is listed (:meth:`WorkloadReader.unreadable`). A pod gated by
+hand in a namespace outside the queue is left alone and named in ``Inventory.ignored``. Bound pods asking no
 GPU are summed per node (:meth:`WorkloadReader.node_overhead`).
 """
 
@@ -266,6 +265,8 @@ class WorkloadReader:
     def _build(self, teams_by_ns: Mapping[str, str], offers: Mapping[str, NodeOffer],
                kueue: Callable[[Group], Json | None], unreserved: frozenset[str]) -> list[WorkloadState]:
         self.teams_by_ns = teams_by_ns
+        for table in (self.inventory.gated, self.inventory.gang_size):  # a second pass keeps none of the first's
+            table.clear()
         shared_replicas = [o.replicas for o in offers.values() if o.replicas > 1]
         shared_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas > 1}))
         whole_pools = tuple(sorted({o.node.pool for o in offers.values() if o.replicas == 1}))
