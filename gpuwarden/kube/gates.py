@@ -29,6 +29,11 @@ from gpuwarden.fleet.object_names import (  # re-exported
 )
 
 
+def in_queue(namespace_labels: Mapping[str, str]) -> bool:
+    """Whether a namespace with these labels queues in gpuwarden: ``gpuwarden.io/queue`` set, not empty."""
+    return bool(namespace_labels.get(QUEUE_LABEL))
+
+
 def scheduling_gates(pod: Mapping[str, Any]) -> list[str]:
     """The names of the pod's scheduling gates, in order."""
     return [str(g.get("name")) for g in ((pod.get("spec") or {}).get("schedulingGates") or ()) if isinstance(g, Mapping)]

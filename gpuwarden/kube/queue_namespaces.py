@@ -17,7 +17,7 @@ import threading
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import KubeApi, KubeFailure
-from .gates import QUEUE_LABEL
+from .gates import QUEUE_LABEL, in_queue
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -42,7 +42,7 @@ class QueueNamespaces:
                         "keeping the last list" if self._names is not None else "trusting the namespaceSelector")
             return
         self._names = frozenset(str(item["metadata"]["name"]) for item in items
-                                if ((item.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
+                                if in_queue((item.get("metadata") or {}).get("labels") or {}))
 
     def start(self) -> QueueNamespaces:
         self.refresh()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.fleet import NO_CAP_GPUS, Team
 
-from .gates import QUEUE_LABEL
+from .gates import QUEUE_LABEL, in_queue
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -53,7 +53,7 @@ class TeamQuotas:
     def add_namespace(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
         team = labels.get(QUEUE_LABEL) or labels.get(TEAM_LABEL) or name
         self.team_of[name] = team
-        if not labels.get(QUEUE_LABEL):
+        if not in_queue(labels):
             return
         self.queue_namespaces.add(name)
         given = self._given.setdefault(team, {})
