@@ -47,7 +47,6 @@ _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 PROTECT_LABEL = "gpuwarden.io/protect"
 RECLAIM_LABEL = "gpuwarden.io/reclaim-idle"
 NOTIFIED_ANNOTATION = "gpuwarden.io/idle-notified-at"
-IDLE_RECLAIM = SUSPENDED_BY_IDLE_RECLAIM  # params["by"] of its suspends: the gpuwarden.io/suspended-by value
 
 
 @dataclass(frozen=True)
@@ -285,7 +284,7 @@ def _workload_plan(findings: list[Finding], snapshot: ClusterSnapshot, policy: P
         if kind in (ActionKind.SUSPEND, ActionKind.PREEMPT):
             params["grace_seconds"] = policy.suspend_grace_seconds
             if idle:
-                params["by"] = IDLE_RECLAIM  # the scheduler never resumes it until its owner asks
+                params["by"] = SUSPENDED_BY_IDLE_RECLAIM  # the scheduler never resumes it until its owner asks
         action = Action(kind, target, f"{finding.kind} on {finding.gpu_uuid or finding.node or target}", params)
         standing = already_standing(action, snapshot, policy, index)
         if standing:
