@@ -99,6 +99,10 @@ class QueuePolicy:
             _check_named(self.name, name, value, registry)
             if value in {member.value for member in enum}:
                 object.__setattr__(self, name, enum(value))
+        if self.preempt == PreemptMode.LAS and self.order != QueueOrder.LAS:
+            # the job's level (what LAS preemption compares) is the queue order's: under fifo every job
+            # is level 0, and LAS preemption would never find a victim
+            raise SchedulingError(f"policy {self.name!r}: preempt 'las' needs order 'las' (it has {self.order!r})")
         if self.admission:
             _check_named(self.name, "admission", self.admission, ADMISSION_CHECKS)
             # ``quotas`` also tells the verifier, the victim guards and guarantee-first ordering that

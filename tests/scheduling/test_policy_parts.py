@@ -161,3 +161,10 @@ def test_a_built_in_admission_check_that_contradicts_quotas_is_refused(admission
     refused by the verifier on every pass (a burst it let through), so the pair is refused up front."""
     with pytest.raises(SchedulingError, match=f"admission '{admission}' contradicts quotas={quotas}"):
         QueuePolicy("p", quotas=quotas, admission=admission)
+
+
+def test_las_preemption_without_the_las_order_is_refused():
+    """LAS preemption compares the levels the queue order gives: under fifo (level 0 for every job) it
+    never preempts, so the pairing is refused rather than silently inert."""
+    with pytest.raises(SchedulingError, match="preempt 'las' needs order 'las'"):
+        QueuePolicy("p", order="fifo", preempt="las")
