@@ -1,9 +1,10 @@
 """The Philly queue replay's trade-off: mean JCT against p99 wait and the worst team's guarantee.
 
-Runs Tiresias and variants of the gpuwarden policy on the default slice (4,000 jobs from
+Runs the baselines (kube-default, FIFO, Kueue, Tiresias) and variants of the gpuwarden policy on the default slice (4,000 jobs from
 2017-10-09, 16 x 8 GPUs) and prints one row each: mean JCT, p99 wait (queued or suspended), worst
 team's share of its asked-for guarantee, suspends. A point is on the Pareto front when no other
-point is at least as good on all three and better on one. docs/scheduling.md holds the figures.
+point is at least as good on all three and better on one; the last column does the same on mean JCT and the
+worst team's guarantee alone (issue 32's two axes). docs/scheduling.md holds the figures.
 
     .venv/bin/python bench/bench_queue_pareto.py [--variants a,b,...]
 """
@@ -26,6 +27,9 @@ from gpuwarden.scheduling.replay_queue import QueueSlice, build_jobs, replay_que
 
 BASE = POLICIES["gpuwarden"]
 VARIANTS: dict[str, QueuePolicy] = {
+    "kube-default": POLICIES["kube-default"],
+    "fifo": POLICIES["fifo"],
+    "kueue": POLICIES["kueue"],
     "tiresias": POLICIES["tiresias"],
     "gpuwarden": BASE,
     "gw-gittins-edges": replace(BASE, name="gw-gittins-edges", las_thresholds=(300.0, 3600.0, 36000.0)),
@@ -34,14 +38,21 @@ VARIANTS: dict[str, QueuePolicy] = {
     "gw-protect-1": replace(BASE, name="gw-protect-1", protect_after=1),
     "gw-las-takes-guarantee": replace(BASE, name="gw-las-takes-guarantee", las_keep_guarantee=False),
     "gw-defragment": replace(BASE, name="gw-defragment", defragment=True),
+    "gw-las-takes-guarantee-no-first": replace(BASE, name="gw-las-takes-guarantee-no-first", las_keep_guarantee=False,
+                                              guarantee_first=False),
 }
 
 
-def pareto(rows: list[dict[str, float]]) -> list[bool]:
-    def better_or_equal(a: dict[str, float], b: dict[str, float]) -> bool:
-        return (a["jct_mean"] <= b["jct_mean"] and a["wait_p99"] <= b["wait_p99"]
-                and a["worst_team_guarantee_met"] >= b["worst_team_guarantee_met"])
-    return [not any(better_or_equal(o, r) and o != r for o in rows) for r in rows]
+def pareto(rows: list[dict[str, float]], keys: tuple[str, ...] = ("jct_mean", "wait_p99")) -> list[bool]:
+    """On the front: no other row is at least as good on ``keys`` (lower is better) and on the worst team's
+    guarantee met (higher is better), and better on one."""
+    def figures(row: dict[str, float]) -> tuple[float, ...]:
+        return (*(row[k] for k in keys), -row["worst_team_guarantee_met"])
+
+    def dominates(a: dict[str, float], b: dict[str, float]) -> bool:  # equal figures dominate neither way
+        fa, fb = figures(a), figures(b)
+        return all(x <= y for x, y in zip(fa, fb)) and fa != fb
+    return [not any(dominates(o, r) for o in rows) for r in rows]
 
 
 def main() -> None:
@@ -59,8 +70,11 @@ def main() -> None:
         print(f"{name:24s} jct {r['jct_mean']:>9,.0f}  wait p99 {r['wait_p99']:>9,.0f}  wait mean {r['wait_mean']:>8,.0f}  "
               f"delay p99 {r['queue_delay_p99']:>8,.0f}  worst team {r['worst_team_guarantee_met']:.3f}  "
               f"suspends {r['suspends']:>5}  {r['seconds']:.0f} s", flush=True)
-    for r, front in zip(rows, pareto(rows)):
-        print(f"{r['policy']:24s} {'on the Pareto front' if front else 'dominated'}")
+    print("\n| policy | mean JCT (s) | p99 wait (s) | worst team's guarantee met | front (JCT, p99, guarantee) "
+          "| front (JCT, guarantee) |\n|---|---|---|---|---|---|")
+    for r, front3, front2 in zip(rows, pareto(rows), pareto(rows, ("jct_mean",))):
+        print(f"| {r['policy']} | {r['jct_mean']:,.0f} | {r['wait_p99']:,.0f} | {r['worst_team_guarantee_met']:.3f} "
+              f"| {'on' if front3 else 'dominated'} | {'on' if front2 else 'dominated'} |")
     if not math.isfinite(sum(r["jct_mean"] for r in rows)):
         sys.exit(1)
 

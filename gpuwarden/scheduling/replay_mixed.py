@@ -162,13 +162,56 @@ def demand_ratio(jobs: list[Job], spec: MixedSpec) -> float:
     return asked / (spec.nodes * spec.gpus_per_node * (end - start))
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The most any schedule that serves every service from its submission could reach over the
+    measured window (shares of the fleet's GPU-seconds)."""
+
+    useful_ratio: float  # useful utilisation
+    training_gpus: float  # training GPU-hours per hour
+
+
+def ceiling(jobs: list[Job], spec: MixedSpec) -> Ceiling:
+    """An upper bound, not a schedule. At each instant the services alive since their submission hold
+    their slices' shares ``I(t)`` (``SERVICE_BUSY_RATIO`` of it useful); training can hold at most the
+    rest of the fleet, ``C - I(t)``, and at most the GPUs of every training job submitted by then (a job
+    may run late, never before its submission); over the window, no job computes longer than its
+    duration nor before its submission; each training GPU is ``TRAINING_BUSY_RATIO`` useful. Perfect
+    packing, no MIG layout, no restore time: every real schedule that serves all services is at or
+    below it. (A schedule that leaves services waiting could exceed it with training, which is busier.)"""
+    start, end = spec.measured_from_seconds, spec.hours * 3600
+    fleet = float(spec.nodes * spec.gpus_per_node)
+    services = [j for j in jobs if j.kind == WorkloadKind.INFERENCE]
+    training = [j for j in jobs if j.kind != WorkloadKind.INFERENCE]
+    edges = {start, end}
+    edges.update(t for j in services for t in (j.submitted, j.submitted + (j.duration or 0.0)) if start < t < end)
+    edges.update(j.submitted for j in training if start < j.submitted < end)
+    times = np.array(sorted(edges))
+    mids, widths = (times[:-1] + times[1:]) / 2, np.diff(times)
+    alive = np.zeros(len(mids))
+    for j in services:
+        alive += np.where((mids >= j.submitted) & (mids < j.submitted + (j.duration or 0.0)), j.gpu_equivalents, 0.0)
+    alive = np.minimum(alive, fleet)
+    submitted = np.zeros(len(mids))
+    for j in training:
+        submitted += np.where(mids >= j.submitted, j.gpu_equivalents, 0.0)
+    room = float((np.minimum(fleet - alive, submitted) * widths).sum())
+    work = sum(j.gpu_equivalents * min(j.duration or 0.0, max(0.0, end - max(start, j.submitted))) for j in training)
+    train = min(room, work)
+    window = end - start
+    useful = SERVICE_BUSY_RATIO * float((alive * widths).sum()) + TRAINING_BUSY_RATIO * train
+    return Ceiling(useful_ratio=useful / (fleet * window), training_gpus=train / window)
+
+
 def run_mixed(spec: MixedSpec, fleet: ClusterSnapshot) -> list[dict[str, object]]:
     """naive and gpuwarden on ``fleet`` (nodes and GPUs of a snapshot; its workloads are ignored: the
-    fleet starts empty), the same job stream for both."""
+    fleet starts empty), the same job stream for both; each row carries the stream's demand ratio and
+    its :func:`ceiling`."""
     jobs = workload(spec)
-    ratio = demand_ratio(jobs, spec)
-    return [{**_run(jobs, spec, "naive", fleet), "demand_ratio": ratio},
-            {**_run(jobs, spec, "gpuwarden", fleet), "demand_ratio": ratio}]
+    bound = ceiling(jobs, spec)
+    shared = {"demand_ratio": demand_ratio(jobs, spec), "useful_ceiling": bound.useful_ratio,
+              "training_gpu_hours_per_hour_ceiling": bound.training_gpus}
+    return [{**_run(jobs, spec, "naive", fleet), **shared}, {**_run(jobs, spec, "gpuwarden", fleet), **shared}]
 
 
 def _advise_mig(nodes: list[NodeState], spec: MixedSpec) -> None:
