@@ -109,6 +109,7 @@ class FindingKind(enum.StrEnum):
     APP_XID_43 = "app-xid-43"
     APP_XID_45 = "app-xid-45"
     APP_XID_68 = "app-xid-68"
+    XID_STORM = "xid-storm"  # application XIDs over a workload's GPUs, or many nodes at once: one job-level finding
     # ...and the GPU's
     ECC_DBE = "ecc-dbe"
     PMU_BREAKPOINT = "pmu-breakpoint"

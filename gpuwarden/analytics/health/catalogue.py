@@ -78,6 +78,7 @@ FAULT_ACTIONS: dict[FindingKind, FaultAction] = {
     FindingKind.APP_XID_43: _as_nvidia("restart-app"),
     FindingKind.APP_XID_45: _as_nvidia("none"),
     FindingKind.APP_XID_68: _as_nvidia("restart-app"),
+    FindingKind.XID_STORM: _as_nvidia("restart-app"),  # the workload's owner restarts it; no GPU is implicated
     # ...the GPU's act as NVIDIA's recovery says
     FindingKind.ECC_DBE: _as_nvidia("drain-and-reset"),
     FindingKind.PMU_BREAKPOINT: _as_nvidia("reset-gpu"),

@@ -14,6 +14,9 @@
 
 3. **Presence** (:mod:`.presence_rules`): a GPU whose series stop while its node-mates report.
 
+Then application XIDs that strike a workload's GPUs, or many nodes, at once are folded into one
+job-level ``xid-storm`` finding (:mod:`.storm_rules`).
+
 Every signal is computed causally (trailing windows), so a finding's ``first_seen`` is when a
 live scan would first have reported it. A finding is one episode of one condition on one GPU;
 conditions that come back within ``episode_gap_s`` extend the episode. ``FindingLog`` merges the
@@ -36,6 +39,7 @@ from .features import gpu_series
 from .finding_builder import FindingBuilder
 from .presence_rules import series_lost_findings
 from .scan_config import DEFAULT_CONFIG, HealthConfig
+from .storm_rules import fold_xid_storms
 from .warning_rules import early_warning_findings
 
 
@@ -66,8 +70,9 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     known_fault_findings(builder)
     series_lost_findings(builder)
     early_warning_findings(builder)
+    findings = fold_xid_storms(builder.findings, frame, config)
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    return sorted(builder.findings, key=lambda f: (order[f.severity], f.first_seen, f.node, f.gpu_uuid or "", f.kind))
+    return sorted(findings, key=lambda f: (order[f.severity], f.first_seen, f.node, f.gpu_uuid or "", f.kind))
 
 
 class FindingLog:

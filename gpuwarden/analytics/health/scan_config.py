@@ -74,6 +74,12 @@ class HealthConfig:
     # Early warnings recommend a cordon only once sustained this long (before that: a taint).
     cordon_after_s: float = 1800.0
     straggler_cordon_after_s: float = 2700.0
+    # XID storms (storm_rules): application XIDs whose episodes start within this many seconds of
+    # the previous one are one storm when they strike this many GPUs of one workload, or this many
+    # nodes whatever holds them (a gang's crash lights up every GPU it held at once).
+    storm_window_s: float = 120.0
+    storm_min_workload_gpus: int = 2
+    storm_min_nodes: int = 3
 
 
 DEFAULT_CONFIG = HealthConfig()
