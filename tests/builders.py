@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet import SAMPLE_COLUMNS
+from gpuwarden.fleet import SAMPLE_COLUMNS, XID_COLUMN_NAMES
 from gpuwarden.store import coerce
 
 from gpuwarden.fleet import (
@@ -267,3 +267,37 @@ def tier_samples() -> pd.DataFrame:
                        power_watts=TIER_WATTS)
             rows.append(row)
     return coerce(pd.DataFrame(rows))
+
+
+# -- busy H100 fleets for the health scan's fleet-wide rules (storms, failure domains) --------------
+HEALTH_START = pd.Timestamp("2026-01-05T00:00:00Z")
+HEALTH_COUNTERS = ["ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "remapped_rows_correctable_total",
+                   "remapped_rows_uncorrectable_total", "remapped_rows_pending", "remapped_rows_failure",
+                   "pcie_replay_total", "recovery_action", *XID_COLUMN_NAMES]
+
+
+def busy_fleet(nodes: int, pods: list[str | None], minutes: int = 60, seed: int = 0) -> pd.DataFrame:
+    """``nodes`` x 8 busy H100s sampled each minute; node ``n``'s GPUs are held by ``pods[n]`` in
+    namespace ``ml`` (None: not attributed)."""
+    rng = np.random.default_rng(seed)
+    n, g, m = np.meshgrid(np.arange(nodes), np.arange(8), np.arange(minutes), indexing="ij")
+    n, g, m = n.ravel(), g.ravel(), m.ravel()
+    rows = len(n)
+    pod = np.array(pods, dtype=object)[n]
+    frame = pd.DataFrame({
+        "timestamp": HEALTH_START + pd.to_timedelta(m, unit="min"), "cluster": "test",
+        "node": [f"gpu-{i:03d}" for i in n], "gpu_uuid": [f"GPU-{i}-{j}" for i, j in zip(n, g)], "gpu_index": g,
+        "model": "NVIDIA H100 80GB HBM3", "mig_instance": None, "namespace": np.where(pd.isna(pod), None, "ml"), "pod": pod,
+        "team": "ml", "project": "core", "gpu_util_ratio": 0.97, "sm_active_ratio": 0.9, "tensor_active_ratio": 0.6,
+        "dram_active_ratio": 0.2, "mem_used_bytes": 6e10, "mem_total_bytes": 8e10,
+        "power_watts": 650 + rng.normal(0, 10, rows), "temperature_celsius": 60 + rng.normal(0, 1, rows),
+        "sm_clock_mhz": 1500 + rng.normal(0, 20, rows), "throttle_reasons_bitmask": 0, **{c: 0 for c in HEALTH_COUNTERS},
+    })
+    return frame.reindex(columns=list(SAMPLE_COLUMN_NAMES))
+
+
+def step_counter(frame: pd.DataFrame, node: int, column: str, minute: int, count: int = 1, gpus: range = range(8)) -> None:
+    """Counter ``column`` on ``node``'s GPUs steps up by ``count`` at ``minute`` (and stays)."""
+    mask = frame["node"].eq(f"gpu-{node:03d}") & frame["gpu_uuid"].isin([f"GPU-{node}-{g}" for g in gpus])
+    mask &= frame["timestamp"] >= HEALTH_START + pd.Timedelta(minutes=minute)
+    frame.loc[mask, column] = frame.loc[mask, column] + count

@@ -146,6 +146,9 @@ class FindingKind(enum.StrEnum):
     NODE_WIDE_COUNTER_RESET = "node-wide-counter-reset"
     COOLING_DEGRADING = "cooling-degrading"
     STRAGGLER = "straggler"
+    # A failure domain (a rack, an NVLink domain; or, with no topology, the fleet) failing together:
+    # one finding for many nodes (power, switch, cooling), ``gpu_uuid`` None
+    DOMAIN_EVENT = "domain-event"
     # the idle ledger
     HOARDED = "hoarded"
     # the scheduling planner

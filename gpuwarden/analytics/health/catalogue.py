@@ -79,6 +79,9 @@ FAULT_ACTIONS: dict[FindingKind, FaultAction] = {
     FindingKind.APP_XID_45: _as_nvidia("none"),
     FindingKind.APP_XID_68: _as_nvidia("restart-app"),
     FindingKind.XID_STORM: _as_nvidia("restart-app"),  # the workload's owner restarts it; no GPU is implicated
+    # many nodes of one domain at once: a person inspects the rack's power, switch or cooling; the
+    # nodes' own findings that outlast it act on their own (domain_rules)
+    FindingKind.DOMAIN_EVENT: FaultAction("inspect", None),
     # ...the GPU's act as NVIDIA's recovery says
     FindingKind.ECC_DBE: _as_nvidia("drain-and-reset"),
     FindingKind.PMU_BREAKPOINT: _as_nvidia("reset-gpu"),

@@ -15,7 +15,8 @@
 3. **Presence** (:mod:`.presence_rules`): a GPU whose series stop while its node-mates report.
 
 Then application XIDs that strike a workload's GPUs, or many nodes, at once are folded into one
-job-level ``xid-storm`` finding (:mod:`.storm_rules`).
+job-level ``xid-storm`` finding (:mod:`.storm_rules`), and hardware findings on many nodes of one
+failure domain within minutes into one ``domain-event`` (:mod:`.domain_rules`).
 
 Every signal is computed causally (trailing windows), so a finding's ``first_seen`` is when a
 live scan would first have reported it. A finding is one episode of one condition on one GPU;
@@ -38,17 +39,21 @@ from .fault_rules import known_fault_findings
 from .features import gpu_series
 from .finding_builder import FindingBuilder
 from .presence_rules import series_lost_findings
+from .domain_rules import fold_domain_events, last_samples
 from .scan_config import DEFAULT_CONFIG, HealthConfig
 from .storm_rules import fold_xid_storms
 from .warning_rules import early_warning_findings
 
 
 def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config: HealthConfig | None = None,
-         pools: Mapping[str, str] | None = None, report_from: datetime | pd.Timestamp | None = None) -> list[Finding]:
+         pools: Mapping[str, str] | None = None, report_from: datetime | pd.Timestamp | None = None,
+         domains: Mapping[str, str] | None = None, fold_domains: bool = True) -> list[Finding]:
     """Findings over the fleet samples in ``frame`` up to ``now`` (default: the newest sample).
 
     ``pools`` maps node name -> node pool for peer grouping (default: the node name without a
-    trailing ``-<number>``). ``report_from``: samples before it are context only (a streaming scan
+    trailing ``-<number>``). ``domains`` maps node name -> failure domain (rack or NVLink domain) for
+    domain events (default: the whole fleet is one domain; ``fold_domains=False``: none, for a caller
+    that folds over merged findings itself). ``report_from``: samples before it are context only (a streaming scan
     already judged them with more history); conditions there raise no finding of their own.
     Returns findings sorted by severity (critical first), then time.
     """
@@ -71,6 +76,9 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     series_lost_findings(builder)
     early_warning_findings(builder)
     findings = fold_xid_storms(builder.findings, frame, config)
+    if fold_domains:
+        first = report_from if report_from is not None else pd.to_datetime(frame["timestamp"], utc=True).min()
+        findings = fold_domain_events(findings, last_samples(frame), config, domains, to_utc(first).to_pydatetime())
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
     return sorted(findings, key=lambda f: (order[f.severity], f.first_seen, f.node, f.gpu_uuid or "", f.kind))
 
@@ -109,8 +117,11 @@ class StreamingScanner:
     ``context_s`` of earlier samples so trailing windows are full at each chunk's start."""
 
     def __init__(self, config: HealthConfig | None = None, context_s: float | None = None,
-                 pools: Mapping[str, str] | None = None) -> None:
+                 pools: Mapping[str, str] | None = None, domains: Mapping[str, str] | None = None) -> None:
         self.config = config or DEFAULT_CONFIG
+        self.domains = domains
+        self._last_samples: dict[tuple[str, str | None], datetime] = {}
+        self._first_sample: datetime | None = None
         longest = max(max(self.config.hbm_windows_s), max(self.config.nvlink_windows_s), self.config.straggler_window_s,
                       self.config.pcie_window_s, (self.config.cooling_history_hours + 1) * 3600.0)
         self.context = pd.Timedelta(seconds=context_s if context_s is not None else longest + 600)
@@ -124,10 +135,17 @@ class StreamingScanner:
         frame = chunk if self._tail is None else pd.concat([self._tail, chunk], ignore_index=True)
         stamps = pd.to_datetime(frame["timestamp"], utc=True)  # once per feed: frame = [tail, chunk]
         report_from = None if self._tail is None or self._tail.empty else stamps.iloc[-len(chunk):].min()
-        found = scan(frame, config=self.config, pools=self.pools, report_from=report_from)
+        # domain events are folded over the merged findings (:meth:`findings`): a chunk sees an
+        # episode that goes on from the one before as starting at the chunk's first sample
+        found = scan(frame, config=self.config, pools=self.pools, report_from=report_from, fold_domains=False)
+        last_samples(chunk, into=self._last_samples)
+        if self._first_sample is None:
+            self._first_sample = to_utc(stamps.min()).to_pydatetime()
         self.log.merge(found)
         self._tail = frame[(stamps > stamps.max() - self.context).to_numpy()]
         return found
 
     def findings(self) -> list[Finding]:
-        return self.log.findings()
+        """Every finding so far, merged across chunks, domain events folded."""
+        folded = fold_domain_events(self.log.findings(), self._last_samples, self.config, self.domains, self._first_sample)
+        return sorted(folded, key=lambda f: (f.first_seen, f.key))

@@ -80,6 +80,13 @@ class HealthConfig:
     storm_window_s: float = 120.0
     storm_min_workload_gpus: int = 2
     storm_min_nodes: int = 3
+    # Failure domains (domain_rules): hardware findings on this many nodes of one domain (a rack, an
+    # NVLink domain; the whole fleet where no topology is known) starting within chained minutes are
+    # one domain event; a member GPU that reports again this long after it, with no new fault, was
+    # never faulty.
+    domain_window_s: float = 300.0
+    domain_min_nodes: int = 3
+    domain_settle_s: float = 300.0
 
 
 DEFAULT_CONFIG = HealthConfig()
