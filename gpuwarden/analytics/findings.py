@@ -9,11 +9,12 @@ workload, and ``first_seen`` set back by the hours the pod's GPUs have been hoar
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 import pandas as pd
 
-from gpuwarden.fleet import Finding, FindingKind, Severity
+from gpuwarden.fleet import Finding, FindingKind, Node, Severity
 
 from .health import scan
 from .reader import build_ledger
@@ -40,12 +41,26 @@ def hoarding_findings(frame: pd.DataFrame, now: datetime) -> list[Finding]:
     return out
 
 
-def findings_from_frame(frame: pd.DataFrame | None, now: datetime, hoarding: bool = True) -> list[Finding]:
-    """Active health findings and (optionally) hoarding findings over ``frame`` up to ``now``."""
+def failure_domains(nodes: Iterable[Node]) -> dict[str, str]:
+    """Node name -> its failure domain for the health scan's domain events: its rack, else its NVLink
+    domain (a domain that is only the node's own name is none); nodes with neither are left out."""
+    out = {}
+    for node in nodes:
+        if node.topology.rack:
+            out[node.name] = f"rack:{node.topology.rack}"
+        elif node.topology.nvlink_domain and node.topology.nvlink_domain != node.name:
+            out[node.name] = f"nvlink:{node.topology.nvlink_domain}"
+    return out
+
+
+def findings_from_frame(frame: pd.DataFrame | None, now: datetime, hoarding: bool = True,
+                        domains: Mapping[str, str] | None = None) -> list[Finding]:
+    """Active health findings and (optionally) hoarding findings over ``frame`` up to ``now``;
+    ``domains``: :func:`failure_domains` of the cluster's nodes (None: no topology known)."""
     if frame is None or len(frame) == 0:
         log.info("findings: no samples in the window")
         return []
-    findings = [f for f in scan(frame, now=pd.Timestamp(now)) if f.active]
+    findings = [f for f in scan(frame, now=pd.Timestamp(now), domains=domains or None) if f.active]
     if hoarding:
         findings += hoarding_findings(frame, now)
     return findings

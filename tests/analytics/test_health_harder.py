@@ -149,3 +149,24 @@ def test_the_simulator_draws_node_conditions_apart_and_renders_them(data_dir):
     assert at.any() and (busy.loc[at, "sm_clock_mhz"] < quiet.loc[at, "sm_clock_mhz"]).all()
     with pytest.raises(ConfigError, match="node_conditions_per_node_day"):
         SimConfig(node_conditions_per_node_day=-1)
+
+
+def test_hot_inlet_counts_only_the_gpus_that_run_hot_and_unequal_timestamps_still_make_one_node():
+    """Issue 35's known gaps: a node finding's gpus_affected counted idle GPUs; node-wide rules needed
+    every GPU of a node stamped at the same instant. Six busy GPUs of a node run 12 C hot (inlet air),
+    two idle ones do not, and each GPU's samples are stamped up to 3 s apart."""
+    frame = _fleet(step_s=30)
+    minute = (frame["timestamp"] - frame["timestamp"].min()).dt.total_seconds() / 60
+    node = frame["node"] == "h100-003"
+    index = frame["gpu_uuid"].str[-2:].astype(int) - 24
+    idle = node & (index >= 6)
+    frame.loc[idle, ["gpu_util_ratio", "sm_active_ratio"]] = 0.0
+    frame.loc[idle, "power_watts"], frame.loc[idle, "sm_clock_mhz"] = 90.0, 345.0
+    frame.loc[idle, "temperature_celsius"] = 30 + 0.055 * 90.0
+    frame.loc[node & ~idle & (minute >= 60), "temperature_celsius"] += 12.0
+    jitter = pd.to_timedelta(frame["gpu_uuid"].str[-1].astype(int) % 4, unit="s")  # 0-3 s per GPU
+    frame["timestamp"] = frame["timestamp"] + jitter
+    findings = scan(frame)
+    assert [(f.kind, f.node, f.gpu_uuid) for f in findings] == [(FindingKind.NODE_WIDE_THERMAL, "h100-003", None)], \
+        [(f.kind, f.node, f.gpu_uuid) for f in findings]
+    assert findings[0].evidence["gpus_affected"] == 6 and findings[0].evidence["gpus_on_node"] == 8

@@ -24,10 +24,13 @@ from .finding_builder import FindingBuilder
 
 
 def _node_time(b: FindingBuilder) -> np.ndarray:
-    """Per row: a dense code of its (node, timestamp) (the GPUs of one node are scraped together)."""
+    """Per row: a dense code of its (node, time) with the time rounded to the series' step: the GPUs
+    of one node are scraped together, but their timestamps need not be equal (an exporter stamps
+    each GPU as it reads it; a recording rule or a resampled file shifts them by a few seconds)."""
     key = b.memo.get("node_time")
     if key is None:
-        ts_code = np.unique(b.s["ts"], return_inverse=True)[1].astype(np.int64)
+        step_ns = max(1, int(b.s.step_s * 1e9))
+        ts_code = np.unique(np.rint(b.s["ts"] / step_ns).astype(np.int64), return_inverse=True)[1].astype(np.int64)
         raw = b.s["node"].astype(np.int64) * (int(ts_code.max(initial=0)) + 1) + ts_code
         key = b.memo["node_time"] = np.unique(raw, return_inverse=True)[1].reshape(-1)
     assert isinstance(key, np.ndarray)
@@ -77,6 +80,7 @@ def node_warm(b: FindingBuilder) -> np.ndarray:
         excess, n_excess = _node_excess(b)
         hot = (n_excess >= b.min_samples(c.cooling_min_s)) & (np.nan_to_num(excess) >= c.node_hot_celsius)
         warm = b.memo["node_warm"] = node_share(b, hot, np.isfinite(excess))
+        b.memo["node_warm_gpus"] = warm & hot  # the GPUs that are warm themselves (idle ones are not)
     assert isinstance(warm, np.ndarray)
     return warm
 
@@ -86,8 +90,11 @@ def node_condition_findings(b: FindingBuilder, shared: Mapping[FindingKind, list
     node-wide rows) from the per-GPU rules; node temperature and counter resets are judged here."""
     s = b.s
     signals = {kind: list(parts) for kind, parts in shared.items()}
+    node_warm(b)
+    warm_gpus = b.memo["node_warm_gpus"]
+    assert isinstance(warm_gpus, np.ndarray)
     signals.setdefault(FindingKind.NODE_WIDE_THERMAL, []).append(
-        ("temperature_celsius of the node's GPUs above their model and pool's", node_warm(b)))
+        ("temperature_celsius of the node's GPUs above their model and pool's", warm_gpus))
     excess = _node_excess(b)[0]
     signals.setdefault(FindingKind.NODE_WIDE_COUNTER_RESET, []).append(
         ("every counter dropped (reset)", node_share(b, s["counter_reset"], np.ones(len(s), dtype=bool))))

@@ -293,8 +293,10 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     after_node_wide = s.window_count(node_wide, window) > 0
     after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
     flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
+    # the node's rows that show it themselves (gpus_affected counts those, not every busy GPU)
     shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
-        ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's", node_wide))
+        ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's",
+         node_wide & (slow | (pool_clock <= -c.node_slow_margin))))
     severity, recovery = EARLY_WARNING_KINDS[FindingKind.STRAGGLER], FAULT_ACTIONS[FindingKind.STRAGGLER].recovery
     b.emit(FindingKind.STRAGGLER, flag, severity,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
