@@ -98,10 +98,8 @@ class ActionKind(str, enum.Enum):
 
 
 class FindingKind(enum.StrEnum):
-    """Every rule that can raise a :class:`Finding`, by name. A finding of another kind cannot be
-    made. What each health rule means (title, NVIDIA recovery, severity, action) is in
-    :mod:`gpuwarden.analytics.health.catalogue`; the values are the names the JSON output and the
-    audit log carry."""
+    """Every rule that can raise a :class:`Finding`, by name (no other kind can be made); what each health
+    rule means is in :mod:`gpuwarden.analytics.health.catalogue`; the values are what JSON and the audit carry."""
 
     # NVIDIA's XID catalogue: the application's own faults (never act on the node)...
     APP_XID_13 = "app-xid-13"
@@ -146,9 +144,7 @@ class FindingKind(enum.StrEnum):
     NODE_WIDE_COUNTER_RESET = "node-wide-counter-reset"
     COOLING_DEGRADING = "cooling-degrading"
     STRAGGLER = "straggler"
-    # A failure domain (a rack, an NVLink domain; or, with no topology, the fleet) failing together:
-    # one finding for many nodes (power, switch, cooling), ``gpu_uuid`` None
-    DOMAIN_EVENT = "domain-event"
+    DOMAIN_EVENT = "domain-event"  # many nodes of one rack or NVLink domain at once (power, switch, cooling)
     # the idle ledger
     HOARDED = "hoarded"
     # the scheduling planner

@@ -80,8 +80,10 @@ def temperature_residual(ts, model, pool, node, temperature, power, profile) -> 
     residual = np.where(ok, temperature - expected, np.nan)
     ts_code = pd.factorize(ts)[0].astype(np.int64)
     n_pools = int(pool.max(initial=0)) + 1
-    fleet = _group_median(residual, (ts_code * (int(model.max(initial=0)) + 1) + model) * n_pools + pool)
-    residual = residual - fleet
+    # the drift of the model and pool at this time, where at least 3 GPUs show it: a GPU alone in its
+    # group (a one-GPU fleet, a model's only card) is its own "fleet" and would cancel itself out
+    fleet = _group_median(residual, (ts_code * (int(model.max(initial=0)) + 1) + model) * n_pools + pool, min_count=3)
+    residual = residual - np.where(np.isfinite(fleet), fleet, 0.0)
     node_mates = _group_median(residual, ts_code * (int(node.max(initial=0)) + 1) + node, min_count=3)
     return residual - np.where(np.isfinite(node_mates), node_mates, 0.0), node_mates
 

@@ -33,6 +33,7 @@ def early_warning_findings(b: FindingBuilder) -> None:
     _throttle(b, shared)
     _cooling(b)
     _straggler(b, shared)
+    _straggler_alone(b)
     node_condition_findings(b, shared)
 
 
@@ -229,6 +230,39 @@ def _cooling(b: FindingBuilder) -> None:
                          "note": "warming alone (not with its node-mates, not from load): fan, heatsink or "
                                  "coolant; thermal slowdown or shutdown may follow"},
            lambda rows: 0.6 + 0.02 * float(np.nanmax(excess[rows]) - c.cooling_excess_celsius))
+
+
+def _straggler_alone(b: FindingBuilder) -> None:
+    """A GPU with no peers to judge it by (alone in its model and pool at its operating point: a
+    one-GPU fleet, a model's only card) against its own history instead: its active clock over the
+    window at least ``node_slow_margin`` (log) below its own hourly baseline, at power not higher than
+    its own, with no throttle reason and no XID. A GPU slow from its first sample has no history to
+    be slower than: that is said by no finding (it needs peers)."""
+    s, c = b.s, b.config
+    window = c.straggler_window_s
+    alone = (s["active"] > 0) & ~np.isfinite(s["log_clock_ratio"])
+    if not alone.any():
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_clock = np.where(alone & (s["sm_clock_mhz"] > 0), np.log(s["sm_clock_mhz"]), np.nan)
+        log_power = np.where(alone & (s["power_watts"] > 0), np.log(s["power_watts"]), np.nan)
+    recent, n_recent = s.window_mean(log_clock, window)
+    recent_power, _ = s.window_mean(log_power, window)
+    per_hour = b.min_samples(600.0)
+    clock_drop = recent - _own_hourly_baseline(s, log_clock, c.cooling_history_hours, per_hour)
+    power_rise = recent_power - _own_hourly_baseline(s, log_power, c.cooling_history_hours, per_hour)
+    throttled = s.window_count((s["thermal"] + s["power_brake"] + s["hw_slowdown"]) > 0, window) > 0
+    errors = s.window_sum(sum(s[f"inc_xid_{code}_total"] for code in XID_RULES) + s["inc_xid_other_total"], window) > 0
+    flag = (alone & (n_recent >= b.min_samples(c.straggler_min_active_s)) & np.isfinite(clock_drop)
+            & (clock_drop <= -c.node_slow_margin) & ~(np.nan_to_num(power_rise) > c.straggler_max_power_excess)
+            & ~throttled & ~errors)
+    severity, recovery = EARLY_WARNING_KINDS[FindingKind.STRAGGLER], FAULT_ACTIONS[FindingKind.STRAGGLER].recovery
+    b.emit(FindingKind.STRAGGLER, flag, severity,
+           lambda rows: {"signal": "sm_clock_mhz vs the GPU's own history (no peers at its operating point)",
+                         f"clock_vs_own_history_{int(window // 60)}m": float(np.exp(np.nanmin(clock_drop[rows]))),
+                         "recovery": recovery,
+                         "note": "slower than it used to be with no throttle reason and no XID; no peer to compare with"},
+           lambda rows: 0.5 + min(0.3, -float(np.nanmin(clock_drop[rows]))), sustain_s=c.straggler_cordon_after_s)
 
 
 def _own_hourly_baseline(s: GpuSeries, values: np.ndarray, history_hours: int, min_per_hour: int) -> np.ndarray:
