@@ -1,5 +1,6 @@
-"""``gpuwarden simulate savings``: the smallest fleet that serves one window of a trace, per queue
-policy, and the GPU-hours gpuwarden saves against kube-default and Kueue (docs/savings.md)."""
+"""``gpuwarden simulate savings``: the smallest fleet that serves one window of a trace, or of your
+own history (``--since``, a store or Prometheus), per queue policy, and the GPU-hours gpuwarden saves
+against kube-default and Kueue (docs/savings.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .args import number
@@ -39,6 +41,12 @@ reserved/on-demand price of the time), spot for checkpointable load above them (
 --checkpoint-seconds, the work lost counted), on-demand for the rest; its cost against the same
 load all on-demand (cost_saved_pct), priced from the price book (--price-book, --gpu-model).
 
+Your own history instead of a trace (--since 7d, and --store PATH or --source file|prometheus, as
+`gpuwarden simulate whatif` reads it): the workloads of the window's fleet samples, rebuilt as the
+what-if rebuilds them (each pod submitted at its first sample, as checkpointable training, MIG and
+time-sliced shares rounded up to whole GPUs; each team's guarantee share its share of the window's
+GPU-hours), searched from the fleet's own size unless --gpus is given.
+
 A jobs CSV (--trace FILE) has one row per job and the columns
   submitted         submit time, ISO 8601 (UTC unless a zone is given), e.g. 2017-10-09 14:00:00
   duration_seconds  run time once started, seconds >= 0
@@ -68,12 +76,12 @@ def _date(text: str) -> str:
 
 def add_savings_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .output import add_output_options
-    from .sources import duration
+    from .sources import add_source_options, duration
 
     savings = commands.add_parser(
         "savings", help="smallest fleet per queue policy for one trace window; GPU-hours gpuwarden saves",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    savings.add_argument("--trace", default="philly",
+    savings.add_argument("--trace", default=None,
                          help="'philly' (the bundled Philly jobs) or a jobs CSV (format above; default philly)")
     savings.add_argument("--start", type=_date, default=None,
                          help="window start, a UTC date or date-time (default: 2017-10-09 for philly, "
@@ -82,8 +90,9 @@ def add_savings_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                          help="window length in days, > 0 (default: 2 for philly; all of a jobs CSV)")
     savings.add_argument("--max-jobs", type=number(int, 1, 10**6), default=None,
                          help="only the first N jobs of the window (default: all)")
-    savings.add_argument("--gpus", type=number(int, 1, 8 * 4096), default=256,
-                         help="fleet size the search starts from, in GPUs (rounded up to 8-GPU nodes; default 256)")
+    savings.add_argument("--gpus", type=number(int, 1, 8 * 4096), default=None,
+                         help="fleet size the search starts from, in GPUs (rounded up to 8-GPU nodes; default 256, "
+                              "for your history the fleet's own GPUs)")
     savings.add_argument("--slo-wait", type=duration, default="1h",
                          help="each team's p95 wait must be at most this (e.g. 30m, 1h, 2h30m; default 1h)")
     savings.add_argument("--policies", type=_policy_list, default=None,
@@ -104,11 +113,26 @@ def add_savings_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     tiers.add_argument("--price-book", type=Path, default=None,
                        help="price book YAML (default: $GPUWARDEN_PRICE_BOOK, else the bundled one)")
     add_output_options(savings)
-    savings.set_defaults(run=run_savings)
+    add_source_options(savings, since_default="7d")  # your own history instead of --trace
+    # None: not given, so any of them given means "your history" (open_window gets the defaults back)
+    savings.set_defaults(run=run_savings, since=None, source=None, store=None)
 
 
-def run_savings(args: argparse.Namespace) -> int:
-    from gpuwarden.fleet.traces import default_data_dir
+SUBMISSION_NOTE = ("submission times are not in the samples: each workload is taken as submitted at its first sample "
+                   "(queueing before it started is not seen)")
+TRACE_FLAGS = ("trace", "start", "days", "max_jobs", "data_dir")
+HISTORY_FLAGS = ("since", "until", "source", "store", "file", "prometheus_url")
+
+
+def is_history(args: argparse.Namespace) -> bool:
+    """Whether the arguments name your own history (a source option given) rather than a trace."""
+    return any(getattr(args, flag, None) is not None for flag in HISTORY_FLAGS)
+
+
+def savings_report(args: argparse.Namespace) -> tuple[SavingsReport, list[str]]:
+    """The search the arguments ask for (a trace's window, or your history's), and notes about its
+    input (history only). Also run by ``scripts/savings_plots.py``."""
+    from gpuwarden.fleet.paths import default_data_dir
     from gpuwarden.scheduling.errors import SchedulingError
     from gpuwarden.scheduling.policy import POLICIES
     from gpuwarden.scheduling.savings import find_savings, savings_policies
@@ -118,26 +142,64 @@ def run_savings(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise SchedulingError(f"--policies: {unknown[0]!r} is not a queue policy; choose from {', '.join(POLICIES)}")
-    started = time.perf_counter()
-    if args.trace == "philly":
+    if is_history(args):
+        return _history_report(args, tuple(policies))
+    trace = args.trace or "philly"
+    if trace == "philly":
         workload = philly_workload(args.data_dir or default_data_dir(), args.start, args.days, args.max_jobs)
     else:
         from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
 
-        path = Path(args.trace)
+        path = Path(trace)
         checked_input(path, "--trace", MAX_SAMPLES_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
         workload = file_workload(path, args.start, args.days, args.max_jobs)
+    gpus = 256 if args.gpus is None else args.gpus
+    return find_savings(workload, policies, gpus, args.slo_wait.total_seconds()), []
+
+
+def _history_report(args: argparse.Namespace, policies: tuple[str, ...]) -> tuple[SavingsReport, list[str]]:
+    from gpuwarden.scheduling.errors import SchedulingError
+    from gpuwarden.scheduling.savings_history import history_savings
+    from .source_notes import rejected_rows_note
+    from .sources import open_window
+
+    clash = [f"--{flag.replace('_', '-')}" for flag in TRACE_FLAGS if getattr(args, flag, None) is not None]
+    if clash:
+        raise SchedulingError(f"{clash[0]}: a trace's flag; your history's window is --since/--until "
+                              "(give either a trace or a samples source, not both)")
+    args.source = args.source or "local"
+    args.since = args.since or "7d"
+    if args.store is None:
+        from .storemark import DEFAULT_STORE
+
+        args.store = DEFAULT_STORE
+    window = open_window(args)
+    found = history_savings(window.source, window.start, window.end, policies, args.slo_wait.total_seconds(),
+                            args.gpus)
+    if found.report is None:
+        raise SchedulingError(f"--since: no savings figure between {window.start:%Y-%m-%d %H:%M} and "
+                              f"{window.end:%Y-%m-%d %H:%M} UTC: {found.why}")
+    notes = [SUBMISSION_NOTE, f"the fleet seen in the window: {found.fleet_gpus:,} GPUs", *found.notes,
+             *rejected_rows_note(window.source)]
+    return found.report, notes + ([window.note.removeprefix("note: ")] if window.note else [])
+
+
+def run_savings(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     prices = _tier_prices(args) if args.tiers else None  # a bad price book or model: refused before any replay
-    report = find_savings(workload, policies, args.gpus, args.slo_wait.total_seconds())
+    report, notes = savings_report(args)
     if prices is not None:
         from gpuwarden.scheduling.savings import JOB_MODEL
         from gpuwarden.scheduling.tiers import SpotModel
 
         report.add_tiers(prices, SpotModel(args.spot_reclaims_per_hour, args.checkpoint_seconds,
                                            JOB_MODEL.resume_overhead))
-    emit(args, render_savings(report, args.format, args.wide, time.perf_counter() - started))
-    for line in report.unserved():  # after the results, on stderr: JSON and CSV on stdout stay clean
-        sys.stdout.flush()
+    emit(args, render_savings(report, args.format, args.wide, time.perf_counter() - started, notes))
+    sys.stdout.flush()  # after the results, on stderr: JSON and CSV on stdout stay clean
+    if args.format in ("json", "csv"):
+        for line in notes:
+            print(f"note: {line}", file=sys.stderr)
+    for line in report.unserved():
         print(f"gpuwarden: warning: {line}", file=sys.stderr)
     return 0
 
@@ -155,8 +217,10 @@ def _tier_prices(args: argparse.Namespace) -> TierPrices:
         raise SchedulingError(f"--gpu-model: {error}") from None
 
 
-def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds: float | None = None) -> str:
-    """JSON: ``report.to_dict()``; CSV: one row per policy; a table or markdown: the rows and notes."""
+def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds: float | None = None,
+                   extra_notes: Sequence[str] = ()) -> str:
+    """JSON: ``report.to_dict()``; CSV: one row per policy; a table or markdown: the rows and notes
+    (``extra_notes`` after them: about your history's input)."""
     import json
 
     if fmt == "json":
@@ -172,7 +236,8 @@ def render_savings(report: SavingsReport, fmt: str, wide: bool = False, seconds:
              f"nodes = the smallest fleet of 8-GPU nodes that serves it (search from {report.start_nodes} nodes, "
              f"bounds {w.min_nodes()}..{w.max_nodes()}); times in seconds; wait_p95 over all jobs",
              f"gpuwarden saves GPU-hours provisioned vs: {saved}",
-             f"{sum(report.replays.values())} replays" + (f" in {seconds:.1f} s wall" if seconds is not None else "")]
+             f"{sum(report.replays.values())} replays" + (f" in {seconds:.1f} s wall" if seconds is not None else ""),
+             *extra_notes]
     prefix = "> " if fmt == "markdown" else "note: "
     text = render_rows(report.rows(), fmt, wide=wide) + "\n" + "".join(prefix + n + "\n" for n in notes)
     if report.tiers is None:

@@ -23,7 +23,8 @@ the jobs asked for), their ratio, mean JCT, p95 wait over all jobs, and the wors
 its asked-for guarantee; and gpuwarden's GPU-hours saved against kube-default (when that policy
 exists) and Kueue. Each served replay also records its load (GPUs held over time, and how many by
 jobs that cannot checkpoint): :meth:`SavingsReport.add_tiers` plans reserved, spot and on-demand
-capacity over it (:mod:`.tiers`).
+capacity over it (:mod:`.tiers`); and each job's wait, the seconds the SLO judges (the plots of
+``scripts/savings_plots.py``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Outcome:
     team_wait_p95: dict[str, float] = field(default_factory=dict)
     worst_team_guarantee_met: float = math.nan
     load: LoadCurve | None = field(default=None, compare=False, repr=False)  # GPUs held over time (served only)
+    waits: np.ndarray | None = field(default=None, compare=False, repr=False)  # per job, seconds (all finished only)
 
 
 class _SloBroken(Exception):
@@ -159,7 +161,7 @@ def replay_window(workload: Workload, policy: str, nodes: int, slo_seconds: floa
                    "" if worst <= slo_seconds else f"the worst team's p95 wait is {worst:.0f} s",
                    makespan=float(finish.max()), jct_mean=float(jct.mean()), wait_p95=float(np.percentile(wait, 95)),
                    team_wait_p95=team_p95, worst_team_guarantee_met=min(met) if met else 1.0,
-                   load=_load_curve(metrics.load, float(finish.max())))
+                   load=_load_curve(metrics.load, float(finish.max())), waits=wait)
 
 
 class FleetSearch:

@@ -157,3 +157,57 @@ def test_a_price_book_that_is_not_one(jobs_csv, tmp_path, capsys):
     book.write_text("models: [1, 2]\n")
     code, out, err = _run(["--trace", str(jobs_csv), "--tiers", "--price-book", str(book)], capsys)
     assert (code, out) == (2, "") and err.count("\n") == 1 and "book.yaml" in err, err
+
+
+# -- your own history instead of a trace (--since, a store) ----------------------------------------
+
+HISTORY_END = "2026-11-01T02:00:00Z"  # make_samples' two hours of minutes end at 01:59
+
+
+@pytest.fixture
+def history_store(tmp_path):
+    from builders import make_samples
+
+    from gpuwarden.store import LocalStore
+
+    LocalStore(tmp_path / "store").append(make_samples(steps=120))  # pod-1 of team-a holds two GPUs throughout
+    return tmp_path / "store"
+
+
+def test_history_from_a_store_is_the_searchs_figures(history_store, capsys):
+    import pandas as pd
+
+    from gpuwarden.scheduling.savings_history import history_savings
+    from gpuwarden.store import LocalStore
+
+    code, out, err = _run(["--store", str(history_store), "--since", "3h", "--until", HISTORY_END,
+                           "--format", "json", "--policies", "kube-default,gpuwarden"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    expected = history_savings(LocalStore(history_store), pd.Timestamp("2026-11-01T00:00:00Z"),
+                               pd.Timestamp(HISTORY_END), ("kube-default", "gpuwarden")).report.to_dict()
+    assert report == expected  # the same search, the same figures, keys and replays
+    assert report["trace"] == "history" and report["jobs"] == 1 and report["window_start"].startswith("2026-11-01T00:00:00")
+    assert report["policies"]["gpuwarden"]["nodes"] == 1 and report["gpu_hours_saved_pct"]["vs_kube_default"] == 0.0
+    notes = err.splitlines()  # JSON on stdout stays clean: the notes about the input go to stderr
+    assert all(line.startswith("note: ") for line in notes) and any("trimmed to the data held" in n for n in notes)
+    assert any("fleet seen in the window: 2 GPUs" in n for n in notes)
+
+
+def test_history_as_a_table_carries_its_notes(history_store, capsys):
+    code, out, err = _run(["--store", str(history_store), "--since", "2h", "--until", HISTORY_END,
+                           "--policies", "gpuwarden"], capsys)
+    assert (code, err) == (0, "")
+    assert "of history: 1 GPU jobs" in out and "note: submission times are not in the samples" in out
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["--since", "30m"], "--since: no savings figure between 2026-11-01 01:30 and 2026-11-01 02:00 UTC: too little "
+                         "history: the samples cover 30 min"),
+    (["--since", "2h", "--trace", "philly"], "--trace: a trace's flag"),
+    (["--since", "2h", "--days", "1"], "--days: a trace's flag"),
+])
+def test_history_refusals_are_one_line_and_exit_2(history_store, capsys, argv, names):
+    code, out, err = _run(["--store", str(history_store), "--until", HISTORY_END, *argv], capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and names in err, err

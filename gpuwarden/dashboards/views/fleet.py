@@ -1,9 +1,12 @@
 """Fleet overview: idle share and cost, critical findings, cordoned nodes and how many GPUs report,
-a node x GPU heatmap of activity, who holds the fleet and how busy it is over the shared window.
+a node x GPU heatmap of activity, who holds the fleet and how busy it is over the shared window, and
+the GPU-hours gpuwarden would have saved on the window's work.
 Numbers come from the window's fleet, ledger and health bundles (:mod:`gpuwarden.analytics.fleet_report`,
-:mod:`~gpuwarden.analytics.idle_cost_report`, :mod:`~gpuwarden.analytics.health_report`); the
-ledger and the health scan are slow to compute and only feed tiles here, so the page never waits
-for them: until they are ready (the demo precomputes them) the tiles say so."""
+:mod:`~gpuwarden.analytics.idle_cost_report`, :mod:`~gpuwarden.analytics.health_report`) and its
+savings bundle (:mod:`gpuwarden.scheduling.savings_history`: the savings search over the window's
+workloads, rebuilt from the samples); the ledger, the health scan and the search are slow to
+compute and only feed tiles here, so the page never waits for them: until they are ready (the demo
+precomputes the first two) the tiles say so, and the savings tile shows itself once computed."""
 
 from __future__ import annotations
 
@@ -13,7 +16,61 @@ import streamlit as st
 from gpuwarden.analytics import fleet_report as fr
 from gpuwarden.analytics.health_report import active_critical
 from gpuwarden.fleet import cluster_state as cs
+from gpuwarden.analytics.report_bundle import Bundle
+from gpuwarden.analytics.windows import Window
 from gpuwarden.dashboards import data, fmt
+
+SAVINGS = "savings"  # the bundle kind (savings_history.BUNDLE_KIND; not imported: the page loads no replay code)
+SAVINGS_POLL_S = 3
+
+
+def _savings_builder(source: fr.SamplesReader, window: Window, version: float) -> Bundle:
+    from gpuwarden.scheduling.savings_history import savings_bundle
+
+    return savings_bundle(source, window, version)
+
+
+def _savings(info: data.StoreInfo, window: Window) -> Bundle | None:
+    """The window's savings bundle, or None while it is computed in the background."""
+    return data.board().get(SAVINGS, info.path, window, info.version, _savings_builder, wait=False)
+
+
+@st.fragment(run_every=SAVINGS_POLL_S)
+def _savings_pending(info: data.StoreInfo, window: Window) -> None:
+    """Until the search is done: say so, and look again every few seconds (then redraw the page)."""
+    if _savings(info, window) is not None:
+        st.rerun()
+    st.caption("Working out the smallest fleet each policy needs for this window's work (the savings search "
+               "replays it a few dozen times); the figure appears here when it is done.")
+
+
+def savings_tile(info: data.StoreInfo, window: Window) -> None:
+    """gpuwarden's GPU-hours against kube-default's on this window's work, or why there is no figure."""
+    st.subheader("What gpuwarden would have saved on this window's work")
+    found = _savings(info, window)
+    if found is None:
+        _savings_pending(info, window)
+        return
+    figure = found["figure"]
+    if not figure["ok"]:
+        st.info(figure["headline"], icon=":material/info:")
+        return
+    st.success(figure["headline"] + ".", icon=":material/savings:")
+    s1, s2, s3 = st.columns(3)
+    s1.metric("gpuwarden", f"{figure['nodes']} nodes", help="The smallest fleet of 8-GPU nodes that serves the work.")
+    s2.metric(figure["baseline"], f"{figure['baseline_nodes']} nodes")
+    s3.metric("GPU-hours saved", fmt.percent(figure["saved_pct"] / 100),
+              help=f"{figure['gpu_hours']:,.0f} GPU-hours provisioned against {figure['baseline_gpu_hours']:,.0f}.")
+    others = ", ".join(f"{p} {n} nodes" for p, n in figure["policies"].items() if p not in ("gpuwarden", figure["baseline"]))
+    st.caption(
+        f"The window's {figure['jobs']:,} GPU workloads, rebuilt from the samples (each submitted at its first sample, "
+        f"as checkpointable training, on whole GPUs), replayed under each policy: the smallest fleet of 8-GPU nodes on "
+        f"which every workload finishes and every team's p95 wait stays within {figure['slo_wait_seconds'] / 3600:g} h; "
+        f"GPU-hours = nodes x 8 x the time until the last finish"
+        + (f" ({others})" if others else "") + f". The fleet seen: {figure['fleet_gpus']:,} GPUs; "
+        f"{figure['replays']} replays. "
+        + " ".join(f"{note.rstrip('.')}." for note in figure["notes"])
+        + " The whole table: `gpuwarden simulate savings --since 24h` (or `--since 7d`).")
 
 info = data.require_store()
 st.title("Fleet overview")
@@ -57,6 +114,8 @@ d4.metric("Mean SM activity", fmt.percent(head["mean_sm_active"], missing="not m
           help="GPM SM activity, averaged over the GPUs that measure it (Hopper and newer).")
 if head["mean_sm_active"] is not None and head["sm_measured_gpus"] < head["gpus"]:
     st.caption(f"SM activity is measured on {head['sm_measured_gpus']} of {head['gpus']} GPUs; the mean covers those only.")
+
+savings_tile(info, window)
 
 st.subheader("Activity by node and GPU (%)")
 grid = summary["grid"]
