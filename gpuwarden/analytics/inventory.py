@@ -74,6 +74,9 @@ class Inventory:
     digest: str = ""  # sha256 of the content: two copies of one inventory read the same
     labelled: Mapping[str, tuple[PriceTier, str]] = field(default_factory=dict)  # node -> tier, label that gave it
     labels_from: str = ""  # where node labels were looked for (e.g. kube_node_labels), for the note
+    # node -> why its tier label was not read (a value that is no tier): that node is priced by the
+    # file, the other nodes by their labels; the tier note says so
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
     def lookup(self, node: str) -> tuple[str, PriceTier]:
         """``(pool, tier)`` of ``node``: a tier from its labels wins over the file's."""
@@ -100,17 +103,19 @@ class Inventory:
         return f"{self.source} (sha256 {self.digest[:12]})" if self.digest else self.source
 
     def with_labels(self, labels: Mapping[str, Mapping[str, str]], origin: str = "node labels") -> Inventory:
-        """This inventory with the tiers ``labels`` (node -> its labels, read from ``origin``) give;
-        AnalyticsError for a label value that is no tier."""
-        labelled = dict(self.labelled)
+        """This inventory with the tiers ``labels`` (node -> its labels, read from ``origin``) give. A
+        node whose label value is no tier keeps the file's tier and is named in :meth:`tier_note`: one
+        bad label must not fail every priced read of the fleet."""
+        labelled, unreadable = dict(self.labelled), dict(self.unreadable)
         for node, node_labels in labels.items():
             try:
                 found = tier_from_labels(node_labels, node)
             except FleetValueError as error:
-                raise AnalyticsError(str(error)) from None
+                unreadable[node] = str(error)
+                continue
             if found is not None:
                 labelled[node] = found
-        return replace(self, labelled=labelled, labels_from=origin)
+        return replace(self, labelled=labelled, labels_from=origin, unreadable=unreadable)
 
     def tier_note(self, nodes: Iterable[str]) -> str:
         """One line saying where ``nodes``' price tiers came from."""
@@ -122,6 +127,10 @@ class Inventory:
             parts.append(f"{origins['default']} at the default tier {self.default_tier.value} (no tier label, "
                          "no inventory entry)")
         note = TIER_NOTE_PREFIX + ("; ".join(parts) or "no nodes")
+        bad = sorted(node for node in set(nodes) if node in self.unreadable)
+        if bad:
+            note += (f"; {len(bad)} node(s) priced by the inventory because their tier label is no tier: "
+                     + "; ".join(self.unreadable[node] for node in bad[:3]) + ("; ..." if len(bad) > 3 else ""))
         if self.labels_from and not any(origin.startswith("label ") for origin in origins):
             note += (f"; {self.labels_from} gave no tier label for these nodes (kube-state-metrics exports only "
                      "the node labels its --metric-labels-allowlist names)")

@@ -19,10 +19,18 @@ Reports name the book they used by :attr:`PriceBook.identity`: its file (or ``bu
 optional ``version:`` and a hash of its content.
 
 A model the book does not know raises :class:`PriceBookError` naming the model (and the tier).
+
+Every figure changes money, so each is checked where the book is read, naming its key: a number
+(never a boolean: YAML reads ``yes`` as true), finite, >= 0 and at most a bound no real book
+reaches (:data:`MOST`); ``pue`` 1..5. A key the format does not have (at the top, under ``power``,
+``owned_defaults``, an entry or its ``owned``), a key given twice in one mapping, two entries that
+price the same GPU model, and YAML whose aliases expand past a bound are refused, not read as
+something else.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Mapping
@@ -30,15 +38,20 @@ from collections.abc import Iterable, Mapping
 
 from gpuwarden.fleet import PriceTier
 from gpuwarden.fleet.gpu_catalogue import gpu_catalogue, name_key
+from gpuwarden.fleet.inputs import read_yaml_file
 from gpuwarden.fleet.price_tiers import TIER_ALIASES
 
 from .params import AnalyticsError
-from .yamlfile import content_digest, read_yaml
+from .yamlfile import content_digest
 
 DEFAULT_PRICE_BOOK_PATH = Path(__file__).with_name("pricebook.yaml")
 HOURS_PER_YEAR = 8760.0
 HOURS_PER_MONTH = HOURS_PER_YEAR / 12
 DEFAULT_TDP_WATTS = 400.0  # a model neither the book nor the GPU catalogue knows
+# The most each kind of figure may be, in any currency (a GPU-hour in yen or won is ~10^3-10^4).
+MOST = {"price": 1e6, "capex": 1e10, "kwh_price": 1e4, "lifetime_years": 100.0, "watts": 10_000.0}
+MAX_PUE = 5.0  # facility power over IT power: 1.1 for the best, ~2.5 for the worst rooms
+TOP_KEYS = ("version", "currency", "power", "owned_defaults", "models")
 
 
 class PriceBookError(AnalyticsError):
@@ -149,19 +162,25 @@ class PriceBook:
     @classmethod
     def from_yaml(cls, path: str | Path, source: str | None = None) -> PriceBook:
         """``source``: what reports call the book (default the path)."""
-        data = read_yaml(path, "price book", PriceBookError)
+        path = Path(path)
+        if not path.exists() and not path.is_symlink():
+            raise PriceBookError(f"{path}: price book file not found")
+        data = read_yaml_file(path, "the price book file", PriceBookError)
         return cls.from_mapping(data, source or str(path))
 
     @classmethod
     def from_mapping(cls, data: Mapping, source: str = "price book") -> PriceBook:
         if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping):
             raise PriceBookError(f"{source}: expected a mapping with a 'models' mapping")
-        power = data.get("power") or {}
-        kwh_price = _number(power.get("kwh_price", 0.12), f"{source}: power.kwh_price")
-        pue = _number(power.get("pue", 1.5), f"{source}: power.pue")
+        _known_keys(data, TOP_KEYS, source)
+        power = _section(data, "power", ("kwh_price", "pue"), source)
+        kwh_price = _number(power.get("kwh_price", 0.12), f"{source}: power.kwh_price", MOST["kwh_price"])
+        pue = _number(power.get("pue", 1.5), f"{source}: power.pue", MAX_PUE)
         if pue < 1.0:
             raise PriceBookError(f"{source}: power.pue {pue} must be >= 1")
-        default_lifetime = _number((data.get("owned_defaults") or {}).get("lifetime_years", 4), f"{source}: owned_defaults.lifetime_years")
+        defaults = _section(data, "owned_defaults", ("lifetime_years",), source)
+        default_lifetime = _number(defaults.get("lifetime_years", 4), f"{source}: owned_defaults.lifetime_years",
+                                   MOST["lifetime_years"])
         tiers = {t.value for t in PriceTier} - {PriceTier.OWNED.value}
         allowed_keys = tiers | set(TIER_ALIASES) | {"owned", "aliases", "tdp_watts", "typical_watts"}
         models = {}
@@ -177,28 +196,71 @@ class PriceBook:
             if unknown:
                 raise PriceBookError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
                                      f"allowed: {', '.join(sorted(allowed_keys))}")
-            hourly = {tier: _number(entry[tier], f"{where}.{tier}") for tier in tiers if tier in entry}
-            owned = entry.get("owned") or {}
-            capex = _number(owned["capex"], f"{where}.owned.capex") if "capex" in owned else None
-            lifetime = _number(owned.get("lifetime_years", default_lifetime), f"{where}.owned.lifetime_years")
+            hourly = {tier: _number(entry[tier], f"{where}.{tier}", MOST["price"]) for tier in tiers if tier in entry}
+            owned = _section(entry, "owned", ("capex", "lifetime_years"), where)
+            capex = _number(owned["capex"], f"{where}.owned.capex", MOST["capex"]) if "capex" in owned else None
+            lifetime = _number(owned.get("lifetime_years", default_lifetime), f"{where}.owned.lifetime_years",
+                               MOST["lifetime_years"])
             if lifetime <= 0:
                 raise PriceBookError(f"{where}.owned.lifetime_years: {lifetime} must be > 0")
             hardware = gpu_catalogue().get(str(name))
             default_tdp = hardware.tdp_watts if hardware is not None else DEFAULT_TDP_WATTS
-            tdp = _number(entry.get("tdp_watts", default_tdp), f"{where}.tdp_watts")
-            typical = _number(entry.get("typical_watts", 0.6 * tdp), f"{where}.typical_watts")
+            tdp = _number(entry.get("tdp_watts", default_tdp), f"{where}.tdp_watts", MOST["watts"])
+            typical = _number(entry.get("typical_watts", 0.6 * tdp), f"{where}.typical_watts", MOST["watts"])
+            aliases = entry.get("aliases") or ()
+            if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, (str, int, float)) for a in aliases):
+                raise PriceBookError(f"{where}.aliases: expected a list of GPU model names")
             models[str(name)] = ModelPrices(str(name), hourly, capex, lifetime, tdp, typical,
-                                            tuple(str(a) for a in entry.get("aliases") or ()))
+                                            tuple(str(a) for a in aliases))
+        _one_entry_per_model(models, source)
         version = data.get("version")
         return cls(models, kwh_price, pue, str(data.get("currency", "USD")), source,
                    None if version is None else str(version), content_digest(data))
 
 
-def _number(value, where: str) -> float:
+def _known_keys(mapping: Mapping, allowed: Iterable[str], where: str) -> None:
+    unknown = [key for key in mapping if key not in allowed]
+    if unknown:
+        raise PriceBookError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+
+
+def _section(data: Mapping, key: str, allowed: tuple[str, ...], where: str) -> Mapping:
+    """``data[key]``, a mapping of only ``allowed`` keys ({} when absent or empty)."""
+    section = data.get(key) or {}
+    if not isinstance(section, Mapping):
+        raise PriceBookError(f"{where}: {key}: expected a mapping of {', '.join(allowed)}")
+    _known_keys(section, allowed, f"{where}: {key}")
+    return section
+
+
+def _one_entry_per_model(models: Mapping[str, ModelPrices], source: str) -> None:
+    """Two entries (or an entry's alias) that name one GPU model: which prices it would be billed at
+    depended on their order."""
+    owner: dict[str, str] = {}
+    for name, prices in models.items():
+        for spelling in (name, *prices.aliases):
+            canonical = gpu_catalogue().resolve(spelling)
+            for key in {name_key(spelling), *([] if canonical is None else [f"catalogue:{name_key(canonical)}"])}:
+                other = owner.setdefault(key, name)
+                if other != name:
+                    first, second = sorted((other, name))
+                    model = canonical or spelling
+                    raise PriceBookError(f"{source}: models {first!r} and {second!r} price the same GPU model "
+                                         f"({model!r}); give it one entry (aliases: other products at its prices)")
+
+
+def _number(value: object, where: str, most: float) -> float:
+    """``value`` as a finite number in 0..``most``, or PriceBookError naming ``where``."""
+    if isinstance(value, bool):
+        raise PriceBookError(f"{where}: {value!r} is a boolean, not a number")
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
         raise PriceBookError(f"{where}: {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise PriceBookError(f"{where}: {value!r} is not a finite number")
     if number < 0:
         raise PriceBookError(f"{where}: {number} is negative; expected a number >= 0")
+    if number > most:
+        raise PriceBookError(f"{where}: {number:g} is more than {most:g}; is it in the right unit?")
     return number

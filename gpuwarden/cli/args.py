@@ -2,7 +2,9 @@
 
 Every number flag goes through :func:`number` (finite, inside a stated range), so ``nan``,
 ``inf``, ``1e12`` or ``-1`` where they make no sense are refused at parse time instead of
-spinning, overflowing or dividing by zero later.
+spinning, overflowing or dividing by zero later. Every output path (a flag of
+:data:`OUTPUT_FLAGS`, in any command) is checked by :class:`Parser` once parsed: a FIFO, a device,
+a socket or a folder is refused before any work starts (a FIFO would block the write for ever).
 """
 
 from __future__ import annotations
@@ -10,16 +12,41 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+# Flags that name a file a command writes, whichever command declares them (``--json``: health eval's
+# deprecated spelling of ``--format json --output``). tests/cli/test_bad_input_probe4.py checks that
+# every path flag of every command is either one of these or read through fleet.inputs.
+OUTPUT_FLAGS = frozenset({"--output", "--out", "--ground-truth", "--json"})
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage dump, no traceback), exit code 2."""
+    """An ArgumentParser whose errors are one line (no usage dump, no traceback), exit code 2, and
+    which refuses an output path that is not a regular file to write (:data:`OUTPUT_FLAGS`)."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
         raise SystemExit(2)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            flags = [flag for flag in action.option_strings if flag in OUTPUT_FLAGS]
+            value: Any = getattr(parsed, action.dest, None)
+            if flags and isinstance(value, (str, Path)) and str(value):
+                self._check_output(value, flags[0])
+        return parsed, extras
+
+    def _check_output(self, path: str | Path, flag: str) -> None:
+        from gpuwarden.fleet.inputs import InputFileError, checked_output  # fleet only once a command parses
+
+        try:
+            checked_output(path, flag)
+        except InputFileError as refused:
+            self.error(str(refused))
 
 
 def number(kind: type, minimum: float | None = None, maximum: float | None = None, *,

@@ -97,6 +97,8 @@ def emit(args: argparse.Namespace, text: str) -> None:
     """Write ``text`` to ``--output`` or standard output."""
     output = getattr(args, "output", None)
     if output:
-        Path(output).write_text(text)
+        from gpuwarden.fleet.inputs import write_output_text  # a FIFO made since parsing fails, never blocks
+
+        write_output_text(Path(output), text)
     else:
         sys.stdout.write(text)

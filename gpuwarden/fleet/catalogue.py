@@ -8,6 +8,7 @@ does. :func:`load_catalogue` parses and validates it; nothing here reads a GPU.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -95,9 +96,12 @@ class MetricSpec:
 def _parse_scale(text: str) -> float:
     text = text.strip() or "1"
     try:
-        return float(Fraction(text))
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"invalid scale {text!r}: a number or a fraction such as 1/1048576") from None
+        scale = float(Fraction(text))
+    except (ValueError, ZeroDivisionError, OverflowError):  # Fraction("1e400") parses; float() overflows
+        scale = math.nan
+    if not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"invalid scale {text!r}: a finite, non-zero number or a fraction such as 1/1048576")
+    return scale
 
 
 def _check(spec: MetricSpec) -> None:

@@ -16,6 +16,7 @@ library only: the exporter imports :mod:`gpuwarden.fleet` and carries no numpy.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -152,14 +153,27 @@ class GpuCatalogue:
         return sorted({p for m in self.models.values() for p in m.mig_profiles})
 
 
+# The most a column may hold (default ``_MOST_DEFAULT``): a price per GPU-hour in any currency, a
+# board's watts; past these the value is a typo or another unit, never a GPU.
+_MOST = {"tdp_watts": 10_000.0, "memory_gib": 10_000.0, "max_sm_clock_mhz": 10_000.0, "nvlink_links": 1_000.0,
+         "mig_compute_slices": 64.0, "mig_memory_slices": 64.0, "compute_slices": 64.0, "memory_slices": 64.0,
+         "max_instances": 64.0, **{column: 1e6 for column in _PRICE_COLUMNS}}
+_MOST_DEFAULT = 1e6
+
+
 def _number(row: Mapping[str, str], column: str, kind: type[int] | type[float] = float, low: float = 0.0) -> float:
     text = row[column]
     try:
         value = float(kind(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ValueError(f"{column} {text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(value):  # float("nan") and "inf" parse: a NaN price would be summed into costs
+        raise ValueError(f"{column} {text!r} is not a finite number")
     if value < low:
         raise ValueError(f"{column} {value} must be >= {low:g}")
+    most = _MOST.get(column, _MOST_DEFAULT)
+    if value > most:
+        raise ValueError(f"{column} {text!r} is more than {most:g}")
     return value
 
 

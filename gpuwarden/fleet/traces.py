@@ -1,7 +1,10 @@
 """Loaders for the real traces in ``../shared/data`` (simulator, scheduling replay, health evaluation).
 
 Each loader checks the columns it needs and names the file, the line and the expected value when
-a row is bad, so a broken trace never turns into a silent default.
+a row is bad, so a broken trace never turns into a silent default. Columns that count things or
+time (GPUs, nodes, milli-CPUs, durations) go through :func:`checked_column`: a value that is empty,
+not finite, negative, fractional where it counts, or past a bound no trace reaches is refused
+naming its line, never read as another number (``1.5`` GPUs as 1) or summed as NaN.
 """
 
 from __future__ import annotations
@@ -13,26 +16,64 @@ import numpy as np
 import pandas as pd
 from .paths import default_data_dir  # noqa: F401 (re-exported)
 from .errors import UserError
+from .inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+
+MAX_JOB_GPUS = 10**6  # GPUs one job or pod asks for
+MAX_COUNT = 10**9  # milli-CPUs, MiB, nodes: the largest real trace values are ~10^6
+MAX_DURATION_SECONDS = 3660 * 86400.0  # ten years: Philly's longest job ran 54 days
+# kind -> (whole numbers only, the most allowed, how the most is said)
+BOUNDED_KINDS: dict[str, tuple[bool, float, str]] = {
+    "gpus": (True, MAX_JOB_GPUS, "1,000,000 GPUs"),
+    "count": (True, MAX_COUNT, "1,000,000,000"),
+    "seconds": (False, MAX_DURATION_SECONDS, "ten years of seconds"),
+}
 
 
 class TraceError(UserError, ValueError):
     """A trace file that is missing, lacks a column, or has a bad row; the message says where."""
 
 
-def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
-    """Read ``path`` and check ``required`` columns: name -> 'number' | 'time' | 'text'."""
-    if not path.exists():
+def checked_column(path: Path | str, raw: pd.Series, name: str, kind: str) -> pd.Series:
+    """``raw`` (text or numbers, one trace column) as float64, or TraceError naming ``path``, the line
+    (the header is line 1) and the value: empty, not a number, not finite, negative, or for a
+    :data:`BOUNDED_KINDS` kind fractional where it must be whole or above its bound."""
+    whole, most, said = BOUNDED_KINDS[kind]
+    values = pd.to_numeric(raw, errors="coerce").astype("float64")
+    array = values.to_numpy()
+    finite = np.isfinite(array)
+    checks = (
+        (pd.isna(raw).to_numpy() | (raw.astype(str).str.strip() == "").to_numpy(), "is empty"),
+        (np.isnan(array), "is not a number"),
+        (~finite, "is not a finite number"),
+        (finite & (array < 0), "is negative"),
+        (finite & (np.mod(np.where(finite, array, 0.0), 1.0) != 0) if whole else np.zeros(len(array), bool),
+         "is not a whole number"),
+        (finite & (array > most), f"is more than {said}"),
+    )
+    for mask, why in checks:
+        if mask.any():
+            row = int(np.flatnonzero(mask)[0])
+            raise TraceError(f"{path}:{row + 2}: column {name!r}: {raw.iloc[row]!r} {why}")
+    return values
+
+
+def read_trace_csv(path: Path, required: dict[str, str], what: str = "") -> pd.DataFrame:
+    """Read ``path`` and check ``required`` columns: name -> 'number' | 'time' | 'text' or a kind of
+    :data:`BOUNDED_KINDS` (checked by :func:`checked_column`). ``what``: the flag that named the file."""
+    if not path.exists() and not path.is_symlink():
         raise TraceError(f"{path}: trace file not found (set --data-dir or GPUWARDEN_DATA)")
+    checked_input(path, what, MAX_SAMPLES_FILE_BYTES, raising=TraceError)  # a FIFO or /dev/zero: refused unread
+    numeric = {n for n, kind in required.items() if kind == "number"}  # bounded kinds read as written: errors quote them
     try:
         # numbers parsed by the reader itself where every one is well formed (text, then to_numeric,
         # took 4x as long on the GenAI traces); a column it cannot parse is read again as text below
         header = pd.read_csv(path, nrows=0).columns
-        frame = pd.read_csv(path, dtype={n: str for n in header if required.get(n) != "number"})
+        frame = pd.read_csv(path, dtype={n: str for n in header if n not in numeric})
         if not all(pd.api.types.is_numeric_dtype(frame[n]) and not pd.api.types.is_bool_dtype(frame[n])
-                   for n in required if required[n] == "number" and n in frame.columns):
+                   for n in numeric if n in frame.columns):
             frame = pd.read_csv(path, dtype=str)
-    except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
-        raise TraceError(f"{path}: not a readable CSV trace ({error})") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError, OSError) as error:
+        raise TraceError(f"{path}: not a readable CSV trace ({' '.join(str(error).split())})") from None
     missing = [name for name in required if name not in frame.columns]
     if missing:
         raise TraceError(
@@ -40,6 +81,9 @@ def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
         )
     for name, kind in required.items():
         raw = frame[name]
+        if kind in BOUNDED_KINDS:
+            frame[name] = checked_column(path, raw, name, kind)
+            continue
         if kind == "number":
             values = pd.to_numeric(raw, errors="coerce")
         elif kind == "time":
@@ -56,11 +100,11 @@ def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
 
 def load_philly_jobs(data_dir: Path) -> pd.DataFrame:
     """Philly jobs: submit time (UTC), duration_seconds, gpus, virtual cluster (team)."""
-    frame = _read_csv(
-        data_dir / "philly" / "philly_jobs.csv.gz",
-        {"timestamp": "time", "duration": "number", "num_gpus": "number", "cluster": "text"},
-    )
-    frame = frame.dropna(subset=["timestamp", "duration", "num_gpus"])
+    path = data_dir / "philly" / "philly_jobs.csv.gz"
+    frame = read_trace_csv(path, {"timestamp": "time", "duration": "seconds", "num_gpus": "gpus", "cluster": "text"})
+    undated = frame["timestamp"].isna().to_numpy()
+    if undated.any():  # dropped without a word before
+        raise TraceError(f"{path}:{int(np.flatnonzero(undated)[0]) + 2}: column 'timestamp' is empty")
     out = pd.DataFrame(
         {
             "submitted_at": frame["timestamp"],
@@ -69,27 +113,24 @@ def load_philly_jobs(data_dir: Path) -> pd.DataFrame:
             "virtual_cluster": frame["cluster"].astype(str),
         }
     )
-    negative = out[(out["duration_seconds"] < 0) | (out["gpus"] < 0)]
-    if not negative.empty:
-        raise TraceError(f"philly_jobs.csv.gz:{int(negative.index[0]) + 2}: negative duration or GPU count")
     return out.sort_values("submitted_at", kind="stable", ignore_index=True)
 
 
 def load_philly_vcs(data_dir: Path) -> pd.DataFrame:
-    frame = _read_csv(data_dir / "philly" / "philly_vc.csv", {"vc": "text", "node num": "number"})
+    frame = read_trace_csv(data_dir / "philly" / "philly_vc.csv", {"vc": "text", "node num": "count"})
     return pd.DataFrame({"virtual_cluster": frame["vc"].astype(str), "nodes": frame["node num"].astype(int)})
 
 
 def load_openb_pods(data_dir: Path, pod_list: str = "default") -> pd.DataFrame:
     """openb pods: GPUs, milli-GPU per GPU, GPU-model constraint, lifetime in seconds."""
-    frame = _read_csv(
+    frame = read_trace_csv(
         data_dir / "openb" / f"openb_pod_list_{pod_list}.csv",
         {
             "name": "text",
-            "cpu_milli": "number",
-            "memory_mib": "number",
-            "num_gpu": "number",
-            "gpu_milli": "number",
+            "cpu_milli": "count",
+            "memory_mib": "count",
+            "num_gpu": "gpus",
+            "gpu_milli": "count",
             "creation_time": "number",
             "deletion_time": "number",
         },
@@ -118,11 +159,11 @@ class GenAiSeries:
 
 
 def load_genai(data_dir: Path) -> GenAiSeries:
-    duty = _read_csv(
+    duty = read_trace_csv(
         data_dir / "genai" / "pod_gpu_duty_cycle.csv.gz",
         {"value": "number", "timestamp_anon": "number", "container_ip": "text"},
     )
-    memory = _read_csv(
+    memory = read_trace_csv(
         data_dir / "genai" / "pod_gpu_memory_used_bytes.csv.gz",
         {"value": "number", "timestamp_anon": "number", "container_ip": "text"},
     )
@@ -169,7 +210,7 @@ class PhaseSamples:
 
 
 def load_h200_phases(data_dir: Path) -> PhaseSamples:
-    frame = _read_csv(
+    frame = read_trace_csv(
         data_dir / "h200" / "phase_trace.csv",
         {"phase": "text", **{column: "number" for column in PHASE_COLUMNS if not column.startswith("gpm_")}},
     )

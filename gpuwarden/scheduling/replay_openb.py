@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet.traces import TraceError
+from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+from gpuwarden.fleet.traces import BOUNDED_KINDS, TraceError, checked_column
 
 from .packing import TargetWorkload
 from .placement import PlacementOptions, find_placement
@@ -81,18 +82,24 @@ class OpenbInput:
                  [f"{n.sn}/gpu{i}" for i in range(int(n.gpu))]) for n in self.nodes.itertuples()]
 
 
-def _read_csv(path: Path, required: dict[str, str]) -> pd.DataFrame:
-    """Read a trace CSV, naming the file, line and column of the first bad value."""
-    if not path.exists():
+def _read_csv(path: Path, required: dict[str, str], what: str = "") -> pd.DataFrame:
+    """Read a trace CSV, naming the file, line and column of the first bad value: a 'number' column
+    holds numbers >= 0; a kind of fleet.traces.BOUNDED_KINDS ('count', 'gpus') whole, finite, bounded
+    numbers. ``what``: the flag that named the file (a FIFO or a device is refused unread)."""
+    if not path.exists() and not path.is_symlink():
         raise TraceError(f"{path}: trace file not found (set --data-dir or GPUWARDEN_DATA)")
+    checked_input(path, what, MAX_SAMPLES_FILE_BYTES, raising=TraceError)
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as error:
-        raise TraceError(f"{path}: not a readable CSV ({error})") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as error:
+        raise TraceError(f"{path}: not a readable CSV ({' '.join(str(error).split())})") from None
     missing = [name for name in required if name not in frame.columns]
     if missing:
         raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected: {', '.join(required)}")
     for name, kind in required.items():
+        if kind in BOUNDED_KINDS:
+            frame[name] = checked_column(path, frame[name], name, kind)
+            continue
         if kind != "number":
             continue
         values = pd.to_numeric(frame[name], errors="coerce")
@@ -127,10 +134,10 @@ def pod_list_path(data_dir: Path, pod_list: str) -> Path:
 
 def load_openb_pods(data_dir: Path, pod_list: str) -> pd.DataFrame:
     """A pod list: GPUs, milli-GPU per GPU, CPU, memory and the optional ``gpu_spec`` model constraint."""
-    frame = _read_csv(
-        pod_list_path(data_dir, pod_list),
-        {"name": "text", "cpu_milli": "number", "memory_mib": "number", "num_gpu": "number", "gpu_milli": "number"},
-    )
+    path = pod_list_path(data_dir, pod_list)
+    frame = _read_csv(path, {"name": "text", "cpu_milli": "count", "memory_mib": "count", "num_gpu": "gpus",
+                             "gpu_milli": "count"},
+                      "--lists" if path.parent != data_dir / "openb" else "the openb pod list")
     return pd.DataFrame({
         "name": frame["name"], "cpu_milli": frame["cpu_milli"].astype("int64"),
         "memory_mib": frame["memory_mib"].astype("int64"), "gpus": frame["num_gpu"].astype("int64"),
@@ -142,7 +149,8 @@ def load_openb_pods(data_dir: Path, pod_list: str) -> pd.DataFrame:
 def load_openb_nodes(data_dir: Path) -> pd.DataFrame:
     return _read_csv(
         data_dir / "openb" / "openb_node_list_gpu_node.csv",
-        {"sn": "text", "cpu_milli": "number", "memory_mib": "number", "gpu": "number", "model": "text"},
+        {"sn": "text", "cpu_milli": "count", "memory_mib": "count", "gpu": "gpus", "model": "text"},
+        "the openb node list",
     )
 
 
@@ -276,7 +284,7 @@ _PREPARED: dict[tuple[str, str], OpenbInput] = {}
 
 
 def _cached_prepare(data_dir: Path | str, pod_list: str) -> OpenbInput:
-    key = (str(data_dir), pod_list)
+    key = (str(Path(data_dir).resolve()), pod_list)  # a relative --data-dir names another folder from another cwd
     if key not in _PREPARED:
         _PREPARED[key] = prepare(Path(data_dir), pod_list)
     return _PREPARED[key]

@@ -224,20 +224,19 @@ def run_queue_replay(data_dir: Path, spec: QueueSlice = QueueSlice(),
 
 def run_queue_replay_file(path: Path, data_dir: Path, spec: QueueSlice = QueueSlice(),
                           policies: Sequence[str] = QUEUE_POLICIES) -> list[QueueResult]:
-    """Replay a user's Philly-format CSV (timestamp,duration,num_gpus,cluster). It must be time-ordered."""
-    from gpuwarden.fleet.traces import TraceError
+    """Replay a user's Philly-format CSV (timestamp,duration,num_gpus,cluster). It must be time-ordered;
+    a row whose GPUs are not a whole number 0..1,000,000 or whose duration is not a finite number of
+    seconds >= 0 is refused naming its line (fleet.traces.checked_column), never rounded or run as 1 s."""
+    from gpuwarden.fleet.traces import TraceError, read_trace_csv
 
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as error:
-        raise TraceError(f"{path}: not a readable CSV ({error})") from None
-    missing = [c for c in ("timestamp", "duration", "num_gpus", "cluster") if c not in frame.columns]
-    if missing:
-        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+    frame = read_trace_csv(Path(path), {"timestamp": "text", "duration": "seconds", "num_gpus": "gpus",
+                                        "cluster": "text"}, "--trace")
     stamps = pd.to_datetime(frame["timestamp"], errors="coerce", utc=True)
     if stamps.isna().any():
         row = int(np.flatnonzero(stamps.isna().to_numpy())[0])
         raise TraceError(f"{path}:{row + 2}: timestamp {frame['timestamp'].iloc[row]!r} is not a time")
+    if frame.empty:
+        raise TraceError(f"{path}: no jobs (a header and no rows)")
     jobs = pd.DataFrame({"submitted_at": stamps, "duration_seconds": frame["duration"].astype(float),
                          "gpus": frame["num_gpus"].astype(int), "virtual_cluster": frame["cluster"].astype(str)})
     try:

@@ -5,7 +5,7 @@ guarantee its share of ``philly_vc.csv``'s nodes) or a jobs CSV of one's own (te
 guarantees equally). A jobs CSV has one row per job and these columns (any order, others ignored):
 
 - ``submitted``: when the job was submitted, a date-time (ISO 8601; UTC unless it names a zone);
-- ``duration_seconds``: how long it runs once started, seconds >= 0;
+- ``duration_seconds``: how long it runs once started, seconds >= 0 (at most ten years);
 - ``gpus``: whole GPUs it asks for, >= 0 (a job of 0 GPUs is left out: it needs no GPU node;
   more than 8 is a gang of 8-GPU pods, rounded up to whole nodes as in the Philly replay);
 - ``team``: who submitted it, not empty;
@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuwarden.fleet.traces import TraceError, load_philly_jobs
+from gpuwarden.fleet.inputs import MAX_SAMPLES_FILE_BYTES, checked_input
+from gpuwarden.fleet.traces import MAX_DURATION_SECONDS, TraceError, load_philly_jobs
 
 from .errors import SchedulingError
 from .replay_queue import build_jobs, guarantees_of, philly_shares
@@ -106,6 +107,7 @@ def file_workload(path: Path, start: str | None, days: float | None, max_jobs: i
 
 def read_jobs_csv(path: Path) -> pd.DataFrame:
     """``path``'s jobs, checked row by row: the first bad row is named by its line in the file."""
+    checked_input(path, "--trace", MAX_SAMPLES_FILE_BYTES, raising=TraceError)  # a FIFO or /dev/zero: refused unread
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -128,6 +130,8 @@ def read_jobs_csv(path: Path) -> pd.DataFrame:
     duration = pd.to_numeric(frame["duration_seconds"], errors="coerce")
     bad(~np.isfinite(duration.to_numpy(dtype=float)), "duration_seconds", "is not a number of seconds")
     bad((duration < 0).to_numpy(), "duration_seconds", "is negative")
+    bad((duration > MAX_DURATION_SECONDS).to_numpy(), "duration_seconds",
+        f"is more than ten years ({MAX_DURATION_SECONDS:,.0f} s); is it in milliseconds?")
     gpus = pd.to_numeric(frame["gpus"], errors="coerce")
     values = gpus.to_numpy(dtype=float)
     bad(~np.isfinite(values) | (np.mod(values, 1) != 0), "gpus", "is not a whole number of GPUs")

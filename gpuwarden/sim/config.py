@@ -9,16 +9,15 @@ hardware fault rates (the demo raises it so that one simulated week shows some f
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 from collections.abc import Collection, Mapping
 
-import yaml
-
 from gpuwarden.fleet.errors import UserError
-from gpuwarden.fleet.inputs import MAX_CONFIG_FILE_BYTES, checked_input
+from gpuwarden.fleet.inputs import read_yaml_file
 
 LLAMA3_GPU_DAYS = 54 * 16384
 # Llama 3 paper, Table 5 (GPU-related root causes), interruptions in 54 days.
@@ -33,6 +32,14 @@ LLAMA3_INTERRUPTIONS = {
 
 
 ATTRIBUTION_MODES = ("on", "off", "mixed")
+# The most each setting may be: past these a run only spins or fills memory (a config file is checked
+# like the CLI's flags; tests raise fault_rate_scale to 2000 for a few steps).
+MOST_INT = {"nodes": 4096, "gpus_per_node": 8, "step_seconds": 3600, "max_training_gpus": 4096 * 8,
+            "scheduling_interval_seconds": 86400}
+MOST_FLOAT = {"training_load": 100.0, "inference_load": 100.0, "notebooks_per_100_gpus": 100.0,
+              "fault_rate_scale": 10_000.0, "spot_reclaims_per_node_day": 1440.0, "warmup_days": 366.0,
+              "max_job_days": 366.0, "node_conditions_per_node_day": 1440.0}
+MAX_SEED = 2**32 - 1  # as the CLI's --seed
 
 
 class ConfigError(UserError, ValueError):
@@ -80,20 +87,28 @@ class SimConfig:
     arrivals: bool = True
 
     def __post_init__(self) -> None:
-        positive_ints = ("nodes", "gpus_per_node", "step_seconds", "max_training_gpus", "scheduling_interval_seconds")
-        for name in positive_ints:
+        for name, most in MOST_INT.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name}: {value!r} is not allowed; expected a positive integer")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ConfigError(f"seed: {self.seed!r} is not allowed; expected an integer")
-        if self.gpus_per_node > 8:
-            raise ConfigError(f"gpus_per_node: {self.gpus_per_node} is not allowed; expected 1..8 (one HGX board)")
-        for name in ("training_load", "inference_load", "notebooks_per_100_gpus", "fault_rate_scale",
-                     "spot_reclaims_per_node_day", "warmup_days", "max_job_days", "node_conditions_per_node_day"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name}: {value!r} is not allowed; expected a number >= 0")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
+                expected = "1..8 (one HGX board)" if name == "gpus_per_node" else f"a positive integer <= {most}"
+                raise ConfigError(f"{name}: {value!r} is not allowed; expected {expected}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed: {self.seed!r} is not allowed; expected an integer 0..{MAX_SEED}")
+        for name, bound in MOST_FLOAT.items():
+            figure = getattr(self, name)
+            if (not isinstance(figure, (int, float)) or isinstance(figure, bool) or not math.isfinite(figure)
+                    or not 0 <= figure <= bound):
+                raise ConfigError(f"{name}: {figure!r} is not allowed; expected a finite number >= 0 and <= {bound:g}")
+        for name in ("cluster", "openb_pod_list"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; expected a name")
+        if not isinstance(self.counts_overrides, Mapping):
+            raise ConfigError(f"counts_overrides: {self.counts_overrides!r} is not allowed; expected fault kind: rate")
+        for kind, rate in self.counts_overrides.items():
+            if (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not math.isfinite(rate)
+                    or not 0 <= rate <= MOST_FLOAT["spot_reclaims_per_node_day"]):
+                raise ConfigError(f"counts_overrides[{kind!r}]: {rate!r} is not allowed; expected events per GPU-day, "
+                                  f"a finite number >= 0 and <= {MOST_FLOAT['spot_reclaims_per_node_day']:g}")
         if self.attribution not in ATTRIBUTION_MODES:
             raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
         if not isinstance(self.scheduler_policy, str) or not self.scheduler_policy:
@@ -132,16 +147,15 @@ class SimConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimConfig:
         path = Path(path)
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise ConfigError(f"{path}: no such config file")
-        checked_input(path, "the sim config", MAX_CONFIG_FILE_BYTES, raising=ConfigError)  # a FIFO would block for ever
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML ({error})") from None
+        # a FIFO would block for ever; aliases past a bound and a key given twice are refused
+        loaded = read_yaml_file(path, "the sim config", ConfigError)
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of settings at the top level")
         section = loaded.get("sim", loaded) if set(loaded) <= {"sim"} else loaded
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: sim: expected a mapping of settings")
         return cls.from_mapping(section, source=str(path))
 
     def check_policy(self, allowed: Collection[str]) -> None:

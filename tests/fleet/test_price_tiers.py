@@ -101,10 +101,13 @@ def test_a_bad_tier_name_is_an_error_naming_the_allowed_tiers(tmp_path):
     allowed = re.escape("on-demand, reserved, spot, owned, committed (= reserved)")
     with pytest.raises(FleetValueError, match=f"price tier 'cheap' is not one of: {allowed}"):
         parse_tier("cheap", "here")
-    with pytest.raises(AnalyticsError, match=r"node n1: label gpuwarden.io/price-tier='cheap' is not one of: on-demand, reserved, spot, owned"):
-        Inventory.default().with_labels({"n1": {"label_gpuwarden_io_price_tier": "cheap"}})
-    with pytest.raises(AnalyticsError, match="karpenter.sh/capacity-type='preemptible' is not one of: spot, on-demand"):
-        Inventory.default().with_labels({"n1": {"karpenter.sh/capacity-type": "preemptible"}})
+    # a label that is no tier prices that node by the inventory and is named in the tier note (issue 35)
+    labelled = Inventory.default().with_labels({"n1": {"label_gpuwarden_io_price_tier": "cheap"}})
+    assert labelled.explain("n1")[2] == "default"
+    assert re.search(r"node n1: label gpuwarden.io/price-tier='cheap' is not one of: on-demand, reserved, spot, owned",
+                     labelled.tier_note(["n1"]))
+    labelled = Inventory.default().with_labels({"n1": {"karpenter.sh/capacity-type": "preemptible"}})
+    assert "karpenter.sh/capacity-type='preemptible' is not one of: spot, on-demand" in labelled.tier_note(["n1"])
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"rules": [{"pattern": "*", "pool": "p", "tier": "spott"}]}))
     with pytest.raises(AnalyticsError, match=rf"inv.yaml: rules\[0\]: price tier 'spott' is not one of: {allowed}"):
         Inventory.from_yaml(tmp_path / "inv.yaml")

@@ -675,7 +675,8 @@ def test_philly_jobs_without_a_column_names_file_and_column(data_dir, tmp_path):
     [
         ("duration", "ten", r"philly_jobs\.csv\.gz:8: column 'duration': 'ten' is not a number"),
         ("timestamp", "someday", r"philly_jobs\.csv\.gz:8: column 'timestamp': 'someday' is not a time"),
-        ("num_gpus", "-4", r"philly_jobs\.csv\.gz:8: negative duration or GPU count"),
+        ("num_gpus", "-4", r"philly_jobs\.csv\.gz:8: column 'num_gpus': '-4' is negative"),
+        ("num_gpus", "1.5", r"philly_jobs\.csv\.gz:8: column 'num_gpus': '1.5' is not a whole number"),
     ],
 )
 def test_philly_jobs_bad_row_names_the_line(data_dir, tmp_path, column, value, pattern):
