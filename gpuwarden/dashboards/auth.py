@@ -4,9 +4,12 @@ Viewing (every page, :func:`require_viewer`) follows ``GPUWARDEN_VIEW_AUTH``:
 - ``public``: anyone who reaches the dashboard (the default when unset: a dashboard on a laptop;
   the Helm chart always sets it, and sets ``public`` only when ``dashboard.auth.public=true``);
 - ``proxy``: an auth proxy in front (oauth2-proxy) says who signed in with ``X-Forwarded-Email`` or
-  ``X-Auth-Request-Email``; a request with neither sees only how to sign in (so the dashboard must be
-  reachable only through the proxy, which strips these headers from what clients send);
-- ``oidc``: Streamlit's ``st.login`` (``[auth]`` in ``secrets.toml``).
+  ``X-Auth-Request-Email`` (a user name alone, ``X-Forwarded-User``, signs nobody in) and, for the
+  portal, their groups (``X-Forwarded-Groups`` or ``X-Auth-Request-Groups``); a request with neither
+  e-mail header sees only how to sign in (so the dashboard must be reachable only through the proxy,
+  which strips these headers from what clients send);
+- ``oidc``: Streamlit's ``st.login`` (``[auth]`` in ``secrets.toml``); the portal reads the groups
+  from the ID token's claim the portal file names (``groupsClaim``, default ``groups``).
 ``GPUWARDEN_VIEWERS`` (comma-separated e-mails or ``@domain``) narrows who may view; empty: anyone
 signed in. A signed-in viewer listed in ``GPUWARDEN_APPROVERS`` or ``GPUWARDEN_ADMINS`` holds those roles.
 
@@ -34,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+
+from gpuwarden.portal.access import Requester, groups_from_claim, groups_from_headers
+from gpuwarden.portal.submit import PortalError
 
 DEMO_APPROVER_ENV = "GPUWARDEN_DEMO_APPROVER"
 TOKEN_SOURCES = {
@@ -121,6 +127,22 @@ def proxy_email(headers: Mapping[str, str]) -> str | None:
         if value:
             return value
     return None
+
+
+def requester(who: Identity, groups_claim: str) -> Requester:
+    """``who`` as the portal's submitter: their groups from the proxy's header or their OIDC claim
+    ``groups_claim``, read on the server for this request; none for a token or demo sign-in. A value
+    the portal refuses leaves no group and says why."""
+    try:
+        if who.how == "proxy":
+            groups = groups_from_headers(dict(st.context.headers))
+        elif who.how == "oidc":
+            groups = groups_from_claim(st.user.get(groups_claim), groups_claim)
+        else:
+            groups = frozenset()
+    except PortalError as error:
+        return Requester(who.name, frozenset(), str(error))
+    return Requester(who.name, groups)
 
 
 def may_view(email: str, viewers: str) -> bool:

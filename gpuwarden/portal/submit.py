@@ -22,7 +22,8 @@ snapshot reads as the workload's priority override (the scheduler plans a Kueue
 WorkloadPriorityClass change where Kueue manages the Job).
 
 Where a request goes (the Kubernetes API, or the demo's scheduler endpoint) is
-:mod:`.submitters`.
+:mod:`.submitters`. Which teams a signed-in identity may submit for (the file's ``groups``: the
+identity provider's group -> team) and the submit path that enforces it are :mod:`.access`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ NAME_MAX_CHARS = 52  # generateName adds 5 characters; a Job's name (and its pod
 CHECKPOINT_INTERVAL_SECONDS = 600.0  # what the Kubernetes snapshot assumes of a checkpointable Job
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
+DOCUMENT_KEYS = ("teams", "groups", "groupsClaim")  # groups, groupsClaim: who submits for which team (.access)
 TEMPLATE_KEYS = ("namespace", "images", "shapes", "priorityClasses", "leads", "maxGpus")
 SHAPE_KEYS = ("gpus", "pods", "migProfile", "sharedGpu")
 REQUEST_KEYS = ("team", "name", "image", "shape", "priorityClass", "checkpointable", "command")
@@ -148,17 +150,21 @@ class TeamTemplate:
 def load_templates(path: str | os.PathLike[str]) -> dict[str, TeamTemplate]:
     """The teams' templates in the file at ``path`` (YAML or JSON), by team. PortalError names the
     file, the team and the key when the file is not the documented schema."""
+    return parse_templates(read_document(path), str(path))
+
+
+def read_document(path: str | os.PathLike[str]) -> object:
+    """The portal file at ``path`` as parsed YAML; PortalError, one line, when it cannot be read."""
     try:
-        document = yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise PortalError(f"portal templates {path}: cannot read ({str(error).splitlines()[0]})") from None
-    return parse_templates(document, str(path))
 
 
 def parse_templates(document: object, source: str = "portal templates") -> dict[str, TeamTemplate]:
     if not isinstance(document, Mapping) or not isinstance(document.get("teams"), Mapping):
         raise PortalError(f"{source}: expected a mapping with key 'teams' (team -> template)")
-    _known_keys(document, ("teams",), source)
+    _known_keys(document, DOCUMENT_KEYS, source)
     return {str(team): _template(str(team), raw, f"{source}, team {team!r}") for team, raw in document["teams"].items()}
 
 

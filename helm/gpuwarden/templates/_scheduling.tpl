@@ -79,6 +79,11 @@ The live queue: gpuwarden queue --scheduler-url {{ include "gpuwarden.scheduler.
 Webhook certificate: {{ if .Values.scheduling.webhook.certManager.enabled }}cert-manager (Certificate {{ include "gpuwarden.scheduler.fullname" . }}-webhook){{ else }}made and rotated by the scheduler in Secret {{ include "gpuwarden.scheduler.webhookSecret" . }} (left behind by helm uninstall){{ end }}.
 {{- if .Values.portal.teams }}
 Portal: teams {{ keys .Values.portal.teams | sortAlpha | join ", " }} may request GPUs from the dashboard.
+{{- if .Values.portal.groups }}
+Portal submitters: an identity submits only for the teams its groups map to (portal.groups: {{ len .Values.portal.groups }} mapped groups).
+{{- else }}
+Portal submitters: any signed-in user may submit for any team; map identity provider groups to teams in portal.groups.
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}
