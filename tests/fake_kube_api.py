@@ -33,6 +33,8 @@ the way the API server does for what gpuwarden uses:
   JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed);
+- ``huge_list``: a list of any length (millions) served page by page and never stored, each item
+  made when its page is asked for (a cluster too large for the client to hold);
 - injectable faults per method and path: any HTTP status, a JSON answer that is not an object, or a hang longer than the client's
   timeout; with ``retry_after`` the Status carries ``details.retryAfterSeconds`` and, as
   kube-apiserver writes it from there, a ``Retry-After`` header (a 429 from API Priority and Fairness).
@@ -130,6 +132,7 @@ class FakeKubeAPI:
     webhook_calls: list[WebhookCall] = field(default_factory=list)
     clock: Callable[[], float] = field(default_factory=lambda: time.time)  # seconds since the epoch
     graceful_deletion: bool = False  # True: a running pod's DELETE marks it terminating (see _delete)
+    huge_lists: dict = field(default_factory=dict)  # (prefix, plural) -> how many objects its list has (huge_list)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -151,6 +154,13 @@ class FakeKubeAPI:
             meta["resourceVersion"] = self._next_version()
             self.store.setdefault((prefix, plural), {})[(meta.get("namespace", ""), meta["name"])] = obj
             return obj
+
+    def huge_list(self, prefix: str, plural: str, count: int) -> None:
+        """``plural``'s list has ``count`` objects, each made (``NAME-000000042``, metadata only) when
+        its page is served; nothing is stored. A list without ``limit`` makes them all: ask with one."""
+        with self._lock:
+            self.resources.add((prefix, plural))
+            self.huge_lists[(prefix, plural)] = count
 
     def get(self, prefix: str, plural: str, name: str, namespace: str = "") -> dict | None:
         with self._lock:
@@ -377,6 +387,8 @@ class FakeKubeAPI:
         return self._status(405, "MethodNotAllowed", method)
 
     def _list(self, prefix, plural, objects, namespace, query):
+        if (prefix, plural) in self.huge_lists:
+            return self._huge_page(prefix, plural, query)
         items = [o for (ns, _), o in sorted(objects.items()) if not namespace or ns == namespace]
         items = [o for o in items if _labels_match(o, query.get("labelSelector", "")) and
                  _fields_match(o, query.get("fieldSelector", ""))]
@@ -388,6 +400,19 @@ class FakeKubeAPI:
             meta["continue"] = base64.b64encode(str(start + limit).encode()).decode()
         version = "v1" if prefix == CORE else prefix.split("/", 1)[1]
         return 200, {"kind": KINDS.get(plural, plural) + "List", "apiVersion": version, "metadata": meta, "items": page}
+
+    def _huge_page(self, prefix, plural, query):
+        count = self.huge_lists[(prefix, plural)]
+        start = int(base64.b64decode(query["continue"]).decode()) if query.get("continue") else 0
+        end = min(count, start + int(query.get("limit") or count))
+        singular = KINDS.get(plural, plural).lower()
+        items = [{"metadata": {"name": f"{singular}-{i:09d}", "uid": f"uid-{i}", "resourceVersion": "1"}}
+                 for i in range(start, end)]
+        meta = {"resourceVersion": str(self._version)}
+        if end < count:
+            meta["continue"] = base64.b64encode(str(end).encode()).decode()
+        version = "v1" if prefix == CORE else prefix.split("/", 1)[1]
+        return 200, {"kind": KINDS.get(plural, plural) + "List", "apiVersion": version, "metadata": meta, "items": items}
 
     def _create(self, prefix, plural, objects, namespace, body):
         body = copy.deepcopy(body or {})

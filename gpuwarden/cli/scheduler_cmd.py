@@ -124,7 +124,8 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     from gpuwarden.scheduler.scheduling_round import SchedulingRound
     from gpuwarden.fleet.runner import Runner
 
-    from .actuator_cmd import kube_cluster, leader_elector, run_until_stopped
+    from .actuator_cmd import kube_cluster, leader_elector
+    from .loops import failed_rounds, run_until_stopped
 
     try:
         cluster = kube_cluster(args, clock)
@@ -144,17 +145,19 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     print(f"scheduler: policy {args.policy} every {args.interval_seconds:g} s; queue {server.url}/queue"
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
-    if webhook is not None:
-        queue.start()
-        webhook.start()
     try:
-        done, succeeded = run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds)
+        if webhook is not None:  # inside: a webhook refused (no usable certificate, exit 2) stops what started
+            queue.start()
+            webhook.start()
+        done, succeeded = run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds,
+                                            on_stop=cluster.api.abort)
     finally:
         server.stop()
         if webhook is not None:
             webhook.stop()
             queue.stop()
-    if done and not succeeded:  # e.g. --rounds 1 against an API server that does not answer
-        print(f"gpuwarden scheduler: error: every round failed ({done} of {done}); see the errors above", file=sys.stderr)
+    failed = failed_rounds(done, succeeded, args.rounds, "round")
+    if failed:  # e.g. --rounds 1 against an API server that does not answer
+        print(f"gpuwarden scheduler: error: {failed}", file=sys.stderr)
         return 1
     return 0

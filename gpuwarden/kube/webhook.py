@@ -3,16 +3,20 @@
 :func:`admission_response` is a pure function from an AdmissionReview v1 request to its response:
 a pod CREATE asking for a GPU gets the gate ``gpuwarden.io/admission`` as a base64 JSONPatch, so
 kube-scheduler leaves it alone until gpuwarden's scheduler admits it (``fleet/object_names.py``).
-It never refuses a pod: anything it cannot parse is answered "allowed, unchanged" with a warning
-line, so a broken request can never block pod creation (the chart's ``failurePolicy: Ignore``
-covers an outage the same way). Left ungated: pods already gated, Kueue's pods (its label or gate),
-pods asking no GPU, DaemonSet and static (mirror) pods, pods created bound (``spec.nodeName``: the
-API server refuses gates on them) and pods naming another scheduler.
+Left ungated: pods already gated, Kueue's pods (its label or gate), pods asking no GPU, DaemonSet
+and static (mirror) pods, pods created bound (``spec.nodeName``: the API server refuses gates on
+them) and pods naming another scheduler. It never refuses a pod: a review it cannot read is
+answered "allowed, unchanged" (200) with a warning line, never a 500 or a hang, so a broken request
+never blocks pod creation (the chart's ``failurePolicy: Ignore`` covers an outage the same way).
+Cannot read, as one rule: a body not JSON (absurd nesting, a 5,000-digit number), of no usable
+length, past ``max_body_bytes`` or not all there within ``timeout_seconds`` (one deadline for the
+body, however it trickles); a field the decision reads of the wrong JSON type at any depth
+(:data:`REVIEW_SHAPE`); anything else that fails while deciding.
 
 :func:`serve_webhook` runs the HTTPS server (stdlib ``http.server`` + ``ssl``, a thread per
 connection, a bounded body, a per-connection timeout) on ``/mutate-pods`` and ``/healthz``. Its
-certificate is read from ``tls.crt`` / ``tls.key`` in a folder (the mounted Secret that cert-manager
-or ``certs.py`` keeps) and reloaded when those files change, so a rotation needs no restart.
+certificate is read from ``tls.crt`` / ``tls.key`` in a folder (``webhook_tls.py``): without a usable
+pair it refuses to start (one line, exit 2 at the CLI); a rotation is reloaded without a restart.
 :class:`WebhookService` is what the scheduler starts and stops: the server plus, without
 cert-manager, the periodic certificate refresh that keeps those files current.
 """
@@ -22,9 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Container, Mapping
@@ -37,6 +39,9 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .api import Json, KubeFailure
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU
 from .gates import ADMISSION_GATE, KUEUE_QUEUE_LABEL, scheduling_gates
+from .webhook_tls import CERT_FILE, KEY_FILE, ReloadingTLS, WebhookCertificateError
+
+__all__ = ["CERT_FILE", "KEY_FILE", "ReloadingTLS", "WebhookCertificateError", "WebhookService", "serve_webhook"]
 
 log = logging.getLogger("gpuwarden.kube.webhook")
 
@@ -48,7 +53,7 @@ MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"  # the kubelet's copy of a
 DEFAULT_SCHEDULER = "default-scheduler"
 MUTATE_PATH = "/mutate-pods"
 HEALTH_PATH = "/healthz"
-CERT_FILE, KEY_FILE = "tls.crt", "tls.key"  # the keys of a kubernetes.io/tls Secret, mounted as files
+DRAIN_FACTOR = 4  # a body past the bound is read and dropped up to this many bounds, so its sender reads the answer
 
 
 # -- the decision ------------------------------------------------------------------------------------
@@ -72,6 +77,42 @@ def requests_gpu(pod: Mapping[str, Any]) -> bool:
                 if (name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)) and _asks_gpu(quantity):
                     return True
     return False
+
+
+_QUANTITY = (str, int, float)
+_CONTAINER = {"resources": {"requests": {"*": _QUANTITY}, "limits": {"*": _QUANTITY}}}
+# Every field of an AdmissionReview's request the decision reads, with its JSON type: a type, a
+# mapping of fields ("*": every value of a map), or a one-item list (every element). null is absent.
+REVIEW_SHAPE: dict[str, Any] = {
+    "uid": str, "kind": {"kind": str}, "operation": str, "namespace": str,
+    "object": {
+        "metadata": {"name": str, "generateName": str, "namespace": str, "labels": {"*": str},
+                     "annotations": {"*": str}, "ownerReferences": [{"kind": str}]},
+        "spec": {"nodeName": str, "schedulerName": str, "schedulingGates": [{"name": str}],
+                 "containers": [_CONTAINER], "initContainers": [_CONTAINER]},
+    },
+}
+_JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false", list: "a list", dict: "an object"}
+
+
+def shape_problem(value: object, shape: Any = REVIEW_SHAPE, where: str = "request") -> str | None:
+    """The first field under ``where`` whose JSON type is not ``shape``'s, named; None when all are."""
+    if value is None:
+        return None
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not an object"
+        items = [(k, value.get(k), s) for k, s in shape.items() if k != "*"]
+        items += [(str(k), v, shape["*"]) for k, v in value.items()] if "*" in shape else []
+        return next((p for k, v, s in items if (p := shape_problem(v, s, f"{where}.{k}"))), None)
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not a list"
+        return next((p for i, v in enumerate(value) if (p := shape_problem(v, shape[0], f"{where}[{i}]"))), None)
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, bool) or not isinstance(value, types):
+        return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not {_JSON_NAMES[types[0]]}"
+    return None
 
 
 def skip_reason(pod: Mapping[str, Any]) -> str | None:
@@ -123,6 +164,10 @@ def admission_response(review: object, namespaces: Container[str] | None = None)
         return _review("")
     uid = request.get("uid")
     uid = uid if isinstance(uid, str) else ""
+    problem = shape_problem(request)
+    if problem:
+        log.warning("admission review %s cannot be read (%s): allowed, unchanged", uid or "?", problem)
+        return _review(uid)
     try:
         kind = (request.get("kind") or {}).get("kind")
         pod = request.get("object")
@@ -140,54 +185,24 @@ def admission_response(review: object, namespaces: Container[str] | None = None)
             return _review(uid)
         log.info("pod %s/%s gated with %s", namespace, name, ADMISSION_GATE)
         return _review(uid, gate_patch(pod))
-    except (AttributeError, TypeError, ValueError) as error:  # a field of the wrong JSON type
+    except Exception as error:  # noqa: BLE001 whatever fails while deciding: the pod goes through unchanged
         log.warning("admission review %s cannot be read (%s: %s): allowed, unchanged", uid, type(error).__name__, error)
         return _review(uid)
 
 
+def review_answer(body: bytes, namespaces: Container[str] | None = None, source: str = "") -> Json:
+    """The response to a review's raw ``body``: allowed and unchanged (and a warning) for one that is
+    not JSON, however: bad bytes, absurd nesting, a number too long to convert."""
+    try:
+        review: object = json.loads(body)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        log.warning("webhook body%s is not JSON (%s): allowed, unchanged", f" from {source}" if source else "",
+                    str(error).splitlines()[0][:200])
+        return _review("")
+    return admission_response(review, namespaces)
+
+
 # -- the HTTPS server -------------------------------------------------------------------------------------
-
-class ReloadingTLS:
-    """An SSL context for the certificate in ``cert_dir``, rebuilt when its files change.
-
-    Secret volumes change by an atomic symlink swap, so the (inode, size, mtime) of the files the
-    links resolve to changes; the check is a stat at most every ``check_seconds``.
-    """
-
-    def __init__(self, cert_dir: str | Path, check_seconds: float = 5.0) -> None:
-        self.cert_path = Path(cert_dir) / CERT_FILE
-        self.key_path = Path(cert_dir) / KEY_FILE
-        self.check_seconds = check_seconds
-        self._lock = threading.Lock()
-        self._context: ssl.SSLContext | None = None
-        self._stamp: tuple[tuple[int, int, int], ...] | None = None
-        self._checked_at = float("-inf")
-        self.loads = 0  # contexts built (tests and logs read it)
-
-    def _files_stamp(self) -> tuple[tuple[int, int, int], ...]:
-        stats = [os.stat(path) for path in (self.cert_path, self.key_path)]
-        return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
-
-    def context(self) -> ssl.SSLContext | None:
-        """The current context; None while no certificate can be read (the handshake is refused)."""
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked_at < self.check_seconds:  # also bounds the warnings while there is none
-                return self._context
-            self._checked_at = now
-            try:
-                stamp = self._files_stamp()
-                if stamp != self._stamp:
-                    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-                    context.minimum_version = ssl.TLSVersion.TLSv1_2
-                    context.load_cert_chain(self.cert_path, self.key_path)
-                    self._context, self._stamp = context, stamp
-                    self.loads += 1
-                    log.info("webhook serving certificate loaded from %s", self.cert_path)
-            except (OSError, ssl.SSLError) as error:  # absent while the Secret is first written, or mid-rotation
-                log.warning("webhook certificate %s not loadable (%s); keeping the previous one", self.cert_path, error)
-            return self._context
-
 
 class WebhookServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -246,27 +261,61 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, f"not found; this server answers POST {MUTATE_PATH} and GET {HEALTH_PATH}")
 
+    def _read_within(self, length: int, keep: bool = True) -> tuple[bytes, int]:
+        """Up to ``length`` body bytes (kept, or dropped) and how many came, all within one deadline
+        of ``timeout_seconds``: a body that trickles a byte a second ends there too."""
+        deadline = time.monotonic() + self.server.timeout_seconds
+        chunks: list[bytes] = []
+        got = 0
+        try:
+            while got < length and (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(min(length - got, 1 << 16))
+                if not chunk:
+                    break
+                got += len(chunk)
+                if keep:
+                    chunks.append(chunk)
+        except OSError:  # the deadline (a timeout is an OSError), or the client went away
+            pass
+        finally:
+            self.connection.settimeout(self.server.timeout_seconds)  # the answer's write is bounded as before
+        return b"".join(chunks), got
+
+    def _allow_unread(self, why: str, drain: int = 0) -> None:
+        """Answer allowed, unchanged to a review not read (``why``), then drop up to ``drain`` body
+        bytes so the sender gets to read the answer, and close the connection."""
+        log.warning("webhook review from %s %s: allowed, unchanged", self.address_string(), why)
+        self.close_connection = True
+        self._send(200, _review(""))
+        if drain:
+            self._read_within(drain, keep=False)
+
     def do_POST(self) -> None:
         if self.path.split("?")[0] != MUTATE_PATH:
             self._send(404, f"not found; this server answers POST {MUTATE_PATH} and GET {HEALTH_PATH}")
             return
-        try:
-            length = int(self.headers.get("Content-Length") or "")
-        except ValueError:
-            self.close_connection = True
-            self._send(411, "a Content-Length is required")
+        bound = self.server.max_body_bytes
+        text = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") or not (text or "").strip().isdigit():  # no length to read by
+            self._allow_unread(f"with no usable Content-Length ({text!r}, Transfer-Encoding "
+                               f"{self.headers.get('Transfer-Encoding')!r})")
             return
-        if length < 0 or length > self.server.max_body_bytes:
-            self.close_connection = True
-            self._send(413, f"body of {length} bytes; at most {self.server.max_body_bytes}")
+        length = int(text or "")
+        if length > bound:
+            self._allow_unread(f"of {length:,} bytes, past the {bound:,} read",
+                               drain=length if length <= DRAIN_FACTOR * bound else 0)
             return
-        raw = self.rfile.read(length)
+        body, got = self._read_within(length)
+        if got < length:
+            self._allow_unread(f"cut short: {got:,} of {length:,} bytes within {self.server.timeout_seconds:g} s")
+            return
         try:
-            review: object = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            log.warning("webhook body from %s is not JSON (%s): allowed, unchanged", self.address_string(), error)
-            review = None
-        self._send(200, admission_response(review, self.server.namespaces))
+            answer = review_answer(body, self.server.namespaces, self.address_string())
+        except Exception as error:  # noqa: BLE001 never a 500: whatever fails, the pod goes through unchanged
+            log.warning("webhook review from %s failed (%s): allowed, unchanged", self.address_string(), error)
+            answer = _review("")
+        self._send(200, answer)
 
 
 def serve_webhook(cert_dir: str | Path, port: int = 9443, host: str = "0.0.0.0",
@@ -275,15 +324,15 @@ def serve_webhook(cert_dir: str | Path, port: int = 9443, host: str = "0.0.0.0",
     """Start the admission webhook on ``host:port`` in a daemon thread and return the server.
 
     ``cert_dir`` holds ``tls.crt`` and ``tls.key`` (the mounted Secret); they are re-read when
-    they change, at most every ``reload_check_seconds``, and connections are refused while there
-    are none yet (the webhook's ``failurePolicy: Ignore`` lets pods through meanwhile).
+    they change, at most every ``reload_check_seconds`` (a pair that stops loading keeps the last).
     ``max_body_bytes`` bounds a review (the API server's own request limit is 3 MiB);
-    ``timeout_seconds`` bounds the handshake and each read or write of a connection. ``port`` 0
-    picks a free one (``server.port``). Stop it with ``server.stop()``. The scheduler CLI calls this
-    with ``--webhook-port`` and ``--webhook-cert-dir``.
+    ``timeout_seconds`` bounds the handshake, each read or write of a connection and a review's
+    whole body. ``port`` 0 picks a free one (``server.port``). Stop it with ``server.stop()``. The
+    scheduler CLI calls this with ``--webhook-port`` and ``--webhook-cert-dir``. Without a usable
+    pair in ``cert_dir`` it raises :class:`WebhookCertificateError` before it listens.
     """
     tls = ReloadingTLS(cert_dir, reload_check_seconds)
-    tls.context()  # load now, so a missing certificate is logged at start
+    tls.load()  # no usable pair: refused here, one line naming the file
     server = WebhookServer((host, port), tls, namespaces, max_body_bytes, timeout_seconds)
     threading.Thread(target=server.serve_forever, name="gpuwarden-webhook", daemon=True).start()
     log.info("admission webhook listening on https://%s:%d%s", host, server.port, MUTATE_PATH)
@@ -299,6 +348,7 @@ class WebhookService:
     rotation lands in ``cert_dir`` and the server reloads it). A failed refresh is a warning, never
     a stop: the server keeps its current certificate and the next refresh tries again. With
     cert-manager ``refresh`` is None: its Secret is mounted at ``cert_dir`` and the kubelet updates it.
+    No usable pair once the first refresh is done: :meth:`start` raises :class:`WebhookCertificateError`.
     """
 
     def __init__(self, cert_dir: str | Path, port: int, host: str = "0.0.0.0",
@@ -311,6 +361,7 @@ class WebhookService:
         self.refresh, self.refresh_seconds, self.clock = refresh, refresh_seconds, clock
         self.server: WebhookServer | None = None
         self.refreshes = 0  # attempts done, failed ones included
+        self.refresh_error: Exception | None = None  # the last refresh's failure, said if the start fails
         self._stopped = threading.Event()
 
     def _refresh(self) -> None:
@@ -318,7 +369,9 @@ class WebhookService:
             return
         try:
             self.refresh()
+            self.refresh_error = None
         except (KubeFailure, OSError) as error:
+            self.refresh_error = error
             log.warning("webhook certificate refresh failed (%s); serving the current one, retrying in %.0f s",
                         error, self.refresh_seconds)
         finally:
@@ -330,7 +383,12 @@ class WebhookService:
 
     def start(self) -> WebhookService:
         self._refresh()
-        self.server = serve_webhook(self.cert_dir, self.port, self.host, namespaces=self.namespaces)
+        try:
+            self.server = serve_webhook(self.cert_dir, self.port, self.host, namespaces=self.namespaces)
+        except WebhookCertificateError as error:
+            if self.refresh_error is None:
+                raise
+            raise WebhookCertificateError(f"{error} (its refresh failed: {self.refresh_error})") from None
         if self.refresh is not None:
             threading.Thread(target=self._loop, name="gpuwarden-webhook-certs", daemon=True).start()
         return self

@@ -1,10 +1,10 @@
-"""The Actions page's tables: the actuator's audit log (read so that a line cut short by a crash is
-skipped and counted, never fatal), pending approvals, and for each action what it would touch: the
-workloads it would evict and what the safety limits would say (pure: no Streamlit)."""
+"""The Actions page's tables: the actuator's audit log (read by the log's own rules,
+:func:`.audit.read_audit`: a line cut short by a crash or of the wrong type is skipped or read
+without its bad fields, and named, never fatal), pending approvals, and for each action what it
+would touch: the workloads it would evict and what the safety limits would say (pure: no Streamlit)."""
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -13,6 +13,8 @@ from typing import Any
 import pandas as pd
 
 from gpuwarden.remediation import SafetyLimits
+from gpuwarden.remediation.audit import read_audit
+from gpuwarden.fleet.inputs import InputFileError
 from gpuwarden.fleet.protocols import ClusterSnapshot, WorkloadPhase
 
 AUDIT_ENV = "GPUWARDEN_AUDIT"  # the actuator's audit log (JSON lines); default beside the store
@@ -29,24 +31,15 @@ def audit_path(store_path: str | None) -> Path | None:
 
 
 def read_entries(path: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Entries in log order and one ``file:line`` note per line that is not a JSON object."""
+    """Entries in log order and one ``file:line: why`` note per line not read as written (torn, not
+    an object, of the wrong type); a path that is no regular file is one note, never a hang."""
     if path is None or not path.exists():
         return [], []
-    entries: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            problems.append(f"{path}:{number}: skipped, not a complete JSON line (cut short?)")
-            continue
-        if isinstance(entry, dict):
-            entries.append(entry)
-        else:
-            problems.append(f"{path}:{number}: skipped, not a JSON object")
-    return entries, problems
+    try:
+        read = read_audit(path)
+    except InputFileError as error:
+        return [], [str(error)]
+    return read.records, list(read.notes)
 
 
 def load_audit(path: Path | None, entries: list[dict[str, Any]] | None = None) -> pd.DataFrame:

@@ -39,6 +39,7 @@ USER_ERRORS = {
     "gpuwarden.cli.queue_cmd.SchedulerUnreachable",
     "gpuwarden.fleet.inputs.InputFileError", "gpuwarden.cli.storemark.StorePathError",
     "gpuwarden.fleet.cluster_state.ClusterStateError",
+    "gpuwarden.remediation.audit.AuditLogMissing", "gpuwarden.kube.webhook_tls.WebhookCertificateError",
 }
 # Exception classes that are not the user's to fix, and why.
 NOT_USER_ERRORS = {
@@ -70,6 +71,10 @@ NOT_USER_ERRORS = {
                                                            "a bug, raised at import",
     "gpuwarden.kube.team_quotas._Refusal": "a quota annotation that cannot be read; internal control flow: the team "
                                                     "is refused with an Event and a line in /queue",
+    "gpuwarden.kube.transport.AnswerRefused": "an API answer past the cap or cut at the deadline; internal control "
+                                              "flow: KubeApi.call raises it as an UnexpectedAnswer or Unreachable",
+    "gpuwarden.kube.kubeconfig._Refused": "a kubeconfig that cannot be used; internal control flow: load_client "
+                                          "re-raises it as one line (ValueError, exit 2)",
 }
 
 

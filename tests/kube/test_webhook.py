@@ -31,7 +31,8 @@ from polling import tick, wait_for
 from gpuwarden.kube.api import KubeApi, load_client
 from gpuwarden.kube.certs import CA_CERT, CertPolicy, WebhookCertificates, plan_rotation, write_cert_files
 from gpuwarden.kube.gates import ADMISSION_GATE, gated_by_gpuwarden
-from gpuwarden.kube.webhook import CERT_FILE, WebhookService, admission_response, serve_webhook
+from gpuwarden.kube.webhook import (CERT_FILE, WebhookCertificateError, WebhookService, admission_response,
+                                    serve_webhook)
 from gpuwarden.fleet.clock import FakeClock
 
 ADMISSION = "apis/admissionregistration.k8s.io/v1"
@@ -192,31 +193,29 @@ def test_the_https_server_gates_a_pod_end_to_end(server, certified):
     assert status == 200 and response["response"] == {"uid": "", "allowed": True}
     with urllib.request.urlopen(f"https://localhost:{server.port}/healthz", context=_tls_client(ca), timeout=5) as ok:
         assert ok.read() == b"ok"
-    # A body over the bound is refused from its Content-Length, before any of it is read.
+    # A body over the bound is not read: allowed, unchanged from its Content-Length (issue 35).
     connection = http.client.HTTPSConnection("localhost", server.port, context=_tls_client(ca), timeout=5)
     connection.putrequest("POST", "/mutate-pods")
     connection.putheader("Content-Length", str(64 * 1024 + 1))
     connection.endheaders()
     too_big = connection.getresponse()
-    assert too_big.status == 413 and b"at most 65536" in too_big.read()
+    assert too_big.status == 200 and json.loads(too_big.read())["response"] == {"uid": "", "allowed": True}
     connection.close()
     other_ca = base64.b64decode(plan_rotation(None, POLICY, datetime.now(UTC)).data[CA_CERT])
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _post(server, b"{}", other_ca)  # a client trusting another CA refuses it: TLS is real
 
 
-def test_no_certificate_yet_refuses_connections_until_one_is_written(tmp_path, certified):
+def test_no_certificate_yet_refuses_to_start_until_one_is_written(tmp_path, certified):
     data, _ = certified
     empty = tmp_path / "not-yet"
     empty.mkdir()
+    with pytest.raises(WebhookCertificateError, match="tls.crt: no such file"):  # issue 35: refused at start
+        serve_webhook(empty, port=0, host="127.0.0.1", reload_check_seconds=0.0)
+    write_cert_files(data, empty)  # what the scheduler does once the Secret holds a pair
     server = serve_webhook(empty, port=0, host="127.0.0.1", reload_check_seconds=0.0)
     try:
-        ca = base64.b64decode(data[CA_CERT])
-        with pytest.raises((urllib.error.URLError, ConnectionError)):
-            _post(server, json.dumps(review(pod())).encode(), ca)
-        write_cert_files(data, empty)  # what the scheduler does once the Secret holds a pair
-        status, _ = wait_for(lambda: _post(server, json.dumps(review(pod())).encode(), ca), 5.0,
-                             "the first certificate to be served", tolerate_errors=True)
+        status, _ = _post(server, json.dumps(review(pod())).encode(), base64.b64decode(data[CA_CERT]))
         assert status == 200
     finally:
         server.stop()
