@@ -9,6 +9,9 @@
     gpuwarden actuator reject ID --by NAME
     gpuwarden actuator undo ID --by NAME [--kubeconfig PATH | --in-cluster]   uncordon, untaint, resume
     gpuwarden actuator reset --by NAME           close the circuit breaker after a person has looked
+
+Given an --audit path with no log there, these commands create nothing and say "no audit log at
+PATH": list and reset exit 0 (nothing waits, nothing to reset), approve, reject and undo exit 2.
 """
 
 from __future__ import annotations
@@ -16,30 +19,29 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import socket
 import sys
-import threading
 from typing import TYPE_CHECKING
 from pathlib import Path
 
 from gpuwarden.remediation import Actuator, AuditLog, Mode, Outcome, PlanningPolicy, Reconciler, SafetyLimits
 from gpuwarden.remediation.approvals import decide, pending_from
-from gpuwarden.remediation.audit import DEFAULT_AUDIT_PATH
+from gpuwarden.remediation.audit import DEFAULT_AUDIT_PATH, audit_at, read_audit
 from gpuwarden.remediation.breaker import breaker_verdict, record_breaker_reset
-from gpuwarden.analytics.findings import findings_from_frame
+from gpuwarden.analytics.findings import failure_domains, findings_from_frame
 from gpuwarden.remediation.maintenance import MaintenanceWindow
+from gpuwarden.remediation.domains import DomainPolicy
 from gpuwarden.remediation.pacing import PacingPolicy
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.errors import UserError
+from gpuwarden.fleet.vocabulary import Severity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from gpuwarden.kube import KubeCluster, LeaderElector
     from gpuwarden.fleet.runner import Runner
 
-from .args import host_port, non_negative_int, positive_float, positive_int, ratio
+from .args import host_port, non_negative_float, non_negative_int, positive_float, positive_int, ratio
+from .loops import failed_rounds, run_until_stopped
 from .source_notes import rejected_rows_note
 from .sources import add_source_options, open_window
 
@@ -94,6 +96,17 @@ def _round_options(parser: argparse.ArgumentParser) -> None:
                              "this long; each proven one doubles its pool and detector's pace (default 300)")
     parser.add_argument("--pace-cooldown", type=positive_float, default=60.0, metavar="SECONDS",
                         help="between two rounds that start actions of one pool and detector, +0-50%% jitter (default 60)")
+    parser.add_argument("--max-unhealthy-ratio-per-domain", type=ratio, default=0.2, metavar="RATIO",
+                        help="largest share of a pool's, rack's or NVLink domain's nodes out of scheduling or not Ready "
+                             "before its breaker holds disruptive actions there, 0..1, at least one node; 1 turns it "
+                             "off (default 0.2, Karpenter's per NodePool)")
+    parser.add_argument("--domain-cooldown", type=positive_float, default=1800.0, metavar="SECONDS",
+                        help="an open failure-domain breaker lets one probe action through after this long (default 1800)")
+    parser.add_argument("--checkpoint-timeout-critical", type=non_negative_float, default=300.0, metavar="SECONDS",
+                        help="a drain for a critical finding asks checkpointable work to save first and waits this "
+                             "long at most; 0 drains without asking (default 300)")
+    parser.add_argument("--checkpoint-timeout-warning", type=non_negative_float, default=900.0, metavar="SECONDS",
+                        help="the same for a drain for a warning (default 900)")
     parser.add_argument("--repair-after", type=positive_float, metavar="SECONDS",
                         help="lift gpuwarden's own cordons and taints once the node is healthy this long "
                              "(default: never)")
@@ -178,12 +191,16 @@ def _actuator(args: argparse.Namespace, cluster: KubeCluster, audit: AuditLog, l
     limits = SafetyLimits(args.max_actions_per_hour, args.max_cordoned_node_ratio)
     return Actuator(cluster, Mode(args.mode), limits, audit, clock=clock, leader=leader, window=args.maintenance_window,
                     pacing=PacingPolicy(proven_after_seconds=args.pace_proven_after, cooldown_seconds=args.pace_cooldown),
-                    repair_after_healthy_seconds=args.repair_after, node_conditions=node_conditions)  # issue 24
+                    repair_after_healthy_seconds=args.repair_after, node_conditions=node_conditions,  # issue 24
+                    domains=DomainPolicy(args.max_unhealthy_ratio_per_domain, args.domain_cooldown))
 
 
 def _policy(args: argparse.Namespace) -> PlanningPolicy:
     return PlanningPolicy(taint=args.taint, notify_grace_seconds=args.notify_grace, reclaim_grace_seconds=args.reclaim_grace,
-                          protected_nodes=frozenset(args.protect_node))
+                          protected_nodes=frozenset(args.protect_node),
+                          checkpoint_timeout_seconds_by_severity={
+                              Severity.CRITICAL.value: args.checkpoint_timeout_critical,
+                              Severity.WARNING.value: args.checkpoint_timeout_warning})
 
 
 def _finder(args: argparse.Namespace):
@@ -192,7 +209,8 @@ def _finder(args: argparse.Namespace):
         frame = window.source.read(window.start, window.end)
         for note in rejected_rows_note(window.source):  # rows the source dropped are said, every round
             log.warning("%s", note)
-        return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding)
+        return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding,
+                                   domains=failure_domains(snapshot.nodes))
     return find
 
 
@@ -265,10 +283,10 @@ def run_loop(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
           + (f"; maintenance window {args.maintenance_window} UTC" if args.maintenance_window else "")
           + (f"; leader election as {args.identity} on Lease {args.namespace}/{args.lease_name}" if elector else ""),
           flush=True)
-    done, succeeded = run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds)
-    if done and not succeeded:  # e.g. --rounds 1 on an unreadable source: not a success
-        return _fail(f"every reconcile round failed ({done} of {done}); see the errors above", 1)
-    return 0
+    done, succeeded = run_until_stopped(runner, "reconcile", reconciler.run_round, args.interval, args.rounds,
+                                        on_stop=cluster.api.abort)
+    failed = failed_rounds(done, succeeded, args.rounds, "reconcile round")
+    return _fail(failed, 1) if failed else 0  # e.g. --rounds 1 on an unreadable source: not a success
 
 
 def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runner, clock: Clock) -> LeaderElector | None:
@@ -285,38 +303,6 @@ def leader_elector(args: argparse.Namespace, cluster: KubeCluster, runner: Runne
     return elector
 
 
-def run_until_stopped(runner: Runner, name: str, work: Callable[[], object], interval_seconds: float,
-                      rounds: int | None) -> tuple[int, int]:
-    """Run ``work`` on ``runner`` every ``interval_seconds`` (the first at once; a failed one is
-    the work's to log, and returns False) until SIGTERM, Ctrl-C or ``rounds`` rounds; the rounds
-    run, and those that did not fail."""
-    from gpuwarden.fleet.triggers import every
-
-    stop = threading.Event()
-    done = [0]
-    succeeded = [0]
-
-    def round_job() -> None:
-        try:
-            succeeded[0] += work() is not False
-        finally:
-            done[0] += 1
-            if rounds and done[0] >= rounds:
-                stop.set()
-
-    runner.add(name, round_job, every(interval_seconds, runner.clock), at_once=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    runner.start()
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        runner.stop()
-        signal.signal(signal.SIGTERM, previous)
-    return done[0], succeeded[0]
-
-
 def _summary(report) -> None:
     counts: dict[str, int] = {}
     for entry in report.entries:
@@ -326,7 +312,13 @@ def _summary(report) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    records = AuditLog.read(args.audit) if args.audit.exists() else []
+    if audit_at(args.audit) is None:
+        print(f"no audit log at {args.audit}: nothing waits for approval, nothing was applied")
+        return 0
+    read = read_audit(args.audit)
+    if read.notes:  # lines skipped or read without their bad fields: said, never silent
+        print(f"gpuwarden: warning: {args.audit}: {read.summary()}", file=sys.stderr)
+    records = read.records
     waiting = pending_from(records)
     print(f"waiting for approval: {len(waiting)}")
     for p in waiting:
@@ -345,6 +337,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_decide(args: argparse.Namespace, approve: bool) -> int:
+    if audit_at(args.audit) is None:  # nothing created: no folder, no lock file
+        return _fail(f"no audit log at {args.audit}: no action awaits approval with id {args.id} there")
     try:
         decide(args.audit, args.id, approve, args.by, args.comment)
     except ValueError as error:
@@ -355,8 +349,8 @@ def run_decide(args: argparse.Namespace, approve: bool) -> int:
 
 
 def run_undo(args: argparse.Namespace) -> int:
-    if not args.audit.exists():
-        return _fail(f"{args.audit}: no audit log")
+    if audit_at(args.audit) is None:
+        return _fail(f"no audit log at {args.audit}: no applied action {args.id} to undo")
     try:
         audit = AuditLog(args.audit)  # checked before the cluster is reached: a wrong path says so at once
         actuator = Actuator(kube_cluster(args), Mode.AUTO, audit=audit)
@@ -368,6 +362,9 @@ def run_undo(args: argparse.Namespace) -> int:
 
 
 def run_reset(args: argparse.Namespace) -> int:
+    if audit_at(args.audit) is None:
+        print(f"no audit log at {args.audit}: no breaker was opened there; nothing to reset")
+        return 0
     audit = AuditLog(args.audit)  # resetting the breaker touches only the audit log: no cluster is reached
     if breaker_verdict(audit.records()).allowed:
         print("the circuit breaker is closed; nothing to reset")

@@ -40,3 +40,17 @@ PRIORITY_CLASS_ANNOTATION = "gpuwarden.io/priority-class"  # a team lead's overr
 # SUSPENDED_BY_ANNOTATION's value on what idle reclaim suspended: the scheduler never resumes it
 # until its owner asks (RESUME_REQUESTED_ANNOTATION)
 SUSPENDED_BY_IDLE_RECLAIM = "idle-reclaim"
+
+# A drain's mode, on a node or namespace label (read by the Kubernetes adapter's drain; the plan
+# states it): immediate, allow-completion or suspend-first
+DRAIN_MODE_LABEL = "gpuwarden.io/drain-mode"
+
+# The checkpoint-first drain (docs/remediation.md): before a drain evicts checkpointable work,
+# gpuwarden writes a request on the workload's pods and Job; the trainer answers on its pod or Job;
+# the drain goes ahead once every asked workload answered, or at the deadline.
+CHECKPOINT_REQUEST_ANNOTATION = "gpuwarden.io/checkpoint-request"  # gpuwarden: the request id
+CHECKPOINT_DEADLINE_ANNOTATION = "gpuwarden.io/checkpoint-deadline"  # gpuwarden: ISO-8601 UTC; it drains then
+CHECKPOINT_DONE_ANNOTATION = "gpuwarden.io/checkpoint-done"  # the trainer: the request id it answers
+CHECKPOINT_DONE_AT_ANNOTATION = "gpuwarden.io/checkpoint-done-at"  # the trainer: its checkpoint's time (ISO-8601)
+# The trainer, after every checkpoint it saves (optional): what the plan's GPU-hours at risk count from
+LAST_CHECKPOINT_ANNOTATION = "gpuwarden.io/last-checkpoint-at"

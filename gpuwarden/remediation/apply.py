@@ -1,26 +1,22 @@
 """The applier: a plan through the ``Cluster`` protocol, under a mode, the gates' verdicts and an audit log.
 
-Modes:
-- ``observe``: nothing is applied. The gates are still asked as if the plan were carried out, so
-  each planned action is recorded as ``planned`` or as ``blocked-by-limit`` ("would be blocked");
-  a plan that stands round after round is recorded once.
-- ``approve``: actions wait in the approval queue (:mod:`gpuwarden.remediation.approvals`); an
-  approved action is applied at the next round (or at once through :meth:`Actuator.approve`),
-  with the gates asked at that moment.
-- ``auto``: actions are applied at once, as the gates allow.
+Modes: ``observe`` applies nothing and asks the gates as if the plan were carried out, recording each
+planned action once as ``planned``, ``held`` or ``blocked-by-limit`` ("would be ..."); ``approve`` queues
+actions (:mod:`gpuwarden.remediation.approvals`) and applies an approved one at the next round (or at once
+through :meth:`Actuator.approve`), the gates asked then; ``auto`` applies at once, as the gates allow.
 
-The gates (:mod:`.verdict`) are pure functions returning a verdict, asked in this order: the
-circuit breaker (:mod:`.breaker`), the maintenance window (:mod:`.maintenance`), the pace
-(:mod:`.pacing`) and the budget of safety limits (:mod:`.limits`: the hourly limit counts applied
-actions in the audit log, so restarts do not reset it; the node share counts cordoned and
-gpuwarden-tainted nodes). The applier applies what they allow and records every outcome in the
-audit log before the next action is tried, so a plan interrupted half-way leaves a record of
-exactly what was done. The window's and the pace's holds are recorded once while they stand and
-never trip the breaker; the budget's refusal trips it: nothing more is applied, a metric and an
-Event say so, and a person resets it (``gpuwarden actuator reset``). Options: pacing by outcome,
-repair (:mod:`.repair`), node conditions in every mode (:mod:`.node_health`).
+The gates (:mod:`.verdict`) are pure functions returning a verdict, asked in this order: the circuit
+breaker (:mod:`.breaker`), the maintenance window (:mod:`.maintenance`), the pace (:mod:`.pacing`), the
+failure domains (:mod:`.domain_gate`, optional) and the budget of safety limits (:mod:`.limits`: the
+hourly limit counts applied actions in the audit log, so restarts do not reset it; the node share counts
+cordoned and gpuwarden-tainted nodes); last, a drain of checkpointable work asks for a checkpoint first
+(:mod:`.checkpoint_first`). Every outcome is in the audit log before the next action is tried, so a plan
+interrupted half-way leaves a record of exactly what was done. The window's, the pace's and the domains'
+holds are recorded once while they stand and never trip the breaker; the budget's refusal trips it:
+nothing more is applied, a metric and an Event say so, and a person resets it (``gpuwarden actuator
+reset``). Options: pacing by outcome, repair (:mod:`.repair`), node conditions in every mode
+(:mod:`.node_health`).
 """
-
 from __future__ import annotations
 
 import threading
@@ -34,8 +30,12 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from . import approvals
 from .audit import (AuditEntry, AuditLog, Mode, Outcome, Record, action_entry, action_from_record, finding_record,
                     new_id, parse_at)
+from .at_risk import risk_line
 from .breaker import OPEN, WAITING, breaker_verdict, record_breaker_reset, record_breaker_trip
-from .limits import BudgetUse, SafetyLimits, budget_use, budget_verdict
+from .checkpoint_first import CheckpointFirst
+from .domain_gate import DomainGate
+from .domains import DomainPolicy
+from .limits import RoundUse, SafetyLimits, budget_use, budget_verdict
 from .maintenance import MaintenanceWindow, window_verdict
 from .metrics import RemediationMetrics
 from .node_health import publish_health
@@ -59,19 +59,6 @@ class _EntryContext(TypedDict, total=False):
     by: str | None
 
 
-class _Round:
-    """One round as the gates see it: the snapshot (read from the cluster the first time one needs
-    it) and what the round has used of the safety limits so far."""
-
-    def __init__(self, cluster: Cluster, snapshot: ClusterSnapshot | None, use: BudgetUse) -> None:
-        self._cluster, self._snapshot, self.use = cluster, snapshot, use
-
-    def snapshot(self) -> ClusterSnapshot:
-        if self._snapshot is None:
-            self._snapshot = self._cluster.snapshot()
-        return self._snapshot
-
-
 class Actuator:
     """Applies plans to one cluster. One per cluster; its state lives in the audit log."""
 
@@ -80,19 +67,15 @@ class Actuator:
                  leader: Callable[[], bool] | None = None, name: str = "actuator",
                  window: MaintenanceWindow | None = None, pacing: PacingPolicy | None = None,
                  repair_after_healthy_seconds: float | None = None, node_conditions: bool = False,
-                 metrics: RemediationMetrics | None = None) -> None:
-        """``pacing`` (auto and approve modes; None: only the limits), ``repair_after_healthy_seconds`` (None:
-        never) and ``node_conditions`` (``GPUHealthy`` each round, every mode) are off by default; ``metrics``:
-        the gauges it sets (a fresh registry when not given; the CLI serves the one it hands in)."""
+                 metrics: RemediationMetrics | None = None, domains: DomainPolicy | None = None) -> None:
+        """``pacing`` (auto and approve modes; None: only the limits), ``domains`` (the failure-domain
+        breaker), ``repair_after_healthy_seconds`` (None: never) and ``node_conditions`` (``GPUHealthy`` each
+        round, every mode) are off by default; ``metrics``: the gauges it sets (a fresh registry when not
+        given; the CLI serves the one it hands in)."""
         self.metrics = metrics if metrics is not None else RemediationMetrics()
-        self.cluster = cluster
-        self.mode = Mode(mode)
-        self.limits = limits or SafetyLimits()
-        self.audit = audit or AuditLog()
-        self.clock = clock
+        self.cluster, self.mode, self.limits = cluster, Mode(mode), limits or SafetyLimits()
+        self.audit, self.clock, self.name, self.window = audit or AuditLog(), clock, name, window
         self.leader = leader or (lambda: True)
-        self.name = name
-        self.window = window
         # Holds recorded once while they stand (the audit log says it once, not every round):
         self._held: set[Key] = set()  # by the window, while it is shut
         self._paced: set[Key] = set()  # by the pace
@@ -102,6 +85,8 @@ class Actuator:
         self.pacer = Pacer(pacing, self.audit.records(), self.metrics) if pacing is not None else None
         self.repair = Repair(repair_after_healthy_seconds) if repair_after_healthy_seconds is not None else None
         self.node_conditions = node_conditions
+        self.checkpoints = CheckpointFirst(cluster, clock)
+        self.domains = DomainGate(domains, self.audit, cluster, name) if domains is not None else None
         self.metrics.breaker_open.set(1 if self.breaker_open else 0)
 
     # -- state rebuilt from the audit log ----------------------------------------------------------
@@ -117,16 +102,18 @@ class Actuator:
         return {p.approval_id: p for p in approvals.pending_from(self.audit.records())}
 
     # -- the gates, on this actuator's policies ----------------------------------------------------
-    def _round(self, snapshot: ClusterSnapshot | None) -> _Round:
-        return _Round(self.cluster, snapshot, budget_use(self.audit.records(), self.clock.now()))
+    def _round(self, snapshot: ClusterSnapshot | None) -> RoundUse:
+        return RoundUse(self.cluster, snapshot, budget_use(self.audit.records(), self.clock.now()))
 
-    def _pace(self, action: Action, findings: Sequence[FindingLike], round_: _Round,
+    def _pace(self, action: Action, findings: Sequence[FindingLike], round_: RoundUse,
               starts: dict[Key, int] | None = None) -> Verdict:
-        if self.pacer is None:
-            return ALLOWED
-        return self.pacer.verdict(action, findings, round_.snapshot(), self.clock.now(), starts)
+        verdict = ALLOWED if self.pacer is None else self.pacer.verdict(action, findings, round_.snapshot(),
+                                                                        self.clock.now(), starts)
+        if verdict.allowed and self.domains is not None:  # observe mode (its ``starts``) records no transition
+            return self.domains.verdict(action, findings, round_.snapshot(), self.clock.now(), self.mode, starts is None)
+        return verdict
 
-    def _budget(self, action: Action, round_: _Round) -> Verdict:
+    def _budget(self, action: Action, round_: RoundUse) -> Verdict:
         return budget_verdict(action, round_.use, self.limits, round_.snapshot)
 
     # -- recording ---------------------------------------------------------------------------------
@@ -167,19 +154,25 @@ class Actuator:
     def execute(self, plan: Plan, snapshot: ClusterSnapshot | None = None) -> list[AuditEntry]:
         """Carry out ``plan`` under the current mode. Returns the audit entries it wrote."""
         with self._lock:
-            round_ = self._round(snapshot)
+            round_, plan = self._round(snapshot), plan.stated()  # each action with what it puts at stake
             if self.node_conditions:
                 publish_health(self.cluster, plan.health)
-            if self.mode == Mode.OBSERVE:
-                return self._observe(plan, round_)
-            if self.mode == Mode.APPROVE:
-                out = self._observe_pace(plan, round_) + self._apply_approved(round_)
-                done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
-                return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
-                                              plan.snapshot_at))
-            return self._auto(plan, round_)
+            if self.domains is not None:  # domains with room again close first
+                self.domains.begin(round_.snapshot(), self.clock.now(), self.mode, self.mode != Mode.OBSERVE)
+            out = self._by_mode(plan, round_)
+            return out if self.domains is None else [*self.domains.written, *out]
 
-    def _auto(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
+    def _by_mode(self, plan: Plan, round_: RoundUse) -> list[AuditEntry]:
+        if self.mode == Mode.OBSERVE:
+            return self._observe(plan, round_)
+        if self.mode == Mode.APPROVE:
+            out = self._observe_pace(plan, round_) + self._apply_approved(round_)
+            done = {(e.kind, e.target) for e in out}  # the plan was made before these were applied
+            return out + self._queue(Plan(tuple(p for p in plan.actions if p.key not in done), plan.skipped,
+                                          plan.snapshot_at))
+        return self._auto(plan, round_)
+
+    def _auto(self, plan: Plan, round_: RoundUse) -> list[AuditEntry]:
         breaker = breaker_verdict(self.audit.records())
         if breaker.allowed:
             self._breaker_noted.clear()
@@ -210,14 +203,18 @@ class Actuator:
                 self._breaker_noted.add(planned.key)
                 breaker = OPEN
                 continue
-            entry = self._apply(action, round_, findings=self._findings(planned), snapshot_at=plan.snapshot_at)
-            out += [entry, *self._pace_outcome(action, planned.findings, entry, round_)]
+            ready = self._ready(action, round_, findings=self._findings(planned), snapshot_at=plan.snapshot_at)
+            if isinstance(ready, list):  # a drain waiting for its checkpoint
+                out += ready
+                continue
+            entry = self._apply(ready, round_, findings=self._findings(planned), snapshot_at=plan.snapshot_at)
+            out += [entry, *self._pace_outcome(ready, planned.findings, entry, round_)]
             if entry.outcome == Outcome.ERROR:
                 out += self._not_applied(plan.actions[position + 1:], "an earlier action failed", plan.snapshot_at)
                 break
         return out
 
-    def _observe(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
+    def _observe(self, plan: Plan, round_: RoundUse) -> list[AuditEntry]:
         out, seen = [], set()
         breaker = not breaker_verdict(self.audit.records()).allowed
         starts: dict[Key, int] = {}  # what auto mode would start this round, per pool and detector
@@ -234,7 +231,7 @@ class Actuator:
                 outcome, message = Outcome.BLOCKED, f"would be blocked: {budget.reason}"
             else:
                 round_.use = round_.use.taking(planned.action)
-                outcome, message = Outcome.PLANNED, ""
+                outcome, message = Outcome.PLANNED, risk_line(planned.action.params)
             key = (*planned.key, outcome.value)
             seen.add(key)
             if key not in self._observed:
@@ -245,7 +242,7 @@ class Actuator:
 
     # -- pacing and repair -------------------------------------------------------------------------
     def _pace_outcome(self, action: Action, findings: Sequence[FindingLike], entry: AuditEntry,
-                      round_: _Round) -> list[AuditEntry]:
+                      round_: RoundUse) -> list[AuditEntry]:
         """The pace event of an applied (or failed) disruptive action; a blocked one never started."""
         if self.pacer is None or entry.outcome == Outcome.BLOCKED:
             return []
@@ -253,13 +250,13 @@ class Actuator:
                                    entry.outcome in (Outcome.APPLIED, Outcome.RETRY), entry.outcome.value)
         return [self._pace_entry(event)] if event is not None else []
 
-    def _observe_pace(self, plan: Plan, round_: _Round) -> list[AuditEntry]:
+    def _observe_pace(self, plan: Plan, round_: RoundUse) -> list[AuditEntry]:
         """Pace events on what is in flight (proven, failed) on this round's snapshot."""
         if self.pacer is None:
             return []
         return [self._pace_entry(e) for e in self.pacer.observe(round_.snapshot(), plan.health, self.clock.now())]
 
-    def _judge(self, plan: Plan, round_: _Round, breaker_closed: bool) -> list[AuditEntry]:
+    def _judge(self, plan: Plan, round_: RoundUse, breaker_closed: bool) -> list[AuditEntry]:
         """Pace events on what is in flight, then repair's uncordons (unpaced: they give capacity back)."""
         now, current = self.clock.now(), round_.snapshot()
         out = self._observe_pace(plan, round_)
@@ -271,15 +268,16 @@ class Actuator:
     # -- approve mode --------------------------------------------------------------------------------
     def _queue(self, plan: Plan) -> list[AuditEntry]:
         asked = approvals.already_asked(self.audit.records(), self.clock.now())
-        return [self._entry(Outcome.AWAITING_APPROVAL, p.action, approval_id=new_id(), findings=self._findings(p),
-                            snapshot_at=plan.snapshot_at) for p in plan.actions if p.key not in asked]
+        return [self._entry(Outcome.AWAITING_APPROVAL, p.action, risk_line(p.action.params), approval_id=new_id(),
+                            findings=self._findings(p), snapshot_at=plan.snapshot_at)
+                for p in plan.actions if p.key not in asked]
 
     @staticmethod
     def _approved(awaiting: Record, by: str) -> _EntryContext:
         return {"approval_id": str(awaiting["approval_id"]), "findings": tuple(awaiting.get("findings") or ()),
                 "snapshot_at": parse_at(awaiting.get("snapshot_at")), "by": by}
 
-    def _apply_approved(self, round_: _Round) -> list[AuditEntry]:
+    def _apply_approved(self, round_: RoundUse) -> list[AuditEntry]:
         out = []
         for awaiting, decision in approvals.approved_not_applied(self.audit.records()):
             action, context = action_from_record(awaiting), self._approved(awaiting, decision.get("by") or "operator")
@@ -298,12 +296,15 @@ class Actuator:
                 continue
             self._paced.discard(key)
             entry = self._guarded_apply(action, round_, **context)
+            if isinstance(entry, list):  # a drain waiting for its checkpoint: it stays approved
+                out += entry
+                continue
             out += [entry, *self._pace_outcome(action, findings, entry, round_)]
         return out
 
-    def _guarded_apply(self, action: Action, round_: _Round, **context: Unpack[_EntryContext]) -> AuditEntry:
-        """An approved action through the breaker and the budget (the breaker read afresh: an earlier
-        approved action may have tripped it)."""
+    def _guarded_apply(self, action: Action, round_: RoundUse, **context: Unpack[_EntryContext]) -> AuditEntry | list[AuditEntry]:
+        """An approved action through the breaker, the budget (the breaker read afresh: an earlier
+        approved action may have tripped it) and its checkpoint (a list while it waits for one)."""
         if not breaker_verdict(self.audit.records()).allowed:
             return self._entry(Outcome.BLOCKED, action, WAITING, **context)
         budget = self._budget(action, round_)
@@ -312,9 +313,19 @@ class Actuator:
             entry = self._entry(budget.outcome, action, budget.reason, **context)
             self._trip(budget.reason)
             return entry
-        return self._apply(action, round_, **context)
+        ready = self._ready(action, round_, **context)
+        return ready if isinstance(ready, list) else self._apply(ready, round_, **context)
 
-    def _apply(self, action: Action, round_: _Round, **context: Unpack[_EntryContext]) -> AuditEntry:
+    def _ready(self, action: Action, round_: RoundUse, **context: Unpack[_EntryContext]) -> Action | list[AuditEntry]:
+        """The action to apply now, restated (:mod:`.checkpoint_first`); while a drain waits for its
+        checkpoint, the entries that says (its request, once, without the approval id: that stays open)."""
+        made: list[AuditEntry] = []
+        context.pop("approval_id", None)
+        ready = self.checkpoints.step(action, round_.snapshot(), self.audit.records(),
+                                      lambda *entry: made.append(self._entry(*entry, **context)))
+        return made if ready is None else ready
+
+    def _apply(self, action: Action, round_: RoundUse, **context: Unpack[_EntryContext]) -> AuditEntry:
         try:
             result = self.cluster.apply(action)
         except Exception as error:  # noqa: BLE001 the protocol says never raise; a client bug or outage still must be recorded
@@ -354,6 +365,9 @@ class Actuator:
                 return self._entry(Outcome.HELD, action, f"approved; {paced.reason} (applied at a later round once "
                                    "the pace allows)", by=by, findings=context.get("findings", ()))
             entry = self._guarded_apply(action, round_, **context)
+            if isinstance(entry, list):  # it waits for a checkpoint (asked now, or earlier) and goes at a later round
+                return entry[0] if entry else action_entry(self.clock.now(), self.mode, Outcome.RETRY, action,
+                                                           "approved; waiting for its checkpoint", by=by)
             self._pace_outcome(action, context.get("findings", ()), entry, round_)  # in the log; the answer is the action's
             return entry
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuwarden.fleet import Action, ActionKind, ClusterSnapshot
+from gpuwarden.fleet import Action, ActionKind, Cluster, ClusterSnapshot
 
 from .audit import Outcome, parse_at
 from .verdict import ALLOWED, Verdict, refused
@@ -53,6 +53,19 @@ class BudgetUse:
         applied = self.applied_last_hour + (0 if action.kind in _UNCOUNTED else 1)
         taken = self.taken_nodes | {action.target} if action.kind in _REMOVES_NODE else self.taken_nodes
         return replace(self, applied_last_hour=applied, taken_nodes=taken)
+
+
+class RoundUse:
+    """One round as the gates see it: the snapshot (read from the cluster the first time one needs
+    it) and what the round has used of the safety limits so far."""
+
+    def __init__(self, cluster: Cluster, snapshot: ClusterSnapshot | None, use: BudgetUse) -> None:
+        self._cluster, self._snapshot, self.use = cluster, snapshot, use
+
+    def snapshot(self) -> ClusterSnapshot:
+        if self._snapshot is None:
+            self._snapshot = self._cluster.snapshot()
+        return self._snapshot
 
 
 def budget_use(records: Iterable[Mapping[str, Any]], now: datetime) -> BudgetUse:

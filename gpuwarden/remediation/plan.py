@@ -17,14 +17,18 @@ Scheduling (admission, quota reclaim, queue order) is not planned here: it has i
 scheduling round (:mod:`gpuwarden.scheduler.scheduling_round`), which resumes only what it suspended.
 An idle reclaim's suspend carries ``params["by"] = "idle-reclaim"`` so the cluster marks who holds it.
 An action whose effect already stands (a cordoned node, a suspended job) is never planned again,
-and a node or namespace labelled ``gpuwarden.io/protect=true`` is left alone. Applying the plan is
-a separate step (:mod:`gpuwarden.remediation.apply`).
+and a node or namespace labelled ``gpuwarden.io/protect=true`` is left alone. Each disruptive action
+states what it puts at stake (:mod:`.at_risk`: the GPU-hours at risk since the last checkpoint, on
+what basis, the mode, and for a drain of checkpointable work the checkpoint it asks for first,
+:mod:`.checkpoint_first`), beside its action: ``PlannedAction.stated`` is what the log records.
+Applying the plan is a separate step (:mod:`gpuwarden.remediation.apply`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from datetime import datetime
 
@@ -40,9 +44,10 @@ from gpuwarden.fleet import (
 from gpuwarden.fleet.node_actions import NODE_ACTIONS, stronger
 from gpuwarden.fleet.object_names import SUSPENDED_BY_IDLE_RECLAIM
 
+from .at_risk import SUSPENDABLE_CONTROLLERS, running, statement
+
 WORKLOAD_ACTIONS = (ActionKind.SET_PRIORITY, ActionKind.RESUME, ActionKind.NOTIFY, ActionKind.SUSPEND,
                     ActionKind.EVICT, ActionKind.PREEMPT)
-SUSPENDABLE_CONTROLLERS = ("Job", "JobSet", "Workload")  # batch/v1 spec.suspend, JobSet spec.suspend, Kueue spec.active
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 PROTECT_LABEL = "gpuwarden.io/protect"
 RECLAIM_LABEL = "gpuwarden.io/reclaim-idle"
@@ -66,16 +71,37 @@ class PlanningPolicy:
     drain_mode_by_severity: Mapping[str, str] = field(default_factory=lambda: {
         Severity.CRITICAL.value: "immediate", Severity.WARNING.value: "allow-completion"})
     drain_completion_seconds: float = 3600.0
+    # How long a drain that would evict checkpointable work at once waits for it to save first
+    # (:mod:`.checkpoint_first`), by its most severe finding; 0: it drains without asking.
+    checkpoint_timeout_seconds_by_severity: Mapping[str, float] = field(default_factory=lambda: {
+        Severity.CRITICAL.value: 300.0, Severity.WARNING.value: 900.0})
+
+    def __post_init__(self) -> None:
+        for severity, seconds in self.checkpoint_timeout_seconds_by_severity.items():
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+                raise ValueError(f"checkpoint_timeout_seconds_by_severity: {severity}={seconds!r} is not a number "
+                                 "of seconds >= 0")
 
 
 @dataclass(frozen=True)
 class PlannedAction:
     action: Action
     findings: tuple[Finding, ...]  # the evidence behind it
+    # What it puts at stake (:func:`.at_risk.statement`): GPU-hours at risk, basis, mode, checkpoint-first
+    statement: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.action.kind.value, self.action.target)
+
+    @property
+    def stated(self) -> Action:
+        """The action with its statement in its params: what the audit log records (approve mode
+        applies it from there) and what the applier restates when it goes ahead."""
+        if not self.statement:
+            return self.action
+        action = self.action
+        return Action(action.kind, action.target, action.reason, {**action.params, **self.statement})
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,10 @@ class Plan:
     # Open health findings per node (those that pass the policy's severity and confidence bars,
     # acted on or not): what the node condition says, and what pacing and repair wait to see clear.
     health: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
+
+    def stated(self) -> Plan:
+        """This plan with each action's statement in its params (what the applier records)."""
+        return replace(self, actions=tuple(replace(p, action=p.stated) for p in self.actions))
 
 
 def _label_true(labels: Mapping[str, str] | None, key: str) -> bool:
@@ -313,7 +343,17 @@ def plan_from_findings(findings: list[Finding], snapshot: ClusterSnapshot, polic
     index = _Index(snapshot)
     actions = _node_plan(node_findings, snapshot, policy, skipped, index) + _workload_plan(
         workload_findings, snapshot, policy, now, skipped, index)
-    return Plan(tuple(actions), tuple(skipped), snapshot.taken_at, open_health(node_findings, policy))
+    live = running(snapshot)
+    stated = tuple(replace(p, statement=statement(p.action, snapshot, now, _checkpoint_timeout(p.action, policy), live))
+                   for p in actions)
+    return Plan(stated, tuple(skipped), snapshot.taken_at, open_health(node_findings, policy))
+
+
+def _checkpoint_timeout(action: Action, policy: PlanningPolicy) -> float:
+    """A drain's wait for checkpoints, by the severity its params carry (0 for other kinds)."""
+    if action.kind != ActionKind.DRAIN:
+        return 0.0
+    return float(policy.checkpoint_timeout_seconds_by_severity.get(str(action.params.get("severity")), 0.0))
 
 
 def merge(*plans: Plan) -> Plan:

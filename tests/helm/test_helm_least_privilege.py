@@ -114,3 +114,11 @@ def test_pacing_and_repair_reach_the_actuator_as_arguments_it_accepts(helm):  # 
     assert (parsed.pace_proven_after, parsed.pace_cooldown, parsed.repair_after) == (600.0, 60.0, 900.0)
     (default,) = one(render(helm, "remediation.enabled=true"), "Deployment")["spec"]["template"]["spec"]["containers"]
     assert build_parser().parse_args(default["args"]).repair_after is None  # opt-in
+    defaults = build_parser().parse_args(default["args"])
+    assert (defaults.max_unhealthy_ratio_per_domain, defaults.domain_cooldown) == (0.2, 1800.0)
+    assert (defaults.checkpoint_timeout_critical, defaults.checkpoint_timeout_warning) == (300.0, 900.0)
+    tuned = one(render(helm, "remediation.enabled=true", "remediation.limits.maxUnhealthyRatioPerDomain=1",
+                       "remediation.checkpointTimeoutSeconds.critical=0"), "Deployment")
+    (container,) = tuned["spec"]["template"]["spec"]["containers"]
+    parsed = build_parser().parse_args(container["args"])
+    assert (parsed.max_unhealthy_ratio_per_domain, parsed.checkpoint_timeout_critical) == (1.0, 0.0)

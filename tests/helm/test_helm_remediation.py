@@ -38,7 +38,8 @@ def test_a_default_install_has_no_write_verb_and_no_actuator(helm):
 
 @pytest.mark.parametrize("sets, expected", [
     ([], {("ClusterRole", "nodes"): {"patch"}, ("ClusterRole", "pods/eviction"): {"create"},
-          ("ClusterRole", "jobs"): {"patch"}}),  # jobs: a suspend-first drain (issue 24)
+          ("ClusterRole", "jobs"): {"patch"},  # jobs: a suspend-first drain (issue 24)
+          ("ClusterRole", "pods"): {"patch"}, ("ClusterRole", "events"): {"create"}}),  # a checkpoint-first drain's request
     (["remediation.actions.health=false", "remediation.actions.idle=true"],
      {("ClusterRole", "pods"): {"patch"}, ("ClusterRole", "pods/eviction"): {"create"},
       ("ClusterRole", "events"): {"create"}, ("ClusterRole", "jobs"): {"patch"}}),

@@ -1,6 +1,8 @@
 """Actions: what the actuator planned, what waits for a person (approve or reject here, audited
-with who did it), what was applied, refused or blocked by a limit. Audit times are the actuator's
-wall clock; finding times are sample time (simulated in the demo): both are labelled."""
+with who did it), what was applied, refused or blocked by a limit, and what each disruptive action
+put at risk (GPU-hours since the last checkpoint, the mode, a drain's checkpoint asked first and
+what came of it). Audit times are the actuator's wall clock; finding times are sample time
+(simulated in the demo): both are labelled."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import streamlit as st
 
 from gpuwarden.remediation import approvals
 from gpuwarden.remediation import audit_report as av
+from gpuwarden.remediation.at_risk import risk_line
+from gpuwarden.remediation.checkpoint_first import risk_rows
 from gpuwarden.remediation.pacing import pace_rows
 from gpuwarden.analytics.health_report import findings_on_node
 from gpuwarden.analytics.windows import window_for
@@ -62,6 +66,19 @@ if paced:
                f"{int((frame['outcome'] == 'held-by-pace').sum())} action(s) held by the pace in this log.")
     st.dataframe(pd.DataFrame(paced), hide_index=True, width="stretch")
 
+at_risk = risk_rows(entries)
+if at_risk:
+    st.subheader("Work at risk and checkpoints")
+    said = pd.Series([row["checkpoint"] for row in at_risk])
+    st.caption("GPU-hours each disruptive action puts at risk: the work of what it stops since its last checkpoint "
+               "(basis: the trainer's checkpoint annotation, else its start, else attained service), and the mode "
+               "chosen. A drain of checkpointable work asks for a checkpoint first (gpuwarden.io/checkpoint-request, "
+               "docs/remediation.md) and goes once it is done or at the deadline: checkpoint requested "
+               f"{int((said == 'requested').sum())}, done {int((said == 'done').sum())}, timed out "
+               f"{int((said == 'timed-out').sum())}, not asked {int((said == 'not-asked').sum())} in this log.")
+    st.dataframe(pd.DataFrame(at_risk).rename(columns={"gpu_hours_at_risk": "GPU-h at risk"}), hide_index=True,
+                 width="stretch")
+
 health_findings = None
 info = data.store_info()
 if waiting and info is not None:  # findings of the last 24 h, for actions whose log entry does not carry them
@@ -78,6 +95,11 @@ else:
             st.markdown(f"**{item.kind} `{item.target}`** · approval `{item.approval_id}` · planned at "
                         f"{item.planned_at} (wall clock)")
             st.caption(f"Why: {item.reason}")
+            asked = next((e.get("params") for e in entries if e.get("approval_id") == item.approval_id
+                          and e.get("outcome") == "awaiting-approval"), None)
+            stated = risk_line(asked) if isinstance(asked, dict) else ""
+            if stated:
+                st.caption(f"At stake: {stated}")
             if item.findings:
                 behind = pd.DataFrame(list(item.findings))
             elif health_findings is not None:
