@@ -32,7 +32,9 @@ the way the API server does for what gpuwarden uses:
 - pod creation calls the stored MutatingWebhookConfigurations over HTTPS and applies their
   JSONPatch (``tests/fake_kube_webhooks.py``); ``webhook_services`` maps a webhook's service to
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
-- a resource nobody registered answers 404 (a CRD that is not installed);
+- a resource nobody registered answers 404 (a CRD that is not installed); ``with_kueue()`` and
+  ``with_dra()`` (resource.k8s.io/v1: ResourceSlices and DeviceClasses cluster-scoped,
+  ResourceClaims and ResourceClaimTemplates namespaced) serve those groups;
 - ``huge_list``: a list of any length (millions) served page by page and never stored, each item
   made when its page is asked for (a cluster too large for the client to hold);
 - injectable faults per method and path: any HTTP status, a JSON answer that is not an object, or a hang longer than the client's
@@ -66,12 +68,14 @@ from fake_kube_patch import updated_object
 from fake_kube_webhooks import WebhookCall, call_webhooks
 
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterqueues", "workloadpriorityclasses",
-                  "mutatingwebhookconfigurations"}
+                  "mutatingwebhookconfigurations", "resourceslices", "deviceclasses"}
 KINDS = {"nodes": "Node", "namespaces": "Namespace", "pods": "Pod", "jobs": "Job", "events": "Event",
          "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass", "leases": "Lease",
          "workloads": "Workload", "clusterqueues": "ClusterQueue", "workloadpriorityclasses": "WorkloadPriorityClass",
          "jobsets": "JobSet", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration", "secrets": "Secret",
-         "configmaps": "ConfigMap", "services": "Service"}
+         "configmaps": "ConfigMap", "services": "Service", "resourceslices": "ResourceSlice",
+         "deviceclasses": "DeviceClass", "resourceclaims": "ResourceClaim",
+         "resourceclaimtemplates": "ResourceClaimTemplate"}
 CORE = "api/v1"
 BATCH = "apis/batch/v1"
 POLICY = "apis/policy/v1"
@@ -80,11 +84,15 @@ COORDINATION = "apis/coordination.k8s.io/v1"
 KUEUE = "apis/kueue.x-k8s.io/v1beta1"
 JOBSET = "apis/jobset.x-k8s.io/v1alpha2"
 ADMISSION = "apis/admissionregistration.k8s.io/v1"
+RESOURCE = "apis/resource.k8s.io/v1"  # Dynamic Resource Allocation, GA in Kubernetes 1.34
 DEFAULT_RESOURCES = [(CORE, "nodes"), (CORE, "namespaces"), (CORE, "pods"), (CORE, "events"), (BATCH, "jobs"),
                      (POLICY, "poddisruptionbudgets"), (SCHEDULING, "priorityclasses"), (COORDINATION, "leases"),
                      (ADMISSION, "mutatingwebhookconfigurations"), (CORE, "secrets"), (CORE, "configmaps"),
                      (CORE, "services")]
 KUEUE_RESOURCES = [(KUEUE, "workloads"), (KUEUE, "clusterqueues"), (KUEUE, "workloadpriorityclasses")]
+# not served by default: a cluster older than 1.34 answers 404 for resource.k8s.io/v1
+DRA_RESOURCES = [(RESOURCE, "resourceslices"), (RESOURCE, "deviceclasses"), (RESOURCE, "resourceclaims"),
+                 (RESOURCE, "resourceclaimtemplates")]
 
 
 def iso(seconds: float) -> str:
@@ -142,6 +150,11 @@ class FakeKubeAPI:
     # -- test set-up ----------------------------------------------------------------------------
     def with_kueue(self) -> FakeKubeAPI:
         self.resources |= set(KUEUE_RESOURCES)
+        return self
+
+    def with_dra(self) -> FakeKubeAPI:
+        """Serve Dynamic Resource Allocation (resource.k8s.io/v1), as a 1.34+ cluster does."""
+        self.resources |= set(DRA_RESOURCES)
         return self
 
     def add(self, prefix: str, plural: str, obj: dict) -> dict:

@@ -4,6 +4,9 @@ of requests grows with pages, never with pods (no per-pod GETs).
 
 Nodes are read by :mod:`.inventory_nodes` (GPUs, MIG, time-slicing, topology labels), pods and Jobs
 grouped into workloads by :mod:`.inventory_workloads` (gated, admitted, timed out, refused).
+Where the cluster serves Dynamic Resource Allocation (``resource.k8s.io/v1``), its slices and
+claims are read first (:mod:`.dra`, four more lists): a node's published GPUs, and the devices a
+pod's claims hold, in GPU units (``Inventory.dra``).
 Kubernetes does not name GPUs, so GPUs are ``NODE/gpu-I`` in the snapshot and pods are laid on them
 in order; findings reach pods through their node, namespace and pod name.
 
@@ -24,9 +27,11 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
+from .dra import read_dra
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
 from .inventory_model import Group, Inventory
 from .inventory_workloads import WorkloadReader
+from .podgroups import read_pod_groups
 from .team_quotas import TeamQuotas
 
 log = logging.getLogger("gpuwarden.kube")
@@ -44,12 +49,12 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
     """The snapshot and the inventory; ``previous`` (the last snapshot) lends its ``Workload``
     objects to workloads that did not change."""
     taken_at = clock.now()
-    inventory = Inventory()
+    inventory = Inventory(dra=read_dra(api, page_size))
     offers: dict[str, NodeOffer] = {}
     cordoned, taints, node_labels = set(), {}, {}
     for item in api.list_all(api.core.list_node, resource="nodes", page_size=page_size):
         with reading("node", item):
-            offer = read_node(item, labels)
+            offer = read_node(item, labels, inventory.dra.by_node.get(item["metadata"]["name"], ()))
             if offer is None:
                 continue
             name = offer.node.name
@@ -61,6 +66,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             if own:
                 taints[name] = own
             node_labels[name] = dict(item["metadata"].get("labels") or {})
+    inventory.dra.attach(offers)
 
     namespace_labels: dict[str, dict[str, str]] = {}
     quotas = TeamQuotas()
@@ -115,8 +121,10 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             for owner in meta.get("ownerReferences") or ():
                 kueue_owner[(meta.get("namespace", ""), owner.get("kind"), owner.get("name"))] = kueue_workload
 
+    pod_groups = read_pod_groups(api, page_size)  # native gangs (scheduling.k8s.io), where served
     reader = WorkloadReader(inventory, taken_at, admission_timeout_seconds,
-                            {w.workload.key: w.workload for w in previous.workloads} if previous else None)
+                            {w.workload.key: w.workload for w in previous.workloads} if previous else None,
+                            pod_groups=pod_groups)
     for pod in api.list_all(api.core.list_pod_for_all_namespaces, resource="pods", page_size=page_size,
                             field_selector=ACTIVE_PHASES):
         with reading("pod", pod):

@@ -12,6 +12,7 @@ from gpuwarden.fleet.node_selection import NodeSelection
 
 from .admission import PodView
 from .api import Json
+from .dra import DraInventory
 from .inventory_nodes import PodRequest
 
 
@@ -38,6 +39,7 @@ class Inventory:
     priority_classes: dict[str, int] = field(default_factory=dict)
     workload_priority_classes: dict[str, int] = field(default_factory=dict)
     kueue: bool = False
+    dra: DraInventory = field(default_factory=DraInventory)  # GPUs allocated by DRA: slices, claims, what was skipped
 
 
 @dataclass

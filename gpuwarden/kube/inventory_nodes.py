@@ -16,9 +16,14 @@ discovery's labels:
   never planned onto each other's nodes, as kube-scheduler would refuse. Not supported: several
   shares per pod (the device plugin may hand them from different GPUs) and ``renameByDefault:
   false`` (shares advertised as ``nvidia.com/gpu`` are read as whole GPUs);
-- topology from labels named by :class:`NodeLabels`.
+- topology from labels named by :class:`NodeLabels`;
+- GPUs published by Dynamic Resource Allocation (:mod:`.dra_nodes`): a node whose ResourceSlices
+  publish GPU or MIG devices gets its GPUs from them alone. A GPU the DRA driver publishes is the
+  same GPU the device plugin would count, so the node's ``nvidia.com/gpu`` and ``nvidia.com/mig-*``
+  (a device plugin on the same node, or KEP-5004's extended resource backed by DRA) are never added
+  to them: the two sources are never summed.
 
-Every other node (no GPU resource) is not a GPU node and is left out.
+Every other node (no GPU resource, no published GPU) is not a GPU node and is left out.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from kubernetes.utils import parse_quantity
 from gpuwarden.fleet import FleetValueError, Gpu, Location, MigInstance, Node, Placement, PriceTier, Topology, WorkloadState
 from gpuwarden.fleet.price_tiers import TIER_LABEL, tier_from_labels
 from gpuwarden.fleet.mig_geometry import compute_slices, fits, mig_table
+
+from .dra_nodes import DraLayout, dra_layout
+from .dra_objects import DeviceKey, DraDevice
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -64,6 +72,7 @@ class PodRequest:
     count: int = 0  # whole GPUs
     mig: str | None = None
     shares: int = 0  # time-sliced shares
+    dra: bool = False  # asked (or held) through DRA resource claims: laid on the devices its claims hold
 
     @property
     def empty(self) -> bool:
@@ -79,6 +88,9 @@ class NodeOffer:
     whole: list[str] = field(default_factory=list)  # uuids of GPUs offered whole
     mig: list[tuple[str, int, str]] = field(default_factory=list)  # (gpu uuid, instance id, profile)
     replicas: int = 1  # > 1: time-sliced, each GPU shared by this many pods
+    dra_placements: dict[DeviceKey, Placement] = field(default_factory=dict)  # each published device
+    dra_taken: set[tuple[str, int | None]] = field(default_factory=set)  # (gpu, MIG instance) allocated by claims
+    claimed: dict[str, tuple[Placement, ...]] = field(default_factory=dict)  # "ns/pod" -> what its claims hold
 
 
 DEFAULT_LABELS = NodeLabels()
@@ -154,12 +166,17 @@ def _mig_layouts(model: str, gpus: int, counts: Mapping[str, int]) -> list[list[
     return layouts
 
 
-def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS) -> NodeOffer | None:
-    """A node object as a GPU node, or None when it offers no GPU. Bad labels are logged and defaulted."""
+def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS,
+              dra: Sequence[DraDevice] = ()) -> NodeOffer | None:
+    """A node object as a GPU node, or None when it offers no GPU. Bad labels are logged and defaulted.
+    ``dra``: the devices its ResourceSlices publish; GPUs among them are the node's GPUs."""
     meta, status = item["metadata"], item.get("status") or {}
     capacity = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
     labels = meta.get("labels") or {}
     name = meta["name"]
+    published = dra_layout(name, labels.get(PRODUCT_LABEL), dra) if dra else None
+    if published is not None:
+        return _dra_offer(item, names, labels, capacity, published)
     try:
         whole = int(quantity(capacity.get(GPU, "0"), f"node {name} {GPU}"))
         shares = int(quantity(capacity.get(SHARED_GPU, "0"), f"node {name} {SHARED_GPU}"))
@@ -181,28 +198,7 @@ def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS) -> No
         replicas = 1
         mig_gpus = max(counted - whole, 1) if mig else 0
         physical = whole + mig_gpus
-    zone = labels.get(names.leaf_switch_fallback, "")
-    model = labels.get(PRODUCT_LABEL, "unknown")
-    pool = labels.get(names.pool) or labels.get(PRODUCT_LABEL, "default")
-    if shared:
-        pool += TIME_SLICED_POOL_SUFFIX
-    topology = Topology(labels.get(names.nvlink_domain) or name, labels.get(names.leaf_switch) or zone,
-                        labels.get(names.rack) or zone)
-    cpu_milli = int(_or_zero(capacity.get("cpu", "0"), f"node {name} cpu") * 1000)
-    memory = int(_or_zero(capacity.get("memory", "0"), f"node {name} memory"))
-    try:
-        node = Node(
-            name=name, pool=pool,
-            location=_label(Location, labels, "gpuwarden.io/location",
-                            "cloud" if (item.get("spec") or {}).get("providerID") else "on-prem"),
-            price_tier=_tier(labels, name),
-            topology=topology, gpu_model=model, gpu_count=physical, cpu_milli=cpu_milli, memory_bytes=memory,
-            shares_gpus=shared,
-        )
-    except FleetValueError as error:
-        log.warning("node %s: %s; its labels are ignored", name, error)
-        node = Node(name, "default" + (TIME_SLICED_POOL_SUFFIX if shared else ""), Location.ON_PREM,
-                    PriceTier.ON_DEMAND, Topology(name, zone, zone), "unknown", physical, 0, 0, shares_gpus=shared)
+    node = _node(item, names, labels, capacity, labels.get(PRODUCT_LABEL, "unknown"), physical, shared)
     offer = NodeOffer(node, [], replicas=replicas)
     layouts = _mig_layouts(node.gpu_model, mig_gpus, mig) if mig_gpus else []
     for index in range(physical):
@@ -219,6 +215,40 @@ def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS) -> No
     return offer
 
 
+def _node(item: Mapping[str, Any], names: NodeLabels, labels: Mapping[str, str], capacity: Mapping[str, Any],
+          model: str, physical: int, shared: bool) -> Node:
+    name = str(item["metadata"]["name"])
+    zone = labels.get(names.leaf_switch_fallback, "")
+    pool = labels.get(names.pool) or labels.get(PRODUCT_LABEL) or (model if model != "unknown" else "default")
+    if shared:
+        pool += TIME_SLICED_POOL_SUFFIX
+    topology = Topology(labels.get(names.nvlink_domain) or name, labels.get(names.leaf_switch) or zone,
+                        labels.get(names.rack) or zone)
+    cpu_milli = int(_or_zero(capacity.get("cpu", "0"), f"node {name} cpu") * 1000)
+    memory = int(_or_zero(capacity.get("memory", "0"), f"node {name} memory"))
+    try:
+        return Node(
+            name=name, pool=pool,
+            location=_label(Location, labels, "gpuwarden.io/location",
+                            "cloud" if (item.get("spec") or {}).get("providerID") else "on-prem"),
+            price_tier=_tier(labels, name),
+            topology=topology, gpu_model=model, gpu_count=physical, cpu_milli=cpu_milli, memory_bytes=memory,
+            shares_gpus=shared,
+        )
+    except FleetValueError as error:
+        log.warning("node %s: %s; its labels are ignored", name, error)
+        return Node(name, "default" + (TIME_SLICED_POOL_SUFFIX if shared else ""), Location.ON_PREM,
+                    PriceTier.ON_DEMAND, Topology(name, zone, zone), "unknown", physical, 0, 0, shares_gpus=shared)
+
+
+def _dra_offer(item: Mapping[str, Any], names: NodeLabels, labels: Mapping[str, str], capacity: Mapping[str, Any],
+               published: DraLayout) -> NodeOffer:
+    """A node whose GPUs its ResourceSlices publish: they alone (never added to its extended resources)."""
+    node = _node(item, names, labels, capacity, published.model, len(published.gpus), False)
+    return NodeOffer(node, published.gpus, whole=published.whole, mig=published.mig,
+                     dra_placements=published.placements)
+
+
 def _or_zero(value: Any, what: str) -> float:
     try:
         return quantity(value, what)
@@ -228,24 +258,34 @@ def _or_zero(value: Any, what: str) -> float:
 
 
 class Layout:
-    """Running pods laid on their nodes' GPUs in order (Kubernetes does not say which GPU a pod has)."""
+    """Running pods laid on their nodes' GPUs in order (the device plugin does not say which GPU a pod
+    has); a pod whose DRA claims hold devices is laid on exactly those (``NodeOffer.claimed``), and the
+    others never on a device a claim holds."""
 
     def __init__(self, offers: Mapping[str, NodeOffer]) -> None:
         self.offers = offers
         self.whole: dict[str, int] = {}
         self.shares: dict[str, int] = {}
         self.mig_used: dict[str, set[int]] = {}
+        self.claims_laid: set[tuple[str, str]] = set()  # (node, "ns/pod") whose claimed devices are laid
         self.overfull: set[str] = set()  # nodes where pods were laid past what they offer
 
-    def lay(self, node: str, request: PodRequest) -> list[Placement]:
+    def lay(self, node: str, request: PodRequest, pod: Mapping[str, Any] | None = None) -> list[Placement]:
+        """Where one pod of ``request`` on ``node`` holds GPUs; ``pod`` (the pod object) names it, so a pod
+        holding DRA devices is laid on its own (without it, on the node's next claimed devices)."""
         offer = self.offers.get(node)
         if offer is None or not offer.gpus:
             return []  # not a GPU node we read (gone, or its GPUs unreadable)
+        if request.dra and offer.claimed:
+            held = self._claimed(node, offer, pod)
+            if held is not None:
+                return list(held)
         if request.mig:
             # an instance of its own profile: the device plugin publishes each profile's count exactly, so a
             # pod found none of its profile free (admitted past what the node offers) holds none of another's
             used = self.mig_used.setdefault(node, set())
-            free = [i for i, (_, _, profile) in enumerate(offer.mig) if profile == request.mig and i not in used]
+            free = [i for i, (uuid, instance, profile) in enumerate(offer.mig) if profile == request.mig
+                    and i not in used and (uuid, instance) not in offer.dra_taken]
             if not free:
                 self.overfull.add(node)
                 return []
@@ -253,6 +293,7 @@ class Layout:
             uuid, instance, _ = offer.mig[free[0]]
             return [Placement(node, uuid, instance)]
         gpus = offer.whole or [g.uuid for g in offer.gpus]
+        gpus = [u for u in gpus if (u, None) not in offer.dra_taken] or gpus  # every one taken: laid past, overfull
         if request.shares:
             index = self.shares.get(node, 0)
             self.shares[node] = index + 1
@@ -263,6 +304,17 @@ class Layout:
             self.whole[node] = index + 1
             out.append(Placement(node, gpus[min(index, len(gpus) - 1)]))
         return out
+
+    def _claimed(self, node: str, offer: NodeOffer, pod: Mapping[str, Any] | None) -> tuple[Placement, ...] | None:
+        if pod is not None:
+            meta = pod.get("metadata") or {}
+            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        else:  # the caller did not say which pod: the next claimed devices not laid yet
+            key = next((k for k in offer.claimed if (node, k) not in self.claims_laid), "")
+        if key not in offer.claimed or (node, key) in self.claims_laid:
+            return None
+        self.claims_laid.add((node, key))
+        return offer.claimed[key]
 
 
 def overfull_nodes(workloads: Sequence[WorkloadState], offers: Mapping[str, NodeOffer]) -> set[str]:

@@ -1,7 +1,10 @@
 """GPU pods and Jobs of a Kubernetes cluster grouped into fleet workloads.
 
-A workload is one owner (Job, JobSet, PyTorchJob, another controller) or, where pods carry the
-``gpuwarden.io/gang`` label, that gang (``gpuwarden.io/gang-size`` pods). Each pod is one of:
+A workload is a native gang (a PodGroup with a gang policy, :mod:`.podgroups`, where the reader is
+given the cluster's ``PodGroups``: ``minCount`` pods), one owner (Job, JobSet, PyTorchJob, another
+controller) or, where pods carry the ``gpuwarden.io/gang`` label, that gang (``gpuwarden.io/gang-size``
+pods): :mod:`.inventory_membership` says which. A gated pod whose PodGroup cannot be read is refused
+with the reason (a bound one still holds its GPUs). Each pod is one of:
 
 - *gated* by gpuwarden (``gpuwarden.io/admission``): waits for gpuwarden's admission;
 - *held*: bound to a node (``spec.nodeName``), or admitted by gpuwarden (annotation
@@ -12,9 +15,9 @@ A workload is one owner (Job, JobSet, PyTorchJob, another controller) or, where 
 - *kube-scheduler's*: Pending, not gated by gpuwarden, not admitted by it (another scheduler's or
   Kueue's gate, or no gate at all in a namespace gpuwarden does not queue): left out.
 
-A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs: a Job's ``parallelism`` (no
-more than the completions left), the gang-size label, else the pods seen, less the pods it holds. A gang
-missing pods is pending at its full size; admitting it is refused until every pod is there (``KubeCluster``
+A workload with gated pods is PENDING, its ``gang_size`` the pods it still needs: its PodGroups' ``minCount``, a
+Job's ``parallelism`` (no more than the completions left), the gang-size label, else the pods seen, less the pods
+it holds. A gang missing pods is pending at its full size; admitting it is refused until every pod is there (``KubeCluster``
 BIND). A workload holding pods and waiting for more (a Job's replacement pod) holds its running pods under
 ``<name>~held`` and queues the rest under its name; a suspended Job whose pods are still stopping holds them
 there too, marked ``stopping`` (no victim). A pod whose GPU request cannot be read (an unparseable quantity,
@@ -29,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
 
 from gpuwarden.fleet import (GpuRequest, Placement, PriorityClass, UnreadableWorkload, Workload, WorkloadKind, WorkloadPhase,
                              WorkloadState, workload_key)
@@ -38,40 +40,32 @@ from gpuwarden.fleet.mig_geometry import UnknownMigProfile
 
 from .api import Json
 from .admission import pod_view
-from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, GANG_LABEL, GANG_SIZE_LABEL,
-                    PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION, gated_by_gpuwarden)
+from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION,
+                    ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION,
+                    gated_by_gpuwarden)
+from .inventory_membership import NATIVE_CONTROLLER, gang_size_label, membership
 from .inventory_model import Group, Inventory
 from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest, overfull_nodes
 from .inventory_pods import (_tolerations, _unscheduled_reason, cpu_memory_request, gpu_request, node_selection,
                              parse_time, priority_of)
+from .podgroups import PodGroups
 
 log = logging.getLogger("gpuwarden.kube")
 
 KIND_LABEL = "gpuwarden.io/workload-kind"
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it states none
 HELD_SUFFIX = "~held"  # the running part of a workload that also waits for admission
-TRAINING_CONTROLLERS = ("Job", "JobSet", "Workload", "PyTorchJob", "Gang")
-
-
-def _owner(meta: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[str, str]:
-    """(controller kind, workload name) of a pod."""
-    if labels.get(GANG_LABEL):
-        return "Gang", labels[GANG_LABEL]
-    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
-    if owner is None:
-        return "Pod", str(meta["name"])
-    if owner.get("kind") == "Job" and labels.get(JOBSET_LABEL):
-        return "JobSet", labels[JOBSET_LABEL]
-    return str(owner.get("kind", "Pod")), str(owner.get("name", meta["name"]))
+TRAINING_CONTROLLERS = ("Job", "JobSet", "Workload", "PyTorchJob", "Gang", NATIVE_CONTROLLER)
 
 
 class WorkloadReader:
     """Reads pods then Jobs, then builds the snapshot's workloads and fills the inventory."""
 
     def __init__(self, inventory: Inventory, now: datetime, timeout_seconds: float,
-                 previous: Mapping[str, Workload] | None = None) -> None:
+                 previous: Mapping[str, Workload] | None = None, pod_groups: PodGroups | None = None) -> None:
         self.inventory = inventory
+        self.pod_groups = pod_groups  # the cluster's PodGroups (native gangs); None: not read
+        self._native: dict[str, dict[str, int]] = {}  # key -> its native gangs' minCount, by gang name
         # the last snapshot's workloads: one equal to this round's is handed out again (the same
         # object), so a loop keeps the engine's job for it instead of building it anew each round
         self.previous = previous or {}
@@ -89,7 +83,8 @@ class WorkloadReader:
     def add_pod(self, pod: Json) -> None:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
         namespace, labels = str(meta.get("namespace", "")), dict(meta.get("labels") or {})
-        controller, name = _owner(meta, labels)
+        member = membership(pod, self.pod_groups)
+        controller, name = member.controller, member.name
         key = workload_key(namespace, name)
         node = spec.get("nodeName") or None
         gated = node is None and gated_by_gpuwarden(pod)
@@ -100,7 +95,7 @@ class WorkloadReader:
                 "gpuwarden leaves it alone (label the namespace to queue it, or remove the gate)")
             return
         try:
-            request = gpu_request(spec)
+            request = self.inventory.dra.pod_request(pod, gpu_request(spec))
         except (ValueError, UnknownMigProfile) as error:
             self._refuse(key, f"pod {meta['name']}: {error}")
             if gated:
@@ -112,6 +107,8 @@ class WorkloadReader:
                 used = self._overhead.get(str(node), (0, 0))
                 self._overhead[str(node)] = (used[0] + cpu, used[1] + memory)
             return
+        if gated and member.problem:
+            self._refuse(key, f"pod {meta['name']}: {member.problem}")
         notes = dict(meta.get("annotations") or {})
         if gated:
             place = "gated"
@@ -127,6 +124,10 @@ class WorkloadReader:
         else:
             place = "held"
         group = self._group(key, controller, namespace, name, request, pod, labels)
+        if member.gang is not None:  # the gangs it is made of: their minCounts together, whatever its owner says
+            gangs = self._native.setdefault(key, {})
+            gangs[member.gang[0]] = member.gang[1]
+            group.size = sum(gangs.values())
         self._identify(group, pod)
         started = parse_time(status.get("startTime"))
         if started:
@@ -189,16 +190,9 @@ class WorkloadReader:
         return out
 
     def _gang_size(self, key: str, labels: Mapping[str, str]) -> int | None:
-        text = labels.get(GANG_SIZE_LABEL)
-        if text is None:
-            return None
-        try:
-            size = int(text)
-        except ValueError:
-            size = 0
-        if size < 1:
-            self._refuse(key, f"label {GANG_SIZE_LABEL}={text!r} is not a whole number of pods >= 1")
-            return None
+        size, problem = gang_size_label(labels)
+        if problem:
+            self._refuse(key, problem)
         return size
 
     def add_job(self, job: Json) -> None:
@@ -217,14 +211,16 @@ class WorkloadReader:
                 group.created.append(created)
             group.objects[("Job", meta["name"])] = notes
             group.suspended = bool(spec.get("suspend"))  # its pods are being terminated by the Job controller
-            if group.controller == "Job":
+            if group.controller == "Job" and key not in self._native:  # a native gang's minCount outranks it
                 group.size = max(1, parallelism)
             return
         if not spec.get("suspend") and not notes.get(RESERVED_NODES_ANNOTATION):
             return  # a running Job's pods say all; a resumed one holds its reservation before its pods exist
         template = spec.get("template") or {}
         try:
-            request = gpu_request(template.get("spec") or {})
+            pod_spec = template.get("spec") or {}
+            request = self.inventory.dra.template_request(str(meta.get("namespace", "")), pod_spec,
+                                                          gpu_request(pod_spec))
         except (ValueError, UnknownMigProfile) as error:
             self._refuse(key, f"Job {meta['name']}: {error}")
             request = PodRequest()
@@ -297,14 +293,14 @@ class WorkloadReader:
                 out.append(self._state(key, group, w, WorkloadPhase.SUSPENDED, group.size or max(
                     1, len(group.held) + len(group.gated)), (), pools, milli))
                 if group.held:  # its pods are still stopping: their GPUs stay taken until they are gone
-                    placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                    placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request, pod))
                     out.append(self._state(key + HELD_SUFFIX, group, w, WorkloadPhase.RUNNING, len(group.held),
                                            placements, pools, milli, stopping=True))
                 continue
             waiting_for = self._reservation(group) if key not in unreserved else []
             if waiting_for:  # resumed: its pods are admitted onto the nodes the plan held for them
                 self._holding.add(key)
-                held = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                held = tuple(p for pod, node in group.held for p in layout.lay(node, group.request, pod))
                 reserved = tuple(p for node in waiting_for for p in layout.lay(node, group.request))
                 self.inventory.gated[key] = sorted(group.gated, key=lambda p: p.name)
                 self.inventory.gang_size[key] = len(waiting_for)
@@ -315,7 +311,7 @@ class WorkloadReader:
                 continue
             held_key = key + HELD_SUFFIX if group.gated else key
             if group.held:
-                placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request))
+                placements = tuple(p for pod, node in group.held for p in layout.lay(node, group.request, pod))
                 # every pod of it on its way out (evicted, deleted): it holds its GPUs until gone, no victim again
                 leaving = all(pod["metadata"].get("deletionTimestamp") for pod, _ in group.held)
                 out.append(self._state(held_key, group, w, WorkloadPhase.RUNNING, len(group.held), placements,

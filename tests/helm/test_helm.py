@@ -498,7 +498,9 @@ def test_rbac_exists_only_with_remediation_and_grants_only_its_verbs(all_combina
         # tests/helm/test_helm_scheduling.py (its own Secret and webhook configuration, by name).
         assert set(granted) <= {"nodes", "nodes/status", "pods", "pods/eviction", "events", "namespaces", "jobs", "jobs/status", "jobsets",
                                 "leases", "poddisruptionbudgets", "priorityclasses", "workloads", "clusterqueues",
-                                "workloadpriorityclasses", "localqueues", "secrets", "mutatingwebhookconfigurations"}, \
+                                "workloadpriorityclasses", "localqueues", "secrets", "mutatingwebhookconfigurations",
+                                "podgroups", "deviceclasses", "resourceslices", "resourceclaims",
+                                "resourceclaimtemplates"}, \
             (sets, sorted(granted))
 
 
