@@ -3,6 +3,9 @@
 ``collect()`` never reads a GPU; it renders whatever snapshot was last swapped in with
 :meth:`GpuCollector.update`. Because each snapshot replaces the previous one whole, series of
 GPUs or pods that disappeared vanish on the next scrape without any bookkeeping.
+
+A GPU a pod holds through a DRA claim carries dcgm-exporter's ``dra_*`` labels besides the
+catalogue's label set (``--kubernetes-enable-dra`` names them so); other series have exactly that set.
 """
 
 from __future__ import annotations
@@ -12,21 +15,22 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from gpuwarden.fleet import THROTTLE_REASONS, GpuReading
 from gpuwarden.fleet.catalogue import GPU_LABELS, MetricSpec, load_catalogue
 
-from .snapshot import ExporterSnapshot
+from .snapshot import AttributedReading, ExporterSnapshot
 
 # prometheus_client's float text (untyped there): "+Inf", "1.0e+06" as generate_latest writes them.
 go_float: Callable[[float], str] = floatToGoString
 
 
 def gpu_labels(reading: GpuReading, driver_version: str) -> dict[str, str]:
-    """dcgm-exporter's label set for one GPU or MIG instance; empty strings where unknown."""
-    return {
+    """dcgm-exporter's label set for one GPU or MIG instance; empty strings where unknown. A
+    reading held through a DRA claim adds its ``dra_*`` labels."""
+    labels = {
         "gpu": str(reading.gpu_index),
         "UUID": reading.gpu_uuid,
         "pci_bus_id": reading.pci_bus_id,
@@ -41,6 +45,17 @@ def gpu_labels(reading: GpuReading, driver_version: str) -> dict[str, str]:
         "DCGM_FI_DRIVER_VERSION": driver_version,
         "node": reading.node,
     }
+    if isinstance(reading, AttributedReading) and reading.claim is not None:
+        labels.update(reading.claim.labels())
+    return labels
+
+
+def reading_state(reading: GpuReading, state: str | None) -> str | None:
+    """The attribution state one reading's series carry: the snapshot's, except "failed" for a GPU
+    without a pod label that a DRA device nobody could map may be (its owner is unknown)."""
+    if state == "known" and isinstance(reading, AttributedReading) and reading.owner_unknown:
+        return "failed"
+    return state
 
 
 def _present(value: object) -> bool:
@@ -113,7 +128,7 @@ def build_families(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) 
     for spec in catalogue:
         family, sample_name = _family(spec)
         for reading, labels in labelled:
-            for sample_labels, value in _samples(spec, reading, labels, snapshot.attribution):
+            for sample_labels, value in _samples(spec, reading, labels, reading_state(reading, snapshot.attribution)):
                 family.add_sample(sample_name, sample_labels, value)
         if family.samples:
             families.append(family)
@@ -123,6 +138,12 @@ def build_families(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) 
 
 def _gauge(name: str, documentation: str, node: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=["node"])
+    family.add_metric([node], value)
+    return family
+
+
+def _counter(name: str, documentation: str, node: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["node"])
     family.add_metric([node], value)
     return family
 
@@ -140,6 +161,16 @@ def _self_metrics(snapshot: ExporterSnapshot) -> Iterator[Metric]:
         yield _gauge("gpuwarden_exporter_pod_attribution_up",
                      "Whether the kubelet pod-resources API answered the latest collection (1) or not (0).",
                      node, 1.0 if snapshot.pod_attribution else 0.0)
+    if snapshot.dra is not None:
+        yield _gauge("gpuwarden_exporter_dra_devices",
+                     "GPUs and MIG devices pods hold through DRA claims (driver gpu.nvidia.com) mapped to a GPU here.",
+                     node, snapshot.dra.devices)
+        yield _gauge("gpuwarden_exporter_dra_devices_unresolved",
+                     "DRA devices (driver gpu.nvidia.com) pods hold now whose name maps to no GPU here: not attributed.",
+                     node, snapshot.dra.unresolved)
+        yield _counter("gpuwarden_exporter_dra_devices_unresolved_total",
+                       "DRA device allocations (pod, container, claim, device) first seen unresolved.",
+                       node, snapshot.dra.unresolved_total)
     if snapshot.timestamp_seconds is not None:
         yield _gauge("gpuwarden_exporter_last_collection_timestamp_seconds",
                      "Unix time the latest collection attempt ended.", node, snapshot.timestamp_seconds)
@@ -169,32 +200,34 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
     """The text exposition (format 0.0.4) of one snapshot, byte for byte what
     ``generate_latest`` writes for :func:`build_families`, several times faster: each reading's
     label string is escaped and sorted once, not once per sample."""
-    keys = sorted(GPU_LABELS)
-    prepared: list[tuple[GpuReading, list[str], dict[object, Any]]] = []
+    base_keys = sorted(GPU_LABELS)
+    prepared: list[tuple[GpuReading, list[str], list[str], str | None, dict[object, Any]]] = []
     for reading in snapshot.readings:
         labels = gpu_labels(reading, snapshot.driver_version)
-        prepared.append((reading, [f'{k}="{escape_label_value(labels[k])}"' for k in keys], {}))
+        keys = base_keys if len(labels) == len(base_keys) else sorted(labels)
+        prepared.append((reading, keys, [f'{k}="{escape_label_value(labels[k])}"' for k in keys],
+                         reading_state(reading, snapshot.attribution), {}))
     out: list[str] = []
     for spec in catalogue:
-        position = bisect.bisect(keys, spec.label) if spec.label else 0
         lines: list[str] = []
-        for reading, parts, cache in prepared:
-            values = list(_values(spec, reading, snapshot.attribution))
+        for reading, keys, parts, state, cache in prepared:
+            values = list(_values(spec, reading, state))
             if not values:
                 continue
             if spec.label:
-                split = cache.get(position)
+                split = cache.get(spec.label)
                 if split is None:
-                    split = cache[position] = (",".join(parts[:position]), ",".join(parts[position:]))
+                    position = bisect.bisect(keys, spec.label)
+                    split = cache[spec.label] = (",".join(parts[:position]), ",".join(parts[position:]))
                 head, tail = split
                 for extra, value in values:
                     middle = f'{spec.label}="{escape_label_value(extra or "")}"'
                     body = ",".join(p for p in (head, middle, tail) if p)
                     lines.append(f"{spec.metric}{{{body}}} {go_float(value)}\n")
             else:
-                joined = cache.get("all")
+                joined = cache.get(None)
                 if joined is None:
-                    joined = cache["all"] = ",".join(parts)
+                    joined = cache[None] = ",".join(parts)
                 for _, value in values:
                     lines.append(f"{spec.metric}{{{joined}}} {go_float(value)}\n")
         if lines:
@@ -203,7 +236,8 @@ def render_text(snapshot: ExporterSnapshot, catalogue: Sequence[MetricSpec]) -> 
             out.append(f"# TYPE {name} {kind}\n")
             out.extend(lines)
     for family in _self_metrics(snapshot):
-        out.append(f"# HELP {family.name} {family.documentation}\n# TYPE {family.name} gauge\n")
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        out.append(f"# HELP {name} {family.documentation}\n# TYPE {name} {family.type}\n")
         for sample in family.samples:
             body = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(sample.labels.items()))
             out.append(f"{sample.name}{{{body}}} {go_float(sample.value)}\n")

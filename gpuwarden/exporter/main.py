@@ -138,7 +138,8 @@ def build_service(args: argparse.Namespace, backend: Any, *, node: str) -> Expor
         memory = None
         if proc_root and proc_root.lower() != "none":
             memory = PodMemory(proc_root, getattr(args, "kubelet_root", DEFAULT_KUBELET_ROOT))
-        attributor = PodAttributor(args.kubelet_socket, memory=memory)
+        identities = backend.device_identities if isinstance(backend, NvmlBackend) else None  # DRA device names
+        attributor = PodAttributor(args.kubelet_socket, memory=memory, identities=identities)
     host, port = args.listen
     return ExporterService(backend, interval_seconds=args.interval, host=host, port=port, catalogue=catalogue,
                            node_name=node, attributor=attributor, watchdog_seconds=args.watchdog)

@@ -34,7 +34,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.runner import Every, Runner
 
 from .collector import GpuCollector, escape_label_value, go_float, render_text
-from .snapshot import ExporterSnapshot
+from .snapshot import DraStatus, ExporterSnapshot
 from .web import ExporterHttpServer, Limits, make_server
 
 log = logging.getLogger("gpuwarden.exporter")
@@ -49,6 +49,10 @@ class Attributor(Protocol):
     """The transform step (``podresources.PodAttributor``): labels readings with pods."""
 
     last_ok: bool | None
+
+    @property
+    def dra_status(self) -> DraStatus | None:
+        """DRA devices mapped and unresolved (``gpuwarden_exporter_dra_*``); None: not read."""
 
     def attribute(self, readings: Sequence[GpuReading]) -> Sequence[GpuReading]: ...
 
@@ -171,6 +175,7 @@ class ExporterService:
                     node=self.node_name,
                     pod_attribution=pods_ok,
                     attribution=self._attribution_state(pods_ok),
+                    dra=self.attributor.dra_status if self.attributor is not None else None,
                 )
                 self._last_success_monotonic = self._clock.monotonic()
                 if self._hang_logged:

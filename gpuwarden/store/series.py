@@ -13,7 +13,10 @@ prometheus.PrometheusSource` turn the very same series into the very same rows:
   catalogue exports it directly;
 - identity comes from the DCGM labels: ``node`` (else ``Hostname``) -> node, ``UUID`` -> gpu_uuid, ``gpu`` ->
   gpu_index, ``modelName`` -> model, ``GPU_I_ID``/``GPU_I_PROFILE`` -> mig_instance ("1:3g.40gb"),
-  ``pod``/``namespace`` as they are (empty -> null). ``cluster`` is a ``cluster`` label when the
+  ``pod``/``namespace`` as they are (empty -> null), also on dcgm-exporter's DRA series
+  (``--kubernetes-enable-dra``: ``dra_claim_*`` labels besides), except where ``dra_mig_device_uuid``
+  marks a whole GPU's series copied for a pod holding one of its MIG devices: that pod does not
+  hold the GPU, so the row has no pod. ``cluster`` is a ``cluster`` label when the
   series has one (a Prometheus target or external label), else the ``cluster`` you give.
   ``team``/``project`` are ``team``/``project`` labels when present, else ``attribution(namespace,
   pod)``; the default attribution charges a pod's namespace as its team (namespace-per-team).
@@ -143,12 +146,12 @@ class SeriesMapper:
             labels.get("cluster", ""), labels.get("node") or labels.get("Hostname", ""), labels.get("UUID", ""),
             labels.get("gpu", ""), labels.get("modelName", ""), labels.get("GPU_I_ID", ""),
             labels.get("GPU_I_PROFILE", ""), labels.get("namespace", ""), labels.get("pod", ""),
-            labels.get("team", ""), labels.get("project", ""),
+            labels.get("team", ""), labels.get("project", ""), labels.get("dra_mig_device_uuid", ""),
         )
         cached = self._identity_cache.get(key)
         if cached is not None:
             return cached
-        cluster, node, uuid, gpu, model, mig_id, mig_profile, namespace, pod, team, project = key
+        cluster, node, uuid, gpu, model, mig_id, mig_profile, namespace, pod, team, project, dra_mig = key
         if not uuid or not node:
             return None
         try:
@@ -156,6 +159,8 @@ class SeriesMapper:
         except ValueError:
             return None
         mig = f"{mig_id}:{mig_profile}" if mig_id else None
+        if dra_mig and not mig_id:  # dcgm-exporter's DRA copy of a whole GPU's series for a MIG device's pod
+            namespace = pod = ""
         namespace_v, pod_v = namespace or None, pod or None
         team_v, project_v = team or None, project or None
         if (team_v is None or project_v is None) and self.attribution is not None and (namespace_v or pod_v):

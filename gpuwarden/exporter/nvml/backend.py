@@ -41,6 +41,7 @@ from .fields import (
     mig_profile_from_name,
     process_memory,
 )
+from .identity import DeviceIdentity, IdentityReader
 from .query import MISSING, NA, GpuLost, NvmlQuery, as_text
 from .xid import XidTracker, XidWatcher
 
@@ -55,6 +56,7 @@ class _Gpu:
     model: str
     pci_bus_id: str
     gpm: bool
+    minor: int | None = None  # /dev/nvidia<minor>: the NVIDIA DRA driver names the GPU gpu-<minor>
     window: _GpmWindow = field(default_factory=lambda: _GpmWindow())
 
 
@@ -87,6 +89,7 @@ class NvmlBackend:
         self.gpm_enabled = gpm
         self.xids = XidTracker()
         self.watcher = XidWatcher(self.query, self.xids, clock, wait_ms=xid_wait_ms) if xid_events else None
+        self.identity = IdentityReader(self.query)
         self._gpus: dict[int, _Gpu] = {}
         self._mig_windows: dict[tuple[str, int], _GpmWindow] = {}
         self._driver: str | None = None
@@ -119,6 +122,10 @@ class NvmlBackend:
                 pass
         window.previous = window.spare = None
 
+    def device_identities(self) -> tuple[DeviceIdentity, ...]:
+        """The latest collection's GPUs and MIG devices as the NVIDIA DRA driver names them."""
+        return self.identity.identities
+
     def driver_version(self) -> str:
         if self._driver is None:
             version = self.query("nvmlSystemGetDriverVersion")
@@ -135,8 +142,10 @@ class NvmlBackend:
             if count is NA:
                 raise RuntimeError("nvmlDeviceGetCount failed")
             readings: list[GpuReading] = []
+            self.identity.begin()
             for index in range(int(count)):
                 readings.extend(self._read_gpu(index))
+            self.identity.end()
             for gone in set(self._gpus) - set(range(int(count))):
                 self._gpus.pop(gone, None)
             return tuple(readings)
@@ -158,7 +167,7 @@ class NvmlBackend:
         if self.gpm_enabled:
             support = q("nvmlGpmQueryDeviceSupport", handle, device=uuid)
             gpm = support is not NA and bool(getattr(support, "isSupportedDevice", 0))
-        gpu = _Gpu(index, handle, uuid, model, pci_bus_id, gpm)
+        gpu = _Gpu(index, handle, uuid, model, pci_bus_id, gpm, self.identity.minor(handle, uuid))
         if self.watcher is not None:
             self.watcher.register(handle, uuid)
         self._gpus[index] = gpu
@@ -176,6 +185,7 @@ class NvmlBackend:
         gpu = self._gpus.get(index)
         try:
             gpu = self._identify(index)
+            self.identity.gpu(gpu.uuid, gpu.minor)
             values, migs = self._read_values(gpu)
             processes = self._read_processes(gpu)
         except GpuLost as error:
@@ -365,11 +375,12 @@ class NvmlBackend:
                 values.update(self._gpm(gpu, window, int(instance)))
             if instance is not NA:
                 values.update(self.xids.values(gpu.uuid, int(instance)))
+            instance_id, profile = None if instance is NA else int(instance), mig_profile_from_name(name)
+            mig_uuid = as_text(q("nvmlDeviceGetUUID", handle, device=key, default="")) or None
+            self.identity.mig(gpu.handle, gpu.uuid, gpu.minor, instance_id, mig_uuid, profile)
             readings.append(GpuReading(
                 node=self.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, model=gpu.model, pci_bus_id=gpu.pci_bus_id,
-                mig_instance_id=None if instance is NA else int(instance), mig_profile=mig_profile_from_name(name),
-                mig_uuid=as_text(q("nvmlDeviceGetUUID", handle, device=key, default="")) or None,
-                values=values,
+                mig_instance_id=instance_id, mig_profile=profile, mig_uuid=mig_uuid, values=values,
             ))
         self._drop_mig_windows(gpu.uuid, keep={r.mig_instance_id for r in readings})
         return readings

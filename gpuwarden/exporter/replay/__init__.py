@@ -1,8 +1,9 @@
-"""The replay backend: a recorded H200 answered through the pynvml API, in five parts:
+"""The replay backend: a recorded H200 answered through the pynvml API, in six parts:
 
 - :mod:`.files`: reading and checking ``phase_trace.csv`` and ``nvml_probe.json``;
 - :mod:`.recorded`: :class:`RecordedNvml`, the recorded NVML (calls, readings, MIG, GPM, events);
 - :mod:`.state`: its GPM sample buffers and XID event sets;
+- :mod:`.identity`: its minor numbers and MIG placements (the NVIDIA DRA driver's device names);
 - :mod:`.latency`: what each call cost on the H200, spent again when asked (``latency=True``);
 - :mod:`.backend`: :class:`ReplayBackend`, the real NVML backend over it, one trace row per collection.
 

@@ -4,7 +4,7 @@ exercises the same query gate, field batching, GPM windows and NotSupported hand
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from gpuwarden.fleet import GpuReading
@@ -19,7 +19,8 @@ class ReplayBackend(NvmlBackend):
     """The NVML backend over a recorded H200: plays one trace row per collection.
 
     ``gpus`` GPUs (each shifted along the trace), each with ``mig_profiles`` MIG instances when
-    given; ``latency=True`` makes each NVML call cost its recorded median on the H200.
+    given (only the GPUs in ``mig_gpus`` when that is given); ``latency=True`` makes each NVML call
+    cost its recorded median on the H200.
     """
 
     name = "replay"
@@ -27,9 +28,10 @@ class ReplayBackend(NvmlBackend):
     def __init__(self, node: str, trace: str | Path, probe: str | Path, *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False, loop: bool = True,
                  clock: Clock = SYSTEM_CLOCK, xid_events: bool = True, xid_wait_ms: int = 15000,
-                 processes: bool = True):
+                 processes: bool = True, mig_gpus: Collection[int] | None = None):
         rows = load_trace(trace)
-        self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency)
+        self.recorded = RecordedNvml(load_probe(probe), rows, gpus=gpus, mig_profiles=mig_profiles, latency=latency,
+                                     mig_gpus=mig_gpus)
         self.loop = loop
         self.plays = 0
         super().__init__(node, nvml=self.recorded, clock=clock, xid_events=xid_events, xid_wait_ms=xid_wait_ms,

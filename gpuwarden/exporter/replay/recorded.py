@@ -17,7 +17,7 @@ import itertools
 import math
 import re
 import uuid as uuidlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py; importing it does not load libnvidia-ml
 
 from .files import TraceRow
+from .identity import RecordedIdentity
 from .latency import busy_wait, call_costs_s
 from .state import EventSets, GpmSamples
 
@@ -49,7 +50,7 @@ class RecordedHandle:
     mig_slot: int | None = None
 
 
-class RecordedNvml:
+class RecordedNvml(RecordedIdentity):
     """A recorded NVML that speaks the pynvml API (constants and error classes are pynvml's own).
 
     ``lost``: GPU indices whose every call fails with NVML_ERROR_GPU_IS_LOST.
@@ -58,12 +59,14 @@ class RecordedNvml:
     ``processes[index]``: the compute processes GPU ``index`` reports, as ``[(pid, used bytes or
     None)]``, or an NVML error code that ``nvmlDeviceGetComputeRunningProcesses`` raises (e.g.
     ``NVML_ERROR_NOT_SUPPORTED``); GPUs not in it answer from the trace (``n_procs``) or the probe.
+    ``mig_gpus``: the GPUs with MIG on (every GPU when None and ``mig_profiles`` are given); minor
+    numbers and GPU-instance placements (``minors``, ``gpu_instances_refused``): :mod:`.identity`.
     Functions it does not implement raise NVML_ERROR_FUNCTION_NOT_FOUND, as an older driver would.
     """
 
     def __init__(self, probe: Mapping[str, Any], rows: Sequence[TraceRow] = (), *, gpus: int = 1,
                  mig_profiles: Sequence[str] = (), latency: bool = False,
-                 spin: Callable[[float], None] | None = None):
+                 spin: Callable[[float], None] | None = None, mig_gpus: Collection[int] | None = None):
         if gpus < 0:
             raise ValueError("gpus must be >= 0")
         self.probe = probe
@@ -71,6 +74,7 @@ class RecordedNvml:
         self.rows = tuple(rows) or (TraceRow(0, "probe", {}),)
         self.gpus = gpus
         self.mig_profiles = tuple(mig_profiles)
+        self._init_identity(mig_gpus)  # minors, MIG mode per GPU (.identity)
         self.cursor = 0
         self.lost: set[int] = set()
         self.processes: dict[int, Sequence[tuple[int, int | None]] | int] = {}
@@ -306,7 +310,7 @@ class RecordedNvml:
     def nvmlDeviceGetMigMode(self, handle: RecordedHandle) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", handle)
         recorded = self._static("mig_mode")
-        return [1, 1] if self.mig_profiles else list(recorded)
+        return [1, 1] if self.mig_on(handle.index) else list(recorded)
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: RecordedHandle) -> int:
         self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
