@@ -2,8 +2,11 @@
 portal submissions.
 
 - ``GET /queue``: the latest round's queue document (:mod:`gpuwarden.scheduling.live_queue`);
-  ``?namespace=N`` keeps that namespace's workloads and ignored pods (the team table stays whole); 503 before the
-  first round;
+  ``?namespace=N`` keeps that namespace's workloads and ignored pods (the team table stays whole);
+  503 with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and a one-line JSON ``error`` while there
+  is no queue to give: before the first round, or while a round runs that has not finished within
+  the reader's bound (``SchedulingRound.queue``: 2 s, below the request timeouts of the dashboard and
+  ``gpuwarden queue``). A reader never waits longer than that bound, whatever the round does;
 - ``GET /metrics``: the scheduler's Prometheus registry (:mod:`.scheduler_metrics`);
 - ``GET /healthz``: 200 ``ok`` while the process serves (the chart's liveness probe);
 - ``POST /submit`` with ``{"request": {...portal request...}, "identity": "alice@example.com"}``:
@@ -27,6 +30,9 @@ from urllib.parse import parse_qs, urlsplit
 log = logging.getLogger("gpuwarden.scheduler")
 Submit = Callable[[Mapping[str, Any], str], tuple[str, str]]
 MAX_BODY_BYTES = 1 << 20
+RETRY_AFTER_SECONDS = 5  # a 503 on /queue: ask again after this long (a round takes about a second)
+NO_QUEUE_YET = (f"no scheduling round has run yet (or the round running now has not finished); try again in "
+                f"{RETRY_AFTER_SECONDS} s")
 
 
 def filter_namespace(document: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
@@ -86,7 +92,7 @@ class QueueServer:
         if url.path == "/queue":
             document = self.queue()
             if not document:
-                _send(request, 503, {"error": "no scheduling round has run yet; try again in one interval"})
+                _send(request, 503, {"error": NO_QUEUE_YET}, {"Retry-After": str(RETRY_AFTER_SECONDS)})
                 return
             namespace = next(iter(parse_qs(url.query).get("namespace") or ()), None)
             _send(request, 200, filter_namespace(document, namespace))
@@ -120,12 +126,16 @@ class QueueServer:
         _send(request, 201, {"workload": workload, "message": message})
 
 
-def _send(request: BaseHTTPRequestHandler, status: int, document: Mapping[str, Any]) -> None:
-    _send_bytes(request, status, json.dumps(document).encode(), "application/json")
+def _send(request: BaseHTTPRequestHandler, status: int, document: Mapping[str, Any],
+          headers: Mapping[str, str] | None = None) -> None:
+    _send_bytes(request, status, json.dumps(document).encode(), "application/json", headers)
 
 
-def _send_bytes(request: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
+def _send_bytes(request: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
+                headers: Mapping[str, str] | None = None) -> None:
     request.send_response(status)
+    for name, value in (headers or {}).items():
+        request.send_header(name, value)
     request.send_header("Content-Type", content_type)
     request.send_header("Content-Length", str(len(body)))
     request.end_headers()

@@ -72,6 +72,10 @@ BY_SCHEDULER = "scheduler"
 # these are tested once per workload per round
 _SUSPENDED, _JOB_SUSPENDED = WorkloadPhase.SUSPENDED, JobState.SUSPENDED
 log = logging.getLogger("gpuwarden.scheduler")
+# How long a reader of the live queue waits for the round in progress when the round before's queue
+# was not kept (nobody had read it): below the dashboard's 3 s and ``gpuwarden queue``'s 10 s request
+# timeouts, so they get the server's 503 with Retry-After rather than a timeout of their own.
+QUEUE_WAIT_SECONDS = 2.0
 
 # {workload key: GPU-seconds of service over the policy's window}, measured outside the round
 AttainedSource = Callable[[ClusterSnapshot], Mapping[str, float]]
@@ -116,8 +120,9 @@ class SchedulingRound:
         # A server thread reads the queue while the next round runs. The latest round's positions
         # are worked out from its jobs, which the next round refreshes for its own pass: it works
         # them out first where the queue is read, else drops them (``_replacing``: a first reader
-        # meanwhile waits for the new round's).
+        # meanwhile waits for the new round's, at most ``queue_wait_seconds``).
         self._queue_changed = threading.Condition()
+        self.queue_wait_seconds = QUEUE_WAIT_SECONDS
         self._queue_read = False
         self._replacing = False
         self.rounds = 0
@@ -182,10 +187,20 @@ class SchedulingRound:
     @property
     def queue(self) -> dict[str, Any]:
         """The live queue after the latest round (the contract's JSON document; built when first
-        asked for, so a simulation nobody watches does not pay for it); empty before the first round."""
+        asked for, so a simulation nobody watches does not pay for it); empty before the first round.
+
+        Bounded: a round drops the positions of a round before that nobody read (its own pass
+        refreshes the jobs they are worked out from), so the first reader during such a round waits
+        for it, at most ``queue_wait_seconds`` (:data:`QUEUE_WAIT_SECONDS`); a round that has not
+        finished by then (a slow API server) gives the empty document, as before the first round,
+        which the queue server answers with 503 and Retry-After."""
         with self._queue_changed:
             self._queue_read = True
-            self._queue_changed.wait_for(lambda: not self._replacing)
+            if not self._queue_changed.wait_for(lambda: not self._replacing, timeout=self.queue_wait_seconds):
+                log.warning("scheduler: the live queue was asked for while round %d runs, and it has not finished "
+                            "within %.1f s; answered as before the first round", self.rounds + 1,
+                            self.queue_wait_seconds)
+                return {}
             if self._queue is None:
                 if self._latest is None:
                     return {}
