@@ -43,9 +43,12 @@ class Parser(argparse.ArgumentParser):
     def _check_output(self, path: str | Path, flag: str) -> None:
         from gpuwarden.fleet.inputs import InputFileError, checked_output  # fleet only once a command parses
 
+        from .storemark import StorePathError, refuse_output_in_store
+
         try:
             checked_output(path, flag)
-        except InputFileError as refused:
+            refuse_output_in_store(path, flag)  # a file among a store's parts would be read back as samples
+        except (InputFileError, StorePathError) as refused:
             self.error(str(refused))
 
 

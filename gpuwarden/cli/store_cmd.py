@@ -1,4 +1,7 @@
-"""``gpuwarden store``: inspect, load, read, check and repair the embedded store; print the samples schema."""
+"""``gpuwarden store``: inspect, load, read, check and repair the embedded store; print the samples schema.
+
+Every command but ``load`` needs a store there already (a path that holds none is one line, exit 2,
+and nothing is made); none writes its report or samples file inside a store's folder."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 from .output import add_output_options, emit, render_record, render_rows
 from .sources import timestamp
-from .storemark import DEFAULT_STORE, adopt_store, checked_store, store_path
+from .storemark import DEFAULT_STORE, adopt_store, checked_store, refuse_output_in_store, store_path
 
 
 def _store_command(commands: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int], *,
@@ -63,27 +66,34 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=lambda args: parser.print_help() or 2)
 
 
-def _existing_store(path: Path):
+def _existing_store(args: argparse.Namespace, output: str = "--output"):
+    """The store ``--store`` names, which must exist (a read-only command), once the command's
+    output file is known to lie outside every store's folder."""
     from gpuwarden.store import LocalStore
 
-    return LocalStore(checked_store(path))
+    refuse_output_in_store(getattr(args, output.lstrip("-"), None), output)
+    return LocalStore(checked_store(args.store, existing=True))
 
 
 def run_info(args: argparse.Namespace) -> int:
-    store = _existing_store(args.store)
+    store = _existing_store(args)
     span = store.time_range()
+    ignored = store.survey().foreign
     record = {
         "store": str(store.root), "rows": store.row_count(), "files": store.file_count(),
         "size_bytes": store.size_bytes(),
         "first_sample": span[0].isoformat() if span else None, "last_sample": span[1].isoformat() if span else None,
         "quarantined_files": sum(1 for p in store.quarantine_dir.rglob("*.parquet")) if store.quarantine_dir.exists() else 0,
+        "ignored_files": len(ignored),
     }
     if args.format == "table":
         text = (f"store:  {store.root}\n"
                 f"rows:   {record['rows']:,} in {record['files']} file(s), {record['size_bytes'] / 2**20:.1f} MiB\n"
                 "range:  " + (f"{record['first_sample']} .. {record['last_sample']}" if span else "empty") + "\n"
                 + (f"note:   {record['quarantined_files']} unreadable file(s) set aside in {store.quarantine_dir}\n"
-                   if record["quarantined_files"] else ""))
+                   if record["quarantined_files"] else "")
+                + (f"note:   {len(ignored)} file(s) or folder(s) the store did not write are ignored "
+                   "('gpuwarden store check' names them)\n" if ignored else ""))
     else:
         text = render_record(record, args.format)
     emit(args, text)
@@ -93,9 +103,9 @@ def run_info(args: argparse.Namespace) -> int:
 def run_load(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from gpuwarden.store import SamplesError, ValidationReport, load_samples
+    from gpuwarden.store import LocalStore, SamplesError, ValidationReport, load_samples
 
-    store = _existing_store(args.store)
+    store = LocalStore(checked_store(args.store))
     frames, reports = [], []
     for path in args.files:  # validate every file before writing any
         report = ValidationReport(str(path))
@@ -121,27 +131,33 @@ def run_load(args: argparse.Namespace) -> int:
 
 def run_read(args: argparse.Namespace) -> int:
     from gpuwarden.store import SamplesError, write_samples
+    from gpuwarden.store.samples_files import checked_samples_output
 
+    checked_samples_output(args.out)  # its type, outside every store: before the store is read
     if not args.out.parent.is_dir():
         raise SamplesError(f"--out {args.out}: the folder {args.out.parent} does not exist")
-    frame = _existing_store(args.store).read(args.since, args.until)
+    frame = _existing_store(args, "--out").read(args.since, args.until)
     write_samples(frame, args.out)
     print(f"{len(frame):,} rows -> {args.out}")
     return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
-    result = _existing_store(args.store).check()
+    result = _existing_store(args).check()
     record = {
         "store": str(args.store), "healthy": result.ok, "files": result.files, "rows": result.rows,
         "unreadable_files": [str(p) for p in result.corrupt], "temporary_files_left": [str(p) for p in result.stale_tmp],
         "interrupted_operations": [str(p) for p in result.pending_ops], "duplicate_rows": result.duplicate_rows,
-        "quarantined_files": [str(p) for p in result.quarantined],
+        "quarantined_files": [str(p) for p in result.quarantined], "ignored_files": [str(p) for p in result.foreign],
     }
     if args.format == "table":
         lines = [f"store:      {args.store}", f"rows:       {result.rows:,} in {result.files} readable file(s)"]
         lines += [f"unreadable: {p}" for p in result.corrupt]
-        lines += [f"leftover:   {p} (an interrupted write)" for p in result.stale_tmp + result.pending_ops]
+        lines += [f"leftover:   {p} (an interrupted write, never read; the next write deletes it)"
+                  for p in result.stale_tmp]
+        lines += [f"leftover:   {p} (an interrupted write; the next read or write completes it)"
+                  for p in result.pending_ops]
+        lines += [f"ignored:    {p} (not written by the store: never read, moved or deleted)" for p in result.foreign]
         if result.duplicate_rows:
             lines.append(f"duplicates: {result.duplicate_rows:,} row(s)")
         if result.quarantined:
@@ -155,7 +171,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_repair(args: argparse.Namespace) -> int:
-    store = _existing_store(args.store)
+    store = _existing_store(args)
     before = store.check()
     result = store.repair()
     record = {"store": str(args.store), "interrupted_operations_finished": len(before.pending_ops),

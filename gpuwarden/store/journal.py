@@ -5,7 +5,9 @@ An operation first writes its new files under dot-names (never read), then commi
 ``ops/<op-id>.json`` (written under a temporary name and renamed: whole or absent) listing the
 renames and deletions, then applies it and deletes the journal. The next writer (or a reader that
 finds the lock free) replays every journal (roll forward) and deletes stale temporary files that
-no journal names (roll back).
+no journal names (roll back). Only files of the store's own naming are replayed or deleted
+(:mod:`.folder`): a foreign file in ``ops/`` or a day folder is never touched. A commit that fails
+before its journal is in place (a full disk) removes its partial journal and staged files.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
+
+from .folder import JOURNAL, TEMPORARY_JOURNAL, TEMPORARY_PART, day_of
 
 log = logging.getLogger("gpuwarden.store")
 
@@ -72,9 +76,9 @@ class Journal:
         renames and deletions, :meth:`apply`) holds it exclusively, so a read sees the store
         before or after an operation, never a compaction's new file beside the files it replaces
         (rows counted twice). Readers never wait for a whole load or compaction, only a swap."""
-        try:
-            handle = open(self.read_lock_path, "a+")  # noqa: SIM115 - closed below
-        except OSError:  # a read-only store: nobody can be swapping files in it
+        try:  # opened, never made: a read creates nothing (no swap ever ran where there is none)
+            handle = open(self.read_lock_path)  # noqa: SIM115 - closed below
+        except OSError:  # none yet, not a store, or a read-only one: nobody can be swapping files in it
             yield
             return
         with handle:
@@ -98,7 +102,7 @@ class Journal:
         Returns (journals replayed, temporary files removed)."""
         replayed = removed = 0
         if self.ops_dir.exists():
-            for journal in sorted(self.ops_dir.glob("*.json")):
+            for journal in self.journals():
                 try:
                     operation = json.loads(journal.read_text())
                 except (OSError, ValueError):
@@ -107,20 +111,28 @@ class Journal:
                 self.apply(operation)
                 journal.unlink(missing_ok=True)
                 replayed += 1
-            for partial in self.ops_dir.glob(".*.tmp"):
-                partial.unlink(missing_ok=True)
+            for partial in self.ops_dir.glob(".*.json.tmp"):
+                if TEMPORARY_JOURNAL.match(partial.name):
+                    partial.unlink(missing_ok=True)
         if self.samples_dir.exists():
-            for stale in self.samples_dir.glob("date=*/.*.tmp"):
-                stale.unlink(missing_ok=True)
-                removed += 1
+            for stale in self.samples_dir.glob("date=*/.part-*.parquet.tmp"):
+                if day_of(stale.parent.name) and TEMPORARY_PART.match(stale.name) and not stale.is_symlink():
+                    stale.unlink(missing_ok=True)
+                    removed += 1
         if replayed or removed:
             log.warning("%s: recovered from an interrupted write (%d operation(s) completed, %d temporary file(s) removed)",
                         self.root, replayed, removed)
         return replayed, removed
 
+    def journals(self) -> list[Path]:
+        """The committed operations not yet fully applied (journals of the store's naming)."""
+        if not self.ops_dir.is_dir():
+            return []
+        return sorted(path for path in self.ops_dir.glob("*.json") if JOURNAL.match(path.name))
+
     def recover_if_needed(self) -> None:
         """Readers finish an interrupted operation when no writer holds the lock."""
-        if self.ops_dir.exists() and any(self.ops_dir.glob("*.json")):
+        if self.journals():
             with self.locked(blocking=False):
                 pass
 
@@ -137,19 +149,25 @@ class Journal:
 
     def commit(self, kind: str, op_id: str, add: list[tuple[Path, Path]], remove: Sequence[Path] = ()) -> None:
         """Journal, then apply, one operation (see the module doc)."""
-        self.ops_dir.mkdir(parents=True, exist_ok=True)
         operation = {
             "op": op_id, "kind": kind, "at": pd.Timestamp.now(tz="UTC").isoformat(),
             "add": [[str(t.relative_to(self.root)), str(f.relative_to(self.root))] for t, f in add],
             "remove": [str(p.relative_to(self.root)) for p in remove],
         }
         partial = self.ops_dir / f".{op_id}.json.tmp"
-        with open(partial, "w") as handle:
-            json.dump(operation, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
         journal = self.ops_dir / f"{op_id}.json"
-        os.replace(partial, journal)
+        try:
+            self.ops_dir.mkdir(parents=True, exist_ok=True)
+            with open(partial, "w") as handle:
+                json.dump(operation, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, journal)
+        except BaseException:  # not committed (a full disk): nothing of it stays behind
+            partial.unlink(missing_ok=True)
+            for temporary, _ in add:
+                temporary.unlink(missing_ok=True)
+            raise
         crash_point(f"{kind}-journaled")
         self.apply(operation)
         crash_point(f"{kind}-applied")

@@ -15,8 +15,12 @@ Crash safety, at the level of a whole operation (a load, a compaction):
   is all or nothing;
 - a load drops rows the store already holds (same GPU, MIG instance and timestamp), so loading
   the same rows twice adds nothing; compaction de-duplicates too (two writers racing);
-- a file that cannot be read is moved to ``ROOT/quarantine/`` with one warning naming it, and
-  the read goes on without it.
+- a part file that cannot be read is moved to ``ROOT/quarantine/`` with one warning naming it,
+  and the read goes on without it;
+- a write that fails (a full disk) removes what it had staged, so it leaves nothing behind.
+
+The store owns its folder (:mod:`.folder`): it reads, moves and deletes only what its naming
+scheme names; anything else there is ignored with one note and never breaks a read.
 
 Layout::
 
@@ -27,13 +31,12 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -47,11 +50,12 @@ import pyarrow.parquet as pq
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from gpuwarden.fleet.semantics import to_utc_or_none as _utc
 
+from .folder import Listing, list_samples, note_foreign, survey
 from .journal import Journal, crash_point
+from .upkeep import StoreUpkeep
 from .parquet_layout import (
     ARROW_SCHEMA,
     CORRUPT_ERRORS,
-    KEY_SCHEMA,
     NAME_STAMP,
     PART_NAME,
     PARTITIONING,
@@ -59,9 +63,9 @@ from .parquet_layout import (
     READ_SCHEMA,
     ROW_GROUP_ROWS,
     key_index,
+    part_problem,
     read_filter,
     unique_rows,
-    unreadable_files,
 )
 from .schema import KEY_COLUMNS, PANDAS_DTYPES, ValidationReport, coerce, empty_samples
 
@@ -80,24 +84,7 @@ class AppendResult:
     report: ValidationReport | None = None
 
 
-@dataclass
-class CheckResult:
-    """What ``check`` found; ``ok`` when nothing needs repair."""
-
-    files: int = 0
-    rows: int = 0
-    corrupt: list[Path] = field(default_factory=list)
-    stale_tmp: list[Path] = field(default_factory=list)
-    pending_ops: list[Path] = field(default_factory=list)
-    duplicate_rows: int = 0
-    quarantined: list[Path] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.corrupt or self.stale_tmp or self.pending_ops or self.duplicate_rows)
-
-
-class LocalStore:
+class LocalStore(StoreUpkeep):
     """Append and range-read fleet samples under one directory.
 
     ``clock`` gives "now" for validation (a future-dated row is rejected); the demo passes the
@@ -141,7 +128,13 @@ class LocalStore:
                 return 0
             op_id = uuid.uuid4().hex[:16]
             days = fresh["timestamp"].dt.strftime("%Y-%m-%d")
-            staged = [self._stage(str(day), part, op_id) for day, part in fresh.groupby(days.to_numpy(), sort=True)]
+            staged: list[tuple[Path, Path]] = []
+            try:
+                for day, part in fresh.groupby(days.to_numpy(), sort=True):
+                    staged.append(self._stage(str(day), part, op_id))
+            except BaseException:
+                _discard(staged)  # a full disk halfway: nothing of this load stays behind
+                raise
             crash_point("load-staged")
             self.journal.commit("load", op_id, staged)
         self.last_append.written = len(fresh)
@@ -160,7 +153,11 @@ class LocalStore:
         last = pd.Timestamp(pc.max(stamps).as_py()).strftime(NAME_STAMP)
         name = f"part-{first}-{last}-{op_id}{uuid.uuid4().hex[:4]}.parquet"
         temporary = directory / f".{name}.tmp"
-        pq.write_table(table, temporary, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+        try:
+            pq.write_table(table, temporary, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+        except BaseException:
+            temporary.unlink(missing_ok=True)  # cut short (a full disk): never left behind
+            raise
         return temporary, directory / name
 
     def _drop_stored(self, frame: pd.DataFrame) -> pd.DataFrame:
@@ -168,16 +165,15 @@ class LocalStore:
         Only files whose name's time span overlaps ``frame`` are read (the live feed never does)."""
         first, last = frame["timestamp"].min(), frame["timestamp"].max()
         candidates = []
-        for directory in self._day_dirs(first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")):
-            for path in directory.glob("part-*.parquet"):
-                match = PART_NAME.match(path.name)
-                if match is None:
-                    candidates.append(path)  # older naming: no span in the name, read it
-                    continue
-                file_first = pd.Timestamp(match.group(1), tz="UTC")
-                file_last = pd.Timestamp(match.group(2), tz="UTC") + pd.Timedelta(seconds=1)
-                if file_first <= last and file_last > first:
-                    candidates.append(path)
+        for path in self._listing(first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")).parts:
+            match = PART_NAME.match(path.name)
+            if match is None:
+                candidates.append(path)  # older naming: no span in the name, read it
+                continue
+            file_first = pd.Timestamp(match.group(1), tz="UTC")
+            file_last = pd.Timestamp(match.group(2), tz="UTC") + pd.Timedelta(seconds=1)
+            if file_first <= last and file_last > first:
+                candidates.append(path)
         if not candidates:
             return frame
         stored = self._read_files(candidates, ["timestamp", *[c for c in KEY_COLUMNS if c != "timestamp"]])
@@ -192,6 +188,10 @@ class LocalStore:
         """Read ``columns`` of ``files``, quarantining any that cannot be read."""
         tables = []
         for path in files:
+            problem = part_problem(path)
+            if problem:
+                self._quarantine(path, problem)
+                continue
             try:
                 tables.append(pq.read_table(path, columns=columns, schema=ARROW_SCHEMA))
             except FileNotFoundError:
@@ -200,19 +200,25 @@ class LocalStore:
                 self._quarantine(path, error)
         return pa.concat_tables(tables) if tables else None
 
-    def _day_dirs(self, first_day: str | None = None, last_day: str | None = None) -> list[Path]:
-        if not self.samples_dir.exists():
-            return []
-        return [d for d in sorted(self.samples_dir.glob("date=*"))
-                if (first_day is None or d.name[5:] >= first_day) and (last_day is None or d.name[5:] <= last_day)]
+    def _listing(self, first_day: str | None = None, last_day: str | None = None) -> Listing:
+        """The store's files of those days (either open), by its naming scheme; what is foreign
+        there is noted once (:func:`.folder.note_foreign`) and otherwise ignored."""
+        listing = list_samples(self.samples_dir, first_day, last_day)
+        note_foreign(self.root, listing.foreign)
+        return listing
+
+    def _by_day(self) -> dict[str, list[Path]]:
+        days: dict[str, list[Path]] = {}
+        for path in self._listing().parts:
+            days.setdefault(path.parent.name[5:], []).append(path)
+        return days
 
     def compact(self, min_files: int = 8, dedupe_only: bool = False) -> int:
         """Merge each day's files into one where a day has at least ``min_files``, dropping
         duplicate samples. Returns days merged. Serialised with every other writer."""
         merged = 0
         with self.journal.locked():
-            for directory in self._day_dirs():
-                files = sorted(directory.glob("part-*.parquet"))
+            for day, files in self._by_day().items():
                 if not files or len(files) < min_files:
                     continue
                 table = self._read_files(files, list(ARROW_SCHEMA.names))
@@ -223,95 +229,41 @@ class LocalStore:
                 if dedupe_only and unique.num_rows == table.num_rows:
                     continue
                 op_id = uuid.uuid4().hex[:16]
-                staged = self._stage(directory.name[5:], unique.sort_by("timestamp"), op_id)
+                staged = self._stage(day, unique.sort_by("timestamp"), op_id)
                 self.journal.commit("compact", op_id, [staged], remove=files)
                 merged += 1
         return merged
 
-    def clear(self) -> None:
-        with self.journal.locked():
-            shutil.rmtree(self.samples_dir, ignore_errors=True)
-
-    # -- damage: check, quarantine, repair --------------------------------------------------------
-    def _quarantine(self, path: Path, error: BaseException) -> None:
-        """Move an unreadable file aside (one warning naming it) so that reads go on."""
-        target = self.quarantine_dir / path.parent.name / path.name
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
-        except FileNotFoundError:
-            return
-        self.quarantined.append(target)
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        log.warning("%s: unreadable Parquet file (%s); moved to %s, reads go on without it", path, reason[:200], target)
-
-    def quarantine_corrupt(self) -> list[Path]:
-        """Find unreadable files and move them aside. Returns where they went."""
-        before = len(self.quarantined)
-        with self.journal.locked():
-            for path, error in unreadable_files(self.samples_dir):
-                self._quarantine(path, error)
-        return self.quarantined[before:]
-
-    def check(self) -> CheckResult:
-        """Read-only health check: unreadable files, leftovers of an interrupted write, duplicates."""
-        with self.journal.reading():  # a compaction's swap is never half seen: its new file beside the old
-            return self._check()
-
-    def _check(self) -> CheckResult:
-        result = CheckResult()
-        result.pending_ops = sorted(self.ops_dir.glob("*.json")) if self.ops_dir.exists() else []
-        if self.samples_dir.exists():
-            result.stale_tmp = sorted(self.samples_dir.glob("date=*/.*.tmp"))
-        if self.quarantine_dir.exists():
-            result.quarantined = sorted(p for p in self.quarantine_dir.rglob("*") if p.is_file())
-        bad = unreadable_files(self.samples_dir)
-        result.corrupt = [path for path, _ in bad]
-        for directory in self._day_dirs():
-            files = [f for f in sorted(directory.glob("part-*.parquet")) if f not in result.corrupt]
-            tables = []
-            for path in files:
-                try:
-                    tables.append(pq.read_table(path, columns=list(KEY_COLUMNS), schema=KEY_SCHEMA))
-                except FileNotFoundError:
-                    continue
-                except CORRUPT_ERRORS:
-                    result.corrupt.append(path)
-            result.files += len(tables)
-            if not tables:
-                continue
-            table = pa.concat_tables(tables)
-            result.rows += table.num_rows
-            result.duplicate_rows += table.num_rows - unique_rows(table).num_rows
-        return result
-
-    def repair(self) -> dict[str, int]:
-        """Finish or undo interrupted operations, quarantine unreadable files, drop duplicates."""
-        with self.journal.locked(blocking=True):
-            pass  # taking the lock replays journals and removes stale temporary files
-        quarantined = self.quarantine_corrupt()
-        before = self.row_count()
-        days = self.compact(min_files=1, dedupe_only=True)
-        return {"quarantined": len(quarantined), "days_deduplicated": days, "duplicates_removed": before - self.row_count()}
-
     # -- reading -------------------------------------------------------------------------------
-    def _dataset(self) -> ds.Dataset | None:
-        if not self.samples_dir.exists():
-            return None
-        return ds.dataset(self.samples_dir, format=READ_FORMAT, partitioning=PARTITIONING, schema=READ_SCHEMA)
+    def _dataset(self, parts: list[Path]) -> ds.Dataset:
+        """The part files ``parts`` as one dataset (only these: what else is in the folder is never read)."""
+        return ds.dataset([str(path) for path in parts], format=READ_FORMAT, partitioning=PARTITIONING,
+                          partition_base_dir=str(self.samples_dir), schema=READ_SCHEMA)
 
-    def _scan(self, work: Callable[[ds.Dataset], object]):
-        """Run ``work`` on the dataset; a concurrent compaction can delete a file between listing
-        and reading (list again); an unreadable file is quarantined (then read again without it)."""
+    def _scan(self, work: Callable[[ds.Dataset], object], first_day: str | None = None, last_day: str | None = None):
+        """Run ``work`` on the dataset of the days ``first_day..last_day`` (None when they hold no
+        part file). A concurrent compaction can delete a file between listing and reading (list
+        again); a part file that is not samples is skipped and quarantined; one whose pages cannot
+        be read is quarantined, then the read runs again without it."""
         self.journal.recover_if_needed()
         quarantined_here = 0
         for attempt in range(5):
-            if not self.samples_dir.exists():
+            if not self.samples_dir.is_dir():
                 return None
             try:
                 with self.journal.reading():  # no operation swaps files between listing and reading
-                    dataset = self._dataset()
-                    return work(dataset) if dataset is not None else None
+                    parts: list[Path] = []
+                    damaged: list[tuple[Path, str]] = []
+                    for path in self._listing(first_day, last_day).parts:
+                        problem = part_problem(path)
+                        if problem:
+                            damaged.append((path, problem))
+                        else:
+                            parts.append(path)
+                    result = work(self._dataset(parts)) if parts else None
+                if damaged:
+                    self._set_aside(damaged)
+                return result
             except FileNotFoundError:
                 if attempt == 4:
                     raise
@@ -348,7 +300,10 @@ class LocalStore:
         timestamps as ``timestamp[ns, UTC]``. None for a store that holds nothing yet."""
         start_ts, end_ts = _utc(start), _utc(end)
         wanted = self._columns(columns)
-        table = self._scan(lambda dataset: dataset.to_table(columns=wanted, filter=read_filter(start_ts, end_ts, nodes)))
+        first_day = start_ts.strftime("%Y-%m-%d") if start_ts is not None else None
+        last_day = (end_ts - pd.Timedelta(1, "ns")).strftime("%Y-%m-%d") if end_ts is not None else None
+        table = self._scan(lambda dataset: dataset.to_table(columns=wanted, filter=read_filter(start_ts, end_ts, nodes)),
+                           first_day, last_day)
         if table is None:
             return None
         table = table.unify_dictionaries()
@@ -369,19 +324,18 @@ class LocalStore:
 
     def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         """First and last sample timestamps, or None for an empty store."""
-        days = [d for d in self._day_dirs() if any(d.glob("part-*.parquet"))]
+        days = self._listing().days()
         if not days:
             return None
 
-        def bounds(dataset: ds.Dataset):
-            first = dataset.to_table(columns=["timestamp"], filter=ds.field("date") == days[0].name[5:])["timestamp"]
-            last = dataset.to_table(columns=["timestamp"], filter=ds.field("date") == days[-1].name[5:])["timestamp"]
-            return pc.min(first).as_py(), pc.max(last).as_py()
+        def stamps(dataset: ds.Dataset) -> pa.ChunkedArray:
+            return dataset.to_table(columns=["timestamp"])["timestamp"]
 
-        found = self._scan(bounds)
-        if found is not None and (found[0] is None or found[1] is None):  # an edge day held no rows
-            found = self._scan(lambda dataset: (pc.min(dataset.to_table(columns=["timestamp"])["timestamp"]).as_py(),
-                                                pc.max(dataset.to_table(columns=["timestamp"])["timestamp"]).as_py()))
+        first = self._scan(lambda dataset: pc.min(stamps(dataset)).as_py(), days[0], days[0])
+        last = self._scan(lambda dataset: pc.max(stamps(dataset)).as_py(), days[-1], days[-1])
+        found = (first, last)
+        if first is None or last is None:  # an edge day held no rows (or nothing readable)
+            found = self._scan(lambda dataset: (pc.min(stamps(dataset)).as_py(), pc.max(stamps(dataset)).as_py()))
         if found is None or found[0] is None:
             return None
         return pd.Timestamp(found[0]).tz_convert("UTC"), pd.Timestamp(found[1]).tz_convert("UTC")
@@ -391,7 +345,21 @@ class LocalStore:
         return int(counted or 0)
 
     def file_count(self) -> int:
-        return sum(1 for _ in self.samples_dir.glob("date=*/part-*.parquet")) if self.samples_dir.exists() else 0
+        return len(self._listing().parts)
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.samples_dir.glob("date=*/part-*.parquet")) if self.samples_dir.exists() else 0
+        total = 0
+        for path in self._listing().parts:
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
+
+    def survey(self) -> Listing:
+        """Everything in the store's folder, sorted into its own files, leftovers and foreign ones."""
+        return survey(self.root)
+
+
+def _discard(staged: list[tuple[Path, Path]]) -> None:
+    """Remove the temporary files of an operation that will not be committed."""
+    for temporary, _ in staged:
+        temporary.unlink(missing_ok=True)

@@ -88,18 +88,70 @@ def read_filter(start: pd.Timestamp | None, end: pd.Timestamp | None, nodes: Ite
     return expression
 
 
-def unreadable_files(samples_dir: Path) -> list[tuple[Path, BaseException]]:
-    """The part files under ``samples_dir`` that cannot be read, each with the error it raised."""
-    bad = []
-    if not samples_dir.exists():
-        return bad
-    for path in sorted(samples_dir.glob("date=*/part-*.parquet")):
+def _fits(expected: pa.DataType, actual: pa.DataType) -> bool:
+    """Whether a column stored as ``actual`` reads as the samples column of type ``expected``."""
+    if pa.types.is_null(actual):
+        return True
+    if pa.types.is_dictionary(actual):
+        actual = actual.value_type
+    if pa.types.is_timestamp(expected):
+        return pa.types.is_timestamp(actual)
+    if pa.types.is_string(expected):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    if pa.types.is_integer(expected):
+        return pa.types.is_integer(actual)
+    return pa.types.is_floating(actual) or pa.types.is_integer(actual)
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """Why a file of ``schema`` is not samples (a key column missing, a column of another type), or
+    None. A samples column it lacks reads as not measured (files written before it was added)."""
+    missing = [name for name in KEY_COLUMNS if name not in schema.names]
+    if missing:
+        return f"missing column(s) {', '.join(missing)}"
+    wrong = [f"{name} is {schema.field(name).type}" for name in schema.names
+             if name in ARROW_SCHEMA.names and schema.get_field_index(name) >= 0
+             and not _fits(ARROW_SCHEMA.field(name).type, schema.field(name).type)]
+    return f"not the samples schema ({', '.join(wrong[:3])})" if wrong else None
+
+
+_verdicts: dict[tuple[str, int, int, int], str | None] = {}  # (path, inode, size, mtime) -> part_problem
+
+
+def part_problem(path: Path) -> str | None:
+    """Why the part file at ``path`` cannot be read as samples, from its footer (not Parquet, cut
+    short, not the samples schema), or None. Remembered per file version (path, inode, size, time),
+    so a reader looks at each footer once."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None  # gone (a compaction): the read lists again
+    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    if key in _verdicts:
+        return _verdicts[key]
+    try:
+        verdict = schema_problem(pq.read_schema(path))
+    except FileNotFoundError:
+        return None
+    except CORRUPT_ERRORS as error:
+        verdict = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    if len(_verdicts) > 200_000:
+        _verdicts.clear()
+    _verdicts[key] = verdict
+    return verdict
+
+
+def unreadable_files(parts: Iterable[Path]) -> list[tuple[Path, BaseException]]:
+    """The part files of ``parts`` that cannot be read (their footer, schema and timestamps), each
+    with the error it raised."""
+    bad: list[tuple[Path, BaseException]] = []
+    for path in parts:
         try:
-            metadata = pq.read_metadata(path)
-            pq.read_table(path, columns=["timestamp"]) if metadata.num_rows else None
-            missing = set(KEY_COLUMNS) - set(metadata.schema.names)
-            if missing:
-                raise ValueError(f"missing column(s) {', '.join(sorted(missing))}")
+            problem = part_problem(path)
+            if problem:
+                raise ValueError(problem)
+            if pq.read_metadata(path).num_rows:
+                pq.read_table(path, columns=["timestamp"])
         except FileNotFoundError:
             continue
         except CORRUPT_ERRORS as error:

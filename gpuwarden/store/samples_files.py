@@ -14,6 +14,7 @@ import pandas as pd
 
 from gpuwarden.fleet.inputs import checked_input, samples_bound_bytes
 
+from .folder import store_holding
 from .schema import SamplesError, ValidationReport, coerce
 
 
@@ -84,11 +85,22 @@ def _checked(frame: pd.DataFrame, report: ValidationReport) -> pd.DataFrame:
 
 def write_samples(frame: pd.DataFrame, path: str | Path) -> None:
     """Write fleet samples as CSV (ISO-8601 UTC timestamps) or Parquet, by the file's suffix."""
-    path = Path(path)
+    path = checked_samples_output(path)
     frame = coerce(frame)
     if path.suffix.lower() == ".parquet":
         frame.to_parquet(path, index=False)
-    elif path.name.lower().endswith((".csv", ".csv.gz")):
-        frame.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
     else:
+        frame.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def checked_samples_output(path: str | Path) -> Path:
+    """``path`` if fleet samples can be written there (before any work): a known file type, and
+    outside every store's folder (only the store writes there; a file of its naming would be read
+    as samples, twice)."""
+    path = Path(path)
+    if path.suffix.lower() != ".parquet" and not path.name.lower().endswith((".csv", ".csv.gz")):
         raise SamplesError(f"{path}: unknown file type {path.suffix!r}; expected .csv, .csv.gz or .parquet")
+    holder = store_holding(path)
+    if holder is not None:
+        raise SamplesError(f"{path}: is inside the store {holder}; only the store writes there, write it elsewhere")
+    return path
