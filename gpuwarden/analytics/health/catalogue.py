@@ -18,18 +18,30 @@ the node, replace / RMA), and NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` fie
 Application faults (13 graphics exception, 31 memory page fault, 43 GPU stopped processing,
 45 pre-emptive cleanup, 68 video processor exception) are caused by the program, not the GPU: they
 are reported for the workload's owner and never cordon anything.
+
+The XID rows are data: ``xid_catalogue.csv`` pins NVIDIA's mnemonic and resolution buckets
+(immediate and investigatory) per code beside gpuwarden's rule for it; ``xid_buckets.csv`` says
+what each immediate bucket does to a finding (RESTART_APP: never a node action; CONTACT_SUPPORT:
+critical; the others keep the recovery wording's action); ``xid_cancellations.csv`` lists the
+events a later XID cancels. :func:`load_xid_catalogue` reads and checks the three, naming the
+file, line and column of anything wrong (:class:`~gpuwarden.fleet.catalogue.CatalogueError`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
-from gpuwarden.fleet import ActionKind, FindingKind, Severity
+from gpuwarden.fleet import TRACKED_XIDS, ActionKind, FindingKind, Severity
+from gpuwarden.fleet.catalogue import CatalogueError, data_rows
 from gpuwarden.fleet.node_actions import CORDONING_ACTIONS
 
-__all__ = ["APPLICATION_XIDS", "CORDONING_ACTIONS", "EARLY_WARNING_KINDS", "FATAL_XIDS", "FAULT_ACTIONS", "FaultAction",
-           "NODE_KINDS", "NVML_RECOVERY", "RECOVERY_ACTION_KIND", "XID_RULES", "XidRule", "action_for",
-           "recommended_action"]
+__all__ = ["APPLICATION_XIDS", "BUCKET_EFFECTS", "CORDONING_ACTIONS", "Cancellation", "EARLY_WARNING_KINDS", "FATAL_XIDS",
+           "FAULT_ACTIONS", "FaultAction", "NODE_KINDS", "NVML_RECOVERY", "RECOVERY_ACTION_KIND", "XID_BUCKETS",
+           "XID_CANCELLATIONS", "XID_CATALOGUE", "XID_RULES", "XidCatalogue", "XidEntry", "XidRule", "action_for",
+           "bucket_effect", "load_xid_catalogue", "recommended_action"]
 
 # NVIDIA recovery wording -> what the actuator does to the node that holds the GPU.
 #  restart-app: the application dies and is restarted; the GPU is fine -> no node action.
@@ -68,33 +80,173 @@ def _as_nvidia(recovery: str) -> FaultAction:
 
 _NO_ACTION = FaultAction("none", None)
 
+# The XID data files; each CSV's header comments say where every column comes from (NVIDIA's Xid
+# catalogue for the buckets and mnemonics; NVSentinel's cancellation design, ADR-038, for the pair).
+_HERE = Path(__file__).parent
+XID_CATALOGUE_PATH, XID_BUCKETS_PATH, XID_CANCELLATIONS_PATH = (
+    _HERE / "xid_catalogue.csv", _HERE / "xid_buckets.csv", _HERE / "xid_cancellations.csv")
+# What an immediate resolution bucket does to a finding (xid_buckets.csv says which bucket does which).
+BUCKET_EFFECTS: tuple[str, ...] = ("no-node-action", "as-recovery", "critical")
+_CATALOGUE_COLUMNS = ("code", "mnemonic", "bucket", "investigatory", "kind", "title", "severity", "implicates_gpu",
+                      "confidence", "recovery")
+_RULE_COLUMNS = ("severity", "implicates_gpu", "confidence", "recovery")  # with a kind, and only with one
+
+
+@dataclass(frozen=True)
+class XidEntry:
+    """One row of ``xid_catalogue.csv``: NVIDIA's data for the code and gpuwarden's rule for it
+    (``kind`` None: the code has no column of its own; reference only)."""
+
+    code: int
+    mnemonic: str
+    bucket: str  # NVIDIA's immediate resolution bucket; "" where NVIDIA's cell is empty
+    investigatory: str  # NVIDIA's investigatory resolution bucket, as written
+    kind: FindingKind | None
+    title: str
+    severity: Severity | None
+    implicates_gpu: bool
+    confidence: float
+    recovery: str  # a RECOVERY_ACTION_KIND key ("" without a kind)
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """An XID ``code`` event that a later ``cancelled_by`` on the same GPU cancels, within
+    ``window_s`` of the code's last event (None: no limit)."""
+
+    code: int
+    cancelled_by: int
+    window_s: float | None
+    source: str
+
+
+class XidCatalogue(NamedTuple):
+    entries: dict[int, XidEntry]
+    buckets: dict[str, str]  # bucket -> effect
+    cancellations: tuple[Cancellation, ...]
+
+
+def _int(text: str, column: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
+        raise ValueError(f"column {column!r}: {text!r} is not an XID code (a whole number from 1)")
+    return int(text)
+
+
+def _entry(row: dict[str, str], buckets: dict[str, str]) -> XidEntry:
+    code = _int(row["code"], "code")
+    where = f"XID {code}, column"
+    if row["bucket"] and row["bucket"] not in buckets:
+        raise ValueError(f"{where} 'bucket': {row['bucket']!r} is not one of {', '.join(buckets)}")
+    if not row["kind"]:
+        if any(row[c] for c in _RULE_COLUMNS):
+            raise ValueError(f"{where}s {', '.join(_RULE_COLUMNS)}: a row without a kind takes none of them")
+        return XidEntry(code, row["mnemonic"], row["bucket"], row["investigatory"], None, row["title"], None, True, 0.0, "")
+    try:
+        kind = FindingKind(row["kind"])
+    except ValueError:
+        raise ValueError(f"{where} 'kind': {row['kind']!r} is not a finding kind") from None
+    if code not in TRACKED_XIDS:
+        raise ValueError(f"{where} 'kind': XID {code} has no column in the fleet samples (fleet.TRACKED_XIDS), "
+                         "so no rule can see it; leave its kind empty")
+    if row["severity"] not in {s.value for s in Severity}:
+        raise ValueError(f"{where} 'severity': {row['severity']!r} is not one of info, warning, critical")
+    if row["implicates_gpu"] not in ("true", "false"):
+        raise ValueError(f"{where} 'implicates_gpu': {row['implicates_gpu']!r} is not true or false")
+    try:
+        confidence = float(row["confidence"])
+    except ValueError:
+        confidence = math.nan
+    if not 0.0 <= confidence <= 1.0:
+        raise ValueError(f"{where} 'confidence': {row['confidence']!r} is not a number from 0 to 1")
+    if row["recovery"] not in RECOVERY_ACTION_KIND:
+        raise ValueError(f"{where} 'recovery': {row['recovery']!r} is not one of {', '.join(RECOVERY_ACTION_KIND)}")
+    if not row["title"]:
+        raise ValueError(f"{where} 'title': empty")
+    return XidEntry(code, row["mnemonic"], row["bucket"], row["investigatory"], kind, row["title"],
+                    Severity(row["severity"]), row["implicates_gpu"] == "true", confidence, row["recovery"])
+
+
+def _cancellation(row: dict[str, str], entries: dict[int, XidEntry]) -> Cancellation:
+    code, by = _int(row["code"], "code"), _int(row["cancelled_by"], "cancelled_by")
+    for column, value in (("code", code), ("cancelled_by", by)):
+        if value not in entries:
+            raise ValueError(f"column {column!r}: XID {value} has no row in xid_catalogue.csv")
+    if code == by:
+        raise ValueError(f"column 'cancelled_by': XID {code} cannot cancel itself")
+    try:
+        window = float(row["window_seconds"]) if row["window_seconds"] else None
+    except ValueError:
+        window = math.nan
+    if window is not None and not (0.0 < window < math.inf):
+        raise ValueError(f"column 'window_seconds': {row['window_seconds']!r} is not a positive number of seconds "
+                         "(or empty: no limit)")
+    if not row["source"]:
+        raise ValueError("column 'source': empty (say where the pair comes from)")
+    return Cancellation(code, by, window, row["source"])
+
+
+def load_xid_catalogue(catalogue: str | Path = XID_CATALOGUE_PATH, buckets: str | Path = XID_BUCKETS_PATH,
+                       cancellations: str | Path = XID_CANCELLATIONS_PATH) -> XidCatalogue:
+    """Read and check the three XID data files; :class:`CatalogueError` names the file, line and column."""
+    effects: dict[str, str] = {}
+    for lineno, row in data_rows(Path(buckets), ("bucket", "effect", "meaning")):
+        if not row["bucket"] or row["bucket"] in effects:
+            raise CatalogueError(f"{buckets}:{lineno}: column 'bucket': {row['bucket']!r} is empty or repeated")
+        if row["effect"] not in BUCKET_EFFECTS:
+            raise CatalogueError(f"{buckets}:{lineno}: column 'effect' of {row['bucket']}: {row['effect']!r} is not one "
+                                 f"of {', '.join(BUCKET_EFFECTS)}")
+        effects[row["bucket"]] = row["effect"]
+    entries: dict[int, XidEntry] = {}
+    for lineno, row in data_rows(Path(catalogue), _CATALOGUE_COLUMNS):
+        try:
+            entry = _entry(row, effects)
+            if entry.code in entries:
+                raise ValueError(f"XID {entry.code}, column 'code': a second row")
+            if entry.kind is not None and any(e.kind == entry.kind for e in entries.values()):
+                raise ValueError(f"XID {entry.code}, column 'kind': {entry.kind} is another code's already")
+        except ValueError as exc:
+            raise CatalogueError(f"{catalogue}:{lineno}: {exc}") from None
+        entries[entry.code] = entry
+    unruled = sorted(set(TRACKED_XIDS) - {code for code, e in entries.items() if e.kind is not None})
+    if unruled:
+        raise CatalogueError(f"{catalogue}: XID {', '.join(map(str, unruled))} has a column in the fleet samples "
+                             "but no row with a kind")
+    pairs: list[Cancellation] = []
+    for lineno, row in data_rows(Path(cancellations), ("code", "cancelled_by", "window_seconds", "source")):
+        try:
+            pair = _cancellation(row, entries)
+            if any((p.code, p.cancelled_by) == (pair.code, pair.cancelled_by) for p in pairs):
+                raise ValueError(f"XID {pair.code} cancelled by {pair.cancelled_by}: a second row")
+        except ValueError as exc:
+            raise CatalogueError(f"{cancellations}:{lineno}: {exc}") from None
+        pairs.append(pair)
+    return XidCatalogue(entries, effects, tuple(pairs))
+
+
+XID_CATALOGUE, XID_BUCKETS, XID_CANCELLATIONS = load_xid_catalogue()
+
+
+def bucket_effect(bucket: str) -> str:
+    """What NVIDIA's immediate bucket does to a finding (an empty bucket: nothing, ``as-recovery``)."""
+    return XID_BUCKETS[bucket] if bucket else "as-recovery"
+
+
+def _xid_fault_actions() -> dict[FindingKind, FaultAction]:
+    """The XID kinds' rows of FAULT_ACTIONS: the recovery wording's action, none for an app bucket."""
+    return {e.kind: FaultAction(e.recovery, None if bucket_effect(e.bucket) == "no-node-action" else action_for(e.recovery))
+            for e in XID_CATALOGUE.values() if e.kind is not None}
+
 # Every health finding kind -> its recovery and action, one row each. Early warnings (precursors)
 # cordon (no new work lands; the running job can checkpoint) rather than drain, or only taint: the
 # fault has not happened yet, so their action is stated, not NVIDIA's wording's.
 FAULT_ACTIONS: dict[FindingKind, FaultAction] = {
-    # NVIDIA's XID catalogue: the application's faults never act on the node...
-    FindingKind.APP_XID_13: _as_nvidia("restart-app"),
-    FindingKind.APP_XID_31: _as_nvidia("restart-app"),
-    FindingKind.APP_XID_43: _as_nvidia("restart-app"),
-    FindingKind.APP_XID_45: _as_nvidia("none"),
-    FindingKind.APP_XID_68: _as_nvidia("restart-app"),
+    # NVIDIA's XID catalogue (xid_catalogue.csv): the application's faults never act on the node, the
+    # GPU's act as the recovery wording says, and a RESTART_APP bucket never acts whatever the wording
+    **_xid_fault_actions(),
     FindingKind.XID_STORM: _as_nvidia("restart-app"),  # the workload's owner restarts it; no GPU is implicated
     # many nodes of one domain at once: a person inspects the rack's power, switch or cooling; the
     # nodes' own findings that outlast it act on their own (domain_rules)
     FindingKind.DOMAIN_EVENT: FaultAction("inspect", None),
-    # ...the GPU's act as NVIDIA's recovery says
-    FindingKind.ECC_DBE: _as_nvidia("drain-and-reset"),
-    FindingKind.PMU_BREAKPOINT: _as_nvidia("reset-gpu"),
-    FindingKind.PMU_HALT: _as_nvidia("reset-gpu"),
-    FindingKind.ROW_REMAP_PENDING: _as_nvidia("reset-gpu"),
-    FindingKind.ROW_REMAP_FAILURE: _as_nvidia("replace"),
-    FindingKind.NVLINK_ERROR: _as_nvidia("reset-gpu"),
-    FindingKind.OFF_THE_BUS: _as_nvidia("reboot"),
-    FindingKind.HIGH_SBE_RATE: _as_nvidia("inspect"),
-    FindingKind.CONTAINED_ECC: _as_nvidia("restart-app"),  # only the application using the memory dies
-    FindingKind.UNCONTAINED_ECC: _as_nvidia("drain-and-reset"),
-    FindingKind.GSP_TIMEOUT: _as_nvidia("reset-gpu"),
-    FindingKind.GSP_ERROR: _as_nvidia("reset-gpu"),
     # an XID code without its own column: a person reads the kernel log for the code; no node action
     FindingKind.XID_OTHER: FaultAction("inspect", None),
     # NVML's GPU recovery action
@@ -139,12 +291,17 @@ NVML_RECOVERY: dict[int, tuple[FindingKind, str]] = {
 
 @dataclass(frozen=True)
 class XidRule:
+    """The rule for an XID code with a column in the fleet samples (a row of ``xid_catalogue.csv``
+    with a kind); ``severity`` is the row's, raised to critical by a CONTACT_SUPPORT bucket."""
+
     code: int
     kind: FindingKind
     title: str
     severity: Severity
     implicates_gpu: bool  # False: the application caused it
     confidence: float
+    bucket: str = ""  # NVIDIA's immediate resolution bucket ("" where NVIDIA's cell is empty)
+    investigatory: str = ""  # NVIDIA's investigatory resolution bucket
 
     @property
     def recovery(self) -> str:
@@ -156,31 +313,18 @@ class XidRule:
         return FAULT_ACTIONS[self.kind].action
 
 
-APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68)
+def _rule(entry: XidEntry) -> XidRule | None:
+    """The rule of a catalogue row with a kind (None: a reference row)."""
+    if entry.kind is None or entry.severity is None:
+        return None
+    severity = Severity.CRITICAL if bucket_effect(entry.bucket) == "critical" else entry.severity
+    return XidRule(entry.code, entry.kind, entry.title, severity, entry.implicates_gpu, entry.confidence, entry.bucket,
+                   entry.investigatory)
 
-XID_RULES: dict[int, XidRule] = {
-    rule.code: rule
-    for rule in (
-        XidRule(13, FindingKind.APP_XID_13, "graphics engine exception (application)", Severity.INFO, False, 0.9),
-        XidRule(31, FindingKind.APP_XID_31, "GPU memory page fault (application)", Severity.INFO, False, 0.9),
-        XidRule(43, FindingKind.APP_XID_43, "GPU stopped processing (application)", Severity.INFO, False, 0.9),
-        XidRule(45, FindingKind.APP_XID_45, "pre-emptive cleanup after earlier errors (application)", Severity.INFO, False, 0.9),
-        XidRule(68, FindingKind.APP_XID_68, "video processor exception (application)", Severity.INFO, False, 0.9),
-        XidRule(48, FindingKind.ECC_DBE, "double-bit ECC error", Severity.CRITICAL, True, 0.99),
-        XidRule(61, FindingKind.PMU_BREAKPOINT, "internal micro-controller breakpoint", Severity.WARNING, True, 0.8),
-        XidRule(62, FindingKind.PMU_HALT, "internal micro-controller halt", Severity.CRITICAL, True, 0.9),
-        XidRule(63, FindingKind.ROW_REMAP_PENDING, "row remapping recorded, waits for a GPU reset", Severity.WARNING, True, 0.95),
-        XidRule(64, FindingKind.ROW_REMAP_FAILURE, "row remapping failed", Severity.CRITICAL, True, 0.99),
-        XidRule(74, FindingKind.NVLINK_ERROR, "NVLink error", Severity.CRITICAL, True, 0.9),
-        XidRule(79, FindingKind.OFF_THE_BUS, "GPU has fallen off the bus", Severity.CRITICAL, True, 0.99),
-        XidRule(92, FindingKind.HIGH_SBE_RATE, "high single-bit ECC error rate", Severity.WARNING, True, 0.8),
-        XidRule(94, FindingKind.CONTAINED_ECC, "contained ECC error (only the application using the memory dies)",
-                Severity.WARNING, True, 0.95),
-        XidRule(95, FindingKind.UNCONTAINED_ECC, "uncontained ECC error", Severity.CRITICAL, True, 0.99),
-        XidRule(119, FindingKind.GSP_TIMEOUT, "GSP RPC timeout", Severity.CRITICAL, True, 0.95),
-        XidRule(120, FindingKind.GSP_ERROR, "GSP error", Severity.CRITICAL, True, 0.95),
-    )
-}
+
+XID_RULES: dict[int, XidRule] = {code: rule for code, entry in XID_CATALOGUE.items() if (rule := _rule(entry)) is not None}
+# The application's own codes (implicates_gpu false): findings for the workload's owner, folded into storms.
+APPLICATION_XIDS: tuple[int, ...] = tuple(sorted(code for code, rule in XID_RULES.items() if not rule.implicates_gpu))
 
 # XID codes that kill the workload on the GPU (used for the "zero missed fatal XIDs" target).
 FATAL_XIDS: tuple[int, ...] = (48, 62, 64, 74, 79, 94, 95, 119, 120)

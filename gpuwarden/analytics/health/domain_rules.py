@@ -28,6 +28,7 @@ from gpuwarden.fleet import Finding, FindingKind, Severity
 
 from .catalogue import recommended_action
 from .scan_config import HealthConfig
+from .storm_rules import chains
 
 DOMAIN_CAUSES: dict[FindingKind, str] = {
     FindingKind.OFF_THE_BUS: "power", FindingKind.GPU_SERIES_LOST: "power",
@@ -57,7 +58,7 @@ def fold_domain_events(findings: list[Finding], last_sample: Mapping[tuple[str, 
     marked: dict[int, Finding] = {}
     events: list[Finding] = []
     for domain, members in by_domain.items():
-        for chain in _chains(members, config.domain_window_s):
+        for chain in chains(members, config.domain_window_s):
             if len({f.node for f in chain}) < config.domain_min_nodes:
                 continue
             end = max(f.first_seen for f in chain)
@@ -72,16 +73,6 @@ def fold_domain_events(findings: list[Finding], last_sample: Mapping[tuple[str, 
     if not events:
         return findings
     return [marked.get(id(f), f) for f in findings if id(f) not in folded] + events
-
-
-def _chains(findings: list[Finding], window_s: float) -> list[list[Finding]]:
-    chains: list[list[Finding]] = []
-    for f in sorted(findings, key=lambda f: (f.first_seen, f.node, f.gpu_uuid or "")):
-        if chains and (f.first_seen - chains[-1][-1].first_seen).total_seconds() <= window_s:
-            chains[-1].append(f)
-        else:
-            chains.append([f])
-    return chains
 
 
 def last_samples(frame: pd.DataFrame, into: dict[tuple[str, str | None], datetime] | None = None,

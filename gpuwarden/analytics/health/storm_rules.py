@@ -1,9 +1,10 @@
 """XID storms: application XIDs that strike many GPUs at once are one job-level finding.
 
-A gang's crash raises an application XID (13, 31, 43, 45, 68: ``catalogue.APPLICATION_XIDS``) on
-every GPU it held, within seconds; a fleet can log thousands of XID 45s for one crash. Each is the
-workload's fault, not the GPU's, so none may cordon, and one finding per GPU buries the one that
-matters. After the per-GPU rules ran, this pass folds them:
+A gang's crash raises an application XID (13, 31, 43, 45, 68: ``catalogue.APPLICATION_XIDS``, the
+rows of ``xid_catalogue.csv`` with ``implicates_gpu`` false) on every GPU it held, within seconds;
+a fleet can log thousands of XID 45s for one crash. Each is the workload's fault, not the GPU's,
+so none may cordon, and one finding per GPU buries the one that matters. After the per-GPU rules
+ran, this pass folds them:
 
 - **by workload**: application-XID findings on GPUs held by pods of one workload (same namespace,
   pod names equal once the replica ordinal and generated suffix are cut: ``train-worker-3``,
@@ -58,12 +59,12 @@ def fold_xid_storms(findings: list[Finding], frame: pd.DataFrame, config: Health
             by_workload[owner].append(f)
     folded: set[int] = set()
     for members in by_workload.values():
-        for storm in _chains(members, config.storm_window_s):
+        for storm in chains(members, config.storm_window_s):
             if len({f.gpu_uuid for f in storm}) >= config.storm_min_workload_gpus:
                 storms.append(storm)
                 folded.update(id(f) for f in storm)
     rest = [f for f in app if id(f) not in folded]
-    for storm in _chains(rest, config.storm_window_s):
+    for storm in chains(rest, config.storm_window_s):
         if len({f.node for f in storm}) >= config.storm_min_nodes:
             storms.append(storm)
             folded.update(id(f) for f in storm)
@@ -73,7 +74,7 @@ def fold_xid_storms(findings: list[Finding], frame: pd.DataFrame, config: Health
     return kept + [_storm_finding(storm, owners) for storm in storms]
 
 
-def _chains(findings: Iterable[Finding], window_s: float) -> list[list[Finding]]:
+def chains(findings: Iterable[Finding], window_s: float) -> list[list[Finding]]:
     """Findings in runs whose starts are each within ``window_s`` of the previous start."""
     chains: list[list[Finding]] = []
     for f in sorted(findings, key=lambda f: (f.first_seen, f.node, f.gpu_uuid or "")):
