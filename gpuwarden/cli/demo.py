@@ -37,6 +37,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock, ModelClock
 from gpuwarden.portal.submit import DEMO_TEMPLATES_PATH, TEMPLATES_ENV
 
 from .args import host_port, number, plain, port
+from .demo_dra import DRA_HELP, demo_backend, dra_config, summary_lines
 from .demo_live import (HEALTH_WINDOW_HOURS, HealthScan, PodOwners, RECONCILE_INTERVAL_S, add_live_jobs, count_series,
                         portal_submitter)
 from .queue_cmd import SCHEDULER_URL_ENV
@@ -90,6 +91,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--step-interval", type=number(float, 0.01, 3600), default=1.0,
                         help="wall seconds between live simulated steps, 0.01..3600 (default 1)")
     parser.add_argument("--no-browser", action="store_true", help="print the dashboard URL without opening a browser")
+    parser.add_argument("--dra", action="store_true", help=DRA_HELP)
     add_sim_options(parser, fault_scale_default=DEMO_FAULT_SCALE)
     parser.set_defaults(run=run)
 
@@ -165,7 +167,7 @@ def reset_store(root: Path) -> None:
 def run(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     import pandas as pd
 
-    config = sim_config_from(args)
+    config = dra_config(sim_config_from(args), args.dra)
     if not args.config:  # the simulated week ends just before now (a config file's start is kept)
         end = pd.Timestamp(clock.now()).floor("min") - pd.Timedelta(hours=DEMO_LEAD_HOURS)
         config = recording_ends_at(config, end, args.days)
@@ -192,21 +194,21 @@ def _run(args: argparse.Namespace, config, clock: Clock) -> int:
     from gpuwarden.cli.simfleet import simulated_fleet
     from gpuwarden.fleet.processes import stop_process
     from gpuwarden.fleet.runner import Runner
-    from gpuwarden.sim.backend import SimGpuBackend
     from gpuwarden.sim.cluster import SimCluster
     from gpuwarden.store import LocalStore
     from gpuwarden.store.scraper import Scraper
 
     duration = args.duration if args.duration is not None else (60.0 if args.headless else None)
     print(f"gpuwarden demo: simulating {config.nodes} nodes x {config.gpus_per_node} GPUs "
-          f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)", flush=True)
+          f"(seed {config.seed}, fault rates x{config.fault_rate_scale:g} the published ones)"
+          + ("; GPUs allocated by DRA (driver gpu.nvidia.com)" if config.dra else ""), flush=True)
     # The simulated fleet and the cluster the actuator acts on: built here, and only here.
     simulation = simulated_fleet(config)
     cluster = SimCluster(simulation)
     reset_store(args.store)
     store = LocalStore(args.store, clock=ModelClock(lambda: simulation.now))  # the demo's clock is simulated
     host, exporter_port = args.exporter_listen
-    exporter = ExporterService(SimGpuBackend(simulation), interval_seconds=max(1.0, args.step_interval),
+    exporter = ExporterService(demo_backend(simulation), interval_seconds=max(1.0, args.step_interval),
                                host=host, port=exporter_port, clock=clock)
     runner = Runner(clock, name="gpuwarden-demo")
     dashboard: subprocess.Popen | None = None
@@ -372,6 +374,8 @@ def print_summary(simulation: Simulation, store: LocalStore, exporter_url: str, 
     if scraper is not None:
         print(f"embedded scraper: {scraper.scrapes} scrapes of /metrics, {scraper.rows_written:,} rows into the store")
     print(f"run time:         {run_seconds:.0f} s (backfill, first findings and the live phase)")
+    for line in summary_lines(simulation, store.root):
+        print(line)
     if span is not None:
         for line in headline_lines(headline(store, inventory=Inventory.from_nodes(simulation.nodes))):
             print(line)

@@ -38,6 +38,7 @@ class HealthScan:
         self.store = store
         self.now = lambda: simulation.now
         self.pools = {node.name: node.pool for node in simulation.nodes}
+        self.dra = simulation.cluster.dra
         self.last: list = []
 
     def __call__(self, snapshot) -> list:
@@ -53,6 +54,10 @@ class HealthScan:
         from gpuwarden.fleet import cluster_state
 
         cluster_state.write_snapshot(Path(self.store.root) / "cluster", snapshot)
+        if self.dra is not None:  # a DRA fleet's objects beside it (gpuwarden demo --dra)
+            from .demo_dra import write_objects
+
+            write_objects(Path(self.store.root), self.dra)
         return self.last
 
 

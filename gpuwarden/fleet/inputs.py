@@ -100,6 +100,8 @@ def checked_output(path: str | Path, what: str, raising: type[Exception] = Input
         return path
     except OSError as error:
         raise raising(f"{what}{path}: cannot write ({error.strerror or error})") from None
+    except ValueError:  # the operating system takes no path with a NUL byte in it
+        raise raising(f"{what}{str(path)!r}: a path cannot hold a NUL byte") from None
     if not stat.S_ISREG(info.st_mode):
         target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
         raise raising(f"{what}{path}: is {_kind(info.st_mode)}{target}; expected a regular file to write "

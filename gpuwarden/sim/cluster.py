@@ -4,7 +4,10 @@ the scheduling round (the same one a real cluster gets) plans on its snapshot.
 The snapshot says what a live cluster says, in the same fields: cordons; taints, with a spot node
 that was reclaimed shown as Kubernetes shows an unreachable node (a NoExecute taint); unhealthy
 GPUs (down or lost); MIG layouts and which instance each pod holds; that no GPU is shared by two
-pods (``Node.shares_gpus`` is False); each workload's pools, latest start and attained service.
+pods (``Node.shares_gpus`` is False); each workload's pools, latest start and attained service. On a
+fleet allocated by DRA (``SimConfig.dra``, :mod:`.dra`) a running workload holds what its pods' claims
+hold, as the Kubernetes reader says of one: a fractional pod on a whole GPU holds the GPU, on a MIG
+device that device.
 
 Each action returns an ``ActionResult``; a refused action (unknown node, a job that is not
 running) is ``ok=False`` with the reason, never an exception.
@@ -12,6 +15,7 @@ running) is ``ok=False`` with the reason, never an exception.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +33,7 @@ from gpuwarden.fleet import (
 )
 from gpuwarden.fleet.capabilities import handler_table
 
+from .dra import SimDra
 from .fleet_state import SimulatedFleet
 from .jobs import SimJob
 
@@ -52,6 +57,7 @@ class SimCluster:
         # the simulation's jobs it has seen (a finished job never runs again: none is looked at twice)
         self._live: list[SimJob] = []
         self._seen = 0
+        self.dra = SimDra(simulation) if simulation.config.dra else None  # its DRA objects, on a DRA fleet
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
@@ -117,8 +123,12 @@ class SimCluster:
             started_at = last.started_at
         else:
             started_at = origin + timedelta(seconds=float(job.last_started_s))
+        workload = job.spec.workload
+        held = self.dra.held_request(job) if self.dra is not None else None
+        if held is not None:  # a running pod holds what its claims hold
+            workload = dataclasses.replace(workload, gpus=held)
         state = WorkloadState(
-            workload=job.spec.workload, phase=job.phase, submitted_at=submitted_at,
+            workload=workload, phase=job.phase, submitted_at=submitted_at,
             started_at=started_at, placements=self._placements_of(job), progress_seconds=job.progress_s,
             duration_seconds=job.spec.duration_s, preemptions=job.preemptions,
             priority_override=None if job.priority == job.spec.workload.priority_class else job.priority.value,

@@ -85,6 +85,10 @@ class SimConfig:
     # False: the trace's arrivals never come; only work given to ``Simulation.submit`` arrives (a replay
     # of a recorded slice, e.g. the live-versus-simulator parity check)
     arrivals: bool = True
+    # True: a cluster whose GPUs are allocated by Dynamic Resource Allocation (NVIDIA's DRA driver): pods
+    # hold GPUs and MIG devices through ResourceClaims (``sim.dra``), a running pod holding what its
+    # claims hold (a fractional pod the GPU or MIG device it got: quotas count that, as on such a cluster)
+    dra: bool = False
 
     def __post_init__(self) -> None:
         for name, most in MOST_INT.items():
@@ -113,7 +117,7 @@ class SimConfig:
             raise ConfigError(f"attribution: {self.attribution!r} is not allowed; expected one of {', '.join(ATTRIBUTION_MODES)}")
         if not isinstance(self.scheduler_policy, str) or not self.scheduler_policy:
             raise ConfigError(f"scheduler_policy: {self.scheduler_policy!r} is not allowed; expected a policy name")
-        for name in ("background_noise", "arrivals"):
+        for name in ("background_noise", "arrivals", "dra"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; expected true or false")
         if self.start.tzinfo is None:

@@ -16,6 +16,7 @@ from .jobs import SimJob
 
 class SimulatedFleet(Protocol):
     lock: threading.RLock
+    config: Any  # its SimConfig
     # the fleet
     nodes: list[Any]
     gpus: list[Any]
@@ -27,6 +28,8 @@ class SimulatedFleet(Protocol):
     dev_mig_id: np.ndarray
     dev_mig_profile: np.ndarray
     dev_is_mig: np.ndarray
+    dev_share: np.ndarray  # a MIG instance's share of its GPU (1.0 for a whole GPU)
+    dev_mem_total: np.ndarray
     dev_job: np.ndarray
     # per node and GPU: what faults and operators did to them
     node_cordoned: np.ndarray
