@@ -19,6 +19,7 @@ import argparse
 import csv
 import io
 import json
+import logging
 import os
 import sys
 import time
@@ -130,10 +131,13 @@ def run_scan(args: argparse.Namespace) -> int:
 def scan_source(source, start: pd.Timestamp, end: pd.Timestamp) -> tuple[list[Finding], int, list[str]]:
     """Scan [start, end) of ``source``: in one go up to a day, else a day at a time (only the columns
     the scan reads), as a live scan would, so memory stays that of a day. Also the notes on what
-    the scan could not see (detectors without their signals, nodes gone silent)."""
+    the scan could not see (detectors without their signals, nodes gone silent). A Prometheus
+    source also gives the scrape health of the GPU exporter targets (observability collapse)."""
     if end - start <= DAY:
         frame = source.read(start, end, columns=_columns(source))
-        return scan(frame, now=end - pd.Timedelta(microseconds=1)), len(frame), Coverage().add(frame).notes()
+        scrape = _scrape_health(source, start, end)
+        coverage = Coverage().add(frame).add_scrape(scrape)
+        return scan(frame, now=end - pd.Timedelta(microseconds=1), scrape=scrape), len(frame), coverage.notes()
     scanner = StreamingScanner()
     coverage = Coverage()
     cursor = start
@@ -141,11 +145,27 @@ def scan_source(source, start: pd.Timestamp, end: pd.Timestamp) -> tuple[list[Fi
         upper = min(cursor + DAY, end)
         chunk = source.read(cursor, upper, columns=_columns(source))
         if len(chunk):
-            scanner.feed(chunk)
-            coverage.add(chunk)
+            scrape = _scrape_health(source, cursor, upper)
+            scanner.feed(chunk, scrape)
+            coverage.add(chunk).add_scrape(scrape)
         del chunk
         cursor = upper
     return scanner.findings(), coverage.rows, coverage.notes()
+
+
+def _scrape_health(source, start: pd.Timestamp, end: pd.Timestamp) -> pd.DataFrame | None:
+    """The scrape health of the window where the source knows it (Prometheus), else None. A failed
+    read of it is said and the scan goes on judging series presence alone: it never costs the samples."""
+    from gpuwarden.store.prometheus import PrometheusError, PrometheusSource
+
+    if not isinstance(source, PrometheusSource):
+        return None
+    try:
+        return source.read_scrape_health(start, end)
+    except PrometheusError as error:
+        logging.getLogger(__name__).warning("scrape health of %s..%s not read (%s); judging series presence only",
+                                            start, end, error)
+        return None
 
 
 def _columns(source) -> list[str] | None:

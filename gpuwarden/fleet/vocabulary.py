@@ -117,6 +117,7 @@ class FindingKind(enum.StrEnum):
     NVLINK_ERROR = "nvlink-error"
     OFF_THE_BUS = "off-the-bus"
     GPU_SERIES_LOST = "gpu-series-lost"  # its series stopped while its node-mates' went on
+    OBSERVABILITY_COLLAPSE = "observability-collapse"  # series thin, scrapes slow, up flaps: watch it, never act
     HIGH_SBE_RATE = "high-sbe-rate"
     CONTAINED_ECC = "contained-ecc"
     UNCONTAINED_ECC = "uncontained-ecc"
@@ -154,8 +155,7 @@ class FindingKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class MigProfile:
-    """A MIG GPU-instance profile such as ``1g.18gb``: compute slices out of the GPU's (the GPU
-    catalogue's), memory in bytes."""
+    """A MIG GPU-instance profile such as ``1g.18gb``: compute slices out of the GPU catalogue's, memory in bytes."""
 
     name: str
     compute_slices: int

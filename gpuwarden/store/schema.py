@@ -352,4 +352,24 @@ def schema_markdown() -> str:
     lines += [f"- {code}: {name}" for code, name in RECOVERY_ACTIONS.items()]
     lines += ["", "## `throttle_reasons_bitmask` bits", ""]
     lines += [f"- `0x{bit:x}`: {name}" for name, bit in THROTTLE_REASONS.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _scrape_health_markdown()) + "\n"
+
+
+def _scrape_health_markdown() -> list[str]:
+    """The optional scrape-health table beside the samples (``gpuwarden/fleet/scrape_health.py``)."""
+    from gpuwarden.fleet.scrape_health import SCRAPE_HEALTH_COLUMNS
+
+    lines = [
+        "", "## Scrape health (optional, beside the samples)", "",
+        "One row per GPU exporter target per timestamp: how Prometheus' scrapes of it went over the step",
+        "before. `PrometheusSource.read_scrape_health` reads it (the targets whose series name a GPU, mapped",
+        "to their node as the samples are) and `gpuwarden health scan` passes it to the scan",
+        "(`scan(frame, scrape=...)`) for the observability-collapse rule and for `gpu-series-lost`, which",
+        "does not count a step in which a scrape of the node failed. A samples file has none: the scan then",
+        "reads series presence only (and says so in its notes). Generated from",
+        "`gpuwarden/fleet/scrape_health.py`.", "",
+        "| column | type | nullable | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{c.name}` | {c.kind} | {'yes' if c.nullable else 'no'} | {c.description} |" for c in SCRAPE_HEALTH_COLUMNS]
+    return lines

@@ -268,6 +268,9 @@ FAULT_ACTIONS: dict[FindingKind, FaultAction] = {
     # A GPU whose series stopped while its node-mates' went on (presence_rules): fell off the bus, or
     # its exporter lost it. Cordon, not drain: a person checks which before the node is rebooted.
     FindingKind.GPU_SERIES_LOST: FaultAction("reboot", ActionKind.CORDON),
+    # Observability collapse (collapse_rules): the precursor of a GPU falling off the bus, or a sick
+    # exporter; a person watches, nothing acts on it alone.
+    FindingKind.OBSERVABILITY_COLLAPSE: _NO_ACTION,
     # Node conditions: no GPU is at fault, so nothing recommends a node action (NODE_KINDS).
     FindingKind.NODE_WIDE_SLOWDOWN: _NO_ACTION,
     FindingKind.NODE_WIDE_THERMAL: _NO_ACTION,
@@ -343,6 +346,7 @@ EARLY_WARNING_KINDS: dict[FindingKind, Severity] = {
     FindingKind.STRAGGLER: Severity.WARNING,
     FindingKind.UNCORRECTABLE_ECC: Severity.CRITICAL,
     FindingKind.GPU_SERIES_LOST: Severity.CRITICAL,
+    FindingKind.OBSERVABILITY_COLLAPSE: Severity.WARNING,
 }
 
 

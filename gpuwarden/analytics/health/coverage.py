@@ -41,6 +41,7 @@ class Coverage:
         self.measured: set[str] = set()
         self.node_last: dict[str, pd.Timestamp] = {}
         self.rows = 0
+        self.scrape_rows = 0
 
     def add(self, frame: pd.DataFrame) -> Coverage:
         if frame.empty:
@@ -52,8 +53,20 @@ class Coverage:
             self.node_last[str(node)] = max(when, self.node_last.get(str(node), when))
         return self
 
+    def add_scrape(self, scrape: pd.DataFrame | None) -> Coverage:
+        """Count the scrape-health rows read beside the samples (None: the source has none)."""
+        self.scrape_rows += 0 if scrape is None else len(scrape)
+        return self
+
     def notes(self) -> list[str]:
-        return self.signal_notes() + self.silent_node_notes() if self.rows else []
+        return self.signal_notes() + self.scrape_notes() + self.silent_node_notes() if self.rows else []
+
+    def scrape_notes(self) -> list[str]:
+        """Whether observability collapse could read scrape health or saw series presence only."""
+        if self.scrape_rows:
+            return []
+        return ["no scrape health in this source (Prometheus' up, scrape_duration_seconds, scrape_samples_scraped of "
+                "the GPU exporter targets): observability collapse is judged on series presence only"]
 
     def signal_notes(self) -> list[str]:
         """One note per detector whose signals are absent, plus XIDs when none is counted."""

@@ -12,7 +12,12 @@
    power-brake throttle share, temperature above peers, and a GPU slower than its peers at the same
    load with no throttle or error (straggler).
 
-3. **Presence** (:mod:`.presence_rules`): a GPU whose series stop while its node-mates report.
+3. **Presence** (:mod:`.presence_rules`): a GPU whose series stop while its node-mates report (timed only
+   while they report: an ordinary scrape gap is no GPU's fault).
+4. **Observability collapse** (:mod:`.collapse_rules`): series thinning, scrapes slowing and losing
+   samples, ``up`` flapping on one node while its peers' stay normal: a warning with no action, often
+   minutes before a GPU falls off the bus. It reads the optional scrape-health frame (``scrape``:
+   :data:`gpuwarden.fleet.scrape_health.SCRAPE_HEALTH_COLUMNS`, from Prometheus); without it, presence only.
 
 Then application XIDs that strike a workload's GPUs, or many nodes, at once are folded into one
 job-level ``xid-storm`` finding (:mod:`.storm_rules`), and hardware findings on many nodes of one
@@ -35,6 +40,7 @@ import pandas as pd
 from gpuwarden.fleet import Finding, Severity
 from gpuwarden.fleet.semantics import to_utc
 
+from .collapse_rules import DEFAULT_COLLAPSE, CollapseConfig, collapse_findings
 from .fault_rules import known_fault_findings
 from .features import gpu_series
 from .finding_builder import FindingBuilder
@@ -47,14 +53,17 @@ from .warning_rules import early_warning_findings
 
 def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config: HealthConfig | None = None,
          pools: Mapping[str, str] | None = None, report_from: datetime | pd.Timestamp | None = None,
-         domains: Mapping[str, str] | None = None, fold_domains: bool = True) -> list[Finding]:
+         domains: Mapping[str, str] | None = None, fold_domains: bool = True, scrape: pd.DataFrame | None = None,
+         collapse: CollapseConfig = DEFAULT_COLLAPSE) -> list[Finding]:
     """Findings over the fleet samples in ``frame`` up to ``now`` (default: the newest sample).
 
     ``pools`` maps node name -> node pool for peer grouping (default: the node name without a
     trailing ``-<number>``). ``domains`` maps node name -> failure domain (rack or NVLink domain) for
     domain events (default: the whole fleet is one domain; ``fold_domains=False``: none, for a caller
     that folds over merged findings itself). ``report_from``: samples before it are context only (a streaming scan
-    already judged them with more history); conditions there raise no finding of their own.
+    already judged them with more history); conditions there raise no finding of their own. ``scrape``: the
+    scrape health of the GPU exporter targets over the same window, where the source has it
+    (``PrometheusSource.read_scrape_health``); ``collapse``: the observability-collapse thresholds.
     Returns findings sorted by severity (critical first), then time.
     """
     config = config or DEFAULT_CONFIG
@@ -65,6 +74,8 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
         frame = frame[pd.to_datetime(frame["timestamp"], utc=True) <= cutoff]
         if len(frame) == 0:
             return []
+        if scrape is not None and len(scrape):
+            scrape = scrape[(pd.to_datetime(scrape["timestamp"], utc=True) <= cutoff).to_numpy()]
     series = gpu_series(frame, pools)
     if len(series) == 0:
         return []
@@ -73,8 +84,9 @@ def scan(frame: pd.DataFrame, now: datetime | pd.Timestamp | None = None, config
     if report_from is not None:
         builder.report_from_ns = int(to_utc(report_from).value)
     known_fault_findings(builder)
-    series_lost_findings(builder)
+    series_lost_findings(builder, scrape)
     early_warning_findings(builder)
+    collapse_findings(builder, scrape, collapse)
     findings = fold_xid_storms(builder.findings, frame, config)
     if fold_domains:
         first = report_from if report_from is not None else pd.to_datetime(frame["timestamp"], utc=True).min()
@@ -117,32 +129,43 @@ class StreamingScanner:
     ``context_s`` of earlier samples so trailing windows are full at each chunk's start."""
 
     def __init__(self, config: HealthConfig | None = None, context_s: float | None = None,
-                 pools: Mapping[str, str] | None = None, domains: Mapping[str, str] | None = None) -> None:
+                 pools: Mapping[str, str] | None = None, domains: Mapping[str, str] | None = None,
+                 collapse: CollapseConfig = DEFAULT_COLLAPSE) -> None:
         self.config = config or DEFAULT_CONFIG
         self.domains = domains
         self._last_samples: dict[tuple[str, str | None], datetime] = {}
         self._first_sample: datetime | None = None
+        self.collapse = collapse
         longest = max(max(self.config.hbm_windows_s), max(self.config.nvlink_windows_s), self.config.straggler_window_s,
-                      self.config.pcie_window_s, (self.config.cooling_history_hours + 1) * 3600.0)
+                      self.config.pcie_window_s, (self.config.cooling_history_hours + 1) * 3600.0,
+                      collapse.baseline_s + collapse.window_s)
         self.context = pd.Timedelta(seconds=context_s if context_s is not None else longest + 600)
         self.pools = pools
         self.log = FindingLog(self.config.episode_gap_s)
         self._tail: pd.DataFrame | None = None
+        self._scrape_tail: pd.DataFrame | None = None
 
-    def feed(self, chunk: pd.DataFrame) -> list[Finding]:
+    def feed(self, chunk: pd.DataFrame, scrape: pd.DataFrame | None = None) -> list[Finding]:
+        """Scan ``chunk`` (after the earlier ones); ``scrape``: its scrape health, where the source has it."""
         if chunk.empty:  # nothing new (below, iloc[-0:] would be the whole tail, reported again)
             return []
         frame = chunk if self._tail is None else pd.concat([self._tail, chunk], ignore_index=True)
+        if scrape is not None and self._scrape_tail is not None:
+            scrape = pd.concat([self._scrape_tail, scrape], ignore_index=True)
         stamps = pd.to_datetime(frame["timestamp"], utc=True)  # once per feed: frame = [tail, chunk]
         report_from = None if self._tail is None or self._tail.empty else stamps.iloc[-len(chunk):].min()
         # domain events are folded over the merged findings (:meth:`findings`): a chunk sees an
         # episode that goes on from the one before as starting at the chunk's first sample
-        found = scan(frame, config=self.config, pools=self.pools, report_from=report_from, fold_domains=False)
+        found = scan(frame, config=self.config, pools=self.pools, report_from=report_from, fold_domains=False,
+                     scrape=scrape, collapse=self.collapse)
         last_samples(chunk, into=self._last_samples)
         if self._first_sample is None:
             self._first_sample = to_utc(stamps.min()).to_pydatetime()
         self.log.merge(found)
         self._tail = frame[(stamps > stamps.max() - self.context).to_numpy()]
+        if scrape is not None and len(scrape):
+            scrape_stamps = pd.to_datetime(scrape["timestamp"], utc=True)
+            self._scrape_tail = scrape[(scrape_stamps > stamps.max() - self.context).to_numpy()]
         return found
 
     def findings(self) -> list[Finding]:

@@ -13,7 +13,7 @@ from gpuwarden.fleet.catalogue import MetricSpec
 
 from ..schema import PANDAS_DTYPES, empty_samples
 from ..series import Attribution, SeriesMapper, namespace_is_team
-from . import rollups, samples, timerange
+from . import rollups, samples, scrape_health, timerange
 from .node_labels import read_node_labels
 from .attribution import PodAttribution
 from .series_checks import ReadNotes
@@ -133,6 +133,16 @@ class PrometheusSource(PrometheusClient):
         frame = samples.read_samples(self, self.mapper, epoch_seconds(start), end_s, wanted, self.step, self.lookback,
                                      self.read_notes)
         return self.attribution.apply(frame)
+
+    def read_scrape_health(self, start: datetime | str, end: datetime | str) -> pd.DataFrame:
+        """How the scrapes of each GPU exporter target went, per node, on the ``read`` grid
+        (:mod:`.scrape_health`): ``up``, scrape duration and samples scraped, for the health scan's
+        observability-collapse rule. Empty where no GPU series names its target."""
+        anchor = self._anchor()
+        if anchor is None:
+            return scrape_health.empty_scrape_health()
+        return scrape_health.read_scrape_health(self, anchor, epoch_seconds(start), epoch_seconds(end), self.step,
+                                                max(self.lookback, self.step))
 
     def time_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         """Oldest and newest GPU sample within ``history`` of now, or None when there is none
