@@ -117,6 +117,7 @@ def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=N
 
 
 def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
+    from gpuwarden.kube.dra_notices import SkippedClaimEvents, skipped_by_kind
     from gpuwarden.kube.queue_namespaces import QueueNamespaces
     from gpuwarden.scheduler.queue_server import QueueServer
     from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
@@ -137,8 +138,11 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     webhook = webhook_server(args, cluster, clock, queue)
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
-    metrics = SchedulerMetrics()
-    scheduling = SchedulingRound(cluster, args.policy, attained=attained, on_round=[metrics],
+    # DRA objects the snapshot skipped (a wrong-typed field, an unknown class): counted, and each claim told once
+    notices = SkippedClaimEvents(cluster.api, "gpuwarden-scheduler", clock)
+    metrics = SchedulerMetrics(dra_skipped=lambda: skipped_by_kind(cluster.inventory.dra.skipped))
+    scheduling = SchedulingRound(cluster, args.policy, attained=attained,
+                                 on_round=[metrics, lambda _outcome: notices.tell(cluster.inventory.dra.skipped)],
                                  mig_manager=args.mig_manager)
     service = SchedulerService(scheduling, args.interval_seconds, elector.is_leader if elector else None)
     server = QueueServer(lambda: scheduling.queue, metrics.registry, host=args.listen, port=args.port).start()

@@ -18,6 +18,12 @@ serve the API (404: older than 1.34, or DRA turned off) has no DRA: the snapshot
   What cannot be sized is refused with the reason, never guessed: ``allocationMode: All``,
   prioritized alternatives (``firstAvailable``), a MIG class naming no profile, a class whose
   selector gpuwarden cannot read, or more than one kind of GPU in one pod.
+- Where it may run (``PodRequest.dra_nodes``): the nodes whose published devices of the kind (and
+  MIG profile) all match the class's and the request's selectors (product, memory: evaluated on
+  the devices, :func:`.dra_objects.device_matches`), so kube-scheduler's allocation on the node the
+  plan pins it to succeeds; never a device-plugin-only node. A request no node's devices match can
+  never start (refused, saying what it asks and what is published); a selector term gpuwarden
+  cannot evaluate is refused, the expression said.
 - Bad input: a slice, class, claim or template with a field of the wrong type, or a claim naming a
   device class the cluster does not have, is skipped, counted (``DraInventory.skipped``) and
   logged; a pod using such a claim is refused naming it; the rest is read.
@@ -37,7 +43,9 @@ from gpuwarden.fleet.semantics_scalar import request_gpu_equivalents
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .dra_objects import (ALL_DEVICES, GPU_DRIVERS, GPU_TYPE, MIG_TYPE, Claim, DeviceClass, DeviceKey, DraDevice,
-                          Slice, device_from_name, read_claim, read_class, read_slice, read_template, unknown_classes)
+                          Slice, device_from_name, device_matches, read_claim, read_class, read_slice, read_template,
+                          unknown_classes)
+from .dra_selectors import Match
 from .failure import UnexpectedAnswer
 from .inventory_nodes import NodeOffer, PodRequest
 
@@ -67,6 +75,7 @@ class DraInventory:
     gpu_uuids: dict[str, str] = field(default_factory=dict)  # snapshot GPU uuid -> the uuid the driver published
     offers: Mapping[str, NodeOffer] = field(default_factory=dict)
     placements: dict[DeviceKey, Placement] = field(default_factory=dict)
+    _matching: dict[tuple[str, str, Match], tuple[str, ...]] = field(default_factory=dict)  # (kind, profile, match) -> nodes
 
     def skip(self, kind: str, item: Json, why: str) -> None:
         meta = item.get("metadata")
@@ -127,6 +136,7 @@ class DraInventory:
             request = PodRequest()
             wanted.append((f"resource claim {extended}", found))
         whole, migs, devices, allocated = request.count, [request.mig] if request.mig else [], [], False
+        nodes: set[str] | None = None  # where every request not allocated yet can be: None, not one asks
         units = request.count + (request_gpu_equivalents(request.mig) if request.mig else 0.0)
         for said, claim in wanted:
             if claim is None:
@@ -142,7 +152,11 @@ class DraInventory:
                         migs.append(str(device.profile))
                         units += request_gpu_equivalents(device.profile, model=self._model(placement))
                 continue
-            for kind, count, profile in self._demand(claim, said):
+            for kind, count, profile, matching in self._demand(claim, said):
+                nodes = set(matching) if nodes is None else nodes & set(matching)
+                if not nodes:
+                    raise ValueError(f"{said}: its requests match the devices of no one node together (it can never "
+                                     "start as written)")
                 if kind == GPU_TYPE:
                     whole, units = whole + count, units + count
                 else:
@@ -159,7 +173,8 @@ class DraInventory:
             self.pods[f"{namespace}/{name}"] = DraPodGpus(units, tuple(devices), allocated)
         if allocated:
             self._place(pod, namespace, name)
-        return PodRequest(whole, migs[0] if migs else None, request.shares, dra=True)
+        return PodRequest(whole, migs[0] if migs else None, request.shares, dra=True,
+                          dra_nodes=tuple(sorted(nodes)) if nodes is not None else None)
 
     def _claim(self, namespace: str, name: str, kind: str) -> Claim | None:
         why = self.skipped.get(f"{kind} {namespace}/{name}")
@@ -198,8 +213,9 @@ class DraInventory:
             offer = self.offers[placement.node]
             offer.claimed[key] = (*offer.claimed.get(key, ()), placement)
 
-    def _demand(self, claim: Claim, said: str) -> list[tuple[str, int, str]]:
-        """(kind, count, MIG profile) per GPU request of a claim not allocated yet; ValueError when unsizable."""
+    def _demand(self, claim: Claim, said: str) -> list[tuple[str, int, str, tuple[str, ...]]]:
+        """(kind, count, MIG profile, the nodes it may be allocated on) per GPU request of a claim not allocated
+        yet; ValueError when unsizable, when a selector cannot be evaluated, or when no node publishes its devices."""
         out = []
         for request in claim.requests:
             if request.device_class is None:
@@ -223,8 +239,42 @@ class DraInventory:
             if kind == MIG_TYPE and not isinstance(profile, str):
                 raise ValueError(f"{said} request {request.name} asks a MIG device of {device_class.name} naming no "
                                  "profile: its share of a GPU is not known before allocation")
-            out.append((str(kind), request.count, str(profile or "")))
+            unevaluable = match.unevaluable()
+            if unevaluable:
+                raise ValueError(f"{said} request {request.name} (device class {device_class.name}): gpuwarden cannot "
+                                 f"evaluate {'; '.join(repr(t) for t in unevaluable)} of its selectors; refused rather "
+                                 "than guessed")
+            nodes = self._nodes_matching(str(kind), str(profile or ""), match)
+            if not nodes:
+                raise ValueError(self._published_none(said, request.name, str(kind), str(profile or ""), match))
+            out.append((str(kind), request.count, str(profile or ""), nodes))
         return out
+
+    def _same_kind(self, devices: list[DraDevice], kind: str, profile: str) -> list[DraDevice]:
+        """A node's devices a request of ``kind`` (and MIG ``profile``) may be given (static MIG only)."""
+        return [d for d in devices if d.is_gpu and d.kind == kind and (kind == GPU_TYPE or (
+            d.profile == profile and not d.partitionable))]
+
+    def _nodes_matching(self, kind: str, profile: str, match: Match) -> tuple[str, ...]:
+        """The GPU nodes whose published devices of the kind all match: there, every free device of the kind the
+        scheduler counts is one kube-scheduler may allocate (a node where only some match is left out: never
+        pinned where fewer match than are free)."""
+        key = (kind, profile, match)
+        if key not in self._matching:
+            self._matching[key] = tuple(sorted(
+                node for node, devices in self.by_node.items() if node in self.offers
+                and (same := self._same_kind(devices, kind, profile)) and all(device_matches(match, d) for d in same)))
+        return self._matching[key]
+
+    def _published_none(self, said: str, request: str, kind: str, profile: str, match: Match) -> str:
+        """Why a request can never start: what it asks, and what the nodes publish of that kind."""
+        what = f"MIG {profile} devices" if kind == MIG_TYPE else "GPUs"
+        seen = sorted({f"{d.product or 'unnamed'}" + (f" {d.memory_bytes / (1 << 30):g}Gi" if d.memory_bytes else "")
+                       for node, devices in self.by_node.items() if node in self.offers
+                       for d in self._same_kind(devices, kind, profile)})
+        return (f"can never start as written: {said} request {request} asks {what} with {match.said()}, and no node "
+                f"publishes {what} that all match" + (f" (published: {', '.join(seen)})" if seen else
+                                                       f" (no node publishes {what} through DRA)"))
 
 
 def _said_once(message: str) -> None:

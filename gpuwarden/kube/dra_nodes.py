@@ -28,6 +28,10 @@ from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
 from .dra_objects import GPU_TYPE, DeviceKey, DraDevice
 
 log = logging.getLogger("gpuwarden.kube")
+# In the snapshot's node labels only (never on the cluster): the node's name on a node whose ResourceSlices publish
+# GPUs, so that a pod's claims keep it to the nodes whose devices match them through the one node-selection
+# mechanism the scheduler honours (``PodRequest.dra_nodes``). gpuwarden's own key: no node carries it.
+DRA_NODE_LABEL = "dra.gpuwarden.io/node"
 
 
 @dataclass

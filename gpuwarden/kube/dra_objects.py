@@ -13,9 +13,8 @@ as ``gpu-<minor>`` with attributes ``type`` ("gpu"), ``uuid``, ``productName``, 
 with ``type`` "mig", ``profile`` ("1g.10gb"), ``parentUUID`` and its own ``uuid``. Attribute names
 may be written qualified by the driver's domain (``gpu.nvidia.com/productName``) or bare.
 
-Selectors are CEL. gpuwarden reads the conjunctions of equalities the driver's classes are written
-in (``device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'``);
-anything else is kept as text and said unread, never guessed.
+Selectors are CEL, read by :mod:`.dra_selectors` (conjunctions of tests on the driver, the
+attributes above and memory); :func:`device_matches` evaluates them on a published device.
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils import parse_quantity
+
+from .dra_selectors import EVALUATED, MEMORY, Match, _compare, _dict, _list, _text, read_selectors
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 GPU_DRIVERS = (NVIDIA_DRIVER,)  # drivers whose "gpu" and "mig" devices are GPUs gpuwarden counts
@@ -38,11 +39,6 @@ DeviceKey = tuple[str, str, str]  # (driver, pool, device name): how an allocati
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-\d+-\d+$")
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")
 _NAME_PROFILE = re.compile(r"^(\d+g)(\d+gb.*)$")  # the profile as the device name writes it: 1g10gb
-_LITERAL = r"""(?:'[^']*'|"[^"]*"|-?\d+|true|false)"""
-_DRIVER_TERM = re.compile(rf"^device\.driver\s*(==|!=)\s*({_LITERAL})$")
-_ATTRIBUTE_TERM = re.compile(
-    rf"""^device\.attributes\[\s*(['"])([^'"]+)\1\s*\]\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*(['"])([^'"]+)\4\s*\])"""
-    rf"""\s*(==|!=)\s*({_LITERAL})$""")
 
 
 @dataclass(frozen=True)
@@ -90,20 +86,22 @@ class Slice:
     devices: tuple[DraDevice, ...]
 
 
-@dataclass(frozen=True)
-class Match:
-    """What a selector list asks, as far as gpuwarden reads CEL: the driver, attribute equalities
-    (``type``, ``profile``, ``productName``, ...) and the terms it could not read."""
-
-    driver: str | None = None
-    equals: tuple[tuple[str, str | int | bool], ...] = ()
-    unread: tuple[str, ...] = ()
-
-    def value(self, attribute: str) -> str | int | bool | None:
-        return next((v for k, v in self.equals if k == attribute), None)
-
-    def joined(self, other: Match) -> Match:
-        return Match(self.driver or other.driver, self.equals + other.equals, self.unread + other.unread)
+def device_matches(match: Match, device: DraDevice) -> bool:
+    """Whether ``device`` satisfies every term of ``match`` gpuwarden evaluates (:meth:`Match.unevaluable` is
+    refused before: an unknown test never passes here). A capacity the device does not publish fails its test,
+    as a CEL error fails the device in kube-scheduler."""
+    if match.driver is not None and device.driver != match.driver:
+        return False
+    for attribute, value in match.equals:
+        if attribute not in EVALUATED or getattr(device, EVALUATED[attribute]) != value:
+            return False
+    for attribute, op, value in match.compares:
+        if attribute == MEMORY:
+            if device.memory_bytes is None or not isinstance(value, int) or not _compare(device.memory_bytes, op, value):
+                return False
+        elif attribute not in EVALUATED or getattr(device, EVALUATED[attribute]) == value:
+            return False  # op is "!="
+    return True
 
 
 @dataclass(frozen=True)
@@ -142,30 +140,6 @@ class Claim:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-def _dict(value: Any, what: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise TypeError(f"{what} is a {type(value).__name__}, not an object")
-    return value
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise TypeError(f"{what} is a {type(value).__name__}, not a list")
-    return value
-
-
-def _text(value: Any, what: str, required: bool = True) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or (required and not value):
-        raise TypeError(f"{what} is {value!r}, not a non-empty string")
-    return value
 
 
 def _int(value: Any, what: str, default: int) -> int:
@@ -258,34 +232,6 @@ def name_profile(name: str) -> str | None:
     match = _MIG_NAME.match(name)
     profile = _NAME_PROFILE.match(match.group(2)) if match else None
     return f"{profile.group(1)}.{profile.group(2)}" if profile else None
-
-
-def _literal(text: str) -> str | int | bool:
-    if text[:1] in "'\"":
-        return text[1:-1]
-    return text == "true" if text in ("true", "false") else int(text)
-
-
-def read_selectors(selectors: Any, what: str) -> Match:
-    """``selectors[].cel.expression`` as a :class:`Match`: each ``&&`` term gpuwarden can read is kept,
-    every other term (or a whole expression with ``||``, ``!`` or parentheses) is listed unread."""
-    match = Match()
-    for position, raw in enumerate(_list(selectors, what)):
-        cel = _dict(_dict(raw, f"{what}[{position}]").get("cel"), f"{what}[{position}].cel")
-        expression = str(_text(cel.get("expression"), f"{what}[{position}].cel.expression"))
-        if any(token in expression for token in ("||", "(", "?")):
-            match = match.joined(Match(unread=(expression,)))
-            continue
-        for term in (t.strip() for t in expression.split("&&")):
-            driver, attribute = _DRIVER_TERM.match(term), _ATTRIBUTE_TERM.match(term)
-            if driver and driver.group(1) == "==":
-                match = match.joined(Match(driver=str(_literal(driver.group(2)))))
-            elif attribute and attribute.group(6) == "==":
-                name = attribute.group(3) or attribute.group(5)
-                match = match.joined(Match(equals=((name, _literal(attribute.group(7))),)))
-            else:
-                match = match.joined(Match(unread=(term,)))
-    return match
 
 
 def read_class(item: Mapping[str, Any]) -> DeviceClass:

@@ -28,6 +28,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .dra import read_dra
+from .dra_nodes import DRA_NODE_LABEL
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
 from .inventory_model import Group, Inventory
 from .inventory_workloads import WorkloadReader
@@ -66,6 +67,8 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             if own:
                 taints[name] = own
             node_labels[name] = dict(item["metadata"].get("labels") or {})
+            if offer.dra_placements:  # the snapshot's own label: where pods' claims may be allocated
+                node_labels[name][DRA_NODE_LABEL] = name
     inventory.dra.attach(offers)
 
     namespace_labels: dict[str, dict[str, str]] = {}

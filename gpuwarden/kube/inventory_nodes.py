@@ -73,6 +73,7 @@ class PodRequest:
     mig: str | None = None
     shares: int = 0  # time-sliced shares
     dra: bool = False  # asked (or held) through DRA resource claims: laid on the devices its claims hold
+    dra_nodes: tuple[str, ...] | None = None  # the nodes whose published devices its pending claims match; None: any
 
     @property
     def empty(self) -> bool:
@@ -272,11 +273,12 @@ class Layout:
 
     def lay(self, node: str, request: PodRequest, pod: Mapping[str, Any] | None = None) -> list[Placement]:
         """Where one pod of ``request`` on ``node`` holds GPUs; ``pod`` (the pod object) names it, so a pod
-        holding DRA devices is laid on its own (without it, on the node's next claimed devices)."""
+        holding DRA devices is laid on its own. Without it (GPUs held for a pod not made or admitted yet: its
+        claims hold nothing), on free GPUs, never on devices other pods' claims hold."""
         offer = self.offers.get(node)
         if offer is None or not offer.gpus:
             return []  # not a GPU node we read (gone, or its GPUs unreadable)
-        if request.dra and offer.claimed:
+        if request.dra and offer.claimed and pod is not None:
             held = self._claimed(node, offer, pod)
             if held is not None:
                 return list(held)
@@ -305,12 +307,9 @@ class Layout:
             out.append(Placement(node, gpus[min(index, len(gpus) - 1)]))
         return out
 
-    def _claimed(self, node: str, offer: NodeOffer, pod: Mapping[str, Any] | None) -> tuple[Placement, ...] | None:
-        if pod is not None:
-            meta = pod.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        else:  # the caller did not say which pod: the next claimed devices not laid yet
-            key = next((k for k in offer.claimed if (node, k) not in self.claims_laid), "")
+    def _claimed(self, node: str, offer: NodeOffer, pod: Mapping[str, Any]) -> tuple[Placement, ...] | None:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if key not in offer.claimed or (node, key) in self.claims_laid:
             return None
         self.claims_laid.add((node, key))

@@ -13,8 +13,8 @@ from gpuwarden.fleet.node_selection import LabelRequirement, NodeSelection, sele
 from gpuwarden.fleet.mig_geometry import check_profile
 
 from .api import Json
+from .dra_nodes import DRA_NODE_LABEL
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, PodRequest, quantity
-
 
 
 def gpu_request(pod_spec: Mapping[str, Any]) -> PodRequest:
@@ -84,16 +84,22 @@ def _tolerations(pod: Json) -> tuple[str, ...]:
     return tuple(out)
 
 
-def node_selection(pod: Json) -> NodeSelection:
+def node_selection(pod: Json, request: PodRequest | None = None) -> NodeSelection:
     """``spec.nodeSelector`` and the required node-affinity terms' ``matchExpressions``
-    (:mod:`gpuwarden.fleet.node_selection`)."""
+    (:mod:`gpuwarden.fleet.node_selection`), and where its claims ask devices not allocated yet, the nodes
+    whose published devices match them (``request.dra_nodes``, on the snapshot's :data:`.dra_nodes.DRA_NODE_LABEL`):
+    kube-scheduler allocates claims only where devices match, so a plan never pins the pod elsewhere."""
     spec = pod.get("spec") or {}
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     terms = [[LabelRequirement(str(e["key"]), str(e["operator"]), tuple(str(v) for v in e.get("values") or ()))
               for e in term.get("matchExpressions") or ()]
              for term in required.get("nodeSelectorTerms") or ()]
-    return selection_of(spec.get("nodeSelector") or {}, [t for t in terms if t])
+    selection = selection_of(spec.get("nodeSelector") or {}, [t for t in terms if t])
+    if request is None or request.dra_nodes is None:
+        return selection
+    devices = LabelRequirement(DRA_NODE_LABEL, "In", request.dra_nodes)
+    return tuple((*term, devices) for term in selection) if selection else ((devices,),)
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -135,6 +135,8 @@ class WorkloadReader:
         group.priority = group.priority or spec.get("priorityClassName")
         if place == "gated":
             group.gated.append(pod_view(pod))
+            if request.dra_nodes is not None and group.request.dra_nodes is None:  # read first from a running pod
+                group.request, group.node_selection = request, node_selection(pod, request)
         else:
             group.held.append((pod, str(node)))
             grace = spec.get("terminationGracePeriodSeconds")
@@ -148,7 +150,7 @@ class WorkloadReader:
             spec = pod.get("spec") or {}
             cpu, memory = cpu_memory_request(spec)
             group = self.groups[key] = Group(controller, namespace, name, request, labels=dict(labels),
-                                             tolerations=_tolerations(pod), node_selection=node_selection(pod),
+                                             tolerations=_tolerations(pod), node_selection=node_selection(pod, request),
                                              cpu_milli=cpu, memory_bytes=memory)
             if controller == "Gang":
                 group.size = self._gang_size(key, labels)
@@ -232,7 +234,7 @@ class WorkloadReader:
                                  annotations=notes, objects={("Job", meta["name"]): notes},
                                  created=[created] if created else [], priority=(template.get("spec") or {}).get(
                                      "priorityClassName"), size=max(1, parallelism), suspended=bool(spec.get("suspend")),
-                                 tolerations=_tolerations(template), node_selection=node_selection(template),
+                                 tolerations=_tolerations(template), node_selection=node_selection(template, request),
                                  cpu_milli=cpu, memory_bytes=memory)
 
     def add_kueue_annotations(self, key: str, notes: Mapping[str, str]) -> None:

@@ -14,7 +14,12 @@ fresh in each test):
 - ``gpuwarden_scheduler_plans_refused_total{invariant}``: plans the verifier refused whole (a bug
   in the engine, never carried out: ``scheduling.verify``);
 - ``gpuwarden_scheduler_ignored_pods``: pods outside the queue carrying the admission gate, left alone;
-- ``gpuwarden_scheduler_refused_teams``: teams whose quota annotations cannot be read.
+- ``gpuwarden_scheduler_refused_teams``: teams whose quota annotations cannot be read;
+- ``gpuwarden_scheduler_dra_skipped_objects{kind}``: DRA objects (ResourceSlice, DeviceClass,
+  ResourceClaim, ResourceClaimTemplate) the cluster's reader skipped as bad input in the latest round
+  (the rest is scheduled), where the cluster says (``dra_skipped``: the CLI hands it
+  ``gpuwarden.kube.dra_notices.skipped_by_kind`` of the Kubernetes inventory; the scheduler never
+  imports the adapter).
 
 :func:`pending_gpus_history` reads the waiting GPUs back from Prometheus: the queue depth of the
 efficiency report's fleet summary (null where no scheduler exported it).
@@ -23,6 +28,7 @@ efficiency report's fleet summary (null where no scheduler exported it).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -43,8 +49,10 @@ ROUND_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 class SchedulerMetrics:
     """Call it with each :class:`RoundOutcome` (``SchedulingRound(on_round=[metrics])``)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 dra_skipped: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.dra_skipped = dra_skipped  # {kind: DRA objects skipped} of the latest snapshot; None: not exported
         r = self.registry
         self.pending_workloads = Gauge("gpuwarden_queue_pending_workloads", "Workloads waiting in gpuwarden's queue",
                                        ["team"], registry=r)
@@ -71,6 +79,9 @@ class SchedulerMetrics:
         self.refused_teams = Gauge("gpuwarden_scheduler_refused_teams",
                                    "Teams whose quota annotations cannot be read (their waiting work is held)",
                                    registry=r)
+        self.dra_skipped_objects = Gauge("gpuwarden_scheduler_dra_skipped_objects",
+                                         "DRA objects skipped as bad input in the latest round, by kind (the rest is "
+                                         "scheduled)", ["kind"], registry=r)
         self._teams: set[str] = set()
 
     def __call__(self, outcome: RoundOutcome) -> None:
@@ -97,6 +108,8 @@ class SchedulerMetrics:
             self.plans_refused.labels(invariant=invariant).inc()
         self.ignored_pods.set(len(outcome.snapshot.ignored_pods))
         self.refused_teams.set(len(outcome.snapshot.refused_teams))
+        for kind, count in (self.dra_skipped() if self.dra_skipped is not None else {}).items():
+            self.dra_skipped_objects.labels(kind=kind).set(count)
         self.round_seconds.observe(outcome.seconds)
         self.last_round.set(time.time())
 
