@@ -178,7 +178,7 @@ def _too_large(nodes: list[NodeState], job: Job, kind: str) -> str | None:
     largest, total = max(n.whole_free() for n in nodes), sum(n.whole_free() for n in nodes)
     if job.gpus_per_pod > largest:
         return (f"asks for {job.gpus_per_pod} whole GPUs per pod; the largest node it may use offers {largest} "
-                f"whole GPUs (nvidia.com/gpu allocatable)")
+                f"whole GPUs (nvidia.com/gpu allocatable, or GPUs its DRA driver publishes)")
     if job.pods * job.gpus_per_pod > total:
         return (f"gang of {job.pods} pods x {job.gpus_per_pod} GPUs = {job.pods * job.gpus_per_pod} whole GPUs; the "
                 f"nodes it may use offer {total} whole GPUs in all")
