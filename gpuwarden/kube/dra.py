@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.fleet import Placement
@@ -47,7 +47,7 @@ from .dra_objects import (ALL_DEVICES, GPU_DRIVERS, GPU_TYPE, MIG_TYPE, Claim, D
                           unknown_classes)
 from .dra_selectors import Match
 from .failure import UnexpectedAnswer
-from .inventory_nodes import NodeOffer, PodRequest
+from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, NodeOffer, PodRequest
 
 log = logging.getLogger("gpuwarden.kube")
 _SAID: set[str] = set()  # messages logged once per process (a 403 would otherwise repeat every round)
@@ -76,6 +76,7 @@ class DraInventory:
     offers: Mapping[str, NodeOffer] = field(default_factory=dict)
     placements: dict[DeviceKey, Placement] = field(default_factory=dict)
     _matching: dict[tuple[str, str, Match], tuple[str, ...]] = field(default_factory=dict)  # (kind, profile, match) -> nodes
+    dra_only_nodes: set[str] = field(default_factory=set)  # GPU nodes whose allocatable has no device-plugin GPUs
 
     def skip(self, kind: str, item: Json, why: str) -> None:
         meta = item.get("metadata")
@@ -117,7 +118,7 @@ class DraInventory:
         entries = spec.get("resourceClaims") or ()
         extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
         if not (entries or extended) or not self.served:
-            return request
+            return self._plugin_only(request)
         meta = pod["metadata"]
         namespace, name = str(meta.get("namespace", "")), str(meta["name"])
         made = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
@@ -175,6 +176,18 @@ class DraInventory:
             self._place(pod, namespace, name)
         return PodRequest(whole, migs[0] if migs else None, request.shares, dra=True,
                           dra_nodes=tuple(sorted(nodes)) if nodes is not None else None)
+
+    def _plugin_only(self, request: PodRequest) -> PodRequest:
+        """A request of the device plugin's resources, kept to the nodes that serve them where some GPU
+        nodes publish theirs only through DRA (kube-scheduler would leave it Pending there), unless a
+        DeviceClass maps the resource (KEP-5004: DRA allocates it anywhere a class's device fits)."""
+        if request.empty or not self.dra_only_nodes:
+            return request
+        asked = {GPU} if request.count else set()
+        asked |= {MIG_PREFIX + request.mig} if request.mig else set()
+        asked |= {SHARED_GPU} if request.shares else set()
+        mapped = {c.extended_resource for c in self.classes.values() if c.extended_resource}
+        return request if asked <= mapped else replace(request, plugin=True)
 
     def _claim(self, namespace: str, name: str, kind: str) -> Claim | None:
         why = self.skipped.get(f"{kind} {namespace}/{name}")

@@ -32,6 +32,9 @@ log = logging.getLogger("gpuwarden.kube")
 # GPUs, so that a pod's claims keep it to the nodes whose devices match them through the one node-selection
 # mechanism the scheduler honours (``PodRequest.dra_nodes``). gpuwarden's own key: no node carries it.
 DRA_NODE_LABEL = "dra.gpuwarden.io/node"
+# Likewise, on the nodes whose allocatable holds the device plugin's GPU resources, where some GPU nodes
+# serve GPUs only through DRA: a pod asking nvidia.com/gpu (no DeviceClass maps it, KEP-5004) runs only there.
+PLUGIN_NODE_LABEL = "dra.gpuwarden.io/plugin-gpus"
 
 
 @dataclass

@@ -28,8 +28,8 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .dra import read_dra
-from .dra_nodes import DRA_NODE_LABEL
-from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node
+from .dra_nodes import DRA_NODE_LABEL, PLUGIN_NODE_LABEL
+from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node, serves_plugin_gpus
 from .inventory_model import Group, Inventory
 from .inventory_workloads import WorkloadReader
 from .podgroups import read_pod_groups
@@ -69,6 +69,10 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
             node_labels[name] = dict(item["metadata"].get("labels") or {})
             if offer.dra_placements:  # the snapshot's own label: where pods' claims may be allocated
                 node_labels[name][DRA_NODE_LABEL] = name
+            if serves_plugin_gpus(item):  # and where the device plugin's resources can be bound
+                node_labels[name][PLUGIN_NODE_LABEL] = "true"
+            elif offer.dra_placements:
+                inventory.dra.dra_only_nodes.add(name)
     inventory.dra.attach(offers)
 
     namespace_labels: dict[str, dict[str, str]] = {}

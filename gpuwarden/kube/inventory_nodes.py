@@ -74,6 +74,7 @@ class PodRequest:
     shares: int = 0  # time-sliced shares
     dra: bool = False  # asked (or held) through DRA resource claims: laid on the devices its claims hold
     dra_nodes: tuple[str, ...] | None = None  # the nodes whose published devices its pending claims match; None: any
+    plugin: bool = False  # asks the device plugin's resources where some GPU nodes publish theirs only through DRA
 
     @property
     def empty(self) -> bool:
@@ -165,6 +166,20 @@ def _mig_layouts(model: str, gpus: int, counts: Mapping[str, int]) -> list[list[
                 g, spill = spill % gpus, spill + 1
             layouts[g].append(profile)
     return layouts
+
+
+def serves_plugin_gpus(item: Mapping[str, Any]) -> bool:
+    """Whether the node's allocatable holds a device plugin's GPU resource (whole, time-sliced or MIG):
+    a pod asking one can be bound there; a node whose GPUs only a DRA driver publishes has none."""
+    status = item.get("status") or {}
+    for key, value in {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}.items():
+        if key in (GPU, SHARED_GPU) or key.startswith(MIG_PREFIX):
+            try:
+                if quantity(value, key) > 0:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def read_node(item: Mapping[str, Any], names: NodeLabels = DEFAULT_LABELS,

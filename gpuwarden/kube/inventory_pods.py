@@ -13,7 +13,7 @@ from gpuwarden.fleet.node_selection import LabelRequirement, NodeSelection, sele
 from gpuwarden.fleet.mig_geometry import check_profile
 
 from .api import Json
-from .dra_nodes import DRA_NODE_LABEL
+from .dra_nodes import DRA_NODE_LABEL, PLUGIN_NODE_LABEL
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU, PodRequest, quantity
 
 
@@ -96,9 +96,10 @@ def node_selection(pod: Json, request: PodRequest | None = None) -> NodeSelectio
               for e in term.get("matchExpressions") or ()]
              for term in required.get("nodeSelectorTerms") or ()]
     selection = selection_of(spec.get("nodeSelector") or {}, [t for t in terms if t])
-    if request is None or request.dra_nodes is None:
+    if request is None or (request.dra_nodes is None and not request.plugin):
         return selection
-    devices = LabelRequirement(DRA_NODE_LABEL, "In", request.dra_nodes)
+    devices = (LabelRequirement(DRA_NODE_LABEL, "In", request.dra_nodes) if request.dra_nodes is not None
+               else LabelRequirement(PLUGIN_NODE_LABEL, "Exists", ()))
     return tuple((*term, devices) for term in selection) if selection else ((devices,),)
 
 
