@@ -34,7 +34,8 @@ the way the API server does for what gpuwarden uses:
   the test's ``https://127.0.0.1:PORT``, ``webhook_calls`` records each call;
 - a resource nobody registered answers 404 (a CRD that is not installed); ``with_kueue()`` and
   ``with_dra()`` (resource.k8s.io/v1: ResourceSlices and DeviceClasses cluster-scoped,
-  ResourceClaims and ResourceClaimTemplates namespaced) serve those groups;
+  ResourceClaims and ResourceClaimTemplates namespaced) serve those groups (DRA's controllers, claims
+  made from templates and allocated on binding, are ``tests/fake_kube_dra_alloc.py``'s);
 - ``huge_list``: a list of any length (millions) served page by page and never stored, each item
   made when its page is asked for (a cluster too large for the client to hold);
 - injectable faults per method and path: any HTTP status, a JSON answer that is not an object, or a hang longer than the client's

@@ -2,8 +2,9 @@
 ``FakeKubeAPI.with_dra()``), written as NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu,
 driver ``gpu.nvidia.com``) and kube-scheduler write them: DeviceClasses, a node's ResourceSlice of
 GPUs (``gpu-<minor>``) or static MIG devices (``gpu-<minor>-mig-<profile>-<id>-<start>``), claims,
-templates and the pods that use them. Scenario data, not logic: creating claims from templates and
-allocating them on binding (a kube-scheduler stand-in) are a later step."""
+templates and the pods that use them. Scenario data, not logic: claims made from templates and their
+allocation on binding are ``tests/fake_kube_dra_alloc.py``'s (the ResourceClaim controller and
+kube-scheduler's DynamicResources, run by ``tests/fake_kube_scheduler.py``)."""
 
 from __future__ import annotations
 

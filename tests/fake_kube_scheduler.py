@@ -14,6 +14,11 @@ an HTTP client: binding refuses gated pods), with ``user`` ``system:kube-schedul
   ``metadata.name`` ANDed), NodeResourcesFit (every resource the pod requests, requests or else
   limits, against allocatable minus what bound non-terminated pods request: ``nvidia.com/gpu``,
   ``nvidia.com/gpu.shared``, ``nvidia.com/mig-*``, cpu, memory);
+- DynamicResources, where the API serves resource.k8s.io/v1 (``tests/fake_kube_dra_alloc.py``): a pod's
+  claims (its own, those its templates' entries made, KEP-5004's extended resources a DeviceClass maps
+  on a node without them in allocatable) are allocated from the node's ResourceSlices as the last
+  filter ("cannot allocate all claims" when they cannot be), written to the claims (allocation,
+  reservedFor) before the binding; what it cannot read keeps the pod Pending with the reason;
 - a fit is bound with ``POST pods/NAME/binding`` (PodScheduled=True) and a ``Scheduled`` Event,
   then started as the kubelet would: phase Running, ``status.startTime``;
 - a misfit gets ``PodScheduled=False`` reason Unschedulable with kube-scheduler's message
@@ -44,6 +49,7 @@ from decimal import Decimal
 from functools import lru_cache
 
 from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
+from fake_kube_dra_alloc import DraPass, Plan
 from kubernetes.utils import parse_quantity
 
 SCHEDULER_USER = "system:kube-scheduler"
@@ -125,8 +131,9 @@ def affinity_matches(pod: dict, node: dict) -> bool:
                for term in terms)
 
 
-def node_misfit(pod: dict, node: dict, free: dict[str, Decimal]) -> list[str]:
-    """Why ``pod`` cannot go to ``node`` (kube-scheduler's reasons, first failing filter), [] when it fits."""
+def node_misfit(pod: dict, node: dict, free: dict[str, Decimal], exempt: frozenset[str] = frozenset()) -> list[str]:
+    """Why ``pod`` cannot go to ``node`` (kube-scheduler's reasons, first failing filter), [] when it fits;
+    ``exempt``: extended resources DRA serves on this node (KEP-5004), not NodeResourcesFit's."""
     spec, node_spec = pod.get("spec") or {}, node.get("spec") or {}
     tolerations = spec.get("tolerations") or []
     if node_spec.get("unschedulable") and not tolerates(tolerations, UNSCHEDULABLE_TAINT):
@@ -136,7 +143,8 @@ def node_misfit(pod: dict, node: dict, free: dict[str, Decimal]) -> list[str]:
             return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
     if not affinity_matches(pod, node):
         return ["node(s) didn't match Pod's node affinity/selector"]
-    return [f"Insufficient {r}" for r, q in sorted(pod_requests(pod).items()) if q > free.get(r, Decimal(0))]
+    return [f"Insufficient {r}" for r, q in sorted(pod_requests(pod).items())
+            if r not in exempt and q > free.get(r, Decimal(0))]
 
 
 LEAST_ALLOCATED = "LeastAllocated"
@@ -219,6 +227,7 @@ class FakeKubeScheduler:
         starts what is bound."""
         result = StepResult()
         nodes = self.api.objects(CORE, "nodes", copy=False)  # read only, as every object below
+        dra = DraPass.read(self.api)  # DynamicResources: None where resource.k8s.io/v1 is not served
         pods = self._end_terminated(self.api.objects(CORE, "pods", copy=False))
         doomed: set[str] = set()  # victims preempted in this pass
         starting = [p for p in pods if (p.get("spec") or {}).get("nodeName")
@@ -257,8 +266,20 @@ class FakeKubeScheduler:
             chosen = None
             mine = (pod.get("status") or {}).get("nominatedNodeName")
             feasible: list[str] = []
+            needs = dra.needs(pod) if dra is not None else None
+            if isinstance(needs, str):  # DynamicResources' PreFilter refused it: no node is tried
+                self._unschedulable(pod, scheduled, f"0/{len(nodes)} nodes are available: {needs}.", result)
+                continue
+            plans: dict[str, Plan] = {}
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"] != mine):  # its nominated node first
-                misfit = node_misfit(pod, node, room[node["metadata"]["name"]])
+                misfit = node_misfit(pod, node, room[node["metadata"]["name"]],
+                                     dra.exempt(needs, node) if dra is not None else frozenset())
+                if not misfit and dra is not None and needs:  # DynamicResources' Filter runs last
+                    plan = dra.allocate(pod, needs, node)
+                    if isinstance(plan, str):
+                        misfit = [plan]
+                    else:
+                        plans[node["metadata"]["name"]] = plan
                 if not misfit:
                     if self.scoring != LEAST_ALLOCATED or node["metadata"]["name"] == mine:
                         chosen = node["metadata"]["name"]
@@ -280,6 +301,8 @@ class FakeKubeScheduler:
                     self._condition(pod, "False", "Unschedulable", message, target)
                     self._event(pod, "FailedScheduling", message)
                 continue
+            if chosen in plans and dra is not None:  # PreBind: the claims' allocation and reservation
+                dra.commit(self._call, pod, plans[chosen])
             self._call("POST", f"{self._pod_path(pod)}/binding",
                        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": chosen}})
@@ -294,6 +317,12 @@ class FakeKubeScheduler:
             self._call("PATCH", f"{self._pod_path(pod)}/status",
                        {"status": {"phase": "Running", "startTime": self.api.now_iso()}}, "application/merge-patch+json")
         return result
+
+    def _unschedulable(self, pod: dict, scheduled: dict, message: str, result: StepResult) -> None:
+        result.unschedulable[_key(pod)] = message
+        if scheduled.get("reason") != "Unschedulable" or scheduled.get("message") != message:
+            self._condition(pod, "False", "Unschedulable", message)
+            self._event(pod, "FailedScheduling", message)
 
     def _preempt(self, pod: dict, nodes: list[dict], room: dict, running: dict, doomed: set[str],
                  result: StepResult) -> str | None:

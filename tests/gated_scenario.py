@@ -17,8 +17,8 @@
   gate ``gpuwarden.io/admission`` (``gated=False`` leaves it to the webhook) and its run time in
   ``fake.gpuwarden.io/run-seconds`` (read by ``tests/fake_job_controller.py``).
 ``FakeCluster`` runs the stand-ins on one virtual clock with graceful pod deletion:
-``step(seconds)`` advances it, then the JobSet and Job controllers and kube-scheduler (with the
-kubelet's start and end of pods) each take one pass.
+``step(seconds)`` advances it, then the JobSet and Job controllers, the ResourceClaim controller (where
+the API serves DRA) and kube-scheduler (with the kubelet's start and end of pods) each take one pass.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from fake_job_controller import RUN_SECONDS_ANNOTATION, FakeJobController, FakeJobSetController
 from fake_kube_api import CORE, FakeKubeAPI, epoch_seconds
+from fake_kube_dra_alloc import FakeResourceClaimController
 from fake_kube_scheduler import FakeKubeScheduler, StepResult
 from kube_fleet import namespace, priority_class
 
@@ -209,10 +210,12 @@ class FakeCluster:
         self.api.graceful_deletion = True  # deleted pods hold their GPUs for their grace period, as on a cluster
         self.jobsets = FakeJobSetController(self.api)
         self.jobs = FakeJobController(self.api)
+        self.claims = FakeResourceClaimController(self.api)  # at work only where the API serves DRA
         self.scheduler = FakeKubeScheduler(self.api)
 
     def step(self, seconds: float = 0.0) -> StepResult:
         self.clock.now += seconds
         self.jobsets.step(self.clock.now)
         self.jobs.step(self.clock.now)
+        self.claims.step()
         return self.scheduler.step()
