@@ -93,7 +93,7 @@ def _attained(args: argparse.Namespace):
     return attained_from_samples(source.read, args.since.total_seconds())
 
 
-def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=None):
+def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=None, claims=None):
     """The admission webhook's HTTPS service on ``--webhook-port`` (every replica serves it, the
     leader or not), or None. Without cert-manager (``--webhook-secret`` given) the scheduler keeps
     the CA and serving pair in that Secret and the webhook configuration's caBundle current."""
@@ -113,12 +113,13 @@ def webhook_server(args: argparse.Namespace, cluster, clock: Clock, namespaces=N
                                            args.webhook_secret, args.webhook_configuration, clock=clock)
         refresh = functools.partial(certificates.ensure, args.webhook_cert_dir)
     return WebhookService(args.webhook_cert_dir, args.webhook_port, refresh=refresh, clock=clock,
-                          namespaces=namespaces)
+                          namespaces=namespaces, claims_ask_gpu=claims.asks_gpu if claims is not None else None)
 
 
 def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     from gpuwarden.kube.dra_notices import SkippedClaimEvents, skipped_by_kind
     from gpuwarden.kube.queue_namespaces import QueueNamespaces
+    from gpuwarden.kube.webhook_claims import GpuClaims
     from gpuwarden.scheduler.queue_server import QueueServer
     from gpuwarden.scheduler.scheduler_metrics import SchedulerMetrics
     from gpuwarden.scheduler.scheduler_service import SchedulerService
@@ -135,7 +136,8 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         return 2
     attained = _attained(args)  # checked before anything starts
     queue = QueueNamespaces(cluster.api, clock=clock)  # the webhook gates only there, whatever it is sent
-    webhook = webhook_server(args, cluster, clock, queue)
+    claims = GpuClaims(cluster.api, clock=clock)  # pods whose GPUs come only through DRA claims are gated too
+    webhook = webhook_server(args, cluster, clock, queue, claims)
     runner = Runner(clock, name="gpuwarden-scheduler")
     elector = leader_elector(args, cluster, runner, clock)
     # DRA objects the snapshot skipped (a wrong-typed field, an unknown class): counted, and each claim told once
@@ -152,6 +154,7 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
     try:
         if webhook is not None:  # inside: a webhook refused (no usable certificate, exit 2) stops what started
             queue.start()
+            claims.start()
             webhook.start()
         done, succeeded = run_until_stopped(runner, "schedule", service.run_once, args.interval_seconds, args.rounds,
                                             on_stop=cluster.api.abort)
@@ -159,6 +162,7 @@ def run_scheduler(args: argparse.Namespace, clock: Clock = SYSTEM_CLOCK) -> int:
         server.stop()
         if webhook is not None:
             webhook.stop()
+            claims.stop()
             queue.stop()
     failed = failed_rounds(done, succeeded, args.rounds, "round")
     if failed:  # e.g. --rounds 1 against an API server that does not answer

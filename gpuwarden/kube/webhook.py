@@ -39,6 +39,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .api import Json, KubeFailure
 from .inventory_nodes import GPU, MIG_PREFIX, SHARED_GPU
 from .gates import ADMISSION_GATE, KUEUE_QUEUE_LABEL, scheduling_gates
+from .webhook_shape import shape_problem
 from .webhook_tls import CERT_FILE, KEY_FILE, ReloadingTLS, WebhookCertificateError
 
 __all__ = ["CERT_FILE", "KEY_FILE", "ReloadingTLS", "WebhookCertificateError", "WebhookService", "serve_webhook"]
@@ -79,40 +80,8 @@ def requests_gpu(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-_QUANTITY = (str, int, float)
-_CONTAINER = {"resources": {"requests": {"*": _QUANTITY}, "limits": {"*": _QUANTITY}}}
-# Every field of an AdmissionReview's request the decision reads, with its JSON type: a type, a
-# mapping of fields ("*": every value of a map), or a one-item list (every element). null is absent.
-REVIEW_SHAPE: dict[str, Any] = {
-    "uid": str, "kind": {"kind": str}, "operation": str, "namespace": str,
-    "object": {
-        "metadata": {"name": str, "generateName": str, "namespace": str, "labels": {"*": str},
-                     "annotations": {"*": str}, "ownerReferences": [{"kind": str}]},
-        "spec": {"nodeName": str, "schedulerName": str, "schedulingGates": [{"name": str}],
-                 "containers": [_CONTAINER], "initContainers": [_CONTAINER]},
-    },
-}
-_JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false", list: "a list", dict: "an object"}
-
-
-def shape_problem(value: object, shape: Any = REVIEW_SHAPE, where: str = "request") -> str | None:
-    """The first field under ``where`` whose JSON type is not ``shape``'s, named; None when all are."""
-    if value is None:
-        return None
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not an object"
-        items = [(k, value.get(k), s) for k, s in shape.items() if k != "*"]
-        items += [(str(k), v, shape["*"]) for k, v in value.items()] if "*" in shape else []
-        return next((p for k, v, s in items if (p := shape_problem(v, s, f"{where}.{k}"))), None)
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not a list"
-        return next((p for i, v in enumerate(value) if (p := shape_problem(v, shape[0], f"{where}[{i}]"))), None)
-    types = shape if isinstance(shape, tuple) else (shape,)
-    if isinstance(value, bool) or not isinstance(value, types):
-        return f"{where} is {_JSON_NAMES.get(type(value), 'something else')}, not {_JSON_NAMES[types[0]]}"
-    return None
+NO_GPU = "asks no GPU"
+ClaimsAskGpu = Callable[[str, Mapping[str, Any]], bool]  # (namespace, pod) -> its resource claims ask a GPU
 
 
 def skip_reason(pod: Mapping[str, Any]) -> str | None:
@@ -133,7 +102,7 @@ def skip_reason(pod: Mapping[str, Any]) -> str | None:
     if spec.get("schedulerName") not in (None, "", DEFAULT_SCHEDULER):
         return f"scheduled by {spec['schedulerName']}"
     if not requests_gpu(pod):
-        return "asks no GPU"
+        return NO_GPU
     return None
 
 
@@ -152,11 +121,13 @@ def _review(uid: str, patch: list[Json] | None = None) -> Json:
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def admission_response(review: object, namespaces: Container[str] | None = None) -> Json:
+def admission_response(review: object, namespaces: Container[str] | None = None,
+                       claims_ask_gpu: ClaimsAskGpu | None = None) -> Json:
     """The AdmissionReview v1 response to ``review`` (parsed JSON); never raises, never refuses.
 
     ``namespaces``: the namespaces whose pods are gated; None trusts the webhook configuration's
-    namespaceSelector (``gpuwarden.io/queue`` Exists) to send only those.
+    namespaceSelector (``gpuwarden.io/queue`` Exists) to send only those. ``claims_ask_gpu``: whether a
+    pod asking no GPU resource gets GPUs through its DRA claims (:class:`.webhook_claims.GpuClaims`).
     """
     request = review.get("request") if isinstance(review, Mapping) else None
     if not isinstance(request, Mapping):
@@ -179,6 +150,8 @@ def admission_response(review: object, namespaces: Container[str] | None = None)
         if namespaces is not None and namespace not in namespaces:
             return _review(uid)
         reason = skip_reason(pod)
+        if reason == NO_GPU and claims_ask_gpu is not None and claims_ask_gpu(namespace, pod):
+            reason = None  # its GPUs come through DRA claims: queued like any GPU pod
         name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "?"
         if reason:
             log.debug("pod %s/%s left ungated: %s", namespace, name, reason)
@@ -190,7 +163,8 @@ def admission_response(review: object, namespaces: Container[str] | None = None)
         return _review(uid)
 
 
-def review_answer(body: bytes, namespaces: Container[str] | None = None, source: str = "") -> Json:
+def review_answer(body: bytes, namespaces: Container[str] | None = None, source: str = "",
+                  claims_ask_gpu: ClaimsAskGpu | None = None) -> Json:
     """The response to a review's raw ``body``: allowed and unchanged (and a warning) for one that is
     not JSON, however: bad bytes, absurd nesting, a number too long to convert."""
     try:
@@ -199,7 +173,7 @@ def review_answer(body: bytes, namespaces: Container[str] | None = None, source:
         log.warning("webhook body%s is not JSON (%s): allowed, unchanged", f" from {source}" if source else "",
                     str(error).splitlines()[0][:200])
         return _review("")
-    return admission_response(review, namespaces)
+    return admission_response(review, namespaces, claims_ask_gpu)
 
 
 # -- the HTTPS server -------------------------------------------------------------------------------------
@@ -208,8 +182,8 @@ class WebhookServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], tls: ReloadingTLS, namespaces: Container[str] | None,
-                 max_body_bytes: int, timeout_seconds: float) -> None:
-        self.tls, self.namespaces = tls, namespaces
+                 max_body_bytes: int, timeout_seconds: float, claims_ask_gpu: ClaimsAskGpu | None = None) -> None:
+        self.tls, self.namespaces, self.claims_ask_gpu = tls, namespaces, claims_ask_gpu
         self.max_body_bytes, self.timeout_seconds = max_body_bytes, timeout_seconds
         super().__init__(address, _Handler)
 
@@ -311,7 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._allow_unread(f"cut short: {got:,} of {length:,} bytes within {self.server.timeout_seconds:g} s")
             return
         try:
-            answer = review_answer(body, self.server.namespaces, self.address_string())
+            answer = review_answer(body, self.server.namespaces, self.address_string(), self.server.claims_ask_gpu)
         except Exception as error:  # noqa: BLE001 never a 500: whatever fails, the pod goes through unchanged
             log.warning("webhook review from %s failed (%s): allowed, unchanged", self.address_string(), error)
             answer = _review("")
@@ -320,7 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve_webhook(cert_dir: str | Path, port: int = 9443, host: str = "0.0.0.0",
                   namespaces: Container[str] | None = None, max_body_bytes: int = 3 * 1024 * 1024,
-                  timeout_seconds: float = 10.0, reload_check_seconds: float = 5.0) -> WebhookServer:
+                  timeout_seconds: float = 10.0, reload_check_seconds: float = 5.0,
+                  claims_ask_gpu: ClaimsAskGpu | None = None) -> WebhookServer:
     """Start the admission webhook on ``host:port`` in a daemon thread and return the server.
 
     ``cert_dir`` holds ``tls.crt`` and ``tls.key`` (the mounted Secret); they are re-read when
@@ -333,7 +308,7 @@ def serve_webhook(cert_dir: str | Path, port: int = 9443, host: str = "0.0.0.0",
     """
     tls = ReloadingTLS(cert_dir, reload_check_seconds)
     tls.load()  # no usable pair: refused here, one line naming the file
-    server = WebhookServer((host, port), tls, namespaces, max_body_bytes, timeout_seconds)
+    server = WebhookServer((host, port), tls, namespaces, max_body_bytes, timeout_seconds, claims_ask_gpu)
     threading.Thread(target=server.serve_forever, name="gpuwarden-webhook", daemon=True).start()
     log.info("admission webhook listening on https://%s:%d%s", host, server.port, MUTATE_PATH)
     return server
@@ -353,11 +328,12 @@ class WebhookService:
 
     def __init__(self, cert_dir: str | Path, port: int, host: str = "0.0.0.0",
                  refresh: Callable[[], object] | None = None, refresh_seconds: float = 3600.0,
-                 clock: Clock = SYSTEM_CLOCK, namespaces: Container[str] | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, namespaces: Container[str] | None = None,
+                 claims_ask_gpu: ClaimsAskGpu | None = None) -> None:
         """``namespaces``: the only namespaces whose pods it gates (``queue_namespaces.QueueNamespaces``);
-        None trusts the configuration's namespaceSelector."""
+        None trusts the configuration's namespaceSelector. ``claims_ask_gpu``: see :func:`admission_response`."""
         self.cert_dir, self.port, self.host = cert_dir, port, host
-        self.namespaces = namespaces
+        self.namespaces, self.claims_ask_gpu = namespaces, claims_ask_gpu
         self.refresh, self.refresh_seconds, self.clock = refresh, refresh_seconds, clock
         self.server: WebhookServer | None = None
         self.refreshes = 0  # attempts done, failed ones included
@@ -384,7 +360,8 @@ class WebhookService:
     def start(self) -> WebhookService:
         self._refresh()
         try:
-            self.server = serve_webhook(self.cert_dir, self.port, self.host, namespaces=self.namespaces)
+            self.server = serve_webhook(self.cert_dir, self.port, self.host, namespaces=self.namespaces,
+                                        claims_ask_gpu=self.claims_ask_gpu)
         except WebhookCertificateError as error:
             if self.refresh_error is None:
                 raise

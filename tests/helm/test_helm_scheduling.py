@@ -193,7 +193,7 @@ def test_scheduler_rbac_is_exactly_what_it_does(renders):
                f"mutatingwebhookconfigurations/{SCHEDULER}": {"get", "patch"},
                # read only: native gangs (scheduling.k8s.io; Kueue's workloads are not granted here) and DRA
                "podgroups": {"list"}, "workloads": {"list"}, "deviceclasses": {"list"}, "resourceslices": {"list"},
-               "resourceclaims": {"list"}, "resourceclaimtemplates": {"list"}}
+               "resourceclaims": {"get", "list"}, "resourceclaimtemplates": {"get", "list"}}
     expected = {("ClusterRole", "", r): v for r, v in cluster.items()}
     expected |= {("Role", NAMESPACE, "leases"): {"get", "create", "patch"}, ("Role", NAMESPACE, "secrets"): {"create"},
                  ("Role", NAMESPACE, f"secrets/{SECRET}"): {"get", "patch"}}

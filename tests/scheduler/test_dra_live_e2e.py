@@ -86,10 +86,9 @@ def _job(name: str, team: str, gpus: int = 0, parallelism: int = 1, templates: d
          group: str | None = None) -> dict:
     """A Job as a user writes it; ``gpus``: ``nvidia.com/gpu`` (KEP-5004 where a DRA node serves it),
     ``templates``: its pods' claims {entry: template}."""
-    # A pod whose GPUs come only through claims is created behind the gate: gpuwarden's webhook gates only
-    # pods asking GPU extended resources (test_the_webhook_gates_a_pod_whose_gpus_come_only_through_claims)
+    # created ungated, as a user writes it: gpuwarden's webhook gates it, claims-only pods included
     manifest = job_manifest(name, team, count=max(gpus, 1), parallelism=parallelism, run_seconds=RUN_SECONDS,
-                            gated=bool(templates))
+                            gated=False)
     pod_spec = manifest["spec"]["template"]["spec"]
     resources = pod_spec["containers"][0]["resources"]
     if not gpus:
@@ -140,10 +139,11 @@ def run(tmp_path_factory):
     """The whole scenario once, with gpuwarden's webhook serving TLS: every round's observations."""
     from gpuwarden.kube.certs import CertPolicy, WebhookCertificates
     from gpuwarden.kube.webhook import WebhookService
+    from gpuwarden.kube.webhook_claims import GpuClaims
 
     tmp_path = tmp_path_factory.mktemp("dra-e2e")
     api = FakeKubeAPI().with_dra().start()
-    webhook = None
+    webhook = claims = None
     try:
         _cluster(api)
         mutating_webhook(api, "gw-scheduler", None, service=("gpuwarden", "gw-scheduler", "/mutate-pods"),
@@ -154,7 +154,8 @@ def run(tmp_path_factory):
                        max_backoff_seconds=0.05, clock=clock)
         certificates = WebhookCertificates(kube, CertPolicy("gw-scheduler", "gpuwarden"), "gw-webhook-cert",
                                            "gw-scheduler")
-        webhook = WebhookService(tmp_path / "certs", 0, host="127.0.0.1",
+        claims = GpuClaims(kube, clock=clock).start()  # as scheduler run wires it
+        webhook = WebhookService(tmp_path / "certs", 0, host="127.0.0.1", claims_ask_gpu=claims.asks_gpu,
                                  refresh=functools.partial(certificates.ensure, tmp_path / "certs")).start()
         api.webhook_services[("gpuwarden", "gw-scheduler")] = f"https://127.0.0.1:{webhook.server.port}"
         for manifest in WORKLOADS:
@@ -164,6 +165,8 @@ def run(tmp_path_factory):
     finally:
         if webhook is not None:
             webhook.stop()
+        if claims is not None:
+            claims.stop()
         api.stop()
 
 
@@ -191,6 +194,7 @@ def _rounds(api: FakeKubeAPI, fake: FakeCluster, loop: SchedulingRound) -> dict:
     seen["http"] = {"dra lists": len([r for r in api.calls("GET", "^/apis/resource.k8s.io/v1/", user="")]),
                     "pod patches": len(api.calls("PATCH", r"^/api/v1/namespaces/[^/]+/pods/[^/]+$", user=""))}
     seen["webhook"] = {(c.review["request"]["namespace"], c.outcome) for c in api.webhook_calls}
+    seen["webhook_pods"] = [(c.review["request"]["object"], c.outcome) for c in api.webhook_calls]
     seen["pods"] = [p for p in api.objects(CORE, "pods") if _live(p)]
     seen["claims"] = api.objects(RESOURCE, "resourceclaims")
     seen["events"] = [e for e in api.objects(CORE, "events") if e["reason"] == "FailedScheduling"]
@@ -334,17 +338,14 @@ def test_the_scenario_went_through_http_with_the_official_client_and_the_webhook
     assert ("research", "patched") in run["webhook"] and ("vision", "patched") in run["webhook"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "production: gpuwarden.kube.webhook.requests_gpu reads only extended resources (nvidia.com/gpu, "
-    "nvidia.com/mig-*, .shared); a pod whose GPUs come only through resourceClaims 'asks no GPU', is never "
-    "gated, and kube-scheduler allocates its devices outside gpuwarden's queue and quotas"))
-def test_the_webhook_gates_a_pod_whose_gpus_come_only_through_claims():
-    from gpuwarden.kube.webhook import skip_reason
-
-    manifest = _job("claims-only", "research", templates={"gpus": "two-gpus"})
-    pod = {"metadata": {"name": "claims-only-0", "namespace": "research"}, "spec": manifest["spec"]["template"]["spec"]}
-    pod["spec"].pop("schedulingGates")  # as a user writes it: the webhook is to add the gate
-    assert skip_reason(pod) is None
+def test_the_webhook_gates_the_pods_whose_gpus_come_only_through_claims(run):
+    """Pods asking no ``nvidia.com/gpu`` whose claims' templates ask GPU or MIG devices were gated by the
+    webhook (their claims read by ``GpuClaims``), so the queue and the quotas counted them."""
+    claims_only = [(pod, outcome) for pod, outcome in run["webhook_pods"] if pod["spec"].get("resourceClaims")
+                   and not any("nvidia.com/gpu" in (c.get("resources") or {}).get("limits", {})
+                               for c in pod["spec"]["containers"])]
+    assert len(claims_only) >= 4 + 1 + 3 + 1 + 1  # the gang's 4, one-dra, the MIG pods, ampere
+    assert {outcome for _, outcome in claims_only} == {"patched"}
 
 
 @pytest.mark.xfail(strict=True, reason=(
