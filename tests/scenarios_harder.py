@@ -262,3 +262,105 @@ def score_harder(findings: list[dict], truth: pd.DataFrame, healthy: list[str], 
                                        and f["gpu_uuid"] not in set(truth["gpu_uuid"])),
     )
     return result
+
+
+# -- gentle precursors (issue 35 item 4): slower, sparser ramps and milder stragglers ----------------
+
+GENTLE_KINDS = ("nvlink_gentle", "pcie_gentle", "mild_straggler")
+_DEVICE = ("gpu_util_ratio", "sm_active_ratio", "power_watts", "temperature_celsius", "sm_clock_mhz",
+           "throttle_reasons_bitmask")
+
+
+def add_gentle_precursors(frame: pd.DataFrame, seed: int, step_s: int, per_kind: int = 3, avoid=()):
+    """Gentle faults over a healthy harder fleet (``generate_harder(..., faults_per_kind=0)``), one per
+    node, never on the nodes in ``avoid`` (its node conditions): NVLink CRC (flit or data) errors rising
+    to 0.03-0.4 a minute over 4-12 h, PCIe replays to 0.05-0.6 a minute over 3-10 h (as progress to the
+    power 1-3; increments clumped threefold in 30% of them; the GPU reset mid-ramp, every counter from
+    0, in 40%), then XID 74 / XID 79 (the GPU off the bus after); a mild straggler at 0.85-0.95x clock
+    while busy (power unchanged or 0-5% lower). Returns (samples, truth)."""
+    rng = np.random.default_rng(seed + 777)
+    frame = frame.copy()
+    t0 = frame["timestamp"].min()
+    steps = int((frame["timestamp"].max() - t0).total_seconds() // step_s) + 1
+    gpus = frame.drop_duplicates("gpu_uuid")[["gpu_uuid", "node", "model"]].reset_index(drop=True)
+    pools = gpus.drop_duplicates("node").groupby("model").size()
+    uuid = frame["gpu_uuid"].to_numpy()
+    step_of = ((frame["timestamp"] - t0).dt.total_seconds() // step_s).astype(int).to_numpy()
+    order, used, truth = rng.permutation(len(gpus)), set(avoid), []
+    for kind in GENTLE_KINDS:
+        for _ in range(per_kind):
+            i = next(int(i) for i in order if gpus.node[i] not in used
+                     and (kind != "nvlink_gentle" or "L40S" not in gpus.model[i])
+                     and (kind != "mild_straggler" or pools[gpus.model[i]] > 1))
+            used.add(gpus.node[i])
+            rows = np.flatnonzero(uuid == gpus.gpu_uuid[i])
+            at = step_of[rows]
+            lo, hi = {"nvlink_gentle": (4, 12), "pcie_gentle": (3, 10), "mild_straggler": (0, 0)}[kind]
+            pre, margin = int(rng.uniform(lo, hi) * 3600 / step_s), 4 * 3600 // step_s
+            fatal = int(rng.integers(pre + margin, steps - margin))
+            onset = fatal - pre if pre else int(rng.integers(steps // 6, steps // 2))
+            info: dict = {}
+            if kind == "mild_straggler":
+                factor = rng.uniform(0.85, 0.95)
+                on = rows[(at >= onset) & (frame["gpu_util_ratio"].to_numpy()[rows] > 0.5)]
+                frame.loc[on, "sm_clock_mhz"] *= factor
+                if rng.random() < 0.5:
+                    frame.loc[on, "power_watts"] *= rng.uniform(0.95, 1.0)
+                info = {"factor": factor}
+            else:
+                grid = np.arange(steps)
+                progress = np.clip((grid - onset) / (fatal - onset), 0, 1) * (grid >= onset) * (grid < fatal)
+                end = rng.uniform(0.03, 0.4) if kind == "nvlink_gentle" else rng.uniform(0.05, 0.6)
+                inc = rng.poisson(end * progress ** rng.choice([1.0, 2.0, 3.0]) * step_s / 60)
+                if rng.random() < 0.3:
+                    inc = inc * rng.choice([1, 1, 1, 3], size=steps)
+                column = ("pcie_replay_total" if kind == "pcie_gentle" else
+                          str(rng.choice(["nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total"])))
+                frame.loc[rows, column] += np.cumsum(inc)[at]
+                if rng.random() < 0.4:  # a GPU reset mid-ramp: every counter starts again from 0
+                    after = rows[at >= int(onset + rng.uniform(0.3, 0.7) * (fatal - onset))]
+                    for name in COUNTER_NAMES:
+                        if after.size and np.isfinite(frame.at[after[0], name]):
+                            frame.loc[after, name] -= frame.at[after[0], name]
+                xid = 74 if kind == "nvlink_gentle" else 79
+                frame.loc[rows[at >= fatal], f"xid_{xid}_total"] += 1
+                if xid == 79:
+                    frame.loc[rows[at > fatal], list(_DEVICE)] = np.nan
+                info = {"end_per_minute": end, "events": int(np.cumsum(inc)[fatal - 1])}
+            truth.append({"kind": kind, "gpu_uuid": gpus.gpu_uuid[i], "node": gpus.node[i], "model": gpus.model[i],
+                          "onset": t0 + pd.Timedelta(seconds=onset * step_s),
+                          "fatal_at": t0 + pd.Timedelta(seconds=fatal * step_s) if pre else pd.NaT, **info})
+    return frame, pd.DataFrame(truth)
+
+
+def gentle_report(seeds, steps=(30, 15), per_kind: int = 3) -> dict:
+    """Per gentle kind over ``seeds`` x ``steps`` (16 nodes x 2 days): faults, found, found before the
+    fatal event, median lead (min); and healthy GPUs with a finding, and with a cordon or drain."""
+    from gpuwarden.analytics.health import scan
+    from gpuwarden.fleet import ActionKind
+
+    kinds: dict[str, list[tuple[bool, float]]] = {kind: [] for kind in GENTLE_KINDS}
+    false, cordons = 0, 0
+    for seed in seeds:
+        for step in steps:
+            base, _, _, _, conditions = generate_harder(seed, nodes=16, days=2.0, step_s=step, faults_per_kind=0)
+            frame, truth = add_gentle_precursors(base, seed, step, per_kind, avoid=set(conditions["node"]))
+            found: dict[str, list] = {}
+            for f in scan(frame):
+                if f.gpu_uuid and not f.kind.startswith("app-xid"):
+                    found.setdefault(f.gpu_uuid, []).append(f)
+            for row in truth.itertuples():
+                first = min((pd.Timestamp(f.first_seen) for f in found.get(row.gpu_uuid, [])), default=None)
+                lead = (row.fatal_at - first).total_seconds() / 60 if first is not None and pd.notna(row.fatal_at) else np.nan
+                kinds[row.kind].append((first is not None, lead))
+            healthy = [fs for g, fs in found.items() if g not in set(truth["gpu_uuid"])]
+            false += len(healthy)
+            cordons += sum(any(f.recommended_action in (ActionKind.CORDON, ActionKind.DRAIN) for f in fs) for fs in healthy)
+    out = {}
+    for kind, rows in kinds.items():
+        leads = [lead for hit, lead in rows if hit and np.isfinite(lead)]
+        out[kind] = {"faults": len(rows), "found": sum(hit for hit, _ in rows),
+                     "before_fatal": sum(1 for hit, lead in rows if hit and not lead <= 0),
+                     "median_lead_minutes": float(np.median(leads)) if leads else float("nan")}
+    out["healthy"] = {"with_findings": false, "cordons": cordons}
+    return out

@@ -138,7 +138,9 @@ class StreamingScanner:
         self.collapse = collapse
         longest = max(max(self.config.hbm_windows_s), max(self.config.nvlink_windows_s), self.config.straggler_window_s,
                       self.config.pcie_window_s, (self.config.cooling_history_hours + 1) * 3600.0,
-                      collapse.baseline_s + collapse.window_s)
+                      collapse.baseline_s + collapse.window_s,
+                      max(self.config.trend_windows_s) + self.config.trend_min_history_s,  # a counter's own history
+                      self.config.straggler_window_s + self.config.straggler_mild_persist_s)
         self.context = pd.Timedelta(seconds=context_s if context_s is not None else longest + 600)
         self.pools = pools
         self.log = FindingLog(self.config.episode_gap_s)

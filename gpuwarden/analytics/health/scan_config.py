@@ -39,6 +39,15 @@ class HealthConfig:
     # more decades of improbability against its peers alone.
     own_min_history_hours: float = 3.0
     no_history_extra_decades: float = 14.0
+    # Gentle precursors (trend_rules): a counter's event rate risen against the GPU's own history
+    # (exact two-rate test), in a trailing window of one of these lengths; a taint at most.
+    trend_windows_s: tuple[float, ...] = (2 * 3600.0, 4 * 3600.0, 8 * 3600.0)
+    trend_alpha: float = 1e-6
+    trend_min_events: int = 4  # samples with new events in the window
+    trend_min_ratio: float = 3.0  # the recent rate at least this many times the baseline
+    trend_min_history_s: float = 6 * 3600.0  # of the GPU's own history before the window
+    trend_prior_hours: float = 2.0  # of the peer group's median rate added to the baseline
+    trend_peer_floor_per_hour: float = 0.05
     # cooling: temperature no load, ambient or node-mates explain, against the GPU's own history
     cooling_window_s: float = 1800.0
     cooling_history_hours: int = 6
@@ -62,6 +71,13 @@ class HealthConfig:
     straggler_threshold: float = 4.0
     straggler_min_scale: float = 0.025
     straggler_max_power_excess: float = 0.05  # log power vs peers: a slower clock at more power is load
+    # a mild straggler (trend_rules): this much (log clock) below its busy node-mates' median and this
+    # many of their robust spreads, and below its peers by half as much, in this share of its judged
+    # samples over this long; a taint at most
+    straggler_mild_margin: float = 0.04
+    straggler_mild_spread: float = 4.0
+    straggler_mild_share: float = 0.9
+    straggler_mild_persist_s: float = 1.5 * 3600.0
     # Node conditions (node_rules): this share of a node's GPUs (and at least this many) show it at once
     node_wide_share: float = 0.75
     node_wide_min_gpus: int = 4

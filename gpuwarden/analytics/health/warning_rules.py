@@ -16,6 +16,7 @@ from .detectors import CounterBurstDetector, PeerDeviationDetector
 from .features import NVLINK_COUNTERS, GpuSeries
 from .finding_builder import _NS, FindingBuilder, nanmax
 from .node_rules import node_condition_findings, node_median, node_share, node_warm
+from .trend_rules import emit_precursor, mild_straggler, rise_evidence, rising_counter
 
 # Throttle kinds whose node-wide rows are a node condition of this kind.
 _NODE_THROTTLE = {FindingKind.THERMAL_THROTTLE: FindingKind.NODE_WIDE_THERMAL,
@@ -115,22 +116,23 @@ def _nvlink(b: FindingBuilder) -> None:
     best, detector, counts = _burst(b, events, c.nvlink_windows_s, c.nvlink_alpha, c.nvlink_min_rate_per_hour,
                                     c.nvlink_min_events)
     flag = best < detector.offset_
+    rising, rise = rising_counter(b, events)
     floor = s.last_reset()
     short = min(c.nvlink_windows_s)
     totals = {name: s.window_sum(s[f"inc_{name}"], short, floor) for name in NVLINK_COUNTERS}
     groups = b.groups()
     severity, recovery = EARLY_WARNING_KINDS[FindingKind.NVLINK_DEGRADING], FAULT_ACTIONS[FindingKind.NVLINK_DEGRADING].recovery
-    b.emit(FindingKind.NVLINK_DEGRADING, flag, severity,
+    emit_precursor(b, FindingKind.NVLINK_DEGRADING, flag, rising, severity,
            lambda rows: {
                "signal": "nvlink_{crc_flit,crc_data,replay,recovery}_errors_total",
                **{f"{name.removeprefix('nvlink_').removesuffix('_total')}_last_{int(short // 60)}m": totals[name][rows[-1]]
                   for name in NVLINK_COUNTERS},
                f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
                "peer_baseline_per_hour": detector.expected(np.array([[0.0, 1.0]]), groups[rows[:1]])[0],
-               "log10_p": best[rows].min(), "recovery": recovery,
-               "note": "NVLink errors climbing above the peer baseline and the GPU's own history: "
+               "log10_p": best[rows].min(), **rise_evidence(rise, rows), "recovery": recovery,
+               "note": "NVLink errors climbing above the peer baseline or the GPU's own history: "
                        "an NVLink fault (XID 74) often follows"},
-           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+           lambda rows: 0.5 + 0.05 * (-min(best[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s)
 
 
 def _pcie(b: FindingBuilder) -> None:
@@ -147,15 +149,20 @@ def _pcie(b: FindingBuilder) -> None:
     peak = _window_max(s, per_minute, c.pcie_window_s)
     storm = anomalous & (storm_steps > 0)
     degrading = anomalous & (storm_steps == 0)
-    for kind, flag in ((FindingKind.PCIE_REPLAY_STORM, storm), (FindingKind.PCIE_DEGRADING, degrading)):
+    rising, rise = rising_counter(b, events)
+    # a storm is its own finding: replays climbing over a window that holds one are the storm's
+    rising &= s.window_count(per_minute >= c.pcie_storm_per_minute, max(c.trend_windows_s)) == 0
+    for kind, flag, gentle in ((FindingKind.PCIE_REPLAY_STORM, storm, np.zeros(len(s), dtype=bool)),
+                               (FindingKind.PCIE_DEGRADING, degrading, rising)):
         severity, recovery = EARLY_WARNING_KINDS[kind], FAULT_ACTIONS[kind].recovery
-        b.emit(kind, flag, severity,
+        emit_precursor(b, kind, flag, gentle, severity,
                lambda rows, recovery=recovery, kind=kind: {
                    "signal": "pcie_replay_total", f"replays_last_{int(c.pcie_window_s // 60)}m": count[rows[-1]],
-                   "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(), "recovery": recovery,
+                   "peak_replays_per_minute": peak[rows].max(), "log10_p": score[rows].min(),
+                   **rise_evidence(rise, rows), "recovery": recovery,
                    "note": ("sustained replay storm: check the link / riser / slot" if kind == FindingKind.PCIE_REPLAY_STORM
                             else "PCIe replays climbing: a GPU falling off the bus (XID 79) often follows")},
-               lambda rows: 0.5 + 0.05 * (-score[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+               lambda rows: 0.5 + 0.05 * (-min(score[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s)
 
 
 def _window_max(s: GpuSeries, values: np.ndarray, seconds: float) -> np.ndarray:
@@ -327,12 +334,14 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     after_node_wide = s.window_count(node_wide, window) > 0
     after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
     flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
+    # a mild straggler: a few percent slower than its node-mates (the same job), window after window
+    mild, mild_deviation = mild_straggler(b, clock, eligible, throttled | errors | ~not_load | after_several | after_node_wide)
     # the node's rows that show it themselves (gpus_affected counts those, not every busy GPU)
     shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
         ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's",
          node_wide & (slow | (pool_clock <= -c.node_slow_margin))))
     severity, recovery = EARLY_WARNING_KINDS[FindingKind.STRAGGLER], FAULT_ACTIONS[FindingKind.STRAGGLER].recovery
-    b.emit(FindingKind.STRAGGLER, flag, severity,
+    emit_precursor(b, FindingKind.STRAGGLER, flag, mild, severity,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
                          f"clock_vs_peers_{int(window // 60)}m": float(np.exp(clock[rows].min())),
                          f"power_vs_peers_{int(window // 60)}m": (float(np.exp(np.nanmin(power[rows])))
@@ -340,6 +349,9 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
                          "clock_vs_node_mates": (float(np.exp(np.nanmin(clock[rows] - mates[rows])))
                                                  if np.isfinite(mates[rows]).any() else None),
                          "deviation_in_thresholds": -score[rows].min(), "peer_group": b.group_label(int(groups[rows[0]])),
+                         "persistent_clock_vs_node_mates": (float(np.exp(np.nanmax(mild_deviation[rows[mild[rows]]])))
+                                                            if mild[rows].any() else None),
                          "recovery": recovery,
                          "note": "slower than its peers with no throttle reason and no XID: it slows every gang it joins"},
-           lambda rows: 0.5 + 0.2 * (-score[rows].min() - 1.0), sustain_s=c.straggler_cordon_after_s)
+           lambda rows: 0.5 + 0.2 * max(-score[rows].min() - 1.0, 0.0) if not mild[rows].all() else 0.5,
+           c.straggler_cordon_after_s, names=("peer outlier", "persistent"))
