@@ -10,6 +10,7 @@ import pandas as pd
 
 from gpuwarden.fleet import PriceTier
 
+from .claim_report import claim_tables
 from .ledger import Ledger
 from .params import IDLE_STATES, RECLAIMABLE_STATES, AnalyticsError
 from .pricebook import HOURS_PER_MONTH, PriceBookError
@@ -146,5 +147,6 @@ def cost_report(ledger: Ledger, reclaim_fractions: Sequence[float] = DEFAULT_REC
         "by_state": by_reason,
         "reclaim": reclaim_whatif(ledger, reclaim_fractions),
         "buy_vs_rent": buy_vs_rent(ledger),
+        **claim_tables(ledger),
     }
     return Report("cost", ledger, summary, tables, "by_pool", _unattributed_note(totals))

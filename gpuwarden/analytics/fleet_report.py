@@ -248,7 +248,7 @@ def activity_grid(frame: pd.DataFrame, snapshot: pd.DataFrame | None = None) -> 
 
 
 GPU_DETAIL_COLUMNS: tuple[str, ...] = (
-    "timestamp", "node", "gpu_uuid", "gpu_index", "model", "mig_instance", "pod", "team",
+    "timestamp", "node", "gpu_uuid", "gpu_index", "model", "mig_instance", "pod", "dra_claim", "team",
     "gpu_util_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio",
     "mem_used_bytes", "mem_total_bytes", "power_watts", "temperature_celsius", "sm_clock_mhz",
 )
@@ -316,12 +316,20 @@ def gpu_series(frame: pd.DataFrame, bucket: str) -> dict[str, pd.DataFrame]:
     return history_groups(bucketed_history(frame, bucket))
 
 
+def _held(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The distinct (``keys``, team, pod, dra_claim) of the rows a pod held, as text (no claim: None)."""
+    claims = frame["dra_claim"] if "dra_claim" in frame.columns else pd.Series(None, index=frame.index, dtype=object)
+    rows = frame.assign(dra_claim=claims).dropna(subset=["pod"])
+    held = rows[[*keys, "team", "pod"]].astype(str).assign(
+        dra_claim=rows["dra_claim"].astype(object).where(rows["dra_claim"].notna(), None).to_numpy())
+    return held.drop_duplicates()
+
+
 def holders_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Who held each GPU in the frame, and its model: gpu_uuid, model, team, pod (one row per pod;
-    a GPU nobody held has one row with no pod)."""
+    """Who held each GPU in the frame, and its model: gpu_uuid, model, team, pod, dra_claim (one row per
+    pod and the DRA claim it held the GPU through, None without one; a GPU nobody held has one row with no pod)."""
     models = frame[["gpu_uuid", "model"]].dropna().astype(str).drop_duplicates("gpu_uuid", keep="last")
-    held = frame.dropna(subset=["pod"])[["gpu_uuid", "team", "pod"]].astype(str).drop_duplicates()
-    return models.merge(held, on="gpu_uuid", how="left")
+    return models.merge(_held(frame, ["gpu_uuid"]), on="gpu_uuid", how="left")
 
 
 def gpu_histories_bundle(source: SamplesReader, window: Window, version: float = 0.0) -> Bundle:
@@ -369,5 +377,4 @@ def gpu_history(source: SamplesReader, window: Window, node: str, uuid: str) -> 
     frame = source.read(start=window.start, end=window.end, columns=list(GPU_DETAIL_COLUMNS), nodes=[node])
     frame = frame[frame["gpu_uuid"].astype(str) == uuid]
     model = frame["model"].dropna().astype(str).iloc[-1] if frame["model"].notna().any() else "unknown model"
-    holders = frame.dropna(subset=["pod"])[["team", "pod"]].astype(str).drop_duplicates()
-    return {"groups": gpu_series(frame, bucket_for(window.span)), "model": model, "holders": holders}
+    return {"groups": gpu_series(frame, bucket_for(window.span)), "model": model, "holders": _held(frame, [])}

@@ -183,6 +183,7 @@ def ledger_bundle(source: Any, window: Window, version: float = 0.0, price_book:
         "chargeback_proportional": chargeback_table(ledger, True),
         "reclaim": reclaim_table,
         "buy_vs_rent": buy_vs_rent(cost),
+        "cost_by_claim": cost.tables.get("by_claim", pd.DataFrame()),  # empty where no DRA claim held a GPU
         "used_by_team": used_gpus_by_team(ledger),
         **pricing_names(ledger),
     }

@@ -12,7 +12,7 @@ than ``max_gap``, stand for one nominal ``step`` (the median interval unless giv
 weighted by the instance's share of its GPU (:mod:`.ledger_instances`: a MIG ``3g`` instance is 3/7),
 so a GPU's hours add up to the time it was observed whatever its MIG layout.
 
-The ledger holds sums per (GPU instance, holder pod, state): GPU-hours, used hours (GPU-hours times
+The ledger holds sums per (GPU instance, holder pod and the DRA claim it held it through, state): GPU-hours, used hours (GPU-hours times
 activity: the useful SM time where GPM measures it), cost, energy and memory held; and per (time
 bucket, state) (tables built by :mod:`.ledger_tables`). Every report is a groupby over it.
 """
@@ -53,8 +53,8 @@ from .state_codes import (
 from .state_codes import NS_PER_SECOND as _S
 
 COLUMNS: tuple[str, ...] = (
-    "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "team", "project",
-    "attribution", "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
+    "timestamp", "cluster", "node", "gpu_uuid", "mig_instance", "model", "namespace", "pod", "dra_claim", "team",
+    "project", "attribution", "gpu_util_ratio", "sm_active_ratio", "mem_used_bytes", "mem_total_bytes", "power_watts",
 )
 REQUIRED: tuple[str, ...] = ("timestamp", "gpu_uuid", "pod")
 IDENTITY = ("cluster", "node", "gpu_uuid", "mig_instance", "model")
@@ -102,7 +102,7 @@ class LedgerBuilder:
         self.fallback_note: str | None = None
         self.counts = QualityCounts()
         self._strings: dict[str, Registry[str]] = {name: Registry() for name in (*IDENTITY, *HOLDER)}
-        self._holders: Registry[tuple[int, ...]] = Registry()  # (namespace, pod, team, project) codes -> holder
+        self._holders: Registry[tuple[int, ...]] = Registry()  # (namespace, pod, team, project, claim) codes -> holder
         self.instances = InstanceBook(self._strings, self.inventory, self.price_book, price)
         self._tail = Context.empty()
         self._parts: list[pd.DataFrame] = []
@@ -182,6 +182,9 @@ class LedgerBuilder:
         size = 1
         for name in HOLDER:
             width = len(local[name][1]) + 1
+            if size * width >= 1 << 62:  # the key would overflow int64: number the combinations so far densely
+                packed, uniques, _ = dense_factorize(packed, size)
+                size = len(uniques)
             packed *= width
             packed += local[name][0]
             packed += 1

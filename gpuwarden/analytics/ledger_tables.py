@@ -17,7 +17,7 @@ from .quality import QualityCounts
 from .state_codes import NS_PER_SECOND as _S
 from .state_codes import UNATTRIBUTED
 
-HOLDER = ("namespace", "pod", "team", "project")
+HOLDER = ("namespace", "pod", "team", "project", "dra_claim")  # dra_claim: the ResourceClaim the pod held it through
 
 
 def ledger_rows(parts: list[pd.DataFrame], instances: pd.DataFrame, book: InstanceBook, holders: list[tuple[int, ...]],
@@ -58,7 +58,7 @@ def ledger_rows(parts: list[pd.DataFrame], instances: pd.DataFrame, book: Instan
     out["gap_hours"] = share * parts["gap"].to_numpy() * to_hours
     out["samples"] = parts["samples"].to_numpy().astype(np.int64)
     # A deterministic order whatever the chunking (codes follow first appearance).
-    order = ["gpu_uuid", "mig_instance", "namespace", "pod", "team", "project"]
+    order = ["gpu_uuid", "mig_instance", "namespace", "pod", "team", "project", "dra_claim"]
     keys = out[order].astype(object).fillna("").astype(str)
     keys["state"] = parts["state"].to_numpy()
     if not len(out):

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from .claim_report import claim_tables
 from .cost_report import cost_report
 from .ledger import Ledger
 from .params import IDLE_STATES, TAXONOMY, AnalyticsError
@@ -54,9 +55,13 @@ EFFICIENCY_DIMENSIONS = ("cluster", "pool", "node", "model", "team", "project")
 
 def hoarding_pods(ledger: Ledger, min_share: float = HOARDING_POD_SHARE) -> pd.DataFrame:
     """Pods that spend at least ``min_share`` of their allocated GPU-hours hoarded (memory held, no
-    activity past the grace period), most hoarded hours first."""
+    activity past the grace period), most hoarded hours first; with the DRA claim they held the GPUs
+    through (column ``claim``) where any pod held one."""
     rows = ledger.rows[_allocated(ledger.rows)]
     keys = ["namespace", "pod", "team", "project"]
+    if "dra_claim" in rows.columns and rows["dra_claim"].notna().any():
+        rows = rows.rename(columns={"dra_claim": "claim"})
+        keys.insert(2, "claim")
     columns = [*keys, "gpus", "nodes", "allocated_gpu_hours", "hoarded_gpu_hours", "hoarded_share",
                "hoarded_cost", "mean_hoarded_mem_gib"]
     if rows.empty:
@@ -126,6 +131,7 @@ def idle_report(ledger: Ledger, hoarding_share: float = HOARDING_POD_SHARE) -> R
         "by_team": _wide_states(_labelled(rows), "team"),
         "hoarding_pods": pods,
         "activity_source": sources,
+        **claim_tables(ledger),
     }
     return Report("idle", ledger, summary, tables, "states", notes)
 
@@ -295,8 +301,8 @@ def chargeback_report(ledger: Ledger, unallocated: str = "separate") -> Report:
     totals = fleet_totals(ledger)
     summary["unattributed_gpu_hours"] = totals["unattributed_gpu_hours"]
     summary["unattributed_share"] = totals["unattributed_share"]
-    return Report("chargeback", ledger, summary, {"by_team_project": table, "by_team": teams}, "by_team_project",
-                  _unattributed_note(totals))
+    return Report("chargeback", ledger, summary, {"by_team_project": table, "by_team": teams, **claim_tables(ledger)},
+                  "by_team_project", _unattributed_note(totals))
 
 
 def build_report(kind: str, ledger: Ledger, **options) -> Report:

@@ -60,6 +60,9 @@ _IDENTITY = (
     Column("mig_instance", "string", True, "MIG GPU-instance id and profile, e.g. '1:3g.40gb'; null for a whole GPU"),
     Column("namespace", "string", True, "namespace of the pod holding the GPU; null when unallocated"),
     Column("pod", "string", True, "pod holding the GPU; null when unallocated"),
+    Column("dra_claim", "string", True,
+           "'<namespace>/<name>' of the ResourceClaim (Dynamic Resource Allocation) holding the GPU or MIG device "
+           "(dcgm-exporter's dra_claim_namespace / dra_claim_name labels); null when no claim holds it"),
     Column("team", "string", True, "team the pod is charged to"),
     Column("project", "string", True, "project the pod is charged to"),
     Column("attribution", "string", True,

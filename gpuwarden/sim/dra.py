@@ -192,6 +192,11 @@ class SimDra:
         per_pod = len(devices) if workload.gang_size == 1 else max(1, workload.gpus.count)
         return [(name, devices[k * per_pod:(k + 1) * per_pod]) for k, name in enumerate(names)]
 
+    def pod_claims(self, job: SimJob) -> list[str]:
+        """``<namespace>/<name>`` of the claim of each pod of ``job``, in pod order, as named now (fleet
+        samples' ``dra_claim``)."""
+        return [f"{job.spec.workload.namespace}/{self._claim_name(job, pod)}" for pod, _ in self._pods(job)]
+
     def _claim_name(self, job: SimJob, pod: str) -> str:
         return claim_name(pod, POD_CLAIM, f"{self.sim.config.seed}/{self._pod_uid(job, pod)}")
 

@@ -141,6 +141,8 @@ class Simulation(HardwareSteps, Renderer):
         n_dev, n_gpu = len(rows), len(self.gpus)
         self.dev_job = np.full(n_dev, -1)
         self.dev_pod = np.full(n_dev, -1)  # pod code of the job on each device, set at bind (read where dev_job >= 0)
+        self.dev_claim = np.full(n_dev, -1)  # on a DRA fleet: code of the claim holding each device, set at bind
+        self._claim_codes: dict[str, int] = {}  # "<namespace>/<claim>" -> code
         self.node_cordoned = np.zeros(len(self.nodes), dtype=bool)
         self.node_taints: dict[int, tuple[str, ...]] = {}
         self.node_down_until = np.zeros(len(self.nodes))  # spot reclaim
@@ -347,6 +349,7 @@ class Simulation(HardwareSteps, Renderer):
         self.dev_pod[devices] = codes[0] if workload.gang_size == 1 else \
             codes[np.arange(len(devices)) // max(1, workload.gpus.count)]
         job.devices = devices
+        self._bind_claims(job, devices)
         job.phase = WorkloadPhase.RUNNING
         job.last_started_s = now
         self.suspended.discard(job.index)

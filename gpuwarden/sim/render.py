@@ -90,13 +90,16 @@ class Renderer:
             values[lost] = np.nan
         throttle = np.where(lost, -1, throttle)
         pods = np.full(n, -1)
+        claims = np.full(n, -1)
         if allocated.any():
             pods[allocated] = self.dev_pod[allocated]  # set when each job was bound
+            claims[allocated] = self.dev_claim[allocated]
         columns = {
             "timestamp": np.full(n, int(now), dtype=np.int64),
             "device": np.arange(n),
             "job": job.copy(),
             "pod_code": pods,
+            "claim_code": claims,
             "gpu_util_ratio": util,
             "sm_active_ratio": sm,
             "tensor_active_ratio": tensor,
@@ -110,6 +113,16 @@ class Renderer:
         for name, values in self.counters.items():
             columns[name] = values[gpu]
         return columns
+
+    def _bind_claims(self, job, devices: np.ndarray) -> None:
+        """On a DRA fleet, the claim each of ``devices`` is held through (its pod's, named by
+        :meth:`~gpuwarden.sim.dra.SimDra.pod_claims`), for the samples' ``dra_claim``."""
+        dra = self.cluster.dra
+        if dra is None:
+            return
+        codes = np.array([self._claim_codes.setdefault(name, len(self._claim_codes)) for name in dra.pod_claims(job)])
+        first_pod = int(self._job_pod_codes[job.index][0])
+        self.dev_claim[devices] = codes[self.dev_pod[devices] - first_pod]
 
     def _render_inference(self, devices, util, sm, tensor, dram, power, clock, throttle, mem) -> None:
         """Inference follows a real GenAI pod: duty cycle -> NVML util; the rest derived from the
@@ -167,6 +180,7 @@ class Renderer:
         device = columns.pop("device")
         job = columns.pop("job")
         pod_code = columns.pop("pod_code")
+        claim_code = columns.pop("claim_code")
         stamp = self.origin + pd.to_timedelta(columns.pop("timestamp"), unit="s")
         node_code = self.dev_node[device]
         gpu_code = self.dev_gpu[device]
@@ -188,6 +202,7 @@ class Renderer:
             "mig_instance": pd.Categorical.from_codes(mig_code, mig_names),
             "namespace": pd.Categorical.from_codes(team_code, team_names),
             "pod": pd.Categorical.from_codes(pod_code, self._pod_names),
+            "dra_claim": pd.Categorical.from_codes(claim_code, list(self._claim_codes)),
             "team": pd.Categorical.from_codes(team_code, team_names),
             "project": pd.Categorical.from_codes(project_code, project_names),
         }
@@ -195,7 +210,7 @@ class Renderer:
         if not self.node_attributed.all():
             # Nodes without attribution: nobody could see the pods, so the pod columns are null.
             unattributed = ~self.node_attributed[node_code]
-            for name in ("namespace", "pod", "team", "project"):
+            for name in ("namespace", "pod", "dra_claim", "team", "project"):
                 codes = frame[name].codes.copy()
                 codes[unattributed] = -1
                 frame[name] = pd.Categorical.from_codes(codes, frame[name].categories)

@@ -14,9 +14,10 @@ prometheus.PrometheusSource` turn the very same series into the very same rows:
 - identity comes from the DCGM labels: ``node`` (else ``Hostname``) -> node, ``UUID`` -> gpu_uuid, ``gpu`` ->
   gpu_index, ``modelName`` -> model, ``GPU_I_ID``/``GPU_I_PROFILE`` -> mig_instance ("1:3g.40gb"),
   ``pod``/``namespace`` as they are (empty -> null), also on dcgm-exporter's DRA series
-  (``--kubernetes-enable-dra``: ``dra_claim_*`` labels besides), except where ``dra_mig_device_uuid``
-  marks a whole GPU's series copied for a pod holding one of its MIG devices: that pod does not
-  hold the GPU, so the row has no pod. ``cluster`` is a ``cluster`` label when the
+  (``--kubernetes-enable-dra``: ``dra_claim_*`` labels besides; ``dra_claim_namespace`` /
+  ``dra_claim_name`` -> dra_claim "<namespace>/<name>", gpuwarden's exporter writes the same labels),
+  except where ``dra_mig_device_uuid`` marks a whole GPU's series copied for a pod holding one of its
+  MIG devices: that pod does not hold the GPU, so the row has no pod and no claim. ``cluster`` is a ``cluster`` label when the
   series has one (a Prometheus target or external label), else the ``cluster`` you give.
   ``team``/``project`` are ``team``/``project`` labels when present, else ``attribution(namespace,
   pod)``; the default attribution charges a pod's namespace as its team (namespace-per-team).
@@ -140,18 +141,19 @@ class SeriesMapper:
 
     # -- identity -------------------------------------------------------------------------------
     def identity(self, labels: Mapping[str, str]) -> tuple | None:
-        """(cluster, node, gpu_uuid, gpu_index, model, mig_instance, namespace, pod, team, project, attribution),
-        or None for a series that names no GPU."""
+        """(cluster, node, gpu_uuid, gpu_index, model, mig_instance, namespace, pod, dra_claim, team, project,
+        attribution), or None for a series that names no GPU."""
         key = (
             labels.get("cluster", ""), labels.get("node") or labels.get("Hostname", ""), labels.get("UUID", ""),
             labels.get("gpu", ""), labels.get("modelName", ""), labels.get("GPU_I_ID", ""),
             labels.get("GPU_I_PROFILE", ""), labels.get("namespace", ""), labels.get("pod", ""),
             labels.get("team", ""), labels.get("project", ""), labels.get("dra_mig_device_uuid", ""),
+            labels.get("dra_claim_namespace", ""), labels.get("dra_claim_name", ""),
         )
         cached = self._identity_cache.get(key)
         if cached is not None:
             return cached
-        cluster, node, uuid, gpu, model, mig_id, mig_profile, namespace, pod, team, project, dra_mig = key
+        cluster, node, uuid, gpu, model, mig_id, mig_profile, namespace, pod, team, project, dra_mig, claim_ns, claim = key
         if not uuid or not node:
             return None
         try:
@@ -160,7 +162,8 @@ class SeriesMapper:
             return None
         mig = f"{mig_id}:{mig_profile}" if mig_id else None
         if dra_mig and not mig_id:  # dcgm-exporter's DRA copy of a whole GPU's series for a MIG device's pod
-            namespace = pod = ""
+            namespace = pod = claim = ""
+        claim_v = f"{claim_ns or namespace}/{claim}" if claim else None
         namespace_v, pod_v = namespace or None, pod or None
         team_v, project_v = team or None, project or None
         if (team_v is None or project_v is None) and self.attribution is not None and (namespace_v or pod_v):
@@ -169,7 +172,8 @@ class SeriesMapper:
             project_v = project_v if project_v is not None else guess_project
         # A pod label proves attribution answered; without one nobody can tell "no pod" from "not looked".
         attribution = "known" if pod_v else None
-        identity = (cluster or self.cluster, node, uuid, index, model, mig, namespace_v, pod_v, team_v, project_v, attribution)
+        identity = (cluster or self.cluster, node, uuid, index, model, mig, namespace_v, pod_v, claim_v, team_v, project_v,
+                    attribution)
         if len(self._identity_cache) > 200_000:
             self._identity_cache.clear()
         self._identity_cache[key] = identity

@@ -164,9 +164,23 @@ def test_exporter_series_carry_the_claim_labels(fleet):
             DRIVER, node, device.device)
 
 
+def test_fleet_samples_carry_the_claim_each_device_is_held_through(fleet):
+    """The samples' dra_claim is the claim the exporter labels the device with (SimDra's names)."""
+    frame = fleet.latest
+    held = fleet.cluster.dra.held()
+    got = {}
+    for row in frame[frame["dra_claim"].notna()].itertuples():
+        mig = int(row.mig_instance.partition(":")[0]) if isinstance(row.mig_instance, str) else None
+        got[(row.node, row.gpu_uuid, mig)] = (row.pod, row.dra_claim)
+    assert got == {key: (d.pod, f"{d.claim_namespace}/{d.claim_name}") for key, d in held.items()}
+    assert any(key[2] is not None for key in got)  # MIG devices among them
+    assert frame.loc[frame["pod"].isna(), "dra_claim"].isna().all()
+
+
 def test_without_dra_there_is_no_claim_anywhere(data_dir):
     simulation = simulated_fleet(SimConfig(nodes=4, warmup_days=0.1, data_dir=data_dir))
-    simulation.run(3)
+    frame = simulation.run(3)
+    assert frame["dra_claim"].isna().all() and frame["pod"].notna().any()
     assert simulation.cluster.dra is None
     backend = demo_backend(simulation)
     assert isinstance(backend, SimGpuBackend)
@@ -197,3 +211,15 @@ def test_demo_help_shows_dra_and_the_headless_demo_runs_as_a_dra_cluster(tmp_pat
     assert re.search(rf"\S+/\S+-gpu-{SUFFIX} \(pod \S+\): \S+/gpu-\d", out)  # claims named, with their devices
     objects = json.loads((store / "cluster" / "dra.json").read_text())
     assert len(objects["resourceclaims"]) == claims and len(objects["resourceslices"]) == 8
+    # the stored week (backfill and live steps) keeps the claims; the cost report breaks them down
+    from gpuwarden.analytics import build_ledger, build_report
+    from gpuwarden.store import LocalStore
+
+    samples = LocalStore(store).read(columns=["timestamp", "pod", "dra_claim", "mig_instance"])
+    claimed = samples[samples["dra_claim"].notna()]
+    assert len(claimed) and claimed["pod"].notna().all()
+    assert all(re.fullmatch(rf"[^/]+/{re.escape(p)}-gpu-{SUFFIX}", c)
+               for p, c in zip(claimed["pod"].astype(str), claimed["dra_claim"].astype(str)))
+    by_claim = build_report("cost", build_ledger(LocalStore(store))).tables["by_claim"]
+    assert set(by_claim["claim"]) == set(claimed["dra_claim"].astype(str)) and (by_claim["cost"] > 0).all()
+    assert by_claim["mig_devices"].sum() > 0

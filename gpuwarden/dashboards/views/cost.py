@@ -47,6 +47,12 @@ show.table(charges, currency, key_columns=["team", "project"])
 st.caption(f"Charged {fmt.money(charges['cost'].sum(), currency, 2)} = fleet cost {fmt.money(head['fleet_cost'], currency, 2)}.")
 st.download_button("Download chargeback CSV", charges.to_csv(index=False), file_name="chargeback.csv", mime="text/csv")
 
+claims = ledger.values.get("cost_by_claim")
+if claims is not None and not claims.empty:
+    st.subheader("By DRA claim")
+    show.table(claims, currency, key_columns=["claim", "pods", "team"])
+    st.caption("GPUs held through ResourceClaims (Dynamic Resource Allocation); a MIG device costs its share of its GPU.")
+
 st.subheader("Reclaim what-if")
 percent = st.slider("Share of idle GPU-hours reclaimed (unallocated, allocated idle, hoarded), %", 0, 100, 50, step=5)
 steps = ledger["reclaim"]

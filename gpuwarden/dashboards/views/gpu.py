@@ -33,15 +33,17 @@ if histories is not None:
 
     mine = histories["holders"][histories["holders"]["gpu_uuid"] == uuid]
     model = str(mine["model"].iloc[0]) if len(mine) else "unknown model"
-    holders = mine.dropna(subset=["pod"])[["team", "pod"]]
+    holders = mine.dropna(subset=["pod"])
     groups = history_groups(histories["history"][histories["history"]["gpu_uuid"] == uuid])
     data.window_caption(info, window, f" · {node}, {labels[uuid]}", bundles=(histories,))
 else:  # not ready yet: read this GPU's node only
     history = data.gpu_history(info.path, window.start, window.end, info.version, node, uuid)
     model, holders, groups = history["model"], history["holders"], history["groups"]
     data.window_caption(info, window, f" · {node}, {labels[uuid]}")
-st.markdown(f"**{model}** · held in this window by "
-            + (", ".join(f"`{p}` ({t})" for t, p in holders.itertuples(index=False)) if len(holders) else "nobody"))
+claims = holders["dra_claim"] if "dra_claim" in holders.columns else [None] * len(holders)
+held_by = [f"`{pod}` ({team}" + (f", claim `{claim}`)" if isinstance(claim, str) else ")")
+           for team, pod, claim in zip(holders["team"], holders["pod"], claims)]
+st.markdown(f"**{model}** · held in this window by " + (", ".join(held_by) if held_by else "nobody"))
 
 bucket = data.bucket_for(window.span)
 names = list(groups)

@@ -53,7 +53,7 @@ pods = ledger["hoarding_pods"]
 if pods.empty:
     st.caption("No pod spent half or more of its time holding GPU memory with nothing running.")
 else:
-    show.table(pods, currency, key_columns=["namespace", "pod", "team"])
+    show.table(pods, currency, key_columns=["namespace", "pod", "claim", "team"])  # claim: only where DRA claims held GPUs
 
 fallback = ledger["fallback_gpus"]
 if not fallback.empty:
