@@ -102,6 +102,12 @@ class DraInventory:
                 if taken is not None:
                     offers[taken.node].dra_taken.add((taken.gpu_uuid, taken.mig_instance_id))
 
+    def tainted_gpus(self) -> frozenset[str]:
+        """The snapshot's GPUs (the parent of a MIG device) with a device its driver tainted NoSchedule or
+        NoExecute: kube-scheduler allocates it to no new claim, so the scheduler places nothing there."""
+        return frozenset(placement.gpu_uuid for key, placement in self.placements.items()
+                         if key in self.devices and self.devices[key].unschedulable)
+
     # -- pods ------------------------------------------------------------------------------------
     def pod_request(self, pod: Json, request: PodRequest) -> PodRequest:
         """The pod's GPU request with what its claims hold or ask (``request``: its extended resources,

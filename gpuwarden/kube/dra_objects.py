@@ -29,7 +29,8 @@ from kubernetes.utils import parse_quantity
 from .dra_selectors import EVALUATED, MEMORY, Match, _compare, _dict, _list, _text, read_selectors
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
-GPU_DRIVERS = (NVIDIA_DRIVER,)  # drivers whose "gpu" and "mig" devices are GPUs gpuwarden counts
+GPU_DRIVERS = (NVIDIA_DRIVER,)
+UNSCHEDULABLE_EFFECTS = ("NoSchedule", "NoExecute")  # a device taint's effects that stop new allocations  # drivers whose "gpu" and "mig" devices are GPUs gpuwarden counts
 GPU_TYPE, MIG_TYPE = "gpu", "mig"
 EXACT_COUNT, ALL_DEVICES = "ExactCount", "All"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"  # KEP-5004: made by kube-scheduler
@@ -56,6 +57,7 @@ class DraDevice:
     parent_uuid: str | None = None
     memory_bytes: int | None = None
     partitionable: bool = False  # consumes shared counters (KEP-4815): a dynamic-MIG candidate, not an instance
+    taints: tuple[str, ...] = ()  # device taints (KEP-5055) as "key=value:effect", e.g. gpu.nvidia.com/xid=79:NoSchedule
 
     @property
     def key(self) -> DeviceKey:
@@ -65,6 +67,12 @@ class DraDevice:
     def is_gpu(self) -> bool:
         """A GPU or MIG device of a GPU driver (VFIO passthrough and other drivers' devices are not counted)."""
         return self.driver in GPU_DRIVERS and self.kind in (GPU_TYPE, MIG_TYPE)
+
+    @property
+    def unschedulable(self) -> bool:
+        """Tainted so kube-scheduler allocates it to no new claim (NoSchedule, NoExecute): NVIDIA's driver
+        taints a device after a fatal XID (``gpu.nvidia.com/xid``) or when the GPU is lost (``/gpu-lost``)."""
+        return any(t.rpartition(":")[2] in UNSCHEDULABLE_EFFECTS for t in self.taints)
 
     @property
     def minor(self) -> int | None:
@@ -212,8 +220,20 @@ def read_slice(item: Mapping[str, Any]) -> Slice:
                 name_profile(device) if kind == MIG_TYPE else None),
             parent_uuid=_string_attribute(attributes, driver, "parentUUID", device),
             memory_bytes=_bytes(memory["value"], f"device {device} capacity memory") if "value" in memory else None,
-            partitionable=bool(_list(entry.get("consumesCounters"), f"device {device} consumesCounters"))))
+            partitionable=bool(_list(entry.get("consumesCounters"), f"device {device} consumesCounters")),
+            taints=_taints(entry.get("taints"), device)))
     return Slice(name, driver, pool_name, generation, count, node, tuple(devices))
+
+
+def _taints(value: Any, device: str) -> tuple[str, ...]:
+    out = []
+    for position, raw in enumerate(_list(value, f"device {device} taints")):
+        taint = _dict(raw, f"device {device} taints[{position}]")
+        key = _text(taint.get("key"), f"device {device} taints[{position}].key")
+        effect = _text(taint.get("effect"), f"device {device} taints[{position}].effect")
+        value_text = _text(taint.get("value"), f"device {device} taints[{position}].value", required=False) or ""
+        out.append(f"{key}={value_text}:{effect}")
+    return tuple(out)
 
 
 def device_from_name(driver: str, pool: str, name: str, node: str) -> DraDevice | None:

@@ -162,6 +162,6 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         queue_namespaces=frozenset(quotas.queue_namespaces), ignored_pods=dict(inventory.ignored),
         unreadable=reader.unreadable(quotas.team_of), refused_teams=dict(quotas.refused),
         unschedulable=dict(inventory.unschedulable), node_overhead=reader.node_overhead(),
-        kueue_managed=frozenset(inventory.kueue_workload),
+        kueue_managed=frozenset(inventory.kueue_workload), unhealthy_gpus=inventory.dra.tainted_gpus(),
     )
     return snapshot, inventory
