@@ -29,6 +29,7 @@ from gpuwarden.remediation.approvals import decide, pending_from
 from gpuwarden.remediation.audit import DEFAULT_AUDIT_PATH, audit_at, read_audit
 from gpuwarden.remediation.breaker import breaker_verdict, record_breaker_reset
 from gpuwarden.analytics.findings import failure_domains, findings_from_frame
+from gpuwarden.analytics.health.device_taint_rules import findings_from_device_health
 from gpuwarden.remediation.maintenance import MaintenanceWindow
 from gpuwarden.remediation.domains import DomainPolicy
 from gpuwarden.remediation.pacing import PacingPolicy
@@ -209,8 +210,12 @@ def _finder(args: argparse.Namespace):
         frame = window.source.read(window.start, window.end)
         for note in rejected_rows_note(window.source):  # rows the source dropped are said, every round
             log.warning("%s", note)
-        return findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding,
-                                   domains=failure_domains(snapshot.nodes))
+        found = findings_from_frame(frame, window.end.to_pydatetime(), hoarding=not args.no_hoarding,
+                                    domains=failure_domains(snapshot.nodes))
+        # and what the cluster reports itself (DRA device taints), where the samples did not find it
+        seen = {f.key for f in found}
+        return found + [f for f in findings_from_device_health(snapshot.device_health, window.end.to_pydatetime())
+                        if f.key not in seen]
     return find
 
 

@@ -8,6 +8,7 @@ from .protocols import (
     ActionResult,
     Cluster,
     ClusterSnapshot,
+    DeviceHealthNote,
     GpuBackend,
     GpuReading,
     Placement,

@@ -159,10 +159,25 @@ class ClusterSnapshot:
     # Workloads Kueue admits, by key: a team lead's priority override becomes a SET_PRIORITY on these
     # (Kueue runs them at its priority class); elsewhere it only orders gpuwarden's queue.
     kueue_managed: frozenset[str] = frozenset()
+    # GPUs the cluster reports unhealthy itself (DRA device taints), for the health rules to act on.
+    device_health: tuple[DeviceHealthNote, ...] = ()
 
     def in_queue(self, namespace: str) -> bool:
         """Whether the scheduler may act on work in ``namespace``: the one scope rule."""
         return self.queue_namespaces is None or namespace in self.queue_namespaces
+
+
+@dataclass(frozen=True)
+class DeviceHealthNote:
+    """A GPU the cluster itself reports unhealthy: a device its DRA driver tainted (KEP-5055; NVIDIA's
+    ``gpu.nvidia.com/xid=<code>``, ``gpu.nvidia.com/gpu-lost``). ``gpu_uuid``: the snapshot's GPU;
+    ``device_uuid``: the UUID the driver published (NVML's, as the samples name the GPU)."""
+
+    node: str
+    gpu_uuid: str
+    device_uuid: str | None
+    taint: str  # "key=value:effect"
+    since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwarden.fleet import Placement
+from gpuwarden.fleet import DeviceHealthNote, Placement
 from gpuwarden.fleet.mig_geometry import check_profile
 from gpuwarden.fleet.semantics_scalar import request_gpu_equivalents
 
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
-from .dra_objects import (ALL_DEVICES, GPU_DRIVERS, GPU_TYPE, MIG_TYPE, Claim, DeviceClass, DeviceKey, DraDevice,
-                          Slice, device_from_name, device_matches, read_claim, read_class, read_slice, read_template,
+from .dra_objects import (ALL_DEVICES, GPU_DRIVERS, GPU_TYPE, MIG_TYPE, UNSCHEDULABLE_EFFECTS, Claim, DeviceClass,
+                          DeviceKey, DraDevice, Slice, device_from_name, device_matches, read_claim, read_class, read_slice, read_template,
                           unknown_classes)
 from .dra_selectors import Match
 from .failure import UnexpectedAnswer
@@ -105,8 +105,19 @@ class DraInventory:
     def tainted_gpus(self) -> frozenset[str]:
         """The snapshot's GPUs (the parent of a MIG device) with a device its driver tainted NoSchedule or
         NoExecute: kube-scheduler allocates it to no new claim, so the scheduler places nothing there."""
-        return frozenset(placement.gpu_uuid for key, placement in self.placements.items()
-                         if key in self.devices and self.devices[key].unschedulable)
+        return frozenset(note.gpu_uuid for note in self.health_notes())
+
+    def health_notes(self) -> tuple[DeviceHealthNote, ...]:
+        """Each device tainted NoSchedule or NoExecute, once per taint: the health rules' evidence."""
+        out: list[DeviceHealthNote] = []
+        for key, placement in sorted(self.placements.items()):
+            device = self.devices.get(key)
+            if device is None or not device.unschedulable:
+                continue
+            published = device.uuid if device.kind == GPU_TYPE else (device.parent_uuid or device.uuid)
+            out.extend(DeviceHealthNote(placement.node, placement.gpu_uuid, published, taint)
+                       for taint in device.taints if taint.rpartition(":")[2] in UNSCHEDULABLE_EFFECTS)
+        return tuple(out)
 
     # -- pods ------------------------------------------------------------------------------------
     def pod_request(self, pod: Json, request: PodRequest) -> PodRequest:

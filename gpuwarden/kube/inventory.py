@@ -163,5 +163,6 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         unreadable=reader.unreadable(quotas.team_of), refused_teams=dict(quotas.refused),
         unschedulable=dict(inventory.unschedulable), node_overhead=reader.node_overhead(),
         kueue_managed=frozenset(inventory.kueue_workload), unhealthy_gpus=inventory.dra.tainted_gpus(),
+        device_health=inventory.dra.health_notes(),
     )
     return snapshot, inventory
