@@ -305,9 +305,9 @@ class Workload:
     # Taints it tolerates, as ``key=value:Effect``, ``key=value`` (any effect), ``key:Effect`` or
     # ``key`` (any value): see :func:`gpuwarden.fleet.taints.taint_blocks`.
     tolerations: tuple[str, ...] = ()
-    # The nodes it may run on by their labels (nodeSelector and required node affinity):
-    # :mod:`gpuwarden.fleet.node_selection`; empty: any node.
+    # nodeSelector and required node affinity (:mod:`gpuwarden.fleet.node_selection`); empty: any node
     node_selection: NodeSelection = ()
+    spare_nodes: NodeSelection = ()  # nodes it takes only where no other fits: other work can go nowhere else
     # What each pod requests besides GPUs (0 where nobody says: the simulator, replays).
     cpu_milli: int = 0
     memory_bytes: int = 0

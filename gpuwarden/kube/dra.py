@@ -204,7 +204,8 @@ class DraInventory:
         asked |= {MIG_PREFIX + request.mig} if request.mig else set()
         asked |= {SHARED_GPU} if request.shares else set()
         mapped = {c.extended_resource for c in self.classes.values() if c.extended_resource}
-        return request if asked <= mapped else replace(request, plugin=True)
+        # mapped: DRA allocates it on any node, so it leaves the DRA-only ones to claims that can go nowhere else
+        return replace(request, spare_dra_only=True) if asked <= mapped else replace(request, plugin=True)
 
     def _claim(self, namespace: str, name: str, kind: str) -> Claim | None:
         why = self.skipped.get(f"{kind} {namespace}/{name}")

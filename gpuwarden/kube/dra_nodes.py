@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.fleet import Gpu, MigInstance, Placement
 from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
+from gpuwarden.fleet.node_selection import LabelRequirement
 
 from .dra_objects import GPU_TYPE, DeviceKey, DraDevice
 
@@ -35,6 +36,9 @@ DRA_NODE_LABEL = "dra.gpuwarden.io/node"
 # Likewise, on the nodes whose allocatable holds the device plugin's GPU resources, where some GPU nodes
 # serve GPUs only through DRA: a pod asking nvidia.com/gpu (no DeviceClass maps it, KEP-5004) runs only there.
 PLUGIN_NODE_LABEL = "dra.gpuwarden.io/plugin-gpus"
+# And on the GPU nodes that serve GPUs only through DRA: work that may also go elsewhere spares them.
+DRA_ONLY_NODE_LABEL = "dra.gpuwarden.io/dra-only"
+SPARE_DRA_ONLY = ((LabelRequirement(DRA_ONLY_NODE_LABEL, "Exists", ()),),)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .dra import read_dra
-from .dra_nodes import DRA_NODE_LABEL, PLUGIN_NODE_LABEL
+from .dra_nodes import DRA_NODE_LABEL, DRA_ONLY_NODE_LABEL, PLUGIN_NODE_LABEL
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node, serves_plugin_gpus
 from .inventory_model import Group, Inventory
 from .inventory_workloads import WorkloadReader
@@ -73,6 +73,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
                 node_labels[name][PLUGIN_NODE_LABEL] = "true"
             elif offer.dra_placements:
                 inventory.dra.dra_only_nodes.add(name)
+                node_labels[name][DRA_ONLY_NODE_LABEL] = "true"
     inventory.dra.attach(offers)
 
     namespace_labels: dict[str, dict[str, str]] = {}

@@ -75,6 +75,7 @@ class PodRequest:
     dra: bool = False  # asked (or held) through DRA resource claims: laid on the devices its claims hold
     dra_nodes: tuple[str, ...] | None = None  # the nodes whose published devices its pending claims match; None: any
     plugin: bool = False  # asks the device plugin's resources where some GPU nodes publish theirs only through DRA
+    spare_dra_only: bool = False  # may go anywhere (KEP-5004): leaves DRA-only nodes to claims that need them
 
     @property
     def empty(self) -> bool:

@@ -43,6 +43,7 @@ from .admission import pod_view
 from .gates import (ADMISSION_GATE, QUEUE_LABEL, RESERVED_AT_ANNOTATION, RESERVED_NODES_ANNOTATION, CHECKPOINT_ANNOTATION,
                     ADMITTED_AT_ANNOTATION, ADMITTED_NODE_ANNOTATION, PRIORITY_CLASS_ANNOTATION, SUSPENDED_BY_ANNOTATION,
                     gated_by_gpuwarden)
+from .dra_nodes import SPARE_DRA_ONLY
 from .inventory_membership import NATIVE_CONTROLLER, gang_size_label, membership
 from .inventory_model import Group, Inventory
 from .inventory_nodes import SHARED_GPU, Layout, NodeOffer, PodRequest, overfull_nodes
@@ -375,6 +376,7 @@ class WorkloadReader:
             project=namespace, priority_class=priority_of(priority_name), gpus=gpus, gang_size=gang_size,
             checkpointable=checkpointable, checkpoint_interval_seconds=600.0 if checkpointable else None,
             tolerations=group.tolerations, pools=pools, node_selection=group.node_selection,
+            spare_nodes=SPARE_DRA_ONLY if request.spare_dra_only else (),
             cpu_milli=group.cpu_milli, memory_bytes=group.memory_bytes)
         kept = self.previous.get(key)
         workload = kept if kept == workload and kept is not None else workload

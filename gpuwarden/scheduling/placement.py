@@ -106,7 +106,21 @@ DEFAULT_OPTIONS = PlacementOptions()
 
 
 def find_placement(state: State, job: Job, options: PlacementOptions = DEFAULT_OPTIONS) -> Placement:
-    """All pods of ``job`` or nothing: returns (placements, '') or (None, reason)."""
+    """All pods of ``job`` or nothing: returns (placements, '') or (None, reason). Nodes it should spare
+    (``job.spare_nodes``: work that can go nowhere else needs them) are tried only where no other fits."""
+    if job.spare_nodes and not job.spare_nodes <= frozenset(job.avoid_nodes):
+        kept = job.avoid_nodes
+        job.avoid_nodes = frozenset(kept) | job.spare_nodes
+        try:
+            placements, reason = _find_placement(state, job, options)
+        finally:
+            job.avoid_nodes = kept
+        if placements is not None:
+            return placements, reason
+    return _find_placement(state, job, options)
+
+
+def _find_placement(state: State, job: Job, options: PlacementOptions) -> Placement:
     if job.pods == 1 and not job.mig_profile and (job.milli == MILLI or options.fractions == FractionMode.SHARE):
         return _place_one(state, job, options, job.milli)
     if not options.gang and job.whole:

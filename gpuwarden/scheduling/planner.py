@@ -279,6 +279,9 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
             if avoid is None:
                 avoid = blocked[which] = _blocked_nodes(snapshot, w)
             job.avoid_nodes = avoid
+        if w.spare_nodes:
+            job.spare_nodes = frozenset(n.name for n in snapshot.nodes
+                                        if selects(w.spare_nodes, snapshot.node_labels.get(n.name, {})))
         by_key[key] = ws
         phase = ws.phase
         if phase == _RUNNING:

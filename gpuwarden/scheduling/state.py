@@ -108,6 +108,7 @@ class Job:
     flavour: str = ANY_FLAVOUR
     pools: tuple[str, ...] = ()  # node pools the job may run in (empty: any)
     avoid_nodes: frozenset[str] = frozenset()  # nodes whose taints it does not tolerate
+    spare_nodes: frozenset[str] = frozenset()  # nodes it takes only where no other fits (Workload.spare_nodes)
     recreated: bool = True  # an owner makes its pods again after an eviction (False: a bare pod, lost)
     foreign: bool = False  # outside the scheduler's scope (a namespace not in the queue): holds capacity only
     # mutable

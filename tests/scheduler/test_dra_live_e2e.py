@@ -15,9 +15,8 @@ The cluster: a device-plugin pool (2 x 8 H100, ``nvidia.com/gpu``), a DRA-only p
 published in ResourceSlices, no ``nvidia.com/gpu`` in allocatable), a DRA node of 4 A100, and an A100
 node whose MIG devices (7 x 1g.10gb on one GPU, 2 x 3g.40gb on the other) are published through DRA.
 The DeviceClass ``gpu.nvidia.com`` maps ``nvidia.com/gpu`` (KEP-5004). Two teams with guarantees
-submit Jobs as users do (a pod asking ``nvidia.com/gpu`` is gated by gpuwarden's own webhook over TLS;
-a pod whose GPUs come only through claims is created behind the gate, as the webhook does not gate it:
-an xfail below): a PodGroup gang (scheduling.k8s.io/v1alpha2, gang minCount 4) of pods claiming 2 GPUs each from a
+submit Jobs as users do (ungated: gpuwarden's own webhook over TLS gates a pod asking ``nvidia.com/gpu``
+and a pod whose GPUs come only through claims alike): a PodGroup gang (scheduling.k8s.io/v1alpha2, gang minCount 4) of pods claiming 2 GPUs each from a
 template, MIG claims, a claim whose selector names a product only one pool has, KEP-5004 pods asking
 ``nvidia.com/gpu``, and more than one team's quota allows. The loop is ``SchedulingRound(KubeCluster)``,
 what ``gpuwarden scheduler run`` runs every interval; the rounds go on until nothing changes.
@@ -105,8 +104,8 @@ WORKLOADS = [
     _job("gang", "research", parallelism=4, templates={"gpus": "two-gpus"}, group="trainers"),  # 8 GPUs, one gang
     # KEP-5004: a device-plugin node's 8 or a DRA node's; the gang's claims need a DRA H100 node, so one of
     # these two goes to the device plugin's. Named after the gang: the Job controller makes pods in name
-    # order and the queue takes them in that order; the other order is an xfail below
-    # (test_pods_that_may_go_anywhere_leave_dra_nodes_to_pods_that_need_them)
+    # order and the queue takes them in that order; the other order:
+    # test_pods_that_may_go_anywhere_leave_dra_nodes_to_pods_that_need_them
     _job("wide-eight-a", "research", gpus=8),
     _job("wide-eight-b", "research", gpus=8),
     _job("one-dra", "research", templates={"gpu": "one-gpu"}),
@@ -348,11 +347,6 @@ def test_the_webhook_gates_the_pods_whose_gpus_come_only_through_claims(run):
     assert {outcome for _, outcome in claims_only} == {"patched"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "production: the round lays a KEP-5004 pod (nvidia.com/gpu, servable by the device plugin or by DRA) on the "
-    "DRA node while the device-plugin node is free; the claims-only pod behind it then waits for ever ('capacity: "
-    "needs 8 whole GPUs; 0 free on the 1 node(s) it may use') with dp-0's 8 GPUs idle. Placement does not keep "
-    "the nodes a later pod alone can use for it (nor move the flexible pod)"))
 def test_pods_that_may_go_anywhere_leave_dra_nodes_to_pods_that_need_them(tmp_path):
     """One device-plugin node and one DRA node of 8 H100 each; a KEP-5004 pod of 8 ``nvidia.com/gpu``
     (either node serves it) arrives before a pod claiming 8 GPUs (only the DRA node can). Both fit, one
