@@ -12,23 +12,25 @@ failed list keeps the last one (logged).
 from __future__ import annotations
 
 import logging
-import threading
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import KubeApi, KubeFailure
+from .background import BackgroundRefresh
 from .gates import QUEUE_LABEL, in_queue
 
 log = logging.getLogger("gpuwarden.kube")
 
 
-class QueueNamespaces:
+class QueueNamespaces(BackgroundRefresh):
     """A ``Container[str]`` of the queue's namespaces for :func:`.webhook.admission_response`."""
 
+    thread_name = "gpuwarden-webhook-namespaces"
+
     def __init__(self, api: KubeApi, refresh_seconds: float = 30.0, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.api, self.refresh_seconds, self.clock = api, refresh_seconds, clock
+        super().__init__(refresh_seconds, clock)
+        self.api = api
         self._names: frozenset[str] | None = None  # None: never listed; the selector is trusted
-        self._stopped = threading.Event()
 
     def __contains__(self, namespace: object) -> bool:
         names = self._names
@@ -44,14 +46,3 @@ class QueueNamespaces:
         self._names = frozenset(str(item["metadata"]["name"]) for item in items
                                 if in_queue((item.get("metadata") or {}).get("labels") or {}))
 
-    def start(self) -> QueueNamespaces:
-        self.refresh()
-        threading.Thread(target=self._loop, name="gpuwarden-webhook-namespaces", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _loop(self) -> None:
-        while not self.clock.wait(self._stopped, self.refresh_seconds):
-            self.refresh()

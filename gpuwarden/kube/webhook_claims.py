@@ -19,13 +19,13 @@ not gated on account of its claims (logged): the webhook never holds a pod it ca
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 
 from .api import KubeApi, KubeFailure
+from .background import BackgroundRefresh
 from .dra_objects import GPU_DRIVERS, GPU_TYPE, MIG_TYPE, Claim, DeviceClass, read_claim, read_class, read_template
 
 log = logging.getLogger("gpuwarden.kube")
@@ -33,19 +33,21 @@ log = logging.getLogger("gpuwarden.kube")
 READ_ONE_SECONDS = 2.0  # a review waits at most this for a template or claim made just before its pod
 
 
-class GpuClaims:
+class GpuClaims(BackgroundRefresh):
     """``asks_gpu(namespace, pod)`` for :func:`.webhook.admission_response`."""
+
+    thread_name = "gpuwarden-webhook-claims"
 
     def __init__(self, api: KubeApi, refresh_seconds: float = 30.0, clock: Clock = SYSTEM_CLOCK) -> None:
         from kubernetes import client  # the client classes load with the first use
 
-        self.api, self.refresh_seconds, self.clock = api, refresh_seconds, clock
+        super().__init__(refresh_seconds, clock)
+        self.api = api
         self.resource = client.ResourceV1Api(api.client)
         self.served: bool | None = None  # None: never listed
         self.classes: dict[str, DeviceClass] = {}
         self.templates: dict[str, Claim] = {}  # "ns/name"
         self.claims: dict[str, Claim] = {}
-        self._stopped = threading.Event()
 
     def refresh(self) -> None:
         r = self.resource
@@ -111,17 +113,6 @@ class GpuClaims:
                 return True
         return False
 
-    def start(self) -> GpuClaims:
-        self.refresh()
-        threading.Thread(target=self._loop, name="gpuwarden-webhook-claims", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _loop(self) -> None:
-        while not self.clock.wait(self._stopped, self.refresh_seconds):
-            self.refresh()
 
 
 def _read_each(items: list[Any], reader: Any, key: Any) -> list[tuple[str, Any]]:

@@ -7,7 +7,7 @@ HTTP on the fake API server with the official client (nothing real serves the Ku
 from __future__ import annotations
 
 import pytest
-from fake_kube_api import CORE, DEFAULT_RESOURCES, RESOURCE, FakeKubeAPI
+from fake_kube_api import CORE, RESOURCE, FakeKubeAPI
 from fake_kube_dra import claim, claim_pod, dra_node, gpu_device, nvidia_classes, request, resource_slice
 from kube_fleet import connect, namespace
 
@@ -16,11 +16,8 @@ from gpuwarden.scheduler.scheduling_round import SchedulingRound
 
 
 @pytest.fixture
-def api():
-    running = FakeKubeAPI().start()
-    running.resources = set(DEFAULT_RESOURCES)
-    yield running.with_dra()
-    running.stop()
+def api(dra_api):
+    return dra_api
 
 
 def _tainted(node: str, minor: int, key: str, value: str, effect: str) -> dict:

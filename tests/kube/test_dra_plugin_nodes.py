@@ -7,7 +7,7 @@ the production round (nothing real serves the Kubernetes API here)."""
 from __future__ import annotations
 
 import pytest
-from fake_kube_api import CORE, DEFAULT_RESOURCES, RESOURCE, FakeKubeAPI
+from fake_kube_api import CORE, RESOURCE, FakeKubeAPI
 from fake_kube_dra import dra_node, gpu_slice, nvidia_classes
 from kube_fleet import connect, gpu_pod, namespace, node
 
@@ -16,11 +16,8 @@ from gpuwarden.scheduler.scheduling_round import SchedulingRound
 
 
 @pytest.fixture
-def api():
-    running = FakeKubeAPI().start()
-    running.resources = set(DEFAULT_RESOURCES)
-    yield running.with_dra()
-    running.stop()
+def api(dra_api):
+    return dra_api
 
 
 def _classes_without_kep_5004(api: FakeKubeAPI) -> None:

@@ -6,7 +6,7 @@ Through HTTP on the fake API server with the official client, the production rou
 from __future__ import annotations
 
 import pytest
-from fake_kube_api import CORE, DEFAULT_RESOURCES, RESOURCE, FakeKubeAPI
+from fake_kube_api import CORE, RESOURCE, FakeKubeAPI
 from fake_kube_dra import claim, claim_pod, dra_node, gpu_slice, nvidia_classes, request
 from kube_fleet import connect, namespace
 
@@ -17,11 +17,8 @@ from gpuwarden.scheduler.scheduling_round import SchedulingRound
 
 
 @pytest.fixture
-def api():
-    running = FakeKubeAPI().start()
-    running.resources = set(DEFAULT_RESOURCES)
-    yield running.with_dra()
-    running.stop()
+def api(dra_api):
+    return dra_api
 
 
 def _events(api: FakeKubeAPI) -> list[dict]:

@@ -20,11 +20,8 @@ from gpuwarden.kube.webhook_claims import GpuClaims
 
 
 @pytest.fixture
-def api():
-    running = FakeKubeAPI().start()
-    running.resources = set(DEFAULT_RESOURCES)
-    yield running.with_dra()
-    running.stop()
+def api(dra_api):
+    return dra_api
 
 
 def _claims(api: FakeKubeAPI, tmp_path) -> GpuClaims:
