@@ -138,14 +138,14 @@ class FindingKind(enum.StrEnum):
     POWER_BRAKE_THROTTLE = "power-brake-throttle"
     HW_SLOWDOWN = "hw-slowdown"
     NVLINK_DEGRADING = "nvlink-degrading"
-    # Node conditions: every GPU of the node changed together (a power or clock policy, inlet air, a
-    # driver reload). One finding for the node, ``gpu_uuid`` None: no GPU is at fault.
+    # Node conditions: all GPUs of a node changed together (power or clock policy, inlet air, driver reload): gpu_uuid None
     NODE_WIDE_SLOWDOWN = "node-wide-slowdown"
     NODE_WIDE_THERMAL = "node-wide-thermal"
     NODE_WIDE_COUNTER_RESET = "node-wide-counter-reset"
     COOLING_DEGRADING = "cooling-degrading"
     STRAGGLER = "straggler"
     DOMAIN_EVENT = "domain-event"  # many nodes of one rack or NVLink domain at once (power, switch, cooling)
+    DRA_DEVICES_GONE = "dra-devices-gone"  # a node's GPUs left its DRA ResourceSlices (the driver down): node, no GPU
     # the idle ledger
     HOARDED = "hoarded"
     # the scheduling planner

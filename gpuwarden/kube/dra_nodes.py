@@ -19,10 +19,11 @@ nodes and device-plugin nodes of one model share its name and default pool.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from gpuwarden.fleet import Gpu, MigInstance, Placement
+from gpuwarden.fleet import ClusterSnapshot, DeviceHealthNote, Gpu, MigInstance, Placement
 from gpuwarden.fleet.gpu_catalogue import gpu_catalogue
 from gpuwarden.fleet.node_selection import LabelRequirement
 
@@ -39,6 +40,20 @@ PLUGIN_NODE_LABEL = "dra.gpuwarden.io/plugin-gpus"
 # And on the GPU nodes that serve GPUs only through DRA: work that may also go elsewhere spares them.
 DRA_ONLY_NODE_LABEL = "dra.gpuwarden.io/dra-only"
 SPARE_DRA_ONLY = ((LabelRequirement(DRA_ONLY_NODE_LABEL, "Exists", ()),),)
+DEVICES_GONE_TAINT = "gpuwarden.io/dra-devices-gone=:NoSchedule"  # a DeviceHealthNote's taint: nothing published
+
+
+def devices_gone(previous: ClusterSnapshot | None, listed: set[str], node_labels: Mapping[str, Mapping[str, str]],
+                 now: datetime) -> tuple[DeviceHealthNote, ...]:
+    """The nodes whose GPUs an earlier snapshot read from DRA slices and that, still in the cluster,
+    publish none now (the driver stopped, its slices deleted): one note each, no GPU named, kept from
+    snapshot to snapshot (since the first) until the slices are back or the node is gone."""
+    if previous is None:
+        return ()
+    since = {n.node: n.since for n in previous.device_health if n.taint == DEVICES_GONE_TAINT}
+    return tuple(DeviceHealthNote(node, "", None, DEVICES_GONE_TAINT, since.get(node) or now) for node in sorted(listed)
+                 if (node in since or DRA_NODE_LABEL in previous.node_labels.get(node, {}))
+                 and DRA_NODE_LABEL not in node_labels.get(node, {}))
 
 
 @dataclass

@@ -28,7 +28,7 @@ from gpuwarden.fleet.clock import SYSTEM_CLOCK, Clock
 from .answers import reading
 from .api import Json, KubeApi, KubeFailure
 from .dra import read_dra
-from .dra_nodes import DRA_NODE_LABEL, DRA_ONLY_NODE_LABEL, PLUGIN_NODE_LABEL
+from .dra_nodes import DRA_NODE_LABEL, DRA_ONLY_NODE_LABEL, PLUGIN_NODE_LABEL, devices_gone
 from .inventory_nodes import DEFAULT_LABELS, GPU, NodeLabels, NodeOffer, read_node, serves_plugin_gpus
 from .inventory_model import Group, Inventory
 from .inventory_workloads import WorkloadReader
@@ -52,9 +52,10 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
     taken_at = clock.now()
     inventory = Inventory(dra=read_dra(api, page_size))
     offers: dict[str, NodeOffer] = {}
-    cordoned, taints, node_labels = set(), {}, {}
+    cordoned, taints, node_labels, listed = set(), {}, {}, set()
     for item in api.list_all(api.core.list_node, resource="nodes", page_size=page_size):
         with reading("node", item):
+            listed.add(str(item["metadata"]["name"]))
             offer = read_node(item, labels, inventory.dra.by_node.get(item["metadata"]["name"], ()))
             if offer is None:
                 continue
@@ -164,6 +165,6 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         unreadable=reader.unreadable(quotas.team_of), refused_teams=dict(quotas.refused),
         unschedulable=dict(inventory.unschedulable), node_overhead=reader.node_overhead(),
         kueue_managed=frozenset(inventory.kueue_workload), unhealthy_gpus=inventory.dra.tainted_gpus(),
-        device_health=inventory.dra.health_notes(),
+        device_health=inventory.dra.health_notes() + devices_gone(previous, listed, node_labels, taken_at),
     )
     return snapshot, inventory

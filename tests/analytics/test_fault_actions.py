@@ -27,7 +27,8 @@ T0 = datetime(2026, 3, 1, tzinfo=UTC)
 def test_every_health_kind_has_exactly_one_action_in_the_catalogue():
     assert set(FAULT_ACTIONS) == set(HEALTH_KINDS)  # a dict: one row, so one action, per kind
     ruled = ([rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()]
-             + list(EARLY_WARNING_KINDS) + list(NODE_KINDS) + [FindingKind.XID_OTHER, FindingKind.XID_STORM, FindingKind.DOMAIN_EVENT])
+             + list(EARLY_WARNING_KINDS) + list(NODE_KINDS) + [FindingKind.XID_OTHER, FindingKind.XID_STORM, FindingKind.DOMAIN_EVENT,
+                                                       FindingKind.DRA_DEVICES_GONE])  # device_taint_rules
     assert FAULT_ACTIONS[FindingKind.XID_STORM].action is None  # a workload's crash: never a node action
     assert sorted(ruled) == sorted(FAULT_ACTIONS)  # every rule table's kind, once
     for kind, fault in FAULT_ACTIONS.items():

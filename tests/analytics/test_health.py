@@ -391,7 +391,8 @@ def test_every_health_kind_has_one_rule_in_the_catalogue():
     from gpuwarden.fleet import FindingKind
 
     ruled = ([rule.kind for rule in XID_RULES.values()] + [kind for kind, _ in NVML_RECOVERY.values()] + list(EARLY_WARNING_KINDS)
-             + list(NODE_KINDS) + [FindingKind.XID_STORM, FindingKind.DOMAIN_EVENT])  # storm_rules, domain_rules fold into them
+             + list(NODE_KINDS) + [FindingKind.XID_STORM, FindingKind.DOMAIN_EVENT]  # storm_rules, domain_rules fold into them
+             + [FindingKind.DRA_DEVICES_GONE])  # device_taint_rules: from the cluster, not the samples
     assert len(ruled) == len(set(ruled))
     not_health = {FindingKind.XID_OTHER, FindingKind.HOARDED, FindingKind.QUOTA_RECLAIM, FindingKind.QUEUE_ORDER}
     assert set(ruled) == set(FindingKind) - not_health

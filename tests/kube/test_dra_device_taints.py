@@ -66,3 +66,25 @@ def test_a_wrong_typed_taint_skips_its_slice_and_says_why(api, tmp_path):
     cluster = connect(api, tmp_path)
     cluster.snapshot()
     assert any("taints[0].key" in why for why in cluster.inventory.dra.skipped.values())
+
+
+def test_a_node_whose_slices_vanish_is_a_warning_for_the_node(api, tmp_path):
+    """The driver stops (its slices deleted) on a node still in the cluster: the next snapshot notes it
+    and the health rule makes it one ``dra-devices-gone`` warning, with no action."""
+    from datetime import UTC, datetime
+
+    from gpuwarden.analytics.health.device_taint_rules import findings_from_device_health
+    from gpuwarden.fleet import FindingKind
+
+    _cluster(api, "None")
+    cluster = connect(api, tmp_path)
+    assert cluster.snapshot().device_health == ()
+    api.act("", "DELETE", "/apis/resource.k8s.io/v1/resourceslices/dra-0-gpu.nvidia.com-slice")
+    notes = cluster.snapshot().device_health
+    assert [(n.node, n.gpu_uuid) for n in notes] == [("dra-0", "")]
+    (finding,) = findings_from_device_health(notes, datetime(2026, 12, 4, tzinfo=UTC))
+    assert (finding.kind, finding.node, finding.gpu_uuid, finding.recommended_action) == (
+        FindingKind.DRA_DEVICES_GONE, "dra-0", None, None)
+    assert cluster.snapshot().device_health == notes  # kept, since the first, while the slices stay away
+    resource_slice(api, "dra-0", [gpu_device("dra-0", 0)])  # the driver is back
+    assert cluster.snapshot().device_health == ()

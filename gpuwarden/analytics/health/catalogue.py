@@ -275,6 +275,9 @@ FAULT_ACTIONS: dict[FindingKind, FaultAction] = {
     FindingKind.NODE_WIDE_SLOWDOWN: _NO_ACTION,
     FindingKind.NODE_WIDE_THERMAL: _NO_ACTION,
     FindingKind.NODE_WIDE_COUNTER_RESET: _NO_ACTION,
+    # A node whose DRA driver stopped publishing its GPUs: kube-scheduler allocates nothing there until
+    # it is back; a person looks at the driver (nothing to cordon: no new claim lands there anyway).
+    FindingKind.DRA_DEVICES_GONE: _NO_ACTION,
 }
 
 
