@@ -413,3 +413,62 @@ def test_a_finished_pods_devices_are_released_and_the_next_claim_gets_them(tmp_p
         assert sorted(r["device"] for r in held) == sorted(f"gpu-{i}" for i in range(8))
     finally:
         api.stop()
+
+
+def test_reclaim_preempts_a_borrowers_claims_and_their_devices_go_to_the_owner(tmp_path):
+    """A DRA node of 8 H100; team vision is guaranteed 8, team research none. research's checkpointable
+    Job borrows the whole node (its pod's claim holds all 8); then vision's Job claiming 8 arrives. The
+    round suspends the borrower (gpuwarden.io/suspended-by), its pod goes, the claim controller releases
+    and deallocates its claim, and vision's Job is admitted to that node and allocated the same 8
+    devices: reclaim and preemption hold for DRA work as for extended resources, and no device is ever
+    in two claims."""
+    api = FakeKubeAPI().with_dra().start()
+    try:
+        nvidia_classes(api)
+        namespace(api, "research", {QUEUE_LABEL: "research"}, {"gpuwarden.io/guaranteed-gpus": "0",
+                                                               "gpuwarden.io/burst-gpus": "8"})
+        namespace(api, "vision", {QUEUE_LABEL: "vision"}, {"gpuwarden.io/guaranteed-gpus": "8",
+                                                           "gpuwarden.io/burst-gpus": "8"})
+        priority_class(api, "normal", 1000)
+        dra_node(api, "dra-0", labels={"kubernetes.io/hostname": "dra-0"})
+        gpu_slice(api, "dra-0")
+        for team in ("research", "vision"):
+            claim_template(api, team, "eight", [request("gpus", "gpu.nvidia.com", 8)])
+        low, urgent = _job("low", "research", templates={"gpus": "eight"}), _job("urgent", "vision", templates={"gpus": "eight"})
+        for meta in (low["metadata"], low["spec"]["template"]["metadata"]):
+            meta["annotations"]["gpuwarden.io/checkpointable"] = "true"
+        fake = FakeCluster(api)
+        clock = ModelClock(lambda: datetime.fromtimestamp(fake.clock.now, UTC))
+        kube = KubeApi(load_client(api.kubeconfig(tmp_path / "kc.json")), backoff_seconds=0.01, clock=clock)
+        loop = SchedulingRound(KubeCluster(kube, clock=clock))
+        for manifest in (low, urgent):
+            manifest["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "gpuwarden.io/admission"}]
+        assert submit(api, low)[0] == 201
+        twice = []
+
+        def devices_once() -> None:
+            allocated = [(r["pool"], r["device"]) for c in api.objects(RESOURCE, "resourceclaims")
+                         for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])]
+            twice.extend(d for d in set(allocated) if allocated.count(d) > 1)
+
+        for step in range(3):
+            fake.step(ROUND_SECONDS if step else 0)
+            loop.run_round()
+            devices_once()
+        assert submit(api, urgent)[0] == 201
+        kinds = []
+        for _ in range(9):
+            fake.step(ROUND_SECONDS)
+            kinds += [r.action.kind for r in loop.run_round() if r.ok]
+            devices_once()
+        fake.step(ROUND_SECONDS)
+        assert ActionKind.SUSPEND in kinds or ActionKind.PREEMPT in kinds, kinds
+        pods = {_job_of(p): p for p in api.objects(CORE, "pods") if _live(p)}
+        assert pods["vision/urgent"]["spec"].get("nodeName") == "dra-0"
+        assert "research/low" not in pods  # suspended: its pod is gone and its devices free
+        claims = {c["metadata"]["ownerReferences"][0]["name"]: c for c in api.objects(RESOURCE, "resourceclaims")}
+        held = claims[pods["vision/urgent"]["metadata"]["name"]]["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in held) == sorted(f"gpu-{i}" for i in range(8))
+        assert twice == []
+    finally:
+        api.stop()
