@@ -331,6 +331,15 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     below = slow & (clock - mates <= -c.straggler_node_margin)
     several = node_share(b, below, eligible & ~errors, share=0.5)  # as many GPUs as a node-wide condition
     node_wide |= several
+    # Fewer busy GPUs than a node-wide condition needs (one job of two or three GPUs on a node under
+    # a clock policy or power cap): every one of them (two at least) slow at once, none well below the
+    # others, and drawing less power than its peers as a lower clock target makes them, is the node's
+    # too. One slow GPU beside a normal one, or slow GPUs at their peers' power (a clock that sags
+    # with no lower power: no node setting does that), are still stragglers.
+    with_mates = node_median(b, clock, eligible & ~errors, 2)
+    together = (slow & (clock - with_mates > -c.straggler_node_margin)
+                & (np.nan_to_num(power, nan=0.0) <= -c.straggler_max_power_excess))
+    node_wide |= eligible & node_share(b, together, eligible & ~errors, min_gpus=2, share=1.0)
     after_node_wide = s.window_count(node_wide, window) > 0
     after_several = s.window_count(several, window) > 0  # its window still holds the slow spell of several
     flag = np.where(np.isfinite(mates), below & ~after_several, slow & ~after_node_wide)
