@@ -220,10 +220,11 @@ def test_sbe_baseline_is_learned_per_peer_group():
 
 
 def test_climbing_pcie_replays_warn_of_falling_off_the_bus_but_a_storm_only_taints():
-    frame = fleet(120)
-    rows = at(frame, 1, 60)
+    # 6 quiet hours first: a burst before the GPU's own history (own_min_history_hours) only taints
+    frame = fleet(420)
+    rows = at(frame, 1, 360)
     frame.loc[rows, "pcie_replay_total"] = np.cumsum(np.arange(rows.sum()) // 10 + 3)
-    rows = at(frame, 6, 60)
+    rows = at(frame, 6, 360)
     frame.loc[rows, "pcie_replay_total"] = np.arange(rows.sum()) * 300
     findings = scan(frame)
     degrading, storm = only(findings, "pcie-degrading"), only(findings, "pcie-replay-storm")

@@ -165,11 +165,13 @@ def _node_spread(b: FindingBuilder, deviation: np.ndarray, usable: np.ndarray) -
 
 def emit_precursor(b: FindingBuilder, kind: FindingKind, strong: np.ndarray, gentle: np.ndarray, severity: Severity,
                    evidence: Callable[[np.ndarray], dict], confidence: Callable[[np.ndarray], float],
-                   sustain_s: float, names: tuple[str, str] = ("burst", "rise")) -> None:
+                   sustain_s: float, names: tuple[str, str] = ("burst", "rise"),
+                   may_cordon: np.ndarray | None = None) -> None:
     """One finding per episode of ``strong | gentle`` (evidence ``basis``: which of ``names`` held). The catalogue's action (a cordon) stands only
     where the strong rule alone would have given it: one of its own episodes inside lasted
-    ``sustain_s``. Anything else, and every episode that only the gentle rule holds, taints at most:
-    a precursor is a warning, never a cordon."""
+    ``sustain_s``, counting only rows where ``may_cordon`` holds (a counter burst judged before the
+    GPU has its own history counts for the finding, not for its cordon). Anything else, and every
+    episode that only the gentle rule holds, taints at most: a precursor is a warning, never a cordon."""
     flag = strong | gentle
     before = len(b.findings)
     b.emit(kind, flag, severity, evidence, confidence)
@@ -184,14 +186,18 @@ def emit_precursor(b: FindingBuilder, kind: FindingKind, strong: np.ndarray, gen
         finding = b.findings[before + n]
         rows = idx[a:z + 1]
         strong_rows = rows[strong[rows]]
+        early = strong_rows[:0] if may_cordon is None else strong_rows[~may_cordon[strong_rows]]
+        cordon_rows = strong_rows if may_cordon is None else strong_rows[may_cordon[strong_rows]]
         details = dict(finding.evidence)
         details["basis"] = (names[1] if not strong_rows.size else
                             names[0] if strong_rows.size == rows.size else f"{names[0]} and {names[1]}")
         recommended = finding.recommended_action
         if action in CORDONING_ACTIONS:
-            lasted = _longest_episode_s(ts[strong_rows], gap)
+            lasted = _longest_episode_s(ts[cordon_rows], gap)
             details["sustained_minutes"] = round(lasted / 60.0, 1)
-            recommended = action if strong_rows.size and lasted >= sustain_s else ActionKind.TAINT
+            if early.size:
+                details["burst_minutes_before_own_history"] = round(_longest_episode_s(ts[early], gap) / 60.0, 1)
+            recommended = action if cordon_rows.size and lasted >= sustain_s else ActionKind.TAINT
         b.findings[before + n] = replace(finding, evidence=details, recommended_action=recommended)
 
 

@@ -39,9 +39,12 @@ def early_warning_findings(b: FindingBuilder) -> None:
 
 
 def _burst(b: FindingBuilder, events: np.ndarray, windows: tuple[float, ...], alpha: float, min_rate: float,
-           min_events: int) -> tuple[np.ndarray, CounterBurstDetector, dict[float, np.ndarray]]:
+           min_events: int) -> tuple[np.ndarray, CounterBurstDetector, dict[float, np.ndarray], np.ndarray]:
     """log10 p of the samples with new events in each trailing window (the smallest over windows),
-    the detector fitted on the peer groups, and the event-sample counts per window."""
+    the detector fitted on the peer groups, the event-sample counts per window, and whether each
+    row's GPU has ``own_min_history_hours`` of its own history before the shortest window (and its
+    lag): a burst judged before that may taint, never cordon (``emit_precursor``'s ``may_cordon``),
+    for a link that errs steadily from its first sample is a noisy link, not a failing one."""
     s, c = b.s, b.config
     gpu = s["gpu"]
     hit = (np.nan_to_num(events) > 0).astype(float)
@@ -76,7 +79,8 @@ def _burst(b: FindingBuilder, events: np.ndarray, windows: tuple[float, ...], al
             logp = np.log10(np.maximum(poisson.sf(count[rows] - 1, np.maximum(mu, 1e-12)), 1e-300))
         logp = np.where(before_hours >= c.own_min_history_hours, logp, np.minimum(logp + c.no_history_extra_decades, 0.0))
         best[rows] = np.minimum(best[rows], logp)
-    return best, detector, counts
+    lag_h = (min(windows) + c.own_history_lag_s) / 3600.0
+    return best, detector, counts, s.window_hours(1e9) - lag_h >= c.own_min_history_hours
 
 
 def _hbm(b: FindingBuilder) -> None:
@@ -84,7 +88,8 @@ def _hbm(b: FindingBuilder) -> None:
     events = s["inc_ecc_sbe_volatile_total"] + s["inc_remapped_rows_correctable_total"]
     if not events.any():
         return
-    best, detector, counts = _burst(b, events, c.hbm_windows_s, c.hbm_alpha, c.hbm_min_rate_per_hour, c.hbm_min_events)
+    best, detector, counts, seasoned = _burst(b, events, c.hbm_windows_s, c.hbm_alpha, c.hbm_min_rate_per_hour,
+                                              c.hbm_min_events)
     flag = best < detector.offset_
     floor = s.last_reset()
     recent = s.window_sum(events, 1800, floor)
@@ -92,7 +97,7 @@ def _hbm(b: FindingBuilder) -> None:
     groups = b.groups()
     severity, recovery = EARLY_WARNING_KINDS[FindingKind.HBM_DEGRADING], FAULT_ACTIONS[FindingKind.HBM_DEGRADING].recovery
     short, long = min(c.hbm_windows_s), max(c.hbm_windows_s)
-    b.emit(FindingKind.HBM_DEGRADING, flag, severity,
+    emit_precursor(b, FindingKind.HBM_DEGRADING, flag, np.zeros(len(s), dtype=bool), severity,
            lambda rows: {
                "signal": "ecc_sbe_volatile_total + remapped_rows_correctable_total",
                f"samples_with_errors_last_{int(short // 60)}m": counts[short][rows[-1]],
@@ -105,7 +110,7 @@ def _hbm(b: FindingBuilder) -> None:
                "recovery": recovery,
                "note": "single-bit ECC errors and correctable remaps above the peer baseline and the GPU's own "
                        "history: a double-bit error or a remap failure may follow"},
-           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), sustain_s=c.cordon_after_s)
+           lambda rows: 0.5 + 0.05 * (-best[rows].min() - 6.0), c.cordon_after_s, may_cordon=seasoned)
 
 
 def _nvlink(b: FindingBuilder) -> None:
@@ -113,8 +118,8 @@ def _nvlink(b: FindingBuilder) -> None:
     events = sum(s[f"inc_{name}"] for name in NVLINK_COUNTERS)
     if not np.any(events):
         return
-    best, detector, counts = _burst(b, events, c.nvlink_windows_s, c.nvlink_alpha, c.nvlink_min_rate_per_hour,
-                                    c.nvlink_min_events)
+    best, detector, counts, seasoned = _burst(b, events, c.nvlink_windows_s, c.nvlink_alpha,
+                                              c.nvlink_min_rate_per_hour, c.nvlink_min_events)
     flag = best < detector.offset_
     rising, rise = rising_counter(b, events)
     floor = s.last_reset()
@@ -132,7 +137,8 @@ def _nvlink(b: FindingBuilder) -> None:
                "log10_p": best[rows].min(), **rise_evidence(rise, rows), "recovery": recovery,
                "note": "NVLink errors climbing above the peer baseline or the GPU's own history: "
                        "an NVLink fault (XID 74) often follows"},
-           lambda rows: 0.5 + 0.05 * (-min(best[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s)
+           lambda rows: 0.5 + 0.05 * (-min(best[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s,
+           may_cordon=seasoned)
 
 
 def _pcie(b: FindingBuilder) -> None:
@@ -140,8 +146,8 @@ def _pcie(b: FindingBuilder) -> None:
     events = s["inc_pcie_replay_total"]
     if not events.any():
         return
-    score, detector, counts = _burst(b, events, (c.pcie_window_s,), c.pcie_alpha, c.pcie_min_rate_per_hour,
-                                     c.pcie_min_events)
+    score, detector, counts, seasoned = _burst(b, events, (c.pcie_window_s,), c.pcie_alpha, c.pcie_min_rate_per_hour,
+                                               c.pcie_min_events)
     count = s.window_sum(events, c.pcie_window_s, s.last_reset())
     anomalous = score < detector.offset_
     per_minute = events / s["dt_s"] * 60.0
@@ -162,7 +168,8 @@ def _pcie(b: FindingBuilder) -> None:
                    **rise_evidence(rise, rows), "recovery": recovery,
                    "note": ("sustained replay storm: check the link / riser / slot" if kind == FindingKind.PCIE_REPLAY_STORM
                             else "PCIe replays climbing: a GPU falling off the bus (XID 79) often follows")},
-               lambda rows: 0.5 + 0.05 * (-min(score[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s)
+               lambda rows: 0.5 + 0.05 * (-min(score[rows].min(), rise.log10_p[rows].min()) - 6.0), c.cordon_after_s,
+               may_cordon=seasoned)
 
 
 def _window_max(s: GpuSeries, values: np.ndarray, seconds: float) -> np.ndarray:
