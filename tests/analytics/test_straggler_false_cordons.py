@@ -77,3 +77,25 @@ def test_the_real_stragglers_of_the_same_fleet_are_still_cordoned():
     cordoned = sorted(f.gpu_uuid for f in scan(the_shape()) if f.kind == FindingKind.STRAGGLER
                       and f.recommended_action == ActionKind.CORDON)
     assert cordoned == ["GPU-00000016", "GPU-00000024", "GPU-00000032", "GPU-00000033"]
+
+
+def _lone(power_factor: float) -> pd.DataFrame:
+    """h100-001 runs one busy GPU (8), the rest of it idle; from minute 60 it runs at 0.85x its peers'
+    clock and ``power_factor`` their power (simulator seed 428's train-h100-005 under a clock policy)."""
+    frame = fleet()
+    minute = (frame["timestamp"] - START).dt.total_seconds() / 60
+    gpu = frame["gpu_uuid"].str[-2:].astype(int)
+    idle(frame, (gpu >= 9) & (gpu < 16))
+    slow = (gpu == 8) & (minute >= 60)
+    frame.loc[slow, "sm_clock_mhz"] *= 0.85
+    frame.loc[slow, "power_watts"] *= power_factor
+    return frame
+
+
+def test_a_nodes_only_busy_gpu_slow_at_lower_power_is_a_warning_not_a_cordon():
+    """A clock policy on its node and a slow GPU look the same with no node-mate busy: it is found and
+    tainted, never cordoned on that alone. The same slowdown at its peers' power is still cordoned."""
+    actions = {power: [(f.kind, f.recommended_action) for f in scan(_lone(power)) if f.gpu_uuid == "GPU-00000008"]
+               for power in (0.85, 1.0)}
+    assert actions[0.85] and all(action not in (ActionKind.CORDON, ActionKind.DRAIN) for _, action in actions[0.85])
+    assert (FindingKind.STRAGGLER, ActionKind.CORDON) in actions[1.0]

@@ -356,6 +356,12 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
     shared.setdefault(FindingKind.NODE_WIDE_SLOWDOWN, []).append(
         ("sm_clock_mhz of the node's busy GPUs vs their peers and their model and pool's",
          node_wide & (slow | (pool_clock <= -c.node_slow_margin))))
+    # The node's only busy GPU, slow at lower power: a clock policy or power cap on its node looks the
+    # same, and no node-mate can tell them apart. A warning (taint), never a cordon, on that alone.
+    alone = ~np.isfinite(with_mates) & (np.nan_to_num(power, nan=0.0) <= -c.straggler_max_power_excess)
+    # The node's only busy GPU, slow at lower power: a clock policy or power cap on its node looks the
+    # same, and no node-mate can tell them apart. A warning (taint), never a cordon, on that alone.
+    alone = ~np.isfinite(with_mates) & (np.nan_to_num(power, nan=0.0) <= -c.straggler_max_power_excess)
     severity, recovery = EARLY_WARNING_KINDS[FindingKind.STRAGGLER], FAULT_ACTIONS[FindingKind.STRAGGLER].recovery
     emit_precursor(b, FindingKind.STRAGGLER, flag, mild, severity,
            lambda rows: {"signal": "sm_clock_mhz vs peers at the same operating point (power not higher)",
@@ -370,4 +376,4 @@ def _straggler(b: FindingBuilder, shared: dict[FindingKind, list[tuple[str, np.n
                          "recovery": recovery,
                          "note": "slower than its peers with no throttle reason and no XID: it slows every gang it joins"},
            lambda rows: 0.5 + 0.2 * max(-score[rows].min() - 1.0, 0.0) if not mild[rows].all() else 0.5,
-           c.straggler_cordon_after_s, names=("peer outlier", "persistent"))
+           c.straggler_cordon_after_s, names=("peer outlier", "persistent"), may_cordon=~alone)
