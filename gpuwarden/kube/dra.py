@@ -102,13 +102,10 @@ class DraInventory:
                 if taken is not None:
                     offers[taken.node].dra_taken.add((taken.gpu_uuid, taken.mig_instance_id))
 
-    def tainted_gpus(self) -> frozenset[str]:
-        """The snapshot's GPUs (the parent of a MIG device) with a device its driver tainted NoSchedule or
-        NoExecute: kube-scheduler allocates it to no new claim, so the scheduler places nothing there."""
-        return frozenset(note.gpu_uuid for note in self.health_notes())
-
     def health_notes(self) -> tuple[DeviceHealthNote, ...]:
-        """Each device tainted NoSchedule or NoExecute, once per taint: the health rules' evidence."""
+        """Each device tainted NoSchedule or NoExecute, once per taint: the health rules' evidence, and
+        its GPU (the parent of a MIG device) unhealthy for the scheduler: kube-scheduler allocates such a
+        device to no new claim."""
         out: list[DeviceHealthNote] = []
         for key, placement in sorted(self.placements.items()):
             device = self.devices.get(key)

@@ -156,6 +156,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
     for name, (guaranteed, burst) in team_quota.items():
         if name not in quotas.refused:
             teams[name] = Team(name, guaranteed, burst)
+    tainted = inventory.dra.health_notes()  # devices their driver took out: unhealthy, and findings
     snapshot = ClusterSnapshot(
         taken_at=taken_at, nodes=tuple(o.node for o in offers.values()),
         gpus=tuple(g for o in offers.values() for g in o.gpus), workloads=tuple(workloads),
@@ -164,7 +165,7 @@ def read_snapshot(api: KubeApi, page_size: int = 500, clock: Clock = SYSTEM_CLOC
         queue_namespaces=frozenset(quotas.queue_namespaces), ignored_pods=dict(inventory.ignored),
         unreadable=reader.unreadable(quotas.team_of), refused_teams=dict(quotas.refused),
         unschedulable=dict(inventory.unschedulable), node_overhead=reader.node_overhead(),
-        kueue_managed=frozenset(inventory.kueue_workload), unhealthy_gpus=inventory.dra.tainted_gpus(),
-        device_health=inventory.dra.health_notes() + devices_gone(previous, listed, node_labels, taken_at),
+        kueue_managed=frozenset(inventory.kueue_workload), unhealthy_gpus=frozenset(n.gpu_uuid for n in tainted),
+        device_health=tainted + devices_gone(previous, listed, node_labels, taken_at),
     )
     return snapshot, inventory

@@ -265,6 +265,7 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
     # nodes kept off, by what decides them: workloads share a few selectors and tolerations, and each
     # new pair is checked against every node
     blocked: dict[tuple[object, object], frozenset[str]] = {}
+    spared: dict[object, frozenset[str]] = {}
     scoped, refused = snapshot.queue_namespaces is not None, snapshot.refused_teams
     for ws in snapshot.workloads:
         w = ws.workload
@@ -279,9 +280,12 @@ def state_from_snapshot(snapshot: ClusterSnapshot, quotas: Quotas | None = None,
             if avoid is None:
                 avoid = blocked[which] = _blocked_nodes(snapshot, w)
             job.avoid_nodes = avoid
-        if w.spare_nodes:
-            job.spare_nodes = frozenset(n.name for n in snapshot.nodes
-                                        if selects(w.spare_nodes, snapshot.node_labels.get(n.name, {})))
+        if w.spare_nodes:  # the same few selections for many workloads: each matched against the nodes once
+            spare = spared.get(w.spare_nodes)
+            if spare is None:
+                spare = spared[w.spare_nodes] = frozenset(
+                    n.name for n in snapshot.nodes if selects(w.spare_nodes, snapshot.node_labels.get(n.name, {})))
+            job.spare_nodes = spare
         by_key[key] = ws
         phase = ws.phase
         if phase == _RUNNING:
